@@ -1,0 +1,53 @@
+# The quick start: `make demo` (a local cluster and the hand-off demo), `make test`.
+VENV ?= .venv
+BIN := $(VENV)/bin
+APPLIANCE := $(BIN)/nvrx-appliance
+
+.PHONY: deps system-deps python-deps lint test test-unit test-integration \
+        cluster-up cluster-down cluster-status demo image bench clean
+
+deps: system-deps python-deps
+
+system-deps:
+	@if [ "$$(id -u)" -eq 0 ]; then bash scripts/install-system-deps.sh; \
+	 else echo "system-deps: not root, skipping Debian packages (cluster tests will skip)"; fi
+
+python-deps:
+	bash scripts/install-python-deps.sh
+
+lint: python-deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Unit tests, then integration tests on the real local Slurm cluster (brought up once
+# per session, torn down at the end). Without root they skip, with the reason; under
+# CI=true they must not.
+test: deps
+	$(BIN)/python -m pytest tests
+
+test-unit: python-deps
+	$(BIN)/python -m pytest tests/unit
+
+test-integration: deps
+	$(BIN)/python -m pytest tests/integration
+
+cluster-up: deps
+	$(APPLIANCE) cluster up
+
+cluster-down: python-deps
+	$(APPLIANCE) cluster down
+
+cluster-status: python-deps
+	$(APPLIANCE) cluster status
+
+demo: deps
+	$(APPLIANCE) demo
+
+image: deps
+	$(APPLIANCE) image build
+
+bench: deps
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache

@@ -1,0 +1,357 @@
+"""ChainSpec: every setting of one chain, and everything that derives from it.
+
+This module is the single list of what a chain can be configured with. `submit`
+resolves a ChainSpec once (flags > environment > config file > defaults), validates it,
+and writes it with its derived Shape into run.json; the entrypoint, `status` and the
+watcher read them from there and never re-derive the shape from the environment.
+
+Pure: no I/O, no Slurm, no clock.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+RUNTIMES = ("pyxis", "apptainer", "bare")
+MODES = ("no-restart", "handoff", "train")
+WORKLOADS = ("megatron", "cpu")
+PROFILES = ("small", "8b")
+FAULT_TYPES = ("exception", "exit", "hang")
+
+
+def _opt(default: Any, help: str, env: str | None = None, **extra: Any) -> Any:
+    """A ChainSpec field with its CLI help and the seeds' NVRX_* environment name."""
+    meta = {"help": help, "env": env, **extra}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    # --- shape -----------------------------------------------------------------------
+    train_tasks: int = _opt(2, "Array tasks that train (the minimum world).", "NVRX_TRAIN_TASKS")
+    hot_spares: int = _opt(
+        1, "Tasks admitted with the active set and kept warm by NVRx.", "NVRX_HOT_SPARES"
+    )
+    cold_spares: int = _opt(
+        0,
+        "Tasks left pending behind the array throttle; admitted as others end.",
+        "NVRX_COLD_SPARES",
+    )
+    nodes_per_task: int = _opt(1, "Nodes per array task.", "NVRX_NODES_PER_TASK")
+    gpus_per_node: int = _opt(8, "GPUs (and so worker processes) per node.", "NVRX_GPUS_PER_NODE")
+    depth: int = _opt(3, "Generations queued in the chain (K).", "NVRX_CHAIN_DEPTH")
+    job_name: str = _opt(
+        "nvrx-chain", "Slurm job name shared by every generation.", "NVRX_JOB_NAME"
+    )
+    time_limit: str = _opt("01:00:00", "Wall time of one generation.", "NVRX_TIME_LIMIT")
+    partition: str = _opt("", "Slurm partition (empty: the cluster default).", "NVRX_PARTITION")
+    # --- where and how it runs ---------------------------------------------------------
+    work_dir: str = _opt("", "Shared work directory, same path on every node.", "NVRX_WORK_DIR")
+    image: str = _opt(
+        "", "Appliance image (.sqsh / .sif); empty runs bare metal.", "NVRX_CONTAINER_IMAGE"
+    )
+    # None: default mounts (the work dir); "": explicitly none, as in the seeds.
+    mounts: str | None = _opt(
+        None,
+        "Container mounts SRC:DST[,..]; unset mounts the work dir, empty mounts nothing.",
+        "NVRX_CONTAINER_MOUNTS",
+    )
+    runtime: str = _opt(
+        "", "pyxis, apptainer or bare (default: pyxis with an image, else bare).", "NVRX_RUNTIME"
+    )
+    python: str = _opt(
+        "",
+        "Bare mode: the Python that runs nvrx-entrypoint on the nodes (default: this one).",
+        "NVRX_PYTHON",
+    )
+    megatron_path: str = _opt(
+        "/workspace/megatron-lm",
+        "Megatron-LM checkout (inside the image, or on every node).",
+        "MEGATRON_PATH",
+    )
+    # --- what it runs ------------------------------------------------------------------
+    mode: str = _opt("no-restart", "Demo mode: no-restart, handoff, or train.", "NVRX_MODE")
+    workload: str = _opt(
+        "megatron", "megatron (GPUs) or cpu (built-in PyTorch trainer).", "NVRX_WORKLOAD"
+    )
+    profile: str = _opt("small", "Model profile: small or 8b.", "NVRX_MODEL_PROFILE")
+    micro_batch: int = _opt(1, "Micro batch size per rank.", "NVRX_MICRO_BATCH")
+    global_batch: int = _opt(
+        0, "Global batch size (0: micro batch x data-parallel size).", "NVRX_GLOBAL_BATCH"
+    )
+    tensor_parallel: int = _opt(1, "Tensor-parallel size.", "NVRX_TP")
+    pipeline_parallel: int = _opt(1, "Pipeline-parallel size.", "NVRX_PP")
+    save_interval: int = _opt(20, "Iterations between checkpoints.", "NVRX_SAVE_INTERVAL")
+    save_retention: int = _opt(2, "Complete checkpoints kept (0 keeps all).", "NVRX_SAVE_RETENTION")
+    train_samples: int = _opt(0, "Samples to train (0: the mode's default).", "NVRX_TRAIN_SAMPLES")
+    exit_duration_min: int = _opt(
+        0, "Minutes after which training saves and exits (0: off).", "NVRX_EXIT_DURATION"
+    )
+    # --- NVRx ft_launcher ----------------------------------------------------------------
+    setup_timeout: int = _opt(600, "Section timeout (s): setup.", "NVRX_SETUP_TIMEOUT")
+    step_timeout: int = _opt(180, "Section timeout (s): training step.", "NVRX_STEP_TIMEOUT")
+    checkpointing_timeout: int = _opt(
+        600, "Section timeout (s): checkpointing.", "NVRX_CHECKPOINTING_TIMEOUT"
+    )
+    out_of_section_timeout: int = _opt(
+        600, "Timeout (s) outside any section.", "NVRX_OUT_OF_SECTION_TIMEOUT"
+    )
+    max_restarts: int = _opt(8, "In-job restarts per generation.", "NVRX_MAX_RESTARTS")
+    max_no_progress_cycles: int = _opt(
+        3,
+        "Cycles without checkpoint progress before NVRx exits 93 (no-restart mode uses 1).",
+        "NVRX_MAX_NO_PROGRESS_CYCLES",
+    )
+    join_timeout: int = _opt(600, "Rendezvous join timeout (s).", "NVRX_JOIN_TIMEOUT")
+    store_connect_wait: int = _opt(
+        300, "Seconds a node keeps dialing the TCP store.", "NVRX_STORE_CONNECT_WAIT"
+    )
+    rdzv_host_wait: int = _opt(
+        300,
+        "Seconds a peer waits for task 0's record once task 0 has started.",
+        "NVRX_RDZV_HOST_WAIT",
+    )
+    rdzv_port: int = _opt(29500, "Rendezvous (TCP store) port on task 0.", "NVRX_RDZV_PORT")
+    lease_stale_after: int = _opt(
+        60,
+        "Seconds without a task-0 lease refresh before peers treat task 0 as gone.",
+        "NVRX_LEASE_STALE_AFTER",
+    )
+    closed_flag_grace: int = _opt(
+        3,
+        "Seconds between TERM and KILL when the closed flag stops ft_launcher.",
+        "NVRX_CLOSED_GRACE",
+    )
+    segment: str = _opt(
+        "auto", "auto, off, or N (minimum nodes per NVLink domain).", "NVRX_SEGMENT"
+    )
+    health_check_endpoint: str = _opt(
+        "", "NVRx health-check endpoint (empty: none).", "NVRX_HEALTH_CHECK_ENDPOINT"
+    )
+    log_debug: bool = _opt(False, "NVRx debug logging.", "NVRX_LOG_DEBUG")
+    gpus_per_numa: int = _opt(
+        0, "Ranks per NUMA node for numactl binding (0: off).", "NVRX_GPUS_PER_NUMA"
+    )
+    # --- fault injection -----------------------------------------------------------------
+    fault_inject: bool = _opt(
+        True, "Inject a workload fault (no-restart and handoff modes).", "NVRX_FAULT_INJECT"
+    )
+    fault_ranks: str = _opt(
+        "1", "Global ranks a workload fault may hit (comma list).", "NVRX_FAULT_RANKS"
+    )
+    fault_delay: float = _opt(
+        60.0, "Seconds after training starts before the fault.", "NVRX_FAULT_DELAY"
+    )
+    fault_types: str = _opt(
+        "exception", "Fault kinds: exception, exit, hang (comma list).", "NVRX_FAULT_TYPES"
+    )
+    gpu_failure: str | None = _opt(
+        None,
+        "NVRX_INJECT_GPU_FAILURE schedule 'cycle:infra_rank,..' (unset: the mode's default, empty: off).",
+        "NVRX_INJECT_GPU_FAILURE",
+    )
+    # --- the chain's own guards ------------------------------------------------------------
+    burn_guard: int = _opt(
+        2,
+        "Cancel the chain after N consecutive generations that never trained (0: off).",
+        "NVRX_BURN_GUARD",
+    )
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What the spec implies, computed once at submit."""
+
+    array_size: int  # tasks in one generation's array
+    active_tasks: int  # admitted at once: train tasks + hot spares (the %throttle)
+    array_spec: str  # sbatch --array value, e.g. "0-5%3"
+    min_nodes: int  # ft_launcher --nnodes MIN
+    max_nodes: int  # ft_launcher --nnodes MAX
+    nproc_per_node: int
+    world_size: int  # ranks that train: min_nodes x nproc_per_node
+    data_parallel: int
+    global_batch: int
+
+
+def derive(spec: ChainSpec) -> Shape:
+    active = spec.train_tasks + spec.hot_spares
+    size = active + spec.cold_spares
+    world = spec.train_tasks * spec.nodes_per_task * spec.gpus_per_node
+    model_parallel = spec.tensor_parallel * spec.pipeline_parallel
+    dp = world // model_parallel if model_parallel > 0 else 0
+    gbs = spec.global_batch or spec.micro_batch * max(dp, 1)
+    return Shape(
+        array_size=size,
+        active_tasks=active,
+        array_spec=f"0-{size - 1}%{active}",
+        min_nodes=spec.train_tasks * spec.nodes_per_task,
+        max_nodes=active * spec.nodes_per_task,
+        nproc_per_node=spec.gpus_per_node,
+        world_size=world,
+        data_parallel=dp,
+        global_batch=gbs,
+    )
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: the option to change and how."""
+
+    option: str  # the CLI flag, e.g. "--train-tasks"
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.option}: {self.message}"
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+_GPU_FAILURE = re.compile(r"^\d+:\d+(,\d+:\d+)*$")
+
+
+def effective_runtime(spec: ChainSpec) -> str:
+    if spec.runtime:
+        return spec.runtime
+    return "pyxis" if spec.image else "bare"
+
+
+def check(spec: ChainSpec) -> list[Problem]:
+    """Everything that can be judged from the spec alone (no file system, no Slurm)."""
+    problems: list[Problem] = []
+
+    def bad(name: str, message: str) -> None:
+        problems.append(Problem(flag(name), message))
+
+    if spec.train_tasks < 1:
+        bad(
+            "train_tasks",
+            f"must be at least 1 (got {spec.train_tasks}); set --train-tasks 1 or more",
+        )
+    for name in ("hot_spares", "cold_spares"):
+        if getattr(spec, name) < 0:
+            bad(name, f"cannot be negative (got {getattr(spec, name)}); use 0 for none")
+    for name in (
+        "nodes_per_task",
+        "gpus_per_node",
+        "depth",
+        "micro_batch",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "save_interval",
+    ):
+        if getattr(spec, name) < 1:
+            bad(name, f"must be at least 1 (got {getattr(spec, name)})")
+    for name in (
+        "setup_timeout",
+        "step_timeout",
+        "checkpointing_timeout",
+        "out_of_section_timeout",
+        "join_timeout",
+        "store_connect_wait",
+        "rdzv_host_wait",
+        "lease_stale_after",
+    ):
+        if getattr(spec, name) <= 0:
+            bad(name, f"must be a positive number of seconds (got {getattr(spec, name)})")
+    for name in (
+        "global_batch",
+        "save_retention",
+        "train_samples",
+        "exit_duration_min",
+        "max_restarts",
+        "burn_guard",
+        "gpus_per_numa",
+        "closed_flag_grace",
+    ):
+        if getattr(spec, name) < 0:
+            bad(name, f"cannot be negative (got {getattr(spec, name)})")
+    if spec.max_no_progress_cycles < 1:
+        bad("max_no_progress_cycles", "must be at least 1")
+    if not 1 <= spec.rdzv_port <= 65535:
+        bad("rdzv_port", f"must be a TCP port 1-65535 (got {spec.rdzv_port})")
+    if not _JOB_NAME.match(spec.job_name):
+        bad(
+            "job_name",
+            f"{spec.job_name!r} is not a usable Slurm job name; use letters, digits, '.', '_', '-'",
+        )
+    if not _TIME.match(spec.time_limit):
+        bad(
+            "time_limit",
+            f"{spec.time_limit!r} is not a Slurm time; use e.g. 01:00:00 or 1-00:00:00",
+        )
+    if spec.runtime and spec.runtime not in RUNTIMES:
+        bad("runtime", f"unknown runtime {spec.runtime!r}; choose one of {', '.join(RUNTIMES)}")
+    if effective_runtime(spec) in ("pyxis", "apptainer") and not spec.image:
+        bad(
+            "image",
+            f"runtime {effective_runtime(spec)} needs an image; pass --image or --runtime bare",
+        )
+    if spec.mode not in MODES:
+        bad("mode", f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
+    if spec.workload not in WORKLOADS:
+        bad("workload", f"unknown workload {spec.workload!r}; choose one of {', '.join(WORKLOADS)}")
+    if spec.profile not in PROFILES:
+        bad("profile", f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
+    if spec.segment not in ("auto", "off") and not (
+        spec.segment.isdigit() and int(spec.segment) >= 1
+    ):
+        bad("segment", f"{spec.segment!r} is not auto, off, or a node count >= 1")
+    types = [t for t in spec.fault_types.split(",") if t]
+    if spec.fault_inject and (not types or any(t not in FAULT_TYPES for t in types)):
+        bad("fault_types", f"{spec.fault_types!r}: use a comma list of {', '.join(FAULT_TYPES)}")
+    ranks = [r for r in spec.fault_ranks.split(",") if r]
+    if spec.fault_inject and (not ranks or not all(r.isdigit() for r in ranks)):
+        bad("fault_ranks", f"{spec.fault_ranks!r}: use a comma list of global rank numbers")
+    if spec.fault_delay < 0:
+        bad("fault_delay", "cannot be negative")
+    if spec.gpu_failure and not _GPU_FAILURE.match(spec.gpu_failure):
+        bad(
+            "gpu_failure",
+            f"{spec.gpu_failure!r}: use 'cycle:infra_rank[,cycle:infra_rank..]', e.g. 1:0,2:0",
+        )
+
+    if problems:
+        return problems  # the arithmetic below assumes sane numbers
+
+    shape = derive(spec)
+    model_parallel = spec.tensor_parallel * spec.pipeline_parallel
+    if shape.world_size % model_parallel:
+        bad(
+            "tensor_parallel",
+            f"TP x PP = {model_parallel} does not divide the world of "
+            f"{shape.world_size} ranks; pick TP and PP whose product divides it",
+        )
+    elif shape.global_batch % (spec.micro_batch * shape.data_parallel):
+        bad(
+            "global_batch",
+            f"{shape.global_batch} is not divisible by micro batch x data-parallel "
+            f"size = {spec.micro_batch} x {shape.data_parallel}; use a multiple of "
+            f"{spec.micro_batch * shape.data_parallel}",
+        )
+    return problems
+
+
+def spec_fields() -> list[dataclasses.Field]:
+    return list(dataclasses.fields(ChainSpec))
+
+
+def to_dict(spec: ChainSpec) -> dict[str, Any]:
+    return dataclasses.asdict(spec)
+
+
+def from_dict(data: dict[str, Any]) -> ChainSpec:
+    """Rebuild a spec from run.json; unknown keys are an error, missing ones take defaults."""
+    names = {f.name for f in spec_fields()}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown chain settings: {', '.join(unknown)}")
+    return ChainSpec(**data)

@@ -1,0 +1,21 @@
+"""`nvrx-appliance`: the host-side tool. Each subcommand lives beside the code it drives."""
+
+from __future__ import annotations
+
+import click
+
+from nvrx_appliance import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="nvrx-appliance")
+def cli() -> None:
+    """Fault-tolerant Megatron training on Slurm with NVRx ft_launcher.
+
+    Submit a chain of job-array generations around an appliance image, watch it,
+    and run the whole thing on a local multi-node Slurm cluster.
+    """
+
+
+def main() -> None:
+    cli()

@@ -1,0 +1,1 @@
+"""The local multi-node Slurm cluster (network namespaces) used by the demo and the tests."""

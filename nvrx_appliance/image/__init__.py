@@ -1,0 +1,1 @@
+"""The appliance image: pins, the one install script, builders, inspect."""

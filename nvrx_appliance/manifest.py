@@ -1,0 +1,194 @@
+"""run.json: the run manifest, and the work directory's layout.
+
+The manifest is the contract between submit (which writes it once), the entrypoint
+(which reads it on every node of every generation), `status` and the watcher. It is
+versioned; a reader refuses a version it does not know rather than guess.
+
+Layout is the one place that names files in the work directory (DESIGN.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
+from nvrx_appliance.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
+
+SCHEMA = "nvrx-appliance/run"
+VERSION = 1
+TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx reads it too
+
+
+class ManifestError(Exception):
+    """run.json is missing, unreadable, of an unknown version, or inconsistent."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    work_dir: Path
+
+    @property
+    def run_json(self) -> Path:
+        return self.work_dir / "run.json"
+
+    def sbatch(self, job_name: str) -> Path:
+        return self.work_dir / f"{job_name}.sbatch"
+
+    @property
+    def ledger(self) -> Path:
+        return self.work_dir / "chain.jsonl"
+
+    @property
+    def chain_marker(self) -> Path:
+        # Present while the chain is expected to live; the watcher's chain_exhausted
+        # detector fires when nothing is queued or running but this still exists.
+        return self.work_dir / "chain.active"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.work_dir / "checkpoints"
+
+    @property
+    def tracker(self) -> Path:
+        return self.checkpoints / TRACKER_FILE
+
+    @property
+    def static_tracker(self) -> Path:
+        # no-restart mode points NVRx at a tracker that never moves, so a fault is
+        # judged "no progress" and ft_launcher exits 93 (the seeds' demo).
+        return self.work_dir / "static_iteration.txt"
+
+    @property
+    def logs(self) -> Path:
+        return self.work_dir / "logs"
+
+    @property
+    def progress_log(self) -> Path:
+        # The cpu workload's structured events (resume, steps, checkpoints).
+        return self.logs / "progress.jsonl"
+
+    def generation(self, array_job_id: str | int) -> Path:
+        return self.work_dir / "nvrx" / str(array_job_id)
+
+    def control(self, array_job_id: str | int) -> Path:
+        return self.generation(array_job_id) / "control"
+
+    def cycle_infos(self, array_job_id: str | int) -> Path:
+        return self.generation(array_job_id) / "cycle_infos"
+
+    def nvrx_logs(self, array_job_id: str | int) -> Path:
+        return self.generation(array_job_id) / "logs"
+
+
+@dataclass(frozen=True)
+class Manifest:
+    spec: ChainSpec
+    shape: Shape
+    image: dict[str, Any] | None  # the image's own manifest, when there is an image
+    created: str  # ISO-8601 UTC, at submit
+    user: str
+    tool_version: str = __version__
+    protocol: int = ENTRYPOINT_PROTOCOL
+
+    @property
+    def layout(self) -> Layout:
+        return Layout(Path(self.spec.work_dir))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA,
+            "version": VERSION,
+            "protocol": self.protocol,
+            "tool_version": self.tool_version,
+            "created": self.created,
+            "user": self.user,
+            "spec": to_dict(self.spec),
+            "shape": asdict(self.shape),
+            "image": self.image,
+        }
+
+
+def build(
+    spec: ChainSpec, *, created: str, user: str, image: dict[str, Any] | None = None
+) -> Manifest:
+    return Manifest(spec=spec, shape=derive(spec), image=image, created=created, user=user)
+
+
+def parse(data: Any) -> Manifest:
+    """Validate a decoded run.json. Raises ManifestError with one readable line."""
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ManifestError("not an nvrx-appliance run manifest (schema field missing or wrong)")
+    if data.get("version") != VERSION:
+        raise ManifestError(
+            f"run manifest version {data.get('version')!r} is not supported (this tool reads "
+            f"version {VERSION}); resubmit with nvrx-appliance {__version__}"
+        )
+    if data.get("protocol") != ENTRYPOINT_PROTOCOL:
+        raise ManifestError(
+            f"run manifest speaks entrypoint protocol {data.get('protocol')!r}, this entrypoint "
+            f"speaks {ENTRYPOINT_PROTOCOL}; use an image built with the same nvrx-appliance version"
+        )
+    try:
+        spec = from_dict(data["spec"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ManifestError(f"run manifest spec is malformed: {exc}") from None
+    problems = check(spec)
+    if problems:
+        raise ManifestError(f"run manifest is inconsistent: {problems[0]}")
+    shape = derive(spec)
+    if data.get("shape") != asdict(shape):
+        raise ManifestError(
+            "run manifest shape does not match its spec (edited by hand?); resubmit"
+        )
+    if not spec.work_dir:
+        raise ManifestError("run manifest has no work_dir")
+    return Manifest(
+        spec=spec,
+        shape=shape,
+        image=data.get("image"),
+        created=str(data.get("created", "")),
+        user=str(data.get("user", "")),
+        tool_version=str(data.get("tool_version", "")),
+        protocol=data["protocol"],
+    )
+
+
+def load(path: Path) -> Manifest:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ManifestError(f"run manifest {path} does not exist") from None
+    except OSError as exc:
+        raise ManifestError(f"run manifest {path} is unreadable: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"run manifest {path} is not valid JSON: {exc}") from None
+    return parse(data)
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write by rename so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save(manifest: Manifest) -> Path:
+    path = manifest.layout.run_json
+    write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
+    return path

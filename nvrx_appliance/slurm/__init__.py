@@ -1,0 +1,1 @@
+"""Host side on Slurm: the sbatch template, the Slurm CLI adapter, submit, teardown, ledger."""

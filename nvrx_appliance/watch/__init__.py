@@ -1,0 +1,1 @@
+"""nvrx-watch: sources -> snapshot -> pure detectors -> findings -> sinks."""
