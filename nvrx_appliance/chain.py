@@ -15,7 +15,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-RUNTIMES = ("pyxis", "apptainer", "bare")
+# bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
+# without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).
+RUNTIMES = ("pyxis", "apptainer", "bare", "bwrap-standin")
+CONTAINER_RUNTIMES = ("pyxis", "apptainer", "bwrap-standin")
 MODES = ("no-restart", "handoff", "train")
 WORKLOADS = ("megatron", "cpu")
 PROFILES = ("small", "8b")
@@ -290,7 +293,7 @@ def check(spec: ChainSpec) -> list[Problem]:
         )
     if spec.runtime and spec.runtime not in RUNTIMES:
         bad("runtime", f"unknown runtime {spec.runtime!r}; choose one of {', '.join(RUNTIMES)}")
-    if effective_runtime(spec) in ("pyxis", "apptainer") and not spec.image:
+    if effective_runtime(spec) in CONTAINER_RUNTIMES and not spec.image:
         bad(
             "image",
             f"runtime {effective_runtime(spec)} needs an image; pass --image or --runtime bare",
