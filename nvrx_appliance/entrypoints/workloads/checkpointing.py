@@ -1,0 +1,85 @@
+"""Save and load the cpu trainer's checkpoints (torch.distributed.checkpoint) safely.
+
+Commit protocol, so a job killed at any instant leaves the tracker on a complete
+checkpoint:
+  1. every rank writes its shards into <save>/.partial_iter_N/ (DCP fsyncs each file);
+  2. barrier: every rank has finished writing;
+  3. rank 0 renames the directory to iter_N, then replaces the tracker by rename;
+  4. rank 0 prunes: stale partial directories, checkpoints beyond the retention, and
+     checkpoints of an abandoned timeline (newer than the tracker).
+A kill before 3 leaves a partial directory nobody reads (the next save of that
+iteration removes it); a kill between the rename and the tracker leaves a complete
+but untracked iter_N, which resumption ignores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+
+from nvrx_appliance.entrypoints.workloads import tracker
+from nvrx_appliance.manifest import TRACKER_FILE, write_atomic
+
+
+def read_tracker(save_dir: Path) -> int | None:
+    try:
+        return tracker.parse_tracker((save_dir / TRACKER_FILE).read_text())
+    except FileNotFoundError:
+        return None
+
+
+def tracked_iteration(save_dir: Path) -> int | None:
+    """Rank 0 reads the tracker and tells everyone, so all ranks load the same checkpoint."""
+    box = [read_tracker(save_dir) if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def load(save_dir: Path, iteration: int, state: dict[str, Any]) -> None:
+    """Fill `state` in place from iter_<iteration>."""
+    dcp.load(state, checkpoint_id=save_dir / tracker.iteration_dir(iteration))
+
+
+def save(save_dir: Path, iteration: int, state: dict[str, Any], keep: int) -> None:
+    partial = save_dir / tracker.partial_dir(iteration)
+    final = save_dir / tracker.iteration_dir(iteration)
+    if dist.get_rank() == 0:
+        save_dir.mkdir(parents=True, exist_ok=True)
+        # Leftovers of a killed attempt at this iteration: never mix their shards in.
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.rmtree(final, ignore_errors=True)
+    dist.barrier()
+    dcp.save(state, checkpoint_id=partial)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        os.replace(partial, final)
+        _fsync_dir(save_dir)
+        write_atomic(save_dir / TRACKER_FILE, tracker.tracker_text(iteration))
+        _prune(save_dir, iteration, keep)
+    dist.barrier()
+
+
+def _prune(save_dir: Path, latest: int, keep: int) -> None:
+    found: dict[int, Path] = {}
+    for entry in save_dir.iterdir():
+        if tracker.is_partial_dir(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
+        elif (n := tracker.parse_iteration_dir(entry.name)) is not None:
+            found[n] = entry
+    for n in tracker.expired(found, latest, keep):
+        shutil.rmtree(found[n], ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    # The rename is durable only once the directory entry is; the tracker must not
+    # reach the disk before the checkpoint it names.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,33 @@
+"""The progress log: structured events for the watcher, status and tests (SEAMS.md).
+
+One JSON object per line, appended with a single write to a file opened O_APPEND, so
+lines from several ranks (a faulting rank writes its own "fault") never interleave,
+and a rank killed right after emitting has already handed its line to the kernel.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+
+class ProgressLog:
+    def __init__(self, path: Path | None) -> None:
+        self._fd: int | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def emit(self, event: str, **fields: Any) -> None:
+        if self._fd is None:
+            return
+        record = {"event": event, **fields, "time": round(time.time(), 3)}
+        os.write(self._fd, (json.dumps(record) + "\n").encode())
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

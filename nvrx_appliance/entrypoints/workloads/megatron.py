@@ -1,0 +1,149 @@
+"""argv for Megatron-LM's pretrain_gpt.py, as the seeds' reference sbatch runs it. Pure.
+
+Mock data with NullTokenizer (no corpus, no tokenizer model), the seeds' `small` and
+`8b` model profiles, NVRx's section API switched on with --enable-ft-package, and
+asynchronous torch_dist checkpoints into the work directory's checkpoints/. Megatron
+needs GPUs; on a machine without them only this argv is tested.
+"""
+
+from __future__ import annotations
+
+from nvrx_appliance.entrypoints.workloads.common import fault_active, interpreter, train_samples
+from nvrx_appliance.manifest import Manifest
+
+SCRIPT = "pretrain_gpt.py"
+
+# The seeds' profiles. `small` reaches a step and a checkpoint on a couple of GPUs,
+# which is all a restart demo needs; `8b` is an 8B dense model (about 2 GB200 nodes).
+PROFILES: dict[str, list[str]] = {
+    "small": [
+        "--num-layers", "8",
+        "--hidden-size", "1024",
+        "--ffn-hidden-size", "4096",
+        "--num-attention-heads", "16",
+        "--swiglu",
+        "--init-method-std", "0.02",
+        "--seq-length", "1024",
+        "--max-position-embeddings", "1024",
+    ],
+    "8b": [
+        "--num-layers", "32",
+        "--hidden-size", "4096",
+        "--ffn-hidden-size", "21504",
+        "--num-attention-heads", "32",
+        "--group-query-attention",
+        "--num-query-groups", "8",
+        "--kv-channels", "128",
+        "--squared-relu",
+        "--init-method-std", "0.014",
+        "--rotary-base", "1000000",
+        "--seq-length", "8192",
+        "--max-position-embeddings", "8192",
+        "--recompute-granularity", "selective",
+    ],
+}  # fmt: skip
+
+# Our fault kinds as Megatron's injector names them (NVRx's shared_utils Fault enum):
+# an asynchronous exception in the training thread, SIGKILL of the rank, and a thread
+# that takes the GIL and never lets go, so the step hangs until NVRx's section timeout.
+FAULT_TYPES = {"exception": "async_exc", "exit": "sigkill", "hang": "lock_gil"}
+
+_DATA = [
+    "--mock-data",
+    "--tokenizer-type", "NullTokenizer",
+    "--vocab-size", "131072",
+    "--no-create-attention-mask-in-dataloader",
+    "--num-workers", "1",
+]  # fmt: skip
+
+_ARCHITECTURE = [
+    "--use-mcore-models",
+    "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--position-embedding-type", "rope",
+    "--rotary-percent", "1.0",
+    "--normalization", "RMSNorm",
+    "--attention-dropout", "0.0",
+    "--hidden-dropout", "0.0",
+]  # fmt: skip
+
+_OPTIMIZER = [
+    "--lr-decay-samples", "1038336",
+    "--lr-warmup-samples", "10240",
+    "--lr", "6e-4",
+    "--min-lr", "6e-6",
+    "--lr-decay-style", "cosine",
+    "--weight-decay", "0.1",
+    "--clip-grad", "1.0",
+    "--adam-beta1", "0.9",
+    "--adam-beta2", "0.95",
+    "--bf16",
+    "--use-distributed-optimizer",
+    "--overlap-grad-reduce",
+    "--overlap-param-gather",
+    "--manual-gc",
+]  # fmt: skip
+
+_LOGGING = [
+    "--distributed-timeout-minutes", "10",
+    "--eval-iters", "14",
+    "--eval-interval", "2000",
+    "--log-interval", "20",
+    "--log-progress",
+    "--log-throughput",
+    "--timing-log-option", "minmax",
+]  # fmt: skip
+
+# Asynchronous, fully parallel torch_dist checkpoints: the save that NVRx's progress
+# tracker watches through latest_checkpointed_iteration.txt.
+_CHECKPOINT_FORMAT = [
+    "--ckpt-format", "torch_dist",
+    "--ckpt-fully-parallel-save",
+    "--ckpt-fully-parallel-load",
+    "--ckpt-assume-constant-structure",
+    "--async-save",
+    "--use-persistent-ckpt-worker",
+]  # fmt: skip
+
+
+def fault_args(manifest: Manifest) -> list[str]:
+    spec = manifest.spec
+    if not fault_active(spec):
+        return []
+    kinds = [k for k in spec.fault_types.split(",") if k]
+    return [
+        "--fault-injector-ranks", spec.fault_ranks,
+        "--fault-injector-fault-delay", str(spec.fault_delay),
+        "--fault-injector-fault-types", ",".join(FAULT_TYPES[k] for k in kinds),
+    ]  # fmt: skip
+
+
+def workload_argv(manifest: Manifest, python: str | None = None) -> list[str]:
+    spec, shape = manifest.spec, manifest.shape
+    checkpoints = str(manifest.layout.checkpoints)
+    exit_duration = (
+        ["--exit-duration-in-mins", str(spec.exit_duration_min)] if spec.exit_duration_min else []
+    )
+    return [
+        *interpreter(python),
+        f"{spec.megatron_path.rstrip('/')}/{SCRIPT}",
+        # Makes Megatron open and close NVRx's setup/step/checkpointing sections, so
+        # ft_launcher's section timeouts bound them.
+        "--enable-ft-package",
+        *_DATA,
+        *PROFILES[spec.profile],
+        *_ARCHITECTURE,
+        "--tensor-model-parallel-size", str(spec.tensor_parallel),
+        "--pipeline-model-parallel-size", str(spec.pipeline_parallel),
+        "--micro-batch-size", str(spec.micro_batch),
+        "--global-batch-size", str(shape.global_batch),
+        "--train-samples", str(train_samples(spec)),
+        *_OPTIMIZER,
+        *exit_duration,
+        *_LOGGING,
+        "--load", checkpoints,
+        "--save", checkpoints,
+        "--save-interval", str(spec.save_interval),
+        *_CHECKPOINT_FORMAT,
+        *fault_args(manifest),
+    ]  # fmt: skip

@@ -1,0 +1,58 @@
+"""Names in the checkpoint directory, the tracker's content, and retention. Pure.
+
+Megatron's layout: <save>/iter_0000020/ per checkpoint and
+<save>/latest_checkpointed_iteration.txt holding the iteration of the newest complete
+one. The cpu trainer writes a checkpoint under a hidden partial name and renames it to
+its iter_ name only once every rank has written, then moves the tracker; so an iter_
+directory is always complete, and the tracker never names a partial one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+_ITER = re.compile(r"^iter_(\d{7,})$")
+
+
+def iteration_dir(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def partial_dir(iteration: int) -> str:
+    # Hidden and without the iter_ prefix: nothing that lists checkpoints can mistake it.
+    return f".partial_iter_{iteration:07d}"
+
+
+def is_partial_dir(name: str) -> bool:
+    return name.startswith(".partial_iter_")
+
+
+def parse_iteration_dir(name: str) -> int | None:
+    match = _ITER.match(name)
+    return int(match.group(1)) if match else None
+
+
+def parse_tracker(text: str) -> int | None:
+    """The tracked iteration; None for an empty or foreign tracker (e.g. Megatron's 'release')."""
+    value = text.strip()
+    return int(value) if value.isdigit() else None
+
+
+def tracker_text(iteration: int) -> str:
+    return f"{iteration}\n"
+
+
+def expired(iterations: Iterable[int], latest: int, keep: int) -> list[int]:
+    """Checkpoints to delete once `latest` is tracked, keeping the newest `keep` (0: all).
+
+    Anything newer than `latest` is from a timeline that was abandoned when training
+    resumed from an older checkpoint, and goes too; `latest` itself never does.
+    """
+    found = sorted(set(iterations))
+    abandoned = [i for i in found if i > latest]
+    kept_line = [i for i in found if i <= latest]
+    if keep <= 0:
+        return abandoned
+    old = [i for i in kept_line[:-keep] if i != latest] if len(kept_line) > keep else []
+    return sorted(old + abandoned)

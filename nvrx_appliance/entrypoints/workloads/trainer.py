@@ -1,0 +1,233 @@
+"""The cpu trainer's run: set up, resume, train, checkpoint, inject the planned fault.
+
+One code path for CPUs (gloo) and GPUs (NCCL), picked by torch.cuda.is_available().
+Started once per rank by ft_launcher (or torchrun), which sets RANK, WORLD_SIZE,
+LOCAL_RANK, the rendezvous address and TORCHELASTIC_RESTART_COUNT: NVRx's cycle number
+(0 for the first cycle of a generation, one more per in-job restart).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.nn.parallel import DistributedDataParallel
+
+from nvrx_appliance.entrypoints.workloads import checkpointing, faults
+from nvrx_appliance.entrypoints.workloads.events import ProgressLog
+from nvrx_appliance.entrypoints.workloads.gpt import TinyGPT, loss_fn, mock_batch
+from nvrx_appliance.entrypoints.workloads.monitor import CHECKPOINTING, SETUP, STEP, Sections
+
+
+class InjectedFault(RuntimeError):
+    """The planned workload fault of kind 'exception'."""
+
+
+@dataclass
+class Position:
+    iteration: int = 0
+    consumed_samples: int = 0  # the data position: mock sample i is a function of i
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    world: int
+    local: int
+    cycle: int
+
+    @classmethod
+    def from_env(cls) -> Rank:
+        env = os.environ
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            world=int(env.get("WORLD_SIZE", "1")),
+            local=int(env.get("LOCAL_RANK", "0")),
+            cycle=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
+
+
+def run(args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None) -> int:
+    started = time.monotonic()
+    sections = Sections()
+    sections.start(SETUP)
+    device = _init_distributed(me)
+    log = ProgressLog(args.progress_log if me.rank == 0 else None)
+
+    torch.manual_seed(args.seed)
+    model = TinyGPT(
+        args.vocab_size, args.seq_length, args.hidden_size, args.num_layers,
+        args.num_attention_heads,
+    ).to(device)  # fmt: skip
+    ddp = DistributedDataParallel(model, device_ids=[me.local] if device.type == "cuda" else None)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    pos = Position()
+    resumed = checkpointing.tracked_iteration(args.load) if args.load else None
+    if resumed:
+        state = _state(model, optimizer, pos)
+        checkpointing.load(args.load, resumed, state)
+        pos = _restore(model, optimizer, state)
+        _say(me, f"resumed from iteration {pos.iteration}")
+    start_iteration = pos.iteration
+    log.emit(
+        "start", iteration=pos.iteration, host=socket.gethostname(),
+        slurm_array_job_id=os.environ.get("SLURM_ARRAY_JOB_ID"),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"), world_size=me.world, cycle=me.cycle,
+        consumed_samples=pos.consumed_samples, optimizer_step=_optimizer_step(optimizer),
+        backend=dist.get_backend(), monitored=sections.monitored,
+    )  # fmt: skip
+    sections.end(SETUP)
+
+    kind = faults.fault_for(plan, me.rank, me.cycle)
+    train_start = time.monotonic()
+    saved = pos.iteration if resumed else None
+    while pos.iteration < args.train_iters:
+        sections.start(STEP)
+        if kind and plan and faults.due(plan, time.monotonic() - train_start):
+            _inject(kind, me, args.progress_log)
+        step_start = time.monotonic()
+        loss = _train_step(ddp, optimizer, pos, args, me, device)
+        pos.iteration += 1
+        pos.consumed_samples += args.global_batch_size
+        sections.end(STEP)
+        if pos.iteration == start_iteration + 1 or pos.iteration % args.log_interval == 0:
+            millis = (time.monotonic() - step_start) * 1000
+            _say(
+                me,
+                f"iteration {pos.iteration}/{args.train_iters} | loss {loss:.4f} | {millis:.1f} ms",
+            )
+            log.emit("step", iteration=pos.iteration, loss=round(loss, 5))
+        if args.save and args.save_interval and pos.iteration % args.save_interval == 0:
+            _checkpoint(args, me, model, optimizer, pos, sections, log)
+            saved = pos.iteration
+        if _exit_duration_reached(args, started, device):
+            _say(me, f"exit duration of {args.exit_duration_in_mins} min reached")
+            break
+    if args.save and saved != pos.iteration and pos.iteration > start_iteration:
+        _checkpoint(args, me, model, optimizer, pos, sections, log)
+    log.emit("done", iteration=pos.iteration)
+    _say(me, f"training done at iteration {pos.iteration}")
+    sections.shutdown()
+    dist.destroy_process_group()
+    log.close()
+    return 0
+
+
+def _init_distributed(me: Rank) -> torch.device:
+    if torch.cuda.is_available():
+        torch.cuda.set_device(me.local)
+        dist.init_process_group("nccl")
+        return torch.device("cuda", me.local)
+    dist.init_process_group("gloo")
+    return torch.device("cpu")
+
+
+def _train_step(
+    ddp: DistributedDataParallel,
+    optimizer: torch.optim.Optimizer,
+    pos: Position,
+    args: argparse.Namespace,
+    me: Rank,
+    device: torch.device,
+) -> float:
+    """One optimizer step over the global batch; returns the loss averaged over ranks."""
+    micro = args.micro_batch_size
+    accumulation = args.global_batch_size // (micro * me.world)
+    optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=device)
+    for m in range(accumulation):
+        first = pos.consumed_samples + (m * me.world + me.rank) * micro
+        inputs, labels = mock_batch(
+            range(first, first + micro), args.seq_length, args.vocab_size, args.seed
+        )
+        last = m == accumulation - 1
+        with contextlib.nullcontext() if last else ddp.no_sync():
+            loss = loss_fn(ddp(inputs.to(device)), labels.to(device)) / accumulation
+            loss.backward()
+        total += loss.detach()
+    optimizer.step()
+    dist.all_reduce(total)
+    return float(total) / me.world
+
+
+def _checkpoint(
+    args: argparse.Namespace,
+    me: Rank,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    pos: Position,
+    sections: Sections,
+    log: ProgressLog,
+) -> None:
+    begin = time.monotonic()
+    sections.start(CHECKPOINTING)
+    checkpointing.save(args.save, pos.iteration, _state(model, optimizer, pos), args.save_retention)
+    sections.end(CHECKPOINTING)
+    seconds = time.monotonic() - begin
+    _say(me, f"saved checkpoint at iteration {pos.iteration} ({seconds * 1000:.0f} ms)")
+    log.emit("checkpoint", iteration=pos.iteration, seconds=round(seconds, 3))
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pos: Position) -> dict:
+    model_state, optimizer_state = get_state_dict(model, optimizer)
+    return {
+        "model": model_state,
+        "optimizer": optimizer_state,
+        "progress": {"iteration": pos.iteration, "consumed_samples": pos.consumed_samples},
+    }
+
+
+def _restore(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> Position:
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
+    )
+    progress = state["progress"]
+    return Position(int(progress["iteration"]), int(progress["consumed_samples"]))
+
+
+def _optimizer_step(optimizer: torch.optim.Optimizer) -> int:
+    """Adam's step counter: how many optimizer steps the state has seen (0 when fresh)."""
+    for param_state in optimizer.state.values():
+        if "step" in param_state:
+            return int(param_state["step"])
+    return 0
+
+
+def _exit_duration_reached(args: argparse.Namespace, started: float, device: torch.device) -> bool:
+    if not args.exit_duration_in_mins:
+        return False
+    # Every rank must stop at the same iteration, so the slowest clock decides for all.
+    over = time.monotonic() - started > args.exit_duration_in_mins * 60
+    flag = torch.tensor([int(over)], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _inject(kind: str, me: Rank, progress_log: Path | None) -> None:
+    fault_log = ProgressLog(progress_log)
+    fault_log.emit("fault", kind=kind, rank=me.rank, cycle=me.cycle)
+    fault_log.close()
+    print(f"[rank {me.rank}] injecting fault: {kind} (cycle {me.cycle})", flush=True)
+    if kind == "exit":
+        os._exit(faults.EXIT_CODE)
+    if kind == "hang":
+        # Block inside the open step section until NVRx's section timeout kills us.
+        threading.Event().wait()
+    raise InjectedFault(f"injected fault on rank {me.rank} in cycle {me.cycle}")
+
+
+def _say(me: Rank, line: str) -> None:
+    if me.rank == 0:
+        print(line, flush=True)
