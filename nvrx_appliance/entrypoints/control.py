@@ -1,0 +1,145 @@
+"""The per-generation control directory: its file names, and task 0's rendezvous record.
+
+Layout.control(array_job_id) holds these files (SEAMS.md). Others import the names from
+here; the rules a peer applies before it trusts any of them live here too, as pure
+functions of what was read, so they are tested without a file system.
+
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import re
+from dataclasses import asdict, dataclass
+from typing import Any
+
+RECORD = "rdzv.json"  # task 0's rendezvous record, published by rename
+LEASE = "task0.lease"  # task 0's liveness lease; its mtime is refreshed while task 0 lives
+CLOSED = "closed"  # the closed flag, written by task 0's teardown trap
+# Written by an entrypoint whose ft_launcher exited 93, before it exits: where the site
+# kills a step on the first bad exit, srun can hand the trap 143 instead of 93, and the
+# flag is the witness that survives that (the seeds measured it).
+NO_RESTART = "no_restart"
+
+RECORD_SCHEMA = "nvrx-appliance/rdzv"
+RECORD_VERSION = 1
+
+_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+class RecordError(ValueError):
+    """The rendezvous record cannot be trusted; the message says why, in one line."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """What task 0 publishes once per generation, and every other node joins on."""
+
+    host: str  # task 0's host name: the rendezvous (TCP store) endpoint
+    port: int
+    segment: int | None  # the --ft-segment task 0 decided; None is simple hot-spare mode
+    cluster_uuid: str | None  # task 0's ClusterUUID, for messages naming both nodes
+    started: str  # ISO-8601 UTC: when task 0 started this generation
+    array_job_id: str
+    task_id: int
+    job_id: str
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+def encode(record: Record) -> str:
+    body = {"schema": RECORD_SCHEMA, "version": RECORD_VERSION, **asdict(record)}
+    return json.dumps(body, sort_keys=True) + "\n"
+
+
+def hostname_problem(host: Any) -> str | None:
+    """Why `host` is not something a peer may dial as task 0, or None if it is."""
+    if not isinstance(host, str) or not host:
+        return "host is missing"
+    if len(host) > 253:
+        return "host name is longer than 253 characters"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if address is not None:
+        if address.is_loopback or address.is_unspecified:
+            return f"host {host!r} is a loopback address, which every node would take as itself"
+        return None
+    if host.rstrip(".").lower() == "localhost":
+        return "host 'localhost' would make every node dial itself"
+    if not all(_LABEL.match(label) for label in host.rstrip(".").split(".")):
+        return f"host {host!r} is not a valid host name"
+    return None
+
+
+def decode(text: str) -> Record:
+    """Parse and validate a record's text. Raises RecordError with one readable line."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecordError(f"not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict) or data.get("schema") != RECORD_SCHEMA:
+        raise RecordError("not an nvrx-appliance rendezvous record (schema field missing)")
+    if data.get("version") != RECORD_VERSION:
+        raise RecordError(
+            f"record version {data.get('version')!r} is not {RECORD_VERSION}; task 0 runs "
+            "another nvrx-appliance version than this node"
+        )
+    problem = hostname_problem(data.get("host"))
+    if problem:
+        raise RecordError(problem)
+    port = data.get("port")
+    if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+        raise RecordError(f"port {port!r} is not a TCP port 1-65535")
+    segment = data.get("segment")
+    if segment is not None and (
+        not isinstance(segment, int) or isinstance(segment, bool) or segment < 1
+    ):
+        raise RecordError(f"segment {segment!r} is neither null nor a node count >= 1")
+    for name in ("started", "array_job_id", "job_id"):
+        if not isinstance(data.get(name), str) or not data[name]:
+            raise RecordError(f"field {name!r} is missing or not a string")
+    if data.get("task_id") != 0:
+        raise RecordError(f"task_id {data.get('task_id')!r} is not 0: only task 0 publishes")
+    cluster_uuid = data.get("cluster_uuid")
+    if cluster_uuid is not None and not isinstance(cluster_uuid, str):
+        raise RecordError("field 'cluster_uuid' is neither null nor a string")
+    return Record(
+        host=data["host"],
+        port=port,
+        segment=segment,
+        cluster_uuid=cluster_uuid,
+        started=data["started"],
+        array_job_id=data["array_job_id"],
+        task_id=0,
+        job_id=data["job_id"],
+    )
+
+
+def dir_problem(*, mode: int, owner: int, uid: int, is_dir: bool) -> str | None:
+    """Why the control directory must not be trusted, or None.
+
+    Anyone who can write into it could publish a record that points every node of
+    the generation at a host of their choosing, or close the generation.
+    """
+    if not is_dir:
+        return "is not a directory (a symlink or a file is in its place)"
+    if owner != uid:
+        return f"is owned by uid {owner}, not by this job's user (uid {uid})"
+    if mode & 0o022:
+        return f"is group- or world-writable (mode {mode & 0o777:04o}); it must be 0700"
+    return None
+
+
+def file_problem(*, owner: int, uid: int, is_file: bool) -> str | None:
+    """Why a control file (record, lease) must not be trusted, or None."""
+    if not is_file:
+        return "is not a regular file"
+    if owner != uid:
+        return f"is owned by uid {owner}, not by this job's user (uid {uid})"
+    return None

@@ -1,0 +1,140 @@
+"""The control directory on the shared file system: create, check, publish, observe.
+
+The thin adapter under gate.py. Times that decide whether task 0 is alive come from
+the shared file system's own clock (the mtime of a file we just touched), never from
+this node's clock: nodes' clocks drift, and the lease's mtime is the server's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import threading
+from pathlib import Path
+
+from nvrx_appliance.entrypoints import control, gate
+from nvrx_appliance.manifest import write_atomic
+
+
+class ControlDirError(Exception):
+    """The control directory is not ours alone; one line says why."""
+
+
+def _dir_seen(path: Path) -> gate.DirSeen:
+    st = os.lstat(path)
+    return gate.DirSeen(mode=st.st_mode, owner=st.st_uid, is_dir=stat.S_ISDIR(st.st_mode))
+
+
+def prepare(path: Path, uid: int) -> None:
+    """Create the directory owner-only (whoever comes first), then refuse it unless it is."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):
+        path.mkdir(mode=0o700)
+    d = _dir_seen(path)
+    problem = control.dir_problem(mode=d.mode, owner=d.owner, uid=uid, is_dir=d.is_dir)
+    if problem:
+        raise ControlDirError(f"control directory {path} {problem}")
+
+
+def read_file(path: Path) -> gate.FileSeen | None:
+    try:
+        # O_NOFOLLOW: a symlink planted in place of the record is refused, not followed.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError:
+        st = os.lstat(path)
+        return gate.FileSeen(text="", owner=st.st_uid, is_file=False)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            return gate.FileSeen(text="", owner=st.st_uid, is_file=False)
+        text = fh.read(64 * 1024).decode("utf-8", errors="replace")
+    return gate.FileSeen(text=text, owner=st.st_uid, is_file=True)
+
+
+class Clock:
+    """The shared file system's idea of now, read by touching our own probe file."""
+
+    def __init__(self, directory: Path, name: str):
+        self.path = directory / f".clock.{name}.{os.getpid()}"
+
+    def now(self) -> float:
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        os.utime(self.path, None)  # None: the server stamps its own time
+        return os.stat(self.path).st_mtime
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def lease_age(directory: Path, clock: Clock) -> float | None:
+    try:
+        mtime = os.stat(directory / control.LEASE).st_mtime
+    except FileNotFoundError:
+        return None
+    return max(0.0, clock.now() - mtime)
+
+
+def observe(directory: Path, clock: Clock) -> gate.Observation:
+    return gate.Observation(
+        directory=_dir_seen(directory),
+        closed=os.path.lexists(directory / control.CLOSED),
+        lease_age=lease_age(directory, clock),
+        record=read_file(directory / control.RECORD),
+    )
+
+
+def closed(directory: Path) -> bool:
+    return os.path.lexists(directory / control.CLOSED)
+
+
+def publish(directory: Path, record: control.Record) -> Path:
+    path = directory / control.RECORD
+    write_atomic(path, control.encode(record), mode=0o600)
+    return path
+
+
+def mark_no_restart(directory: Path, exit_code: int) -> None:
+    write_atomic(directory / control.NO_RESTART, json.dumps({"exit_code": exit_code}) + "\n", 0o600)
+
+
+def seed_static_tracker(path: Path) -> None:
+    """no-restart mode: an iteration file that never advances, non-zero so NVRx tracks it."""
+    if not path.exists():
+        write_atomic(path, "1\n")
+
+
+class LeaseKeeper:
+    """Task 0's liveness lease: written once, then its mtime refreshed by a thread.
+
+    Never removed: a peer that saw no lease would take task 0 for not started yet and
+    wait without a timeout. A lease that stops moving is what tells peers task 0 died.
+    """
+
+    def __init__(self, directory: Path, interval: float, holder: dict, warn):
+        self.path = directory / control.LEASE
+        self.interval = interval
+        self.holder = holder
+        self.warn = warn
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="task0-lease", daemon=True)
+
+    def start(self) -> None:
+        write_atomic(self.path, json.dumps(self.holder, sort_keys=True) + "\n", 0o600)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                os.utime(self.path, None)
+            except OSError as exc:
+                self.warn(f"could not refresh task 0's lease {self.path}: {exc.strerror}")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self.interval + 1)
