@@ -51,7 +51,9 @@ class ChainSpec:
     job_name: str = _opt(
         "nvrx-chain", "Slurm job name shared by every generation.", "NVRX_JOB_NAME"
     )
-    time_limit: str = _opt("01:00:00", "Wall time of one generation.", "NVRX_TIME_LIMIT")
+    time_limit: str = _opt(
+        "01:00:00", "Wall time of one generation.", "NVRX_TIME_LIMIT", flag="--time"
+    )
     partition: str = _opt("", "Slurm partition (empty: the cluster default).", "NVRX_PARTITION")
     # --- where and how it runs ---------------------------------------------------------
     work_dir: str = _opt("", "Shared work directory, same path on every node.", "NVRX_WORK_DIR")
@@ -166,6 +168,9 @@ class ChainSpec:
     )
 
 
+_FIELDS = {f.name: f for f in dataclasses.fields(ChainSpec)}
+
+
 @dataclass(frozen=True)
 class Shape:
     """What the spec implies, computed once at submit."""
@@ -213,7 +218,9 @@ class Problem:
 
 
 def flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """The CLI flag of a setting: its `flag` metadata, else the field name dashed."""
+    meta = _FIELDS[name].metadata if name in _FIELDS else {}
+    return meta.get("flag") or "--" + name.replace("_", "-")
 
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -19,3 +19,8 @@ def cli() -> None:
 
 def main() -> None:
     cli()
+
+
+from nvrx_appliance.slurm.commands import submit_command  # noqa: E402
+
+cli.add_command(submit_command)

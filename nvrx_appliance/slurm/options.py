@@ -1,0 +1,70 @@
+"""Click options for every ChainSpec field, generated from the field's metadata.
+
+chain.py is the one list of settings; this turns it into flags. No option carries a
+default or an envvar of its own: an unset flag is None, and resolve.py applies the
+environment, the config file and the defaults so that each value knows its origin.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from nvrx_appliance.chain import (
+    FAULT_TYPES,
+    MODES,
+    PROFILES,
+    RUNTIMES,
+    WORKLOADS,
+    flag,
+    spec_fields,
+)
+
+_CHOICES = {"runtime": RUNTIMES, "mode": MODES, "workload": WORKLOADS, "profile": PROFILES}
+_TYPES = {"int": click.INT, "float": click.FLOAT}
+
+
+def _help(field: dataclasses.Field) -> str:
+    meta = field.metadata
+    default = field.default if field.default is not dataclasses.MISSING else None
+    shown = (
+        {None: "unset", "": "empty"}.get(default, default)
+        if not isinstance(default, bool)
+        else ("on" if default else "off")
+    )
+    parts = [meta["help"], f"[default: {shown}"]
+    if meta.get("env"):
+        parts[-1] += f"; env: {meta['env']}"
+    parts[-1] += "]"
+    if field.name == "fault_types":
+        parts.insert(1, f"({', '.join(FAULT_TYPES)})")
+    return " ".join(parts)
+
+
+def _option(field: dataclasses.Field) -> Callable[[Any], Any]:
+    name = field.name
+    kind = str(field.type).replace(" ", "")
+    if kind == "bool":
+        long = flag(name)[2:]
+        return click.option(f"--{long}/--no-{long}", name, default=None, help=_help(field))
+    if name in _CHOICES:
+        kind_type: Any = click.Choice(_CHOICES[name])
+    else:
+        kind_type = _TYPES.get(kind, click.STRING)
+    return click.option(flag(name), name, type=kind_type, default=None, help=_help(field))
+
+
+def spec_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate a click command with one option per ChainSpec field, in field order."""
+    for field in reversed(spec_fields()):
+        command = _option(field)(command)
+    return command
+
+
+def spec_flags(params: dict[str, Any]) -> dict[str, Any]:
+    """The ChainSpec part of a command's parameters (None = not given on the command line)."""
+    names = {f.name for f in spec_fields()}
+    return {k: v for k, v in params.items() if k in names}

@@ -1,0 +1,121 @@
+"""Gathers the Facts that validate.judge needs: the file system, the image, Slurm.
+
+Reads only; nothing here writes, so a refused submission leaves no trace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.slurm import parse, slurmcli
+from nvrx_appliance.slurm.resolve import HOST_PYTHON_RUNTIMES
+from nvrx_appliance.slurm.validate import Facts, is_image_file
+
+# A name still held by one of these states would have its generations cancelled by ours.
+LIVE_STATES = frozenset(
+    {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
+)
+
+
+def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
+    facts = {
+        **_work_dir(spec.work_dir),
+        **_image(spec.image),
+        **_python(spec),
+        "megatron_has_pretrain": (Path(spec.megatron_path) / "pretrain_gpt.py").is_file(),
+    }
+    if with_slurm:
+        facts.update(_slurm(spec.job_name, _existing_chain(spec.work_dir), user))
+    return Facts(**facts)
+
+
+def _work_dir(work_dir: str) -> dict:
+    path = Path(work_dir)
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    real = os.path.realpath(path) if path.exists() else os.path.realpath(existing)
+    if path.exists() and not path.is_dir():
+        return {
+            "work_dir_real": real,
+            "work_dir_error": f"{work_dir} exists and is not a directory",
+        }
+    # access(2) also says no on a read-only file system, even to root.
+    if not os.access(existing, os.W_OK | os.X_OK):
+        what = "is not writable" if existing == path else f"cannot be created under {existing}"
+        return {"work_dir_real": real, "work_dir_error": f"{work_dir} {what}"}
+    return {"work_dir_real": real}
+
+
+def _image(image: str) -> dict:
+    if not image or not is_image_file(image):
+        return {}
+    path = Path(image)
+    if not path.is_file():
+        return {
+            "image_error": f"{image} does not exist; build it with `make image` or fix the path"
+        }
+    if not os.access(path, os.R_OK):
+        return {"image_error": f"{image} is not readable; fix its permissions"}
+    return _image_manifest(path)
+
+
+def _image_manifest(path: Path) -> dict:
+    try:
+        from nvrx_appliance.image.inspect import ImageError, read_image_manifest
+    except ImportError:
+        # The image helper's reader is not there yet: existence and readability are all
+        # this check can say. Everything else degrades to "image manifest unknown".
+        return {}
+    try:
+        return {"image_manifest": read_image_manifest(path)}
+    except ImageError as exc:
+        return {"image_error": str(exc)}
+
+
+def _python(spec: ChainSpec) -> dict:
+    if spec.runtime not in HOST_PYTHON_RUNTIMES:
+        return {}
+    python = Path(spec.python)
+    if not (python.is_file() and os.access(python, os.X_OK)):
+        return {
+            "python_error": f"{spec.python} is not an executable Python; pass a venv's bin/python"
+        }
+    if spec.runtime == "bare" and not (python.parent / "nvrx-entrypoint").is_file():
+        return {
+            "python_error": f"{python.parent} has no nvrx-entrypoint; point --python at the venv "
+            "where nvrx-appliance is installed (the same path on every node)"
+        }
+    return {}
+
+
+def _existing_chain(work_dir: str) -> str:
+    """The job name in a run.json already in the work dir ("" if none or unreadable)."""
+    try:
+        data = json.loads((Path(work_dir) / "run.json").read_text())
+        return str(data["spec"]["job_name"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+
+
+def _slurm(job_name: str, existing_chain: str, user: str) -> dict:
+    try:
+        config = slurmcli.show_config()
+        # All of this user's jobs in one call: the controller is shared.
+        rows = slurmcli.squeue(user=user)
+    except (slurmcli.SlurmUnavailable, parse.ParseError) as exc:
+        return {"slurm_error": str(exc)}
+
+    def live(name: str) -> tuple[str, ...]:
+        ids = {r.array_job_id for r in rows if r.name == name and r.state in LIVE_STATES}
+        return tuple(sorted(ids, key=int))
+
+    return {
+        "max_array_size": parse.max_array_size(config),
+        "name_in_use": live(job_name),
+        "work_dir_chain": existing_chain,
+        "work_dir_chain_live": live(existing_chain) if existing_chain else (),
+    }

@@ -1,0 +1,176 @@
+"""One ChainSpec from flags > environment > config file > defaults, with each value's origin.
+
+Pure: the caller hands in the flags click parsed, a copy of the environment, the text of
+the config file and the few defaults that depend on where submit runs (its current
+directory and its Python). Every value remembers where it came from, so
+`submit --print-config` can answer "why is this 8?" without guessing.
+
+Unset versus empty matters for two settings, as in the seeds: `mounts` and
+`gpu_failure` unset take the default, an explicit empty value (flag, environment or
+config file) turns them off. Everywhere else an empty environment variable counts as set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+from nvrx_appliance.chain import ChainSpec, effective_runtime, flag, spec_fields
+
+# The seeds' environment names that do not map one to one onto a field.
+# NVRX_NO_RESTART_DEMO=1 is the seeds' default demo, =0 their hand-off demo.
+_LEGACY_MODE = {"NVRX_NO_RESTART_DEMO": {"1": "no-restart", "0": "handoff"}}
+# The seeds turn segment-aware mode off with an explicitly empty NVRX_SEGMENT.
+_EMPTY_MEANS = {"segment": "off"}
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+# Runtimes whose nodes start nvrx-entrypoint with a Python of the host's (not the image's).
+HOST_PYTHON_RUNTIMES = ("bare", "bwrap-standin")
+
+
+class SettingError(ValueError):
+    """A value that cannot be a setting; the message names its source and the fix."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    spec: ChainSpec
+    origins: dict[str, str]  # field name -> "flag --x", "env NVRX_X", "config F", "default"
+
+
+def _kind(field: dataclasses.Field) -> str:
+    kind = str(field.type).replace(" ", "")
+    return {"str|None": "optional"}.get(kind, kind)
+
+
+def env_name(field: dataclasses.Field) -> str | None:
+    return field.metadata.get("env")
+
+
+def from_text(field: dataclasses.Field, text: str, source: str) -> Any:
+    """An environment variable's text as the field's type."""
+    kind = _kind(field)
+    if kind in ("str", "optional"):
+        if text == "" and field.name in _EMPTY_MEANS:
+            return _EMPTY_MEANS[field.name]
+        return text
+    if kind == "bool":
+        lowered = text.strip().lower()
+        if lowered in _TRUE or lowered in _FALSE:
+            return lowered in _TRUE
+        raise SettingError(f"{source}={text!r} is not a boolean; use 1 or 0")
+    converter = {"int": int, "float": float}[kind]
+    try:
+        return converter(text.strip())
+    except ValueError:
+        raise SettingError(
+            f"{source}={text!r} is not {'an integer' if kind == 'int' else 'a number'}"
+        ) from None
+
+
+def from_config(field: dataclasses.Field, value: Any, source: str) -> Any:
+    """A TOML value checked against the field's type (TOML already typed it)."""
+    kind = _kind(field)
+    expected: tuple[type, ...] = {
+        "int": (int,),
+        "float": (int, float),
+        "bool": (bool,),
+        "str": (str,),
+        "optional": (str,),
+    }[kind]
+    # bool is an int in Python; a TOML `true` for a count is a mistake, not 1.
+    if (isinstance(value, bool) and kind != "bool") or not isinstance(value, expected):
+        raise SettingError(
+            f"{source}: {field.name} = {value!r} should be {'a string' if kind in ('str', 'optional') else 'a ' + kind}"
+        )
+    return float(value) if kind == "float" else value
+
+
+def parse_config(text: str, source: str) -> dict[str, Any]:
+    """The config file: a flat TOML table keyed by setting name (train_tasks or train-tasks)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingError(f"--config {source}: not valid TOML: {exc}") from None
+    fields = {f.name: f for f in spec_fields()}
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in fields:
+            raise SettingError(
+                f"--config {source}: unknown setting {key!r}; see `nvrx-appliance submit --help` for the names"
+            )
+        values[name] = from_config(fields[name], value, f"--config {source}")
+    return values
+
+
+def environment_values(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+    """Settings found in the environment: name -> (value, variable)."""
+    found: dict[str, tuple[Any, str]] = {}
+    for variable, table in _LEGACY_MODE.items():
+        if variable in environ:
+            text = environ[variable].strip()
+            if text not in table:
+                raise SettingError(
+                    f"{variable}={text!r}: use 1 (no-restart demo) or 0 (hand-off demo)"
+                )
+            found["mode"] = (table[text], variable)
+    for field in spec_fields():
+        variable = env_name(field)
+        if variable and variable in environ:
+            found[field.name] = (from_text(field, environ[variable], variable), variable)
+    return found
+
+
+def resolve(
+    flags: Mapping[str, Any],
+    environ: Mapping[str, str],
+    config: Mapping[str, Any],
+    *,
+    config_source: str = "",
+    cwd: str,
+    python: str,
+) -> Resolved:
+    """Flags (None = not given) > environment > config file > defaults."""
+    env = environment_values(environ)
+    values: dict[str, Any] = {}
+    origins: dict[str, str] = {}
+    for field in spec_fields():
+        name = field.name
+        if flags.get(name) is not None:
+            values[name], origins[name] = flags[name], f"flag {flag(name)}"
+        elif name in env:
+            values[name], origins[name] = env[name][0], f"env {env[name][1]}"
+        elif name in config:
+            values[name], origins[name] = config[name], f"config {config_source}"
+        else:
+            origins[name] = "default"
+    spec = ChainSpec(**values)
+    return _fill_implicit(Resolved(spec, origins), cwd=cwd, python=python)
+
+
+def _fill_implicit(resolved: Resolved, *, cwd: str, python: str) -> Resolved:
+    """The defaults that depend on where submit runs, made concrete for run.json."""
+    spec, origins = resolved.spec, dict(resolved.origins)
+    changes: dict[str, Any] = {}
+    if not spec.work_dir:
+        changes["work_dir"] = os.path.join(cwd, "nvrx-run")
+        origins["work_dir"] = "default (./nvrx-run)"
+    else:
+        # The nodes need the same absolute path; a relative one means "from here".
+        changes["work_dir"] = os.path.normpath(os.path.join(cwd, spec.work_dir))
+    if not spec.python and effective_runtime(spec) in HOST_PYTHON_RUNTIMES:
+        changes["python"] = python
+        origins["python"] = "default (the Python running submit)"
+    if not spec.runtime:
+        changes["runtime"] = effective_runtime(spec)
+        origins["runtime"] = "default (pyxis with an image, else bare)"
+    return Resolved(dataclasses.replace(spec, **changes), origins)

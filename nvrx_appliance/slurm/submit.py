@@ -1,0 +1,164 @@
+"""`nvrx-appliance submit`: validate, write run.json and the sbatch, queue the chain.
+
+The imperative shell around resolve (settings), validate (refusals) and render (the
+script). Either every generation is queued, or none is: a failing sbatch midway cancels
+what was already queued and says so.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.chain import Problem
+from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.slurm import probe, render, slurmcli
+from nvrx_appliance.slurm.resolve import Resolved
+from nvrx_appliance.slurm.validate import Facts, judge
+
+
+class Refused(Exception):
+    """Submission refused before anything was written; carries every problem found."""
+
+    def __init__(self, problems: list[Problem]):
+        super().__init__("; ".join(map(str, problems)))
+        self.problems = problems
+
+
+class SubmitFailed(Exception):
+    """sbatch failed after validation; whatever was queued has been cancelled."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    manifest: Manifest
+    script: str
+    script_path: Path
+    sbatch_args: list[str]  # per generation, before the script path
+    warnings: tuple[str, ...]
+
+    @property
+    def command_lines(self) -> list[list[str]]:
+        argv = ["sbatch", *self.sbatch_args, str(self.script_path)]
+        return [argv] * self.manifest.spec.depth
+
+
+@dataclass(frozen=True)
+class Submitted:
+    job_ids: list[str]
+    plan: Plan
+
+    def to_json(self) -> dict:
+        spec, layout = self.plan.manifest.spec, self.plan.manifest.layout
+        return {
+            "job_name": spec.job_name,
+            "job_ids": self.job_ids,
+            "array": self.plan.manifest.shape.array_spec,
+            "work_dir": spec.work_dir,
+            "run_json": str(layout.run_json),
+            "sbatch": str(self.plan.script_path),
+        }
+
+
+def template_text() -> str:
+    return (files("nvrx_appliance.slurm") / "generation.sbatch.tmpl").read_text()
+
+
+def teardown_source() -> str:
+    return (files("nvrx_appliance.slurm") / "teardown.py").read_text()
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def plan(
+    resolved: Resolved,
+    *,
+    dry_run: bool,
+    force: bool,
+    user: str,
+    extra: tuple[str, ...] = (),
+    gather: Callable[..., Facts] = probe.gather,
+) -> Plan:
+    """Validate and render. Raises Refused; writes nothing."""
+    spec = resolved.spec
+    facts = gather(spec, with_slurm=True, user=user)
+    warnings: list[str] = []
+    if dry_run and facts.slurm_error:
+        # A plan can be reviewed anywhere: skip what needs the cluster, and say so.
+        warnings.append(
+            f"Slurm unreachable ({facts.slurm_error}); skipped MaxArraySize and job-name checks"
+        )
+        facts = Facts(**{**facts.__dict__, "slurm_error": None})
+    problems = judge(spec, facts, force=force)
+    if problems:
+        raise Refused(problems)
+    manifest = run_manifest.build(spec, created=now_iso(), user=user, image=facts.image_manifest)
+    script = render.render(
+        manifest, template=template_text(), teardown_py=teardown_source(), extra=extra
+    )
+    return Plan(
+        manifest=manifest,
+        script=script,
+        script_path=manifest.layout.sbatch(spec.job_name),
+        sbatch_args=render.sbatch_args(manifest, extra),
+        warnings=tuple(warnings),
+    )
+
+
+def write(plan: Plan) -> None:
+    layout = plan.manifest.layout
+    # Slurm opens the --output file on the node at start: its directory must exist.
+    layout.logs.mkdir(parents=True, exist_ok=True)
+    run_manifest.save(plan.manifest)
+    run_manifest.write_atomic(plan.script_path, plan.script, mode=0o755)
+    # Before the first sbatch, never after: a generation that ends at once (exit 93)
+    # removes the marker, and writing it later would resurrect a finished chain.
+    marker = {
+        "job_name": plan.manifest.spec.job_name,
+        "user": plan.manifest.user,
+        "created": plan.manifest.created,
+        "run_json": str(layout.run_json),
+    }
+    run_manifest.write_atomic(layout.chain_marker, json.dumps(marker) + "\n")
+
+
+def queue(plan: Plan, environ: Mapping[str, str] | None = None) -> list[str]:
+    """sbatch x depth. On a failure, cancel what was queued and raise SubmitFailed."""
+    env = dict(os.environ if environ is None else environ)  # SBATCH_* reach sbatch as set
+    job_ids: list[str] = []
+    for _ in range(plan.manifest.spec.depth):
+        try:
+            job_ids.append(slurmcli.sbatch(plan.sbatch_args, str(plan.script_path), env=env))
+        except (slurmcli.SlurmUnavailable, ValueError) as exc:
+            raise SubmitFailed(_roll_back(plan, job_ids, exc)) from None
+    return job_ids
+
+
+def _roll_back(plan: Plan, job_ids: list[str], cause: Exception) -> str:
+    plan.manifest.layout.chain_marker.unlink(missing_ok=True)
+    if not job_ids:
+        return f"sbatch failed, nothing was queued: {cause}"
+    try:
+        slurmcli.scancel(job_ids)
+    except slurmcli.SlurmUnavailable as exc:
+        return (
+            f"sbatch failed after queueing {', '.join(job_ids)} ({cause}), and cancelling them "
+            f"failed too ({exc}): run `scancel {' '.join(job_ids)}` yourself"
+        )
+    return (
+        f"sbatch failed after queueing {len(job_ids)} of {plan.manifest.spec.depth} "
+        f"generations ({cause}); cancelled {', '.join(job_ids)}, so nothing is queued"
+    )
+
+
+def submit(plan: Plan, environ: Mapping[str, str] | None = None) -> Submitted:
+    write(plan)
+    return Submitted(job_ids=queue(plan, environ), plan=plan)

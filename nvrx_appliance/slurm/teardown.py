@@ -1,0 +1,255 @@
+"""Task 0's teardown decision, run from the generation's EXIT trap after the closed flag.
+
+Why Python and why stdlib only: in container mode the batch script runs on the host,
+which may not have this package. The burn guard needs the ledger (JSON lines) and a
+count over it, which is fragile in bash and easy here; submit embeds this file's text in
+the materialized sbatch (a quoted heredoc), so it needs nothing but a python3 on the
+host and the sbatch stays one self-contained file. Tests import the same functions.
+If no python3 can run it, the sbatch falls back to the two scancel lines in bash.
+
+The pure part (decide, burnt, ...) comes first; `main` is the thin shell around it.
+Keep it importable on Python 3.8: no match statements, no runtime `X | Y` types.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+NO_RESTART = 93  # NVRx's "do not restart"; see nvrx_appliance/exitcodes.py
+# Long enough for a busy controller; short enough to finish inside Slurm's KillWait
+# when the teardown runs because the generation hit its time limit.
+SCANCEL_TIMEOUT_S = 20
+
+RELEASED_SPARES = "released_spares"
+CANCELLED_CHAIN = "cancelled_chain"
+BURN_GUARD = "burn_guard"
+NONE = "none"
+
+# The ledger line, one per generation (SEAMS.md); status and the watcher read it.
+LEDGER_KEYS = (
+    "array_job_id",
+    "job_name",
+    "task0_node",
+    "start",
+    "end",
+    "exit_code",
+    "checkpoint_iteration",
+    "action",
+    "reason",
+    # additions: which chain wrote it, where the generation started, whether scancel worked
+    "chain",
+    "checkpoint_iteration_start",
+    "scancel_ok",
+)
+
+
+# --- pure ---------------------------------------------------------------------------
+
+
+def advanced(entry: dict[str, Any]) -> bool:
+    """Did the generation move the checkpoint iteration forward?"""
+    end = entry.get("checkpoint_iteration")
+    start = entry.get("checkpoint_iteration_start")
+    if end is None:
+        return False
+    return start is None or end > start
+
+
+def burnt(entry: dict[str, Any]) -> bool:
+    """A generation that never trained: it completed no cycle (ft_launcher did not end
+    cleanly, exit != 0) and left the checkpoint iteration where it found it."""
+    return entry.get("exit_code") != 0 and not advanced(entry)
+
+
+def consecutive_burnt(entries: list[dict[str, Any]]) -> int:
+    count = 0
+    for entry in reversed(entries):
+        if not burnt(entry):
+            break
+        count += 1
+    return count
+
+
+def decide(
+    exit_code: int, history: list[dict[str, Any]], this: dict[str, Any], burn_guard: int
+) -> tuple[str, str]:
+    """(action, reason) for a generation whose task 0 ended with exit_code.
+
+    history: this chain's earlier ledger entries, oldest first.
+    """
+    if exit_code == NO_RESTART:
+        return (
+            CANCELLED_CHAIN,
+            f"ft_launcher exited {NO_RESTART}: NVRx decided not to restart; "
+            "cancelling every queued generation of the chain",
+        )
+    streak = consecutive_burnt([*history, this])
+    if burn_guard > 0 and streak >= burn_guard:
+        return (
+            BURN_GUARD,
+            f"burn guard: {streak} consecutive generations ended without training (non-zero "
+            f"exit, checkpoint iteration stayed at {this.get('checkpoint_iteration')}); "
+            "cancelling the rest of the chain. Read the task logs, fix the cause, resubmit",
+        )
+    return (
+        RELEASED_SPARES,
+        f"task 0 exited {exit_code}; releasing this generation's pending spares so the "
+        "next generation can start",
+    )
+
+
+def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) -> list[str]:
+    """The one scancel the action needs. Always PENDING-only and scoped to the user:
+    running peers are stopped by the closed flag, and another user's jobs are never ours."""
+    if action in (CANCELLED_CHAIN, BURN_GUARD):
+        # By name: under the singleton dependency every PENDING job of ours with this
+        # name is this chain (this array's own spares included).
+        return ["scancel", "--state=PENDING", f"--name={job_name}", f"--user={user}"]
+    return ["scancel", "--state=PENDING", f"--user={user}", array_job_id]
+
+
+def parse_ledger(text: str) -> list[dict[str, Any]]:
+    """Ledger lines; a torn or foreign line is skipped rather than stopping the teardown."""
+    entries = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and "array_job_id" in entry:
+            entries.append(entry)
+    return entries
+
+
+def chain_history(entries: list[dict[str, Any]], chain: str) -> list[dict[str, Any]]:
+    """Only this chain's entries: a work dir reused by a later submit starts a new count."""
+    return [e for e in entries if e.get("chain") == chain]
+
+
+def parse_iteration(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+# --- shell --------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _log(message: str) -> None:
+    print(f"nvrx teardown: {message}", file=sys.stderr, flush=True)
+
+
+def _scancel(argv: list[str]) -> bool:
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=SCANCEL_TIMEOUT_S, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        _log(
+            f"ERROR: {' '.join(argv)} could not run ({exc}). THE CHAIN IS NOT RELEASED; "
+            "run it by hand or let nvrx-watch reconcile"
+        )
+        return False
+    if done.returncode != 0:
+        _log(
+            f"ERROR: {' '.join(argv)} failed (exit {done.returncode}: {done.stderr.strip()}). "
+            "THE CHAIN IS NOT RELEASED; run it by hand or let nvrx-watch reconcile"
+        )
+        return False
+    return True
+
+
+def _append(path: str, entry: dict[str, Any]) -> None:
+    line = json.dumps(entry, sort_keys=True) + "\n"
+    # One write of one line with O_APPEND: a concurrent reader sees it whole or not at all.
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nvrx-teardown")
+    for name in (
+        "run-json",
+        "ledger",
+        "tracker",
+        "marker",
+        "array-job-id",
+        "job-name",
+        "user",
+        "task0-node",
+        "start",
+        "checkpoint-start",
+    ):
+        parser.add_argument(f"--{name}", default="")
+    parser.add_argument("--exit-code", type=int, required=True)
+    args = parser.parse_args(argv)
+
+    try:
+        manifest = json.loads(_read(args.run_json) or "{}")
+    except ValueError:
+        manifest = {}
+    spec = manifest.get("spec", {})
+    burn_guard = int(spec.get("burn_guard", 0))
+    job_name = args.job_name or spec.get("job_name", "")
+    chain = str(manifest.get("created", ""))
+
+    this = {
+        "array_job_id": args.array_job_id,
+        "job_name": job_name,
+        "task0_node": args.task0_node,
+        "start": args.start,
+        "end": _now(),
+        "exit_code": args.exit_code,
+        "checkpoint_iteration": parse_iteration(_read(args.tracker)),
+        "checkpoint_iteration_start": parse_iteration(args.checkpoint_start),
+        "chain": chain,
+    }
+    history = chain_history(parse_ledger(_read(args.ledger)), chain)
+    action, reason = decide(args.exit_code, history, this, burn_guard)
+    if not job_name or not args.user:
+        action, reason = NONE, "job name or user unknown: refusing to scancel by name"
+    _log(reason)
+
+    ok = True
+    if action != NONE:
+        ok = _scancel(
+            scancel_argv(action, job_name=job_name, user=args.user, array_job_id=args.array_job_id)
+        )
+    this.update(action=action, reason=reason, scancel_ok=ok)
+    try:
+        _append(args.ledger, this)
+    except OSError as exc:
+        _log(f"ERROR: could not append to the ledger {args.ledger}: {exc}")
+    if action in (CANCELLED_CHAIN, BURN_GUARD) and ok and args.marker:
+        # The chain ended on purpose: the watcher must not page "chain exhausted".
+        try:
+            os.unlink(args.marker)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log(f"could not remove the chain marker {args.marker}: {exc}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

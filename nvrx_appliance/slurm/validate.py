@@ -1,0 +1,186 @@
+"""Everything submit refuses before it writes or submits anything. Pure.
+
+chain.check judges the spec alone. This module adds what needs facts about the world
+(the file system, the image, Slurm), which slurm/probe.py gathers into a Facts value:
+the judging stays pure and every message is testable without a cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvrx_appliance import ENTRYPOINT_PROTOCOL
+from nvrx_appliance.chain import ChainSpec, Problem, check, derive, flag
+
+# Directories that are private to one node on every cluster we know: the rendezvous
+# record is published through the work dir, so each node would see a different one.
+NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")
+IMAGE_SUFFIXES = (".sqsh", ".squashfs", ".sif", ".simg")
+# pyxis/enroot: [USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]; apptainer adds a scheme.
+_REGISTRY_REF = re.compile(
+    r"^(?:(?:docker|oras|library)://)?"
+    r"(?:[A-Za-z0-9._-]+@)?"
+    r"(?:[A-Za-z0-9.-]+(?::\d+)?#)?"
+    r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9._-]{0,127})?"
+    r"(?:@sha256:[a-f0-9]{64})?$"
+)
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What probe.py found out. None means "not looked at" (e.g. Slurm skipped in a dry run)."""
+
+    work_dir_real: str = ""  # realpath of the work dir, or of its nearest existing parent
+    work_dir_error: str | None = None  # why it cannot be created or written
+    image_error: str | None = None  # file missing, unreadable, or not an appliance image
+    image_manifest: dict[str, Any] | None = None
+    megatron_has_pretrain: bool | None = None
+    python_error: str | None = None  # the host Python the nodes run cannot start the entrypoint
+    slurm_error: str | None = None  # Slurm unreachable
+    max_array_size: int | None = None
+    name_in_use: tuple[str, ...] = field(default_factory=tuple)  # job ids holding the name
+    # The chain whose run.json is already in the work dir, and its live job ids.
+    work_dir_chain: str = ""
+    work_dir_chain_live: tuple[str, ...] = field(default_factory=tuple)
+
+
+def is_image_file(image: str) -> bool:
+    """A path (to a .sqsh/.sif) rather than a registry reference."""
+    return image.startswith(("/", "./", "../", "~")) or image.endswith(IMAGE_SUFFIXES)
+
+
+def is_registry_ref(image: str) -> bool:
+    return bool(_REGISTRY_REF.match(image))
+
+
+def node_local(path: str) -> bool:
+    return any(path == root or path.startswith(root + "/") for root in NODE_LOCAL)
+
+
+def judge(spec: ChainSpec, facts: Facts, *, force: bool = False) -> list[Problem]:
+    """Every problem at once, so one round of fixes is enough."""
+    problems = check(spec)
+    shape_ok = not problems  # the pool-size arithmetic needs sane numbers
+    problems += _work_dir(spec, facts)
+    problems += _image(spec, facts)
+    problems += _host_side(spec, facts)
+    problems += _cluster(spec, facts, force=force, shape_ok=shape_ok)
+    return problems
+
+
+def _work_dir(spec: ChainSpec, facts: Facts) -> list[Problem]:
+    option = flag("work_dir")
+    if facts.work_dir_real and node_local(facts.work_dir_real):
+        return [
+            Problem(
+                option,
+                f"{spec.work_dir} is node-local ({facts.work_dir_real}); the rendezvous record is "
+                "published through it, so use a shared file system visible at the same path on every node",
+            )
+        ]
+    if facts.work_dir_error:
+        return [Problem(option, f"{facts.work_dir_error}; pick a directory you can write")]
+    return []
+
+
+def _image(spec: ChainSpec, facts: Facts) -> list[Problem]:
+    option = flag("image")
+    if not spec.image:
+        return []
+    if not is_image_file(spec.image):
+        if spec.runtime == "bwrap-standin":
+            return [Problem(option, "the bwrap stand-in runs a local .sqsh file; pass its path")]
+        if not is_registry_ref(spec.image):
+            return [
+                Problem(
+                    option,
+                    f"{spec.image!r} is neither an image file nor a registry reference; "
+                    "pass a .sqsh/.sif path or e.g. nvcr.io#nvidia/pytorch:25.01-py3",
+                )
+            ]
+        return []
+    if facts.image_error:
+        return [Problem(option, facts.image_error)]
+    manifest = facts.image_manifest
+    if manifest is None:
+        return []
+    if manifest.get("entrypoint_protocol") != ENTRYPOINT_PROTOCOL:
+        return [
+            Problem(
+                option,
+                f"the image's entrypoint speaks protocol {manifest.get('entrypoint_protocol')!r}, "
+                f"this nvrx-appliance speaks {ENTRYPOINT_PROTOCOL}; rebuild it with `make image`",
+            )
+        ]
+    if manifest.get("flavor") == "cpu" and spec.workload == "megatron":
+        return [
+            Problem(
+                flag("workload"),
+                "the image is a cpu build without Megatron-LM; pass --workload cpu or a gpu image",
+            )
+        ]
+    return []
+
+
+def _host_side(spec: ChainSpec, facts: Facts) -> list[Problem]:
+    problems = []
+    if facts.python_error:
+        problems.append(Problem(flag("python"), facts.python_error))
+    if (
+        spec.runtime == "bare"
+        and spec.workload == "megatron"
+        and facts.megatron_has_pretrain is False
+    ):
+        problems.append(
+            Problem(
+                flag("megatron_path"),
+                f"{spec.megatron_path} has no pretrain_gpt.py; point it at a Megatron-LM checkout "
+                "present on every node (or use --workload cpu)",
+            )
+        )
+    return problems
+
+
+def _cluster(spec: ChainSpec, facts: Facts, *, force: bool, shape_ok: bool) -> list[Problem]:
+    if facts.slurm_error:
+        return [
+            Problem(
+                "slurm",
+                f"unreachable ({facts.slurm_error}); check that slurmctld is up and SLURM_CONF "
+                "points at it, or review the plan anywhere with --dry-run",
+            )
+        ]
+    problems = []
+    size = derive(spec).array_size
+    if shape_ok and facts.max_array_size is not None and size > facts.max_array_size:
+        problems.append(
+            Problem(
+                flag("cold_spares"),
+                f"a pool of {size} tasks exceeds the cluster's MaxArraySize={facts.max_array_size}; "
+                f"lower --cold-spares to at most {max(facts.max_array_size - derive(spec).active_tasks, 0)}, "
+                "or queue more generations (--depth) instead of a deeper pool",
+            )
+        )
+    if facts.work_dir_chain_live and facts.work_dir_chain != spec.job_name and not force:
+        problems.append(
+            Problem(
+                flag("work_dir"),
+                f"{spec.work_dir} holds the run manifest of your live chain "
+                f"{facts.work_dir_chain!r} (job(s) {', '.join(facts.work_dir_chain_live)}), which "
+                "every one of its generations reads: pick another --work-dir, or first "
+                f"`nvrx-appliance cancel {facts.work_dir_chain}`",
+            )
+        )
+    if facts.name_in_use and not force:
+        problems.append(
+            Problem(
+                flag("job_name"),
+                f"{spec.job_name!r} is used by your queued or running job(s) "
+                f"{', '.join(facts.name_in_use)}; chains sharing a name cancel each other's "
+                "generations: pick another --job-name (or --force if that chain is this one)",
+            )
+        )
+    return problems
