@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The one install script: everything an appliance image holds beyond its base goes in
+# here, whichever front end runs it (enroot, Apptainer, or the rootfs builder). It runs
+# as root inside the image being built, next to build.env (the pins, rendered by
+# pins.py) and wheels/ (this appliance, built from source at build time).
+#
+# Any failing command fails the build, and the front ends then leave no image behind.
+set -euo pipefail
+
+context=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=/dev/null
+. "$context/build.env"
+
+step() { printf '==> %s\n' "$*"; }
+fail() { printf 'install: %s\n' "$*" >&2; exit 1; }
+
+export DEBIAN_FRONTEND=noninteractive PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_ROOT_USER_ACTION=ignore
+
+step "system packages"
+# numactl: NVRX_GPUS_PER_NUMA makes ft_launcher wrap every rank in it, and it dies at
+# once when the binary is missing. git: the Megatron-LM checkout (gpu flavour).
+# python3-venv: the cpu flavour's Python lives in its own venv (below).
+missing=()
+command -v numactl >/dev/null || missing+=(numactl)
+if [ "$IMAGE_FLAVOR" = gpu ]; then
+  command -v git >/dev/null || missing+=(git)
+else
+  python3 -c 'import ensurepip, venv' 2>/dev/null || missing+=(python3 python3-venv)
+fi
+[ -e /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
+if [ "${#missing[@]}" -gt 0 ]; then
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  rm -rf /var/lib/apt/lists/*
+  # The rootfs builder mounts a download cache here; anywhere else the .debs go.
+  mountpoint -q /var/cache/apt/archives || apt-get clean
+fi
+
+step "Python environment"
+if [ "$IMAGE_FLAVOR" = gpu ]; then
+  # The base's own Python: it holds the base's CUDA PyTorch, which must stay as it is.
+  py=$(command -v python3)
+else
+  # A venv, so pip never fights Debian's own Python packages.
+  python3 -m venv /opt/nvrx-appliance/venv
+  py=/opt/nvrx-appliance/venv/bin/python
+  step "PyTorch $TORCH_VERSION (CPU build)"
+  "$py" -m pip install --progress-bar off "torch==$TORCH_VERSION"
+fi
+pip=("$py" -m pip install --progress-bar off)
+# Whatever PyTorch the image now has stays: a requirement such as torch>=2.3 must never
+# replace it (NGC's pre-release build does not satisfy such ranges by pip's rules, and
+# the replacement would be a multi-GB download of a different build).
+keep=$(mktemp)
+trap 'rm -f "$keep"' EXIT
+"$py" -c 'import torch; print("torch==" + torch.__version__)' >"$keep" \
+  || fail "the base has no importable PyTorch ($py)"
+
+step "NVRx $NVRX_VERSION"
+if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
+  "${pip[@]}" -c "$keep" "nvidia-resiliency-ext==$NVRX_VERSION"
+else
+  # NVRx 0.7.0 publishes cp312 / manylinux_2_39 wheels only, so on an older Python pip
+  # silently falls back to 0.4.1, which lacks cycle-info files, --ft-segment, the
+  # checkpoint-iteration tracker and exit 93. Its fault_tolerance package is pure
+  # Python: fetch the 0.7.0 wheel for its own tag, lay it into site-packages without
+  # dependencies, then install the dependencies its metadata declares.
+  staging=$(mktemp -d)
+  "${pip[@]}" --no-deps --target "$staging" --python-version 3.12 --implementation cp \
+    --platform "manylinux_2_39_$(uname -m)" --only-binary=:all: \
+    "nvidia-resiliency-ext==$NVRX_VERSION"
+  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  bin=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["scripts"])')
+  cp -r "$staging"/nvidia_resiliency_ext "$staging"/nvidia_resiliency_ext-*.dist-info "$site"/
+  for script in "$staging"/bin/*; do
+    sed "1s|^#!.*|#!$py|" "$script" >"$bin/$(basename "$script")"
+    chmod 755 "$bin/$(basename "$script")"
+  done
+  mapfile -t requirements < <("$py" - "$staging" <<'PY'
+import pathlib
+import sys
+from email.parser import Parser
+
+metadata = next(pathlib.Path(sys.argv[1]).glob("nvidia_resiliency_ext-*.dist-info/METADATA"))
+for requirement in Parser().parsestr(metadata.read_text()).get_all("Requires-Dist") or []:
+    if "extra ==" not in requirement:
+        print(requirement)
+PY
+  )
+  "${pip[@]}" -c "$keep" "${requirements[@]}"
+  rm -rf "$staging"
+fi
+
+step "nvrx-appliance $APPLIANCE_VERSION (in-container side)"
+wheels=("$context"/wheels/nvrx_appliance-*.whl)
+[ -f "${wheels[0]}" ] || fail "no nvrx_appliance wheel in $context/wheels"
+"${pip[@]}" -c "$keep" "${wheels[@]}"
+
+if [ "$IMAGE_FLAVOR" = gpu ]; then
+  step "Megatron-LM $MEGATRON_COMMIT"
+  rm -rf "$MEGATRON_PATH"
+  mkdir -p "$MEGATRON_PATH"
+  git -C "$MEGATRON_PATH" init -q
+  git -C "$MEGATRON_PATH" fetch -q --depth 1 "$MEGATRON_REPOSITORY" "$MEGATRON_COMMIT"
+  git -C "$MEGATRON_PATH" checkout -q --detach FETCH_HEAD
+  [ "$(git -C "$MEGATRON_PATH" rev-parse HEAD)" = "$MEGATRON_COMMIT" ] \
+    || fail "Megatron-LM checkout is not at $MEGATRON_COMMIT"
+  [ -f "$MEGATRON_PATH/pretrain_gpt.py" ] \
+    || fail "Megatron-LM $MEGATRON_COMMIT has no pretrain_gpt.py; pin another commit in pins.toml"
+  [ -f "$MEGATRON_PATH/megatron/core/fault_injector.py" ] \
+    || fail "Megatron-LM $MEGATRON_COMMIT lacks the fault injector (--fault-injector-* flags); pin a later commit in pins.toml"
+else
+  # The venv's commands where every runtime looks, whatever PATH the job brings.
+  for command in nvrx-entrypoint ft_launcher; do
+    ln -sf "/opt/nvrx-appliance/venv/bin/$command" "/usr/local/bin/$command"
+  done
+fi
+
+# Mount points for the host's name resolution, which runtimes bind over them; an image
+# started read-only cannot grow them at start.
+for file in /etc/hosts /etc/resolv.conf; do
+  [ -e "$file" ] || : >"$file"
+done
+
+step "manifest $IMAGE_MANIFEST"
+"$py" -m nvrx_appliance.image.probe --settings "$context/build.env" --out "$IMAGE_MANIFEST"
+[ -n "${PIP_CACHE_DIR:-}" ] || rm -rf /root/.cache/pip
+step "done"

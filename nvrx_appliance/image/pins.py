@@ -1,0 +1,142 @@
+"""The pins an image is built from (pins.toml), and what derives from them.
+
+Derived here and nowhere else: the image's file name, its base image reference, and
+the build settings file the install script reads inside the image. Pure apart from
+reading the packaged pins.toml.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+from nvrx_appliance import __version__
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 hosts
+    import tomli as tomllib
+
+FLAVORS = ("gpu", "cpu")
+BUILDERS = ("enroot", "apptainer", "rootfs")
+# Where the image's manifest lives; submit and inspect read it from there.
+MANIFEST_PATH = "/etc/nvrx-appliance/image.json"
+# The settings file the install script sources, next to it in the build context.
+SETTINGS_FILE = "build.env"
+
+
+class PinsError(Exception):
+    """pins.toml is missing a value or holds one of the wrong kind."""
+
+
+@dataclass(frozen=True)
+class Pins:
+    appliance_version: str
+    nvrx_version: str
+    megatron_repository: str
+    megatron_commit: str
+    megatron_path: str
+    gpu_registry: str
+    gpu_image: str
+    gpu_tag: str
+    gpu_python: str
+    cpu_suite: str
+    cpu_debian: str
+    cpu_python: str
+    cpu_torch: str
+
+    @property
+    def gpu_base(self) -> str:
+        return f"{self.gpu_registry}/{self.gpu_image}:{self.gpu_tag}"
+
+    @property
+    def cpu_base(self) -> str:
+        return f"debian:{self.cpu_suite}"
+
+    def base(self, flavor: str) -> str:
+        return self.gpu_base if flavor == "gpu" else self.cpu_base
+
+
+def parse(data: dict[str, Any], appliance_version: str = __version__) -> Pins:
+    def get(section: str, key: str) -> Any:
+        try:
+            value = data[section][key]
+        except KeyError:
+            raise PinsError(f"pins.toml: [{section}] {key} is missing") from None
+        if isinstance(value, str) and not value:
+            raise PinsError(f"pins.toml: [{section}] {key} is empty")
+        return value
+
+    commit = str(get("megatron", "commit"))
+    if len(commit) != 40 or any(c not in "0123456789abcdef" for c in commit):
+        raise PinsError(f"pins.toml: [megatron] commit {commit!r} is not a full 40-hex commit")
+    return Pins(
+        appliance_version=appliance_version,
+        nvrx_version=str(get("nvrx", "version")),
+        megatron_repository=str(get("megatron", "repository")),
+        megatron_commit=commit,
+        megatron_path=str(get("megatron", "path")),
+        gpu_registry=str(get("gpu", "registry")),
+        gpu_image=str(get("gpu", "image")),
+        gpu_tag=str(get("gpu", "tag")),
+        gpu_python=str(get("gpu", "python")),
+        cpu_suite=str(get("cpu", "suite")),
+        cpu_debian=str(get("cpu", "debian")),
+        cpu_python=str(get("cpu", "python")),
+        cpu_torch=str(get("cpu", "torch")),
+    )
+
+
+def load() -> Pins:
+    text = resources.files("nvrx_appliance.image").joinpath("pins.toml").read_text()
+    return parse(tomllib.loads(text))
+
+
+def image_filename(pins: Pins, flavor: str, suffix: str) -> str:
+    """The versions an image carries, readable from its name alone.
+
+    nvrx-appliance-0.1.0_nvrx-0.7.0_mlm-36731ac_pytorch-25.12-py3.sqsh (gpu);
+    the cpu flavour has no Megatron-LM, so it says cpu and its torch instead.
+    """
+    head = f"nvrx-appliance-{pins.appliance_version}_nvrx-{pins.nvrx_version}"
+    if flavor == "gpu":
+        base = f"{pins.gpu_image.rsplit('/', 1)[-1]}-{pins.gpu_tag}"
+        return f"{head}_mlm-{pins.megatron_commit[:7]}_{base}{suffix}"
+    return f"{head}_cpu-torch-{pins.cpu_torch}_debian-{pins.cpu_debian}{suffix}"
+
+
+def build_settings(pins: Pins, flavor: str, builder: str) -> dict[str, str]:
+    """What the install script needs to know, as shell variables (empty: not this flavour)."""
+    gpu = flavor == "gpu"
+    return {
+        "APPLIANCE_VERSION": pins.appliance_version,
+        "IMAGE_FLAVOR": flavor,
+        "IMAGE_BASE": pins.base(flavor),
+        "IMAGE_BUILDER": builder,
+        "NVRX_VERSION": pins.nvrx_version,
+        "MEGATRON_REPOSITORY": pins.megatron_repository if gpu else "",
+        "MEGATRON_COMMIT": pins.megatron_commit if gpu else "",
+        "MEGATRON_PATH": pins.megatron_path if gpu else "",
+        "TORCH_VERSION": "" if gpu else pins.cpu_torch,
+        "IMAGE_MANIFEST": MANIFEST_PATH,
+    }
+
+
+def render_settings(settings: dict[str, str]) -> str:
+    return "".join(f"{key}={shlex.quote(value)}\n" for key, value in settings.items())
+
+
+def parse_settings(text: str) -> dict[str, str]:
+    settings: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, sep, value = line.partition("=")
+        if not sep or not key.isidentifier():
+            raise PinsError(f"build settings: cannot read line {line!r}")
+        words = shlex.split(value)
+        settings[key] = words[0] if words else ""
+    return settings

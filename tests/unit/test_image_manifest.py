@@ -1,0 +1,107 @@
+"""The image manifest writer: pins plus versions probed inside the image."""
+
+from __future__ import annotations
+
+import json
+
+from nvrx_appliance.image import probe
+from nvrx_appliance.image.pins import build_settings, load, render_settings
+
+
+def _probed(**overrides: str) -> dict[str, str]:
+    pins = load()
+    probed = {
+        "python": "3.12.3",
+        "pytorch": "2.10.0a0+b4e4ee81d3",
+        "cuda": "13.1",
+        "nccl": "2.28.9",
+        "transformer_engine": "2.10.0",
+        "nvrx": pins.nvrx_version,
+        "megatron_commit": pins.megatron_commit,
+        "appliance": pins.appliance_version,
+        "numactl": "/usr/bin/numactl",
+    }
+    probed.update(overrides)
+    return probed
+
+
+def _gpu_manifest(**probed: str) -> dict:
+    settings = build_settings(load(), "gpu", "enroot")
+    return probe.compose(settings, _probed(**probed), protocol=1, built="2026-01-01T00:00:00+00:00")
+
+
+def test_the_manifest_carries_what_submit_reads():
+    manifest = _gpu_manifest()
+    for key in (
+        "appliance_version",
+        "entrypoint_protocol",
+        "nvrx_version",
+        "megatron_commit",
+        "flavor",
+        "base",
+        "probed",
+        "built",
+        "builder",
+    ):
+        assert key in manifest
+    assert manifest["schema"] == probe.SCHEMA
+    assert manifest["flavor"] == "gpu"
+    assert manifest["builder"] == "enroot"
+    assert manifest["probed"]["transformer_engine"] == "2.10.0"
+    json.dumps(manifest)  # it is what gets written
+
+
+def test_an_image_whose_contents_match_its_pins_has_no_problems():
+    assert probe.problems(_gpu_manifest()) == []
+
+
+def test_a_fallback_nvrx_in_the_image_is_a_problem():
+    found = probe.problems(_gpu_manifest(nvrx="0.4.1"))
+    assert found == ["NVRx: pinned 0.7.0, found 0.4.1 in the image"]
+
+
+def test_a_megatron_checkout_at_another_commit_is_a_problem():
+    found = probe.problems(_gpu_manifest(megatron_commit="0" * 40))
+    assert len(found) == 1 and found[0].startswith("Megatron-LM commit")
+
+
+def test_an_image_without_numactl_is_a_problem():
+    found = probe.problems(_gpu_manifest(numactl=probe.NONE))
+    assert any("numactl" in line for line in found)
+
+
+def test_the_cpu_flavour_records_none_for_megatron_and_checks_its_torch_pin():
+    pins = load()
+    settings = build_settings(pins, "cpu", "rootfs")
+    probed = _probed(megatron_commit=probe.NONE, pytorch=f"{pins.cpu_torch}+cpu", cuda="none")
+    manifest = probe.compose(settings, probed, protocol=1, built="x")
+    assert manifest["megatron_commit"] == probe.NONE
+    assert probe.problems(manifest) == []
+    other = probe.compose(settings, {**probed, "pytorch": "2.4.0"}, protocol=1, built="x")
+    assert probe.problems(other) == [f"PyTorch: pinned {pins.cpu_torch}, found 2.4.0 in the image"]
+
+
+def test_the_probe_writes_a_manifest_of_this_python(tmp_path):
+    pins = load()
+    settings = build_settings(pins, "cpu", "rootfs")
+    settings["TORCH_VERSION"] = __import__("torch").__version__.split("+")[0]
+    (tmp_path / "build.env").write_text(render_settings(settings))
+    out = tmp_path / "etc" / "image.json"
+    rc = probe.main(["--settings", str(tmp_path / "build.env"), "--out", str(out)])
+    # This venv has NVRx 0.7.0, torch and numactl (the system package): it passes.
+    assert rc == 0, "the dev venv should satisfy the cpu pins"
+    written = json.loads(out.read_text())
+    import platform
+
+    assert written["probed"]["python"] == platform.python_version()
+    assert written["probed"]["nvrx"] == "0.7.0"
+
+
+def test_the_probe_refuses_to_write_a_manifest_that_contradicts_the_pins(tmp_path, capsys):
+    settings = build_settings(load(), "cpu", "rootfs")
+    settings["NVRX_VERSION"] = "9.9.9"
+    (tmp_path / "build.env").write_text(render_settings(settings))
+    out = tmp_path / "image.json"
+    assert probe.main(["--settings", str(tmp_path / "build.env"), "--out", str(out)]) == 1
+    assert not out.exists()
+    assert "NVRx: pinned 9.9.9" in capsys.readouterr().err
