@@ -20,6 +20,10 @@ def cli() -> None:
 def main() -> None:
     cli()
 
+from nvrx_appliance.devcluster.cli import cluster_group  # noqa: E402
+
+cli.add_command(cluster_group)
+
 
 from nvrx_appliance.slurm.commands import submit_command  # noqa: E402
 

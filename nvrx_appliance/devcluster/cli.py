@@ -1,0 +1,157 @@
+"""`nvrx-appliance cluster ...`: a real multi-node Slurm cluster on this one machine."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import click
+
+from nvrx_appliance.devcluster import cluster as shell
+from nvrx_appliance.devcluster import packages
+from nvrx_appliance.devcluster.daemons import DaemonError
+from nvrx_appliance.devcluster.lock import cluster_lock
+from nvrx_appliance.devcluster.net import NetError
+from nvrx_appliance.devcluster.plan import (
+    DEFAULT_CPUS_PER_NODE,
+    DEFAULT_GPUS_PER_NODE,
+    DEFAULT_NODES,
+    DEFAULT_ROOT,
+    DEFAULT_SUBNET,
+    PlanError,
+    make_plan,
+)
+from nvrx_appliance.devcluster.report import table
+from nvrx_appliance.exitcodes import USAGE
+
+
+def _say(command: str):
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        click.echo(f"cluster {command} [{time.monotonic() - started:5.1f}s] {line}", err=True)
+
+    return say
+
+
+def _fail(exc: Exception) -> None:
+    """One readable message and the exit code: 2 when nothing was changed on purpose."""
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(USAGE if isinstance(exc, (shell.Refused, PlanError)) else 1)
+
+
+_EXPECTED = (shell.ClusterError, PlanError, DaemonError, NetError, packages.InstallError)
+
+
+@click.group(name="cluster")
+def cluster_group() -> None:
+    """A real Slurm cluster on this machine: a controller and N compute nodes, each in
+    its own network namespace with its own hostname, munge, slurmdbd with MariaDB
+    (so sacct works) and GPU stand-ins. Needs root on Debian or Ubuntu.
+
+    Everything lives apart from any Slurm, munge or MariaDB the machine has: clients
+    find it through SLURM_CONF (see `cluster env`).
+    """
+
+
+@cluster_group.command()
+@click.option("--nodes", default=DEFAULT_NODES, show_default=True, help="Compute nodes.")
+@click.option(
+    "--gpus-per-node",
+    default=DEFAULT_GPUS_PER_NODE,
+    show_default=True,
+    help="GPU GRES per node (stand-in device files: no GPU is needed).",
+)
+@click.option(
+    "--cpus-per-node",
+    default=DEFAULT_CPUS_PER_NODE,
+    show_default=True,
+    help="CPUs each node offers to the scheduler.",
+)
+@click.option(
+    "--subnet",
+    default=DEFAULT_SUBNET,
+    show_default=True,
+    envvar="NVRX_DEVCLUSTER_SUBNET",
+    help="Private network for the controller and nodes.",
+)
+def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str) -> None:
+    """Bring the cluster up, or repair it; a no-op when it is already up as asked."""
+    say = _say("up")
+    try:
+        shell.preflight()
+        with cluster_lock(say=say):
+            missing = packages.missing()
+            if missing:
+                say(f"installing missing Debian packages: {' '.join(missing)}")
+                packages.install(missing, say)
+            params = shell.machine_params(nodes, gpus_per_node, cpus_per_node, subnet)
+            plan = make_plan(params, DEFAULT_ROOT)
+            shell.up(plan, say)
+    except _EXPECTED as exc:
+        _fail(exc)
+    click.echo(f"export SLURM_CONF={plan.paths.slurm_conf}")
+
+
+@cluster_group.command()
+def down() -> None:
+    """Stop every daemon of the cluster and remove all it made; nothing else is touched."""
+    say = _say("down")
+    try:
+        shell.preflight()
+        with cluster_lock(say=say):
+            if not shell.down(DEFAULT_ROOT, say):
+                say("nothing to remove: the cluster is not up")
+                return
+            say("down; the machine is as before `cluster up`")
+    except _EXPECTED as exc:
+        _fail(exc)
+
+
+@cluster_group.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(as_json: bool) -> None:
+    """Per daemon and per node: running or not, and Slurm's view of each node.
+
+    Exits 0 when the cluster is up with every node in service, 1 otherwise.
+    """
+    report = shell.status(DEFAULT_ROOT)
+    click.echo(json.dumps(report, indent=2) if as_json else table(report), nl=as_json)
+    sys.exit(0 if report["up"] else 1)
+
+
+@cluster_group.command()
+def env() -> None:
+    """Print the shell exports that point Slurm clients at the cluster.
+
+    Use: eval "$(nvrx-appliance cluster env)"
+    """
+    report = shell.status(DEFAULT_ROOT)
+    if "daemons" not in report:
+        click.echo(f"error: {report['reason']}", err=True)
+        sys.exit(1)
+    click.echo(f"export SLURM_CONF={report['slurm_conf']}")
+    click.echo(f"export NVRX_DEVCLUSTER_WORK_ROOT={report['work_root']}")
+
+
+@cluster_group.command(name="kill-node")
+@click.argument("name")
+def kill_node(name: str) -> None:
+    """Crash node NAME: kill slurmd and every process in its namespace, link down."""
+    try:
+        shell.preflight()
+        shell.kill_node(name, _say("kill-node"), DEFAULT_ROOT)
+    except _EXPECTED as exc:
+        _fail(exc)
+
+
+@cluster_group.command(name="revive-node")
+@click.argument("name")
+def revive_node(name: str) -> None:
+    """Bring node NAME back: link up, slurmd started, wait until Slurm uses it again."""
+    try:
+        shell.preflight()
+        shell.revive_node(name, _say("revive-node"), DEFAULT_ROOT)
+    except _EXPECTED as exc:
+        _fail(exc)

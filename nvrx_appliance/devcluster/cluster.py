@@ -1,0 +1,492 @@
+"""up, down, status, kill-node, revive-node: the imperative shell around the pure plan.
+
+Everything of the cluster lives under one root directory, a set of network namespaces
+and links named with one prefix, and one marked /etc/hosts block; `down` removes
+exactly those, so it can also clean up after an `up` that was killed half-way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance.devcluster import daemons, hosts, net, procs, render
+from nvrx_appliance.devcluster.plan import (
+    CLUSTER_NAME,
+    DEFAULT_ROOT,
+    Host,
+    Params,
+    Paths,
+    Plan,
+    PlanError,
+    make_plan,
+    overlapping_routes,
+    parse_slurm_version,
+)
+from nvrx_appliance.devcluster.poll import Timeout, wait_until
+from nvrx_appliance.devcluster.report import in_service, parse_node_states, seen_dead
+from nvrx_appliance.devcluster.state import (
+    CONTROL_DAEMONS,
+    MARIADB,
+    MUNGED,
+    SLURMCTLD,
+    SLURMDBD,
+    Daemon,
+    Observed,
+    State,
+    StateError,
+    Verdict,
+    assess,
+    from_json,
+    slurmd_key,
+)
+
+HOSTS_FILE = Path("/etc/hosts")
+# How long `up` and `revive-node` wait for nodes to register with slurmctld.
+NODE_READY_S = 60
+
+Say = Callable[[str], None]
+
+
+class ClusterError(RuntimeError):
+    """The cluster could not be brought to the asked state; one readable message."""
+
+
+class Refused(ClusterError):
+    """Nothing was changed: wrong machine, wrong user, or a clash with what is there."""
+
+
+# --- preconditions ------------------------------------------------------------------
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise Refused(
+            "the local cluster needs root (network namespaces, daemons, /etc/hosts); "
+            "run it with sudo"
+        )
+    if not _is_debian():
+        raise Refused(
+            "the local cluster is built from Debian's Slurm packages; "
+            "this machine is not Debian or Ubuntu"
+        )
+
+
+def _is_debian() -> bool:
+    try:
+        text = Path("/etc/os-release").read_text()
+    except OSError:
+        return False
+    fields = dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
+    )
+    family = {fields.get("ID", "").strip('"'), *fields.get("ID_LIKE", "").strip('"').split()}
+    return bool(family & {"debian", "ubuntu"}) and shutil.which("apt-get") is not None
+
+
+def machine_params(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str) -> Params:
+    version = subprocess.run(
+        [daemons.executable("slurmd"), "-V"], capture_output=True, text=True
+    ).stdout
+    return Params(
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        cpus_per_node=cpus_per_node,
+        memory_mb=_memory_mb(),
+        subnet=subnet,
+        slurm_version=parse_slurm_version(version),
+    )
+
+
+def _memory_mb() -> int:
+    # Each node claims the machine's memory: memory is not a consumable resource here
+    # (CR_Core), so this only lets jobs that ask for --mem be scheduled at all.
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) // 1024
+    return 1024
+
+
+def check_clashes(plan: Plan) -> None:
+    """Refuse, before changing anything, to take what the machine already uses."""
+    root = plan.paths.root
+    if root.exists() and not plan.paths.marker.exists():
+        raise Refused(f"{root} exists and was not made by nvrx-appliance; move it away first")
+    clashes = overlapping_routes(plan.params.subnet, net.foreign_routes())
+    if clashes:
+        raise Refused(
+            f"--subnet {plan.params.subnet} overlaps this machine's route {clashes[0]}; "
+            "pick a free private subnet with --subnet"
+        )
+    taken = hosts.foreign_names(HOSTS_FILE.read_text(), [h.name for h in plan.hosts])
+    if taken:
+        raise Refused(
+            f"/etc/hosts already defines {', '.join(taken)}; the local cluster needs those "
+            "names for its own hosts (remove those lines, or use another machine)"
+        )
+
+
+# --- state ----------------------------------------------------------------------------
+
+
+def load_state(paths: Paths) -> State | None:
+    try:
+        return from_json(json.loads(paths.state.read_text()))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, StateError):
+        return None  # unreadable: treated as "no state", so `up` rebuilds
+
+
+def save_state(paths: Paths, state: State) -> None:
+    tmp = paths.state.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state.to_json(), indent=1) + "\n")
+    tmp.rename(paths.state)
+
+
+def _hosts_entries(plan: Plan) -> list[tuple[str, str]]:
+    return [(h.address, h.name) for h in plan.hosts]
+
+
+def observe(plan: Plan, state: State | None) -> Observed:
+    p = plan.paths
+    links = net.links()
+    hosts_text = HOSTS_FILE.read_text()
+    configs_ok = all(
+        Path(path).exists() and Path(path).read_text() == text
+        for path, text in render.config_files(plan).items()
+    )
+    alive = frozenset(
+        key for key, d in (state.daemons.items() if state else []) if procs.is_alive(d)
+    )
+    return Observed(
+        alive=alive,
+        namespaces=frozenset(net.namespaces()),
+        links_up=frozenset(name for name, up in links.items() if up),
+        hosts_ok=hosts.has_block(hosts_text, _hosts_entries(plan)),
+        configs_ok=configs_ok,
+        leftovers=bool(p.root.exists() or links or net.namespaces() or hosts.BEGIN in hosts_text),
+    )
+
+
+# --- up ---------------------------------------------------------------------------------
+
+
+def up(plan: Plan, say: Say) -> Verdict:
+    check_clashes(plan)
+    state = load_state(plan.paths)
+    verdict = assess(plan, state, observe(plan, state))
+    if verdict.action == "none":
+        say("already up; nothing to do")
+        return verdict
+    if verdict.action == "revive":
+        assert state is not None
+        say(f"repairing: {verdict.reason}")
+        for name in verdict.nodes:
+            _revive(plan, state, plan.node(name), say)
+        return verdict
+    if verdict.action == "rebuild":
+        say(f"rebuilding: {verdict.reason}")
+        teardown(plan.paths, state, say)
+    build(plan, say)
+    return verdict
+
+
+def build(plan: Plan, say: Say) -> None:
+    started = time.monotonic()
+    p = plan.paths
+    state = State(plan.params)
+    say(f"[1/7] writing configuration under {p.root} (Slurm {plan.params.slurm_version})")
+    db_password = secrets.token_hex(16)
+    _write_files(plan, db_password)
+    save_state(p, state)
+    say(
+        f"[2/7] network: bridge {plan.bridge_address}/{plan.prefixlen}, "
+        f"{len(plan.hosts)} namespaces ({plan.controller.name}, "
+        f"{plan.nodes[0].name}..{plan.nodes[-1].name})"
+    )
+    net.create(plan)
+    _write_hosts(hosts.with_block(HOSTS_FILE.read_text(), _hosts_entries(plan)))
+    say("[3/7] munged (own key and socket)")
+    _record(p, state, MUNGED, daemons.start_munged(plan))
+    say("[4/7] MariaDB for accounting (own data directory, in ctl's namespace)")
+    daemons.init_mariadb(plan)
+    proc = daemons.start_mariadb(plan, render.accounting_sql(db_password))
+    _record(p, state, MARIADB, proc, plan.controller)
+    say("[5/7] slurmdbd")
+    _record(p, state, SLURMDBD, daemons.start_slurmdbd(plan), plan.controller)
+    daemons.register_cluster(plan, CLUSTER_NAME)
+    say("[6/7] slurmctld")
+    _record(p, state, SLURMCTLD, daemons.start_slurmctld(plan), plan.controller)
+    say(f"[7/7] slurmd on {len(plan.nodes)} nodes")
+    for node in plan.nodes:
+        _record(p, state, slurmd_key(node.name), daemons.start_slurmd(plan, node), node)
+    _await_nodes(plan, [n.name for n in plan.nodes])
+    say(
+        f"up in {time.monotonic() - started:.0f} s: {len(plan.nodes)} nodes, "
+        f"{plan.params.gpus_per_node} GPU stand-ins each; work root {p.work_root}"
+    )
+
+
+def _record(
+    paths: Paths, state: State, key: str, proc: subprocess.Popen, host: Host | None = None
+) -> None:
+    state.daemons[key] = procs.identify(proc.pid, host.netns if host else None)
+    save_state(paths, state)
+
+
+def _mkdir(path: Path, mode: int = 0o755, owner: str | None = None) -> None:
+    path.mkdir(mode=mode, parents=True, exist_ok=True)
+    path.chmod(mode)  # mkdir's mode is filtered by the umask
+    if owner:
+        shutil.chown(path, owner, owner)
+
+
+def _write(path: Path, text: str | bytes, mode: int = 0o644, owner: str | None = None) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "wb") as out:
+        out.write(text.encode() if isinstance(text, str) else text)
+    os.chmod(path, mode)
+    if owner:
+        shutil.chown(path, owner, owner)
+
+
+def _write_files(plan: Plan, db_password: str) -> None:
+    p = plan.paths
+    _mkdir(p.root)
+    _write(p.marker, "made by `nvrx-appliance cluster up`; `cluster down` removes this tree\n")
+    _mkdir(p.etc)
+    for path, text in render.config_files(plan).items():
+        _write(Path(path), text)
+    _write(p.slurmdbd_conf, render.slurmdbd_conf(plan, db_password), 0o600, "slurm")
+    _mkdir(p.run, owner="slurm")
+    _mkdir(p.log, owner="slurm")
+    _mkdir(p.spool)
+    _mkdir(p.ctld_state, 0o700, "slurm")
+    for node in plan.nodes:
+        _mkdir(p.spool / f"slurmd-{node.name}", 0o700)
+    # munged checks that nobody else can write where its key and socket live.
+    _mkdir(p.munge, 0o755, "munge")
+    _write(p.munge_key, os.urandom(1024), 0o400, "munge")
+    _mkdir(p.mysql, 0o755, "mysql")
+    _mkdir(p.gpu_devices)
+    for index in range(plan.params.gpus_per_node):
+        device = p.gpu_device(index)
+        if not device.exists():
+            # A character device like /dev/null: Slurm only stats GRES files.
+            os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))
+    # World-traversable so tests and users can make their own owner-only directories.
+    _mkdir(p.work_root, 0o755)
+
+
+def _write_hosts(text: str) -> None:
+    # In place, not by rename: /etc/hosts is often a bind mount (containers).
+    with HOSTS_FILE.open("r+") as f:
+        f.seek(0)
+        f.write(text)
+        f.truncate()
+
+
+def _slurm(plan: Plan, *argv: str) -> str:
+    done = subprocess.run(
+        [daemons.executable(argv[0]), *argv[1:]],
+        env=daemons.slurm_env(plan),
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    return done.stdout if done.returncode == 0 else ""
+
+
+def node_states(plan: Plan) -> dict[str, str]:
+    return parse_node_states(_slurm(plan, "scontrol", "-o", "show", "nodes"))
+
+
+def _await_nodes(plan: Plan, names: list[str], timeout: float = NODE_READY_S) -> None:
+    def ready() -> bool:
+        states = node_states(plan)
+        return all(in_service(states.get(n, "")) for n in names)
+
+    try:
+        wait_until(ready, timeout, f"{', '.join(names)} to register with slurmctld", 0.5)
+    except Timeout as exc:
+        states = node_states(plan)
+        seen = ", ".join(f"{n}={states.get(n, '?')}" for n in names)
+        raise ClusterError(f"{exc} ({seen}); see {plan.paths.log}/slurmd-<node>.log") from None
+
+
+# --- down -------------------------------------------------------------------------------
+
+
+def teardown(paths: Paths, state: State | None, say: Say) -> None:
+    """Remove everything of ours, whether or not `up` finished or left a state file."""
+    recorded = [d.pid for d in (state.daemons.values() if state else []) if procs.is_alive(d)]
+    found = sorted(set(recorded) | set(procs.our_daemons(paths.root)))
+    if found:
+        say(f"stopping {len(found)} daemons (pids {' '.join(map(str, found))})")
+        # Slurm first, then what it talks to, so none of them logs a storm of errors.
+        slurm = [pid for pid in found if _name(pid).startswith("slurm")]
+        procs.stop(slurm)
+        procs.stop([pid for pid in found if pid not in slurm])
+    namespaces = net.namespaces()
+    for ns in sorted(namespaces):
+        procs.empty_netns(ns)
+    if namespaces or net.links():
+        say(f"removing {len(namespaces)} network namespaces, their links and the bridge")
+    net.remove()
+    text = HOSTS_FILE.read_text()
+    if hosts.BEGIN in text or hosts.END in text:
+        say("removing the /etc/hosts block")
+        _write_hosts(hosts.without_block(text))
+    if paths.root.exists():
+        if not paths.marker.exists():
+            raise Refused(f"{paths.root} was not made by nvrx-appliance; left in place")
+        say(f"removing {paths.root}")
+        shutil.rmtree(paths.root)
+
+
+def _name(pid: int) -> str:
+    argv = procs.cmdline(pid)
+    return Path(argv[0]).name if argv else ""
+
+
+def down(root: Path, say: Say) -> bool:
+    """Returns False when there was nothing to remove."""
+    paths = Paths(root)
+    state = load_state(paths)
+    anything = (
+        paths.root.exists()
+        or net.namespaces()
+        or net.links()
+        or hosts.BEGIN in HOSTS_FILE.read_text()
+        or procs.our_daemons(root)
+    )
+    if not anything:
+        return False
+    teardown(paths, state, say)
+    return True
+
+
+# --- kill-node / revive-node --------------------------------------------------------------
+
+
+def current_plan(root: Path = DEFAULT_ROOT) -> tuple[Plan, State]:
+    state = load_state(Paths(root))
+    if state is None:
+        raise ClusterError("the local cluster is not up; run `nvrx-appliance cluster up`")
+    return make_plan(state.params, root), state
+
+
+def _node(plan: Plan, name: str) -> Host:
+    try:
+        return plan.node(name)
+    except KeyError as exc:
+        raise Refused(str(exc.args[0])) from None
+
+
+def kill_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> int:
+    """Kill every process in the node's namespace and take its link down, the way a
+    node dies: no clean shutdown, no goodbye to slurmctld. Returns how many died."""
+    plan, _ = current_plan(root)
+    node = _node(plan, name)
+    victims = procs.netns_pids(node.netns)
+    procs.empty_netns(node.netns)
+    net.set_link(node, up=False)
+    say(
+        f"{name}: killed {len(victims)} processes (slurmd and its jobs) and took its link "
+        f"down; Slurm marks it DOWN within about {render.SLURMD_TIMEOUT_S + 10} s"
+    )
+    return len(victims)
+
+
+def revive_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> None:
+    plan, state = current_plan(root)
+    _revive(plan, state, _node(plan, name), say)
+
+
+def _revive(plan: Plan, state: State, node: Host, say: Say) -> None:
+    if node.netns not in net.namespaces():
+        raise ClusterError(f"{node.name}'s namespace is gone; run `nvrx-appliance cluster up`")
+    net.set_link(node, up=True)
+    key = slurmd_key(node.name)
+    recorded = state.daemons.get(key)
+    if recorded is None or not procs.is_alive(recorded):
+        procs.empty_netns(node.netns)  # nothing of the dead node may linger
+        _record(plan.paths, state, key, daemons.start_slurmd(plan, node), node)
+        say(f"{node.name}: slurmd started, link up; waiting for Slurm to return it to service")
+    # A node that died while running a job comes back DOWN (ReturnToService=2 lifts
+    # that on registration) or still marked not responding for a moment.
+    _await_nodes(plan, [node.name])
+    say(f"{node.name}: back in service")
+
+
+# --- status -------------------------------------------------------------------------------
+
+
+def status(root: Path = DEFAULT_ROOT) -> dict[str, Any]:
+    paths = Paths(root)
+    base: dict[str, Any] = {
+        "root": str(paths.root),
+        "slurm_conf": str(paths.slurm_conf),
+        "work_root": str(paths.work_root),
+        "env": {"SLURM_CONF": str(paths.slurm_conf)},
+    }
+    state = load_state(paths)
+    if state is None:
+        return {"up": False, "reason": "no cluster (run `nvrx-appliance cluster up`)", **base}
+    try:
+        plan = make_plan(state.params, root)
+    except PlanError as exc:
+        return {"up": False, "reason": f"unreadable state: {exc}", **base}
+    seen = observe(plan, state)
+    verdict = assess(plan, state, seen)
+    slurm_states = node_states(plan) if SLURMCTLD in seen.alive else {}
+
+    def daemon(key: str, name: str, host: str) -> dict[str, Any]:
+        recorded: Daemon | None = state.daemons.get(key)
+        return {
+            "name": name,
+            "host": host,
+            "pid": recorded.pid if recorded else None,
+            "running": key in seen.alive,
+        }
+
+    ctl = plan.controller.name
+    where = {MUNGED: "(root)", MARIADB: ctl, SLURMDBD: ctl, SLURMCTLD: ctl}
+    nodes_up = all(in_service(slurm_states.get(n.name, "")) for n in plan.nodes)
+    return {
+        "up": verdict.action == "none" and nodes_up,
+        "reason": verdict.reason
+        if verdict.action != "none" or nodes_up
+        else "not every node is in service",
+        **base,
+        "slurm_version": state.params.slurm_version,
+        "params": state.params.to_dict(),
+        "controller": {
+            "name": ctl,
+            "address": plan.controller.address,
+            "netns": plan.controller.netns,
+        },
+        "daemons": [daemon(k, k, where[k]) for k in CONTROL_DAEMONS]
+        + [daemon(slurmd_key(n.name), "slurmd", n.name) for n in plan.nodes],
+        "nodes": [
+            {
+                "name": n.name,
+                "address": n.address,
+                "netns": n.netns,
+                "link_up": n.link in seen.links_up,
+                "slurmd_pid": (state.daemons.get(slurmd_key(n.name)) or Daemon(0, 0)).pid or None,
+                "slurmd_running": slurmd_key(n.name) in seen.alive,
+                "slurm_state": slurm_states.get(n.name),
+                "seen_dead": seen_dead(slurm_states.get(n.name, "")),
+            }
+            for n in plan.nodes
+        ],
+    }

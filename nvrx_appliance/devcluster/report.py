@@ -1,0 +1,61 @@
+"""Reading Slurm's view of the nodes, and the `cluster status` table. Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Node state flags (scontrol's State=BASE+FLAG+...) that mean a node cannot run jobs.
+UNAVAILABLE = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "NOT_RESPONDING", "UNKNOWN", "INVAL"}
+
+
+def parse_node_states(scontrol_oneliner: str) -> dict[str, str]:
+    """`scontrol -o show nodes` -> {node name: State value, e.g. 'IDLE+NOT_RESPONDING'}."""
+    states = {}
+    for line in scontrol_oneliner.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        if "NodeName" in fields and "State" in fields:
+            states[fields["NodeName"]] = fields["State"]
+    return states
+
+
+def flags(state: str) -> set[str]:
+    return {part.rstrip("*") for part in state.split("+")}
+
+
+def in_service(state: str) -> bool:
+    """Slurm would schedule onto the node now (IDLE, MIXED, ALLOCATED, nothing wrong)."""
+    return bool(state) and not (flags(state) & UNAVAILABLE)
+
+
+def seen_dead(state: str) -> bool:
+    """Slurm has noticed the node is gone: not responding, or already DOWN."""
+    return bool(flags(state) & {"DOWN", "NOT_RESPONDING"})
+
+
+def _yes(value: bool) -> str:
+    return "up" if value else "DOWN"
+
+
+def table(status: dict[str, Any]) -> str:
+    """The human view of `cluster status --json`."""
+    head = "UP" if status["up"] else "NOT UP"
+    lines = [f"cluster: {head} ({status['reason']})"]
+    if not status.get("daemons"):
+        return "\n".join(lines) + "\n"
+    lines += [
+        f"slurm {status['slurm_version']}, SLURM_CONF={status['slurm_conf']}",
+        f"work root: {status['work_root']}",
+        "",
+        f"{'DAEMON':<16}{'HOST':<8}{'PID':>8}  STATE",
+    ]
+    lines += [
+        f"{d['name']:<16}{d['host']:<8}{d['pid'] or '-':>8}  {_yes(d['running'])}"
+        for d in status["daemons"]
+    ]
+    lines += ["", f"{'NODE':<8}{'ADDRESS':<16}{'LINK':<6}{'SLURMD':<8}SLURM STATE"]
+    lines += [
+        f"{n['name']:<8}{n['address']:<16}{_yes(n['link_up']):<6}"
+        f"{_yes(n['slurmd_running']):<8}{n['slurm_state'] or '?'}"
+        for n in status["nodes"]
+    ]
+    return "\n".join(lines) + "\n"

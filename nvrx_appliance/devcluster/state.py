@@ -1,0 +1,121 @@
+"""What `up` recorded (state.json), and the verdict on what the next `up` must do.
+
+Pure: the shell observes the machine and hands the observation in; `assess` decides
+between leaving a healthy cluster alone, reviving dead nodes, and rebuilding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvrx_appliance.devcluster.plan import Params, Plan
+
+VERSION = 1
+
+MUNGED = "munged"
+MARIADB = "mariadbd"
+SLURMDBD = "slurmdbd"
+SLURMCTLD = "slurmctld"
+# Started in this order, stopped in the reverse one.
+CONTROL_DAEMONS = (MUNGED, MARIADB, SLURMDBD, SLURMCTLD)
+
+
+def slurmd_key(node: str) -> str:
+    return f"slurmd@{node}"
+
+
+@dataclass(frozen=True)
+class Daemon:
+    pid: int
+    # The kernel's start time of the process (clock ticks since boot): a pid alone may
+    # have been reused by an unrelated process since the daemon died.
+    start: int
+    netns: str | None = None
+
+
+@dataclass
+class State:
+    params: Params
+    daemons: dict[str, Daemon] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": VERSION,
+            "params": self.params.to_dict(),
+            "daemons": {
+                key: {"pid": d.pid, "start": d.start, "netns": d.netns}
+                for key, d in self.daemons.items()
+            },
+        }
+
+
+class StateError(ValueError):
+    """state.json is unreadable or of another version: treat the cluster as stale."""
+
+
+def from_json(data: Any) -> State:
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        raise StateError("state.json is not a devcluster state of a known version")
+    try:
+        params = Params(**data["params"])
+        daemons = {
+            key: Daemon(int(d["pid"]), int(d["start"]), d.get("netns"))
+            for key, d in data["daemons"].items()
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        raise StateError(f"state.json is malformed: {exc}") from None
+    return State(params, daemons)
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What the shell saw on the machine just now."""
+
+    alive: frozenset[str]  # daemon keys whose recorded process still runs
+    namespaces: frozenset[str]  # our network namespaces that exist
+    links_up: frozenset[str]  # root-side veth ends that are up
+    hosts_ok: bool  # /etc/hosts holds exactly our block
+    configs_ok: bool  # the config files on disk are what the plan renders
+    leftovers: bool  # anything of ours at all: root dir, namespaces, links, hosts block
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str  # "build" | "rebuild" | "revive" | "none"
+    reason: str
+    nodes: tuple[str, ...] = ()  # for "revive"
+
+
+def assess(plan: Plan, state: State | None, seen: Observed) -> Verdict:
+    if state is None:
+        if seen.leftovers:
+            return Verdict("rebuild", "a previous run left a partial cluster without its state")
+        return Verdict("build", "no cluster yet")
+    if state.params != plan.params:
+        return Verdict("rebuild", f"settings changed: {_changes(state.params, plan.params)}")
+    if not seen.configs_ok:
+        return Verdict("rebuild", "its configuration files are missing or were changed")
+    if not seen.hosts_ok:
+        return Verdict("rebuild", "its /etc/hosts block is missing or was changed")
+    missing = [h.netns for h in plan.hosts if h.netns not in seen.namespaces]
+    if missing:
+        return Verdict("rebuild", f"network namespace {missing[0]} is gone")
+    dead = [d for d in CONTROL_DAEMONS if d not in seen.alive]
+    if dead:
+        return Verdict("rebuild", f"{dead[0]} is not running")
+    if plan.controller.link not in seen.links_up:
+        return Verdict("rebuild", "the controller's link is down")
+    down = tuple(
+        n.name
+        for n in plan.nodes
+        if slurmd_key(n.name) not in seen.alive or n.link not in seen.links_up
+    )
+    if down:
+        return Verdict("revive", f"node(s) {', '.join(down)} are down", down)
+    return Verdict("none", "the cluster is up")
+
+
+def _changes(old: Params, new: Params) -> str:
+    a, b = old.to_dict(), new.to_dict()
+    return ", ".join(f"{k} {a[k]} -> {b[k]}" for k in a if a[k] != b[k])
