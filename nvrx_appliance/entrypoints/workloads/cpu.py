@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
 from nvrx_appliance.entrypoints.workloads import faults
 from nvrx_appliance.entrypoints.workloads.common import fault_active, interpreter, train_samples
+from nvrx_appliance.entrypoints.workloads.launchenv import Rank
 from nvrx_appliance.manifest import Manifest
 
 MODULE = "nvrx_appliance.entrypoints.workloads.cpu"
@@ -136,9 +138,7 @@ def resolve(args: argparse.Namespace, world: int) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    from nvrx_appliance.entrypoints.workloads.trainer import Rank, run
-
-    me = Rank.from_env()
+    me = Rank.from_env(os.environ)
     problem = resolve(args, me.world)
     if problem:
         parser.error(problem)
@@ -151,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    # torch is imported only now, so a bad flag is refused in a fraction of a second.
+    from nvrx_appliance.entrypoints.workloads.trainer import run
+
     return run(args, me, plan)
 
 

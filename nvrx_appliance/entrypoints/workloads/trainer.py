@@ -1,9 +1,8 @@
 """The cpu trainer's run: set up, resume, train, checkpoint, inject the planned fault.
 
 One code path for CPUs (gloo) and GPUs (NCCL), picked by torch.cuda.is_available().
-Started once per rank by ft_launcher (or torchrun), which sets RANK, WORLD_SIZE,
-LOCAL_RANK, the rendezvous address and TORCHELASTIC_RESTART_COUNT: NVRx's cycle number
-(0 for the first cycle of a generation, one more per in-job restart).
+Started once per rank by ft_launcher (or torchrun); see launchenv.py for what it tells
+each rank.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from torch.nn.parallel import DistributedDataParallel
 from nvrx_appliance.entrypoints.workloads import checkpointing, faults
 from nvrx_appliance.entrypoints.workloads.events import ProgressLog
 from nvrx_appliance.entrypoints.workloads.gpt import TinyGPT, loss_fn, mock_batch
+from nvrx_appliance.entrypoints.workloads.launchenv import Rank
 from nvrx_appliance.entrypoints.workloads.monitor import CHECKPOINTING, SETUP, STEP, Sections
 
 
@@ -37,24 +37,6 @@ class InjectedFault(RuntimeError):
 class Position:
     iteration: int = 0
     consumed_samples: int = 0  # the data position: mock sample i is a function of i
-
-
-@dataclass(frozen=True)
-class Rank:
-    rank: int
-    world: int
-    local: int
-    cycle: int
-
-    @classmethod
-    def from_env(cls) -> Rank:
-        env = os.environ
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            world=int(env.get("WORLD_SIZE", "1")),
-            local=int(env.get("LOCAL_RANK", "0")),
-            cycle=int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
-        )
 
 
 def run(args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None) -> int:

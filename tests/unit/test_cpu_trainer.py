@@ -1,0 +1,272 @@
+"""The cpu trainer run for real: real ft_launcher 0.7.0, two gloo ranks on this host.
+
+Each run starts the argv the entrypoint would start (cpu.workload_argv of a manifest
+whose work dir is the test's tmp dir) under ft_launcher with a local c10d rendezvous,
+and judges it by what a user would look at: the progress log, the checkpoint
+directory and its tracker, and NVRx's cycle-info files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.entrypoints.workloads import cpu
+from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
+from nvrx_appliance.manifest import Manifest, build
+
+FT_LAUNCHER = Path(sys.executable).parent / "ft_launcher"
+NPROC = 2
+MICRO = 4
+GLOBAL_BATCH = MICRO * NPROC
+
+
+@dataclass
+class Run:
+    returncode: int
+    output: str
+    manifest: Manifest
+    cycle_infos: Path
+
+    @property
+    def events(self) -> list[dict]:
+        return read_events(self.manifest)
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+    @property
+    def tracked(self) -> int:
+        return int(self.manifest.layout.tracker.read_text())
+
+    @property
+    def cycles(self) -> list[int]:
+        """NVRx cycle numbers, from the names of its cycle-info files."""
+        names = [p.name for p in self.cycle_infos.glob("cycle_info.*") if p.is_file()]
+        return sorted(int(n.rsplit(".", 1)[1]) for n in names if n.rsplit(".", 1)[1].isdigit())
+
+
+def read_events(manifest: Manifest) -> list[dict]:
+    path = manifest.layout.progress_log
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def cpu_manifest(work: Path, iterations: int, **settings) -> Manifest:
+    # One node of NPROC ranks: the world ft_launcher builds here.
+    spec = ChainSpec(
+        work_dir=str(work), workload="cpu", train_tasks=1, hot_spares=0,
+        gpus_per_node=NPROC, micro_batch=MICRO, train_samples=iterations * GLOBAL_BATCH,
+        **{"mode": "train", "save_interval": 10, **settings},
+    )  # fmt: skip
+    return build(spec, created="2026-01-01T00:00:00Z", user="test")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launcher_argv(m: Manifest, step_timeout: int = 60) -> list[str]:
+    assert FT_LAUNCHER.exists(), f"{FT_LAUNCHER} missing: run scripts/install-python-deps.sh"
+    work = m.layout.work_dir
+    return [
+        str(FT_LAUNCHER), "--nnodes", "1", "--nproc-per-node", str(NPROC),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+        "--rdzv-id", work.name, "--max-restarts", "3", "--monitor-interval", "0.2",
+        "--ft-cycle-info-dir", str(work / "cycle_infos"),
+        "--ft-rank-section-timeouts", f"setup:120,step:{step_timeout},checkpointing:120",
+        "--ft-rank-out-of-section-timeout", "120", "--ft-workload-check-interval", "1",
+        "--no-python", *cpu.workload_argv(m, sys.executable),
+    ]  # fmt: skip
+
+
+def launch(m: Manifest, *extra: str, step_timeout: int = 60, timeout: float = 90) -> Run:
+    m.layout.work_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [*launcher_argv(m, step_timeout), *extra], cwd=m.layout.work_dir,
+        capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    return Run(proc.returncode, proc.stdout + proc.stderr, m, m.layout.work_dir / "cycle_infos")
+
+
+def losses(run: Run) -> dict[int, float]:
+    return {e["iteration"]: e["loss"] for e in run.of("step")}
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory) -> Run:
+    """Twenty iterations from nothing, a checkpoint every ten."""
+    m = cpu_manifest(tmp_path_factory.mktemp("fresh"), iterations=20, save_retention=0)
+    run = launch(m)
+    assert run.returncode == 0, run.output[-3000:]
+    return run
+
+
+def test_fresh_run_reaches_a_complete_checkpoint_and_tracker(fresh):
+    assert fresh.of("start")[0]["iteration"] == 0
+    assert fresh.of("done")[0]["iteration"] == 20
+    assert [e["iteration"] for e in fresh.of("checkpoint")] == [10, 20]
+    assert fresh.tracked == 20
+    tracked = fresh.manifest.layout.checkpoints / iteration_dir(20)
+    assert (tracked / ".metadata").is_file()
+    assert sorted(p.name for p in tracked.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert "saved checkpoint at iteration 20" in fresh.output
+    assert "iteration 20/20" in fresh.output
+
+
+def test_fresh_run_logs_each_step_with_a_falling_loss(fresh):
+    curve = losses(fresh)
+    assert sorted(curve) == list(range(1, 21))
+    assert curve[20] < curve[1]
+
+
+def test_resume_continues_from_the_tracker_with_optimizer_state_and_data_position(fresh, tmp_path):
+    m = cpu_manifest(tmp_path / "resumed", iterations=20)
+    ckpt = m.layout.checkpoints
+    ckpt.mkdir(parents=True)
+    shutil.copytree(fresh.manifest.layout.checkpoints / iteration_dir(10), ckpt / iteration_dir(10))
+    m.layout.tracker.write_text("10\n")
+
+    run = launch(m)
+
+    assert run.returncode == 0, run.output[-3000:]
+    start = run.of("start")[0]
+    assert start["iteration"] == 10
+    assert start["optimizer_step"] == 10
+    assert start["consumed_samples"] == 10 * GLOBAL_BATCH
+    assert "resumed from iteration 10" in run.output
+    # Same weights, same Adam moments, same batches: the uninterrupted run's losses.
+    resumed, reference = losses(run), losses(fresh)
+    assert sorted(resumed) == list(range(11, 21))
+    for it in resumed:
+        assert resumed[it] == pytest.approx(reference[it], abs=1e-4), it
+    assert run.tracked == 20
+
+
+def test_exception_on_rank_1_restarts_in_job_and_resumes_from_the_checkpoint(tmp_path):
+    m = cpu_manifest(tmp_path / "exc", iterations=300, mode="handoff", fault_ranks="1",
+                     fault_types="exception", fault_delay=0.5)  # fmt: skip
+    run = launch(m)
+
+    assert run.returncode == 0, run.output[-3000:]
+    fault = run.of("fault")
+    assert [(f["kind"], f["rank"], f["cycle"]) for f in fault] == [("exception", 1, 0)]
+    first, second = run.of("start")
+    assert (first["cycle"], second["cycle"]) == (0, 1)
+    assert run.cycles == [0, 1]
+    saved_before_fault = [
+        e["iteration"] for e in run.of("checkpoint") if e["time"] < fault[0]["time"]
+    ]
+    assert second["iteration"] == saved_before_fault[-1] > 0
+    assert run.of("done")[0]["iteration"] == 300
+
+
+def test_exit_fault_restarts_too_and_kinds_rotate_by_cycle(tmp_path):
+    m = cpu_manifest(tmp_path / "exit", iterations=300, mode="handoff", fault_ranks="1",
+                     fault_types="exception,exit", fault_delay=0.5)  # fmt: skip
+    run = launch(m, "--fault-injector-cycles", "2")
+
+    assert run.returncode == 0, run.output[-3000:]
+    assert [(f["kind"], f["cycle"]) for f in run.of("fault")] == [("exception", 0), ("exit", 1)]
+    starts = run.of("start")
+    assert [s["cycle"] for s in starts] == [0, 1, 2]
+    assert 0 < starts[1]["iteration"] <= starts[2]["iteration"]
+    assert run.of("done")[0]["iteration"] == 300
+
+
+def test_hang_is_caught_by_nvrx_step_section_timeout(tmp_path):
+    m = cpu_manifest(tmp_path / "hang", iterations=300, mode="handoff", fault_ranks="1",
+                     fault_types="hang", fault_delay=0.5)  # fmt: skip
+    run = launch(m, step_timeout=3)
+
+    assert run.returncode == 0, run.output[-3000:]
+    assert [f["kind"] for f in run.of("fault")] == ["hang"]
+    assert "Section 'step' has been open for" in run.output
+    assert [s["cycle"] for s in run.of("start")] == [0, 1]
+    assert run.of("start")[1]["iteration"] > 0
+    assert run.of("done")[0]["iteration"] == 300
+
+
+def kill_tree(root: psutil.Process) -> None:
+    procs = [root, *root.children(recursive=True)]
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    psutil.wait_procs(procs, timeout=10)
+
+
+def kill_while_a_checkpoint_is_written(m: Manifest, deadline: float) -> bool:
+    """Start a run that saves every iteration; SIGKILL everything the moment a partial
+    checkpoint directory exists. False if no partial directory was seen in time."""
+    ckpt = m.layout.checkpoints
+    m.layout.work_dir.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        launcher_argv(m), cwd=m.layout.work_dir, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        root = psutil.Process(proc.pid)
+        while time.monotonic() < deadline:
+            # Past the first save, so there is a tracker the kill could corrupt.
+            if m.layout.tracker.exists() and any(ckpt.glob(".partial_iter_*")):
+                kill_tree(root)
+                return True
+            time.sleep(0.001)
+        return False
+    finally:
+        if proc.poll() is None:
+            kill_tree(psutil.Process(proc.pid))
+        proc.wait()
+
+
+def test_a_checkpoint_killed_mid_write_never_becomes_the_tracked_one(tmp_path):
+    m = cpu_manifest(tmp_path / "kill", iterations=100_000, save_interval=1)
+    ckpt = m.layout.checkpoints
+    deadline = time.monotonic() + 40
+    caught = False
+    while not caught and time.monotonic() < deadline:
+        if not kill_while_a_checkpoint_is_written(m, deadline):
+            break
+        # The kill usually lands while shards are written; if the rename won the race,
+        # try again from where the tracker now is.
+        caught = any(ckpt.glob(".partial_iter_*"))
+    assert caught, "never killed the job while a partial checkpoint existed"
+
+    tracked = int(m.layout.tracker.read_text())
+    partial = max(int(p.name.rsplit("_", 1)[1]) for p in ckpt.glob(".partial_iter_*"))
+    assert tracked < partial
+    assert (ckpt / iteration_dir(tracked) / ".metadata").is_file()
+
+    # The next run resumes from the tracked checkpoint and clears the leftover.
+    again = cpu_manifest(m.layout.work_dir, iterations=tracked + 3, save_interval=1)
+    run = launch(again)
+    assert run.returncode == 0, run.output[-3000:]
+    assert [s["iteration"] for s in run.of("start")][-1] == tracked
+    assert run.tracked == tracked + 3
+    assert not any(ckpt.glob(".partial_iter_*"))
+
+
+def test_bad_batch_is_refused_in_one_line_before_training():
+    env = {**os.environ, "WORLD_SIZE": "2"}
+    proc = subprocess.run(
+        [sys.executable, "-m", cpu.MODULE, "--train-iters", "5", "--micro-batch-size", "4",
+         "--global-batch-size", "12"],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "--global-batch-size 12" in last
+    assert "multiple of 8" in last
