@@ -1,0 +1,73 @@
+"""The environment ft_launcher and the workload run in. Pure.
+
+srun hands every node the submit host's environment, so variables that switch NVRx
+behaviour on by mere presence (NVRX_GPUS_PER_NUMA, NVRX_INJECT_GPU_FAILURE) are removed
+unless the manifest asks for them: the manifest is the one source of truth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.manifest import Manifest
+
+# The hand-off demo fails task 0's node (infra rank 0) at cycles 1 and 2, after the
+# workload fault has advanced the cycle and a checkpoint exists (the seeds' default).
+HANDOFF_GPU_FAILURE = "1:0,2:0"
+# Transformer Engine leaves SMs free for communication kernels (the seeds' value).
+TE_SM_MARGIN = "16"
+# torch elastic turns only these into a clean shutdown of the workers; any other signal
+# kills ft_launcher outright and orphans its workers, which run in their own sessions.
+# USR1/USR2 are added so the signals we forward end the workers through ft_launcher.
+LAUNCHER_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+
+
+@dataclass(frozen=True)
+class EnvPlan:
+    set: dict[str, str]
+    unset: tuple[str, ...]
+
+    def apply(self, inherited: Mapping[str, str]) -> dict[str, str]:
+        env = {k: v for k, v in inherited.items() if k not in self.unset}
+        env.update(self.set)
+        return env
+
+
+def gpu_failure_schedule(spec: ChainSpec) -> str | None:
+    """NVRX_INJECT_GPU_FAILURE for this mode: handoff only; unset takes the default,
+    empty means the operator turned it off."""
+    if spec.mode != "handoff":
+        return None
+    if spec.gpu_failure is None:
+        return HANDOFF_GPU_FAILURE
+    return spec.gpu_failure or None
+
+
+def plan(manifest: Manifest, node: Node, inherited: Mapping[str, str]) -> EnvPlan:
+    spec = manifest.spec
+    values = {
+        # One MNNVL clique per array task: tasks are separate allocations and must not
+        # be fused into one NVLink domain. Enabling MNNVL stays the site's choice.
+        "NCCL_MNNVL_ENABLE": inherited.get("NCCL_MNNVL_ENABLE", "0"),
+        "NCCL_MNNVL_CLIQUE_ID": str(node.task_id),
+        "CUDA_DEVICE_MAX_CONNECTIONS": "1",
+        "NVTE_FWD_LAYERNORM_SM_MARGIN": TE_SM_MARGIN,
+        "NVTE_BWD_LAYERNORM_SM_MARGIN": TE_SM_MARGIN,
+        "NVRX_LOG_DEBUG": "1" if spec.log_debug else "0",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": LAUNCHER_SIGNALS,
+        "NVRX_RUN_MANIFEST": str(manifest.layout.run_json),
+    }
+    unset: list[str] = []
+    if spec.gpus_per_numa:
+        values["NVRX_GPUS_PER_NUMA"] = str(spec.gpus_per_numa)
+    else:
+        unset.append("NVRX_GPUS_PER_NUMA")
+    schedule = gpu_failure_schedule(spec)
+    if schedule:
+        values["NVRX_INJECT_GPU_FAILURE"] = schedule
+    else:
+        unset.append("NVRX_INJECT_GPU_FAILURE")
+    return EnvPlan(set=values, unset=tuple(unset))

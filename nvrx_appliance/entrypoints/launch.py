@@ -1,0 +1,101 @@
+"""The ft_launcher command line, from the run manifest and task 0's record.
+
+Every flag here was checked against NVRx 0.7.0's `ft_launcher --help`. Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from nvrx_appliance.entrypoints.control import Record
+from nvrx_appliance.manifest import Manifest
+
+# With --ft-nvrx-logfile, the store host runs a gRPC log server that waits up to this
+# long for other nodes' last lines before its ft_launcher can exit (NVRx default 60 s).
+# Task 0's exit is the hand-off: every second here delays the next generation, and the
+# other nodes of a dying generation have nothing worth 60 s to say.
+LOG_SERVER_DRAIN_S = 5
+
+
+def applog_prefix(manifest: Manifest, array_job_id: str) -> Path:
+    # NVRx appends _cycle<N>.log; one prefix per generation, named so a person can find it.
+    return manifest.layout.logs / f"{manifest.spec.job_name}_{array_job_id}.log"
+
+
+def nvrx_logfile(manifest: Manifest, array_job_id: str) -> Path:
+    return manifest.layout.nvrx_logs(array_job_id) / "ft_launcher.log"
+
+
+def progress_file(manifest: Manifest) -> Path:
+    """The iteration file NVRx's progress tracker watches."""
+    if manifest.spec.mode == "no-restart":
+        # A file that never advances: the first fault scores as no progress -> exit 93.
+        return manifest.layout.static_tracker
+    return manifest.layout.tracker
+
+
+def max_no_progress_cycles(manifest: Manifest) -> int:
+    return 1 if manifest.spec.mode == "no-restart" else manifest.spec.max_no_progress_cycles
+
+
+def ft_launcher_argv(
+    manifest: Manifest,
+    record: Record,
+    *,
+    hosts_rendezvous: bool,
+    launcher: Sequence[str],
+) -> list[str]:
+    """ft_launcher and its own flags; the workload's argv goes after them."""
+    spec, shape, layout = manifest.spec, manifest.shape, manifest.layout
+    array_job_id = record.array_job_id
+    rdzv_conf = ",".join(
+        [
+            f"join_timeout={spec.join_timeout}",
+            f"store_connect_wait_seconds={spec.store_connect_wait}",
+            # Said outright, not left to NVRx's host-name match: a cold spare that Slurm
+            # places on task 0's old node would otherwise host the store itself and
+            # train on as a generation without task 0.
+            f"is_host={'true' if hosts_rendezvous else 'false'}",
+        ]
+    )
+    argv = [
+        *launcher,
+        "--nnodes", f"{shape.min_nodes}:{shape.max_nodes}",
+        "--nproc-per-node", str(shape.nproc_per_node),
+        "--rdzv-backend", "c10d",
+        "--rdzv-id", array_job_id,
+        "--rdzv-endpoint", record.endpoint,
+        "--rdzv-conf", rdzv_conf,
+        "--max-restarts", str(spec.max_restarts),
+        "--ft-cycle-info-dir", str(layout.cycle_infos(array_job_id)),
+        "--ft-per-cycle-applog-prefix", str(applog_prefix(manifest, array_job_id)),
+        "--ft-nvrx-logfile", str(nvrx_logfile(manifest, array_job_id)),
+        "--ft-log-server-graceful-shutdown-timeout", str(LOG_SERVER_DRAIN_S),
+        "--ft-checkpoint-iteration-file", str(progress_file(manifest)),
+        "--ft-max-no-progress-cycles", str(max_no_progress_cycles(manifest)),
+        "--ft-rank-section-timeouts",
+        f"setup:{spec.setup_timeout},step:{spec.step_timeout},"
+        f"checkpointing:{spec.checkpointing_timeout}",
+        "--ft-rank-out-of-section-timeout", str(spec.out_of_section_timeout),
+    ]  # fmt: skip
+    if record.segment is not None:
+        argv += ["--ft-segment", str(record.segment)]
+    if spec.health_check_endpoint:
+        argv += ["--ft-node-health-check-endpoint", spec.health_check_endpoint]
+    # The workload's argv starts with its own interpreter (SEAMS.md), so ft_launcher must
+    # not prepend another.
+    argv.append("--no-python")
+    return argv
+
+
+def command(
+    manifest: Manifest,
+    record: Record,
+    workload: Sequence[str],
+    *,
+    hosts_rendezvous: bool,
+    launcher: Sequence[str],
+) -> list[str]:
+    head = ft_launcher_argv(manifest, record, hosts_rendezvous=hosts_rendezvous, launcher=launcher)
+    return [*head, *workload]

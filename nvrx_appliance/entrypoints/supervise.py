@@ -1,0 +1,139 @@
+"""Run ft_launcher as our child: forward signals to it, stop it when the generation ends.
+
+The exit code is ft_launcher's, unchanged (93 above all); a death by signal N comes out
+as 128+N, as a shell would report it. Only when we stopped it ourselves because the
+generation is over does the caller get our own code instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from nvrx_appliance.entrypoints.gate import Leave
+
+try:  # an NVRx dependency, so present wherever ft_launcher is
+    import psutil
+except ImportError:  # pragma: no cover - degraded: only the process group is killed
+    psutil = None
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+REAP_S = 2.0  # after SIGKILL, how long we wait for the kernel to reap
+
+# Runs in the child just before it becomes ft_launcher. If this entrypoint dies, even by
+# SIGKILL, the kernel sends ft_launcher SIGTERM, so it stops its workers rather than live
+# on unsupervised, hosting or dialing a rendezvous of a generation that is over. A
+# trampoline rather than preexec_fn, which is unsafe once the lease thread runs.
+_TRAMPOLINE = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))\n"  # PR_SET_PDEATHSIG
+    "if os.getppid() != int(sys.argv[1]):\n"
+    "    sys.exit(128 + int(signal.SIGTERM))\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    exit_code: int
+    stopped: Leave | None  # why we stopped ft_launcher, if we did
+
+
+def exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _descendants(pid: int) -> list:
+    if psutil is None:
+        return []
+    try:
+        return psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+
+
+class Supervisor:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        env: dict[str, str],
+        *,
+        check: Callable[[], Leave | None],
+        grace: float,
+        poll: float,
+        log: Callable[[str], None],
+    ):
+        self.argv = list(argv)
+        self.env = env
+        self.check = check
+        self.grace = grace
+        self.poll = poll
+        self.log = log
+        self.child: subprocess.Popen | None = None
+
+    def _forward(self, signum: int, _frame) -> None:
+        if self.child is not None and self.child.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.child.pid, signum)
+
+    def run(self) -> Outcome:
+        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        try:
+            self.child = subprocess.Popen(
+                [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *self.argv],
+                env=self.env,
+                # Its own process group: Slurm's signals reach it once, through us, and
+                # a final SIGKILL reaches everything it started in that group.
+                start_new_session=True,
+            )
+            return self._watch()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _watch(self) -> Outcome:
+        assert self.child is not None
+        while True:
+            try:
+                return Outcome(exit_code(self.child.wait(timeout=self.poll)), None)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                verdict = self.check()
+            except OSError as exc:  # a shared file system stall is not a verdict
+                self.log(f"could not read the control directory: {exc}; still watching")
+                continue
+            if verdict is not None:
+                self.log(verdict.message)
+                self._stop()
+                return Outcome(verdict.exit_code, verdict)
+
+    def _stop(self) -> None:
+        """TERM, then KILL after the grace; then nothing it started may outlive it."""
+        child = self.child
+        assert child is not None
+        tree = _descendants(child.pid)
+        self._forward(signal.SIGTERM, None)
+        try:
+            child.wait(timeout=self.grace)
+        except subprocess.TimeoutExpired:
+            tree += _descendants(child.pid)
+            self.log(f"ft_launcher still running {self.grace:g} s after SIGTERM; sending SIGKILL")
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+        # Workers run in sessions of their own, so no group signal reaches them.
+        for proc in tree:
+            try:
+                if proc.is_running():
+                    proc.kill()
+            except psutil.Error:
+                pass
+        try:
+            child.wait(timeout=REAP_S)
+        except subprocess.TimeoutExpired:
+            self.log(f"ft_launcher (pid {child.pid}) did not go away after SIGKILL")
