@@ -76,6 +76,7 @@ def spawn(
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            cwd=plan.paths.root,  # never the caller's directory, which may go away
             env=daemon_env(plan),
             user=user,
             group=user,

@@ -6,6 +6,8 @@ machine's /etc/hosts, so this block is how node1 finds ctl and node2 finds node1
 
 from __future__ import annotations
 
+import re
+
 BEGIN = "# >>> nvrx-appliance devcluster (removed by `nvrx-appliance cluster down`) >>>"
 END = "# <<< nvrx-appliance devcluster <<<"
 
@@ -16,8 +18,14 @@ def block(entries: list[tuple[str, str]]) -> str:
     return f"{BEGIN}\n{body}{END}\n"
 
 
+# A line as `block` writes it: an address, a tab, one name.
+_ENTRY = re.compile(r"^[0-9.]+\t[A-Za-z0-9-]+$")
+
+
 def without_block(text: str) -> str:
-    """The text with our block (or a torn half of one, from a killed run) removed."""
+    """The text with our block removed. A torn block (no END line, from a write that
+    was cut short) ends at the first line we would not have written, so lines added
+    after it by someone else survive."""
     kept, inside = [], False
     for line in text.splitlines(keepends=True):
         stripped = line.strip()
@@ -25,7 +33,10 @@ def without_block(text: str) -> str:
             inside = True
         elif stripped == END:
             inside = False
-        elif not inside:
+        elif inside and _ENTRY.match(line.rstrip("\n")):
+            pass
+        else:
+            inside = False
             kept.append(line)
     return "".join(kept)
 

@@ -1,0 +1,96 @@
+"""What a second `cluster up` decides from the recorded state and what it sees."""
+
+from __future__ import annotations
+
+import pytest
+
+from nvrx_appliance.devcluster.plan import Params, make_plan
+from nvrx_appliance.devcluster.state import (
+    CONTROL_DAEMONS,
+    Daemon,
+    Observed,
+    State,
+    StateError,
+    assess,
+    from_json,
+    slurmd_key,
+)
+
+PLAN = make_plan(Params(nodes=2))
+ALL = frozenset([*CONTROL_DAEMONS, slurmd_key("node1"), slurmd_key("node2")])
+NAMESPACES = frozenset(h.netns for h in PLAN.hosts)
+LINKS = frozenset(h.link for h in PLAN.hosts)
+
+
+def seen(**changes) -> Observed:
+    base = dict(
+        alive=ALL,
+        namespaces=NAMESPACES,
+        links_up=LINKS,
+        hosts_ok=True,
+        configs_ok=True,
+        leftovers=True,
+    )
+    return Observed(**{**base, **changes})
+
+
+STATE = State(PLAN.params, {key: Daemon(100 + i, 5000 + i) for i, key in enumerate(sorted(ALL))})
+
+
+def test_state_survives_a_round_trip_through_json():
+    state = State(
+        Params(nodes=3),
+        {"munged": Daemon(12, 345, None), "slurmd@node1": Daemon(7, 8, "nvrxdc-node1")},
+    )
+    assert from_json(state.to_json()) == state
+
+
+@pytest.mark.parametrize(
+    "data", [None, [], {"version": 99}, {"version": 1, "params": {"nodes": 2}}]
+)
+def test_unreadable_state_is_an_error_not_a_guess(data):
+    with pytest.raises(StateError):
+        from_json(data)
+
+
+def test_healthy_cluster_asked_for_again_is_left_alone():
+    assert assess(PLAN, STATE, seen()).action == "none"
+
+
+def test_a_clean_machine_gets_a_fresh_build():
+    assert assess(PLAN, None, seen(leftovers=False)).action == "build"
+
+
+def test_leftovers_of_a_killed_up_without_state_are_rebuilt():
+    verdict = assess(PLAN, None, seen(alive=frozenset()))
+    assert verdict.action == "rebuild" and "partial" in verdict.reason
+
+
+def test_other_settings_rebuild_and_say_what_changed():
+    asked = make_plan(Params(nodes=3))
+    verdict = assess(asked, STATE, seen())
+    assert verdict.action == "rebuild"
+    assert "nodes 2 -> 3" in verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("observed", "why"),
+    [
+        (seen(configs_ok=False), "configuration"),
+        (seen(hosts_ok=False), "/etc/hosts"),
+        (seen(namespaces=NAMESPACES - {"nvrxdc-node2"}), "nvrxdc-node2"),
+        (seen(alive=ALL - {"slurmctld"}), "slurmctld"),
+        (seen(alive=ALL - {"munged"}), "munged"),
+        (seen(links_up=LINKS - {"nvrxdc-ctl"}), "controller"),
+    ],
+)
+def test_broken_shared_parts_rebuild_the_cluster(observed, why):
+    verdict = assess(PLAN, STATE, observed)
+    assert verdict.action == "rebuild" and why in verdict.reason
+
+
+def test_dead_or_unplugged_nodes_are_revived_not_rebuilt():
+    verdict = assess(PLAN, STATE, seen(alive=ALL - {slurmd_key("node2")}))
+    assert (verdict.action, verdict.nodes) == ("revive", ("node2",))
+    verdict = assess(PLAN, STATE, seen(links_up=LINKS - {"nvrxdc-node1"}))
+    assert (verdict.action, verdict.nodes) == ("revive", ("node1",))
