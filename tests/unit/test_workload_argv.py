@@ -77,6 +77,21 @@ def test_megatron_checkpoints_are_async_torch_dist_in_the_work_dir():
     assert f["--save-interval"] == "50"
 
 
+@pytest.mark.parametrize(("interval", "retain"), [(20, "10000"), (30, "10020"), (7, "10003")])
+def test_megatron_keeps_the_newest_checkpoint_plus_a_multiple_of_the_save_interval(
+    interval, retain
+):
+    f = flags(megatron.workload_argv(manifest(save_interval=interval, save_retention=2), PY))
+    assert f["--save-retain-interval"] == retain
+    assert int(retain) % interval == 0
+
+
+def test_megatron_retention_zero_keeps_every_checkpoint():
+    assert "--save-retain-interval" not in flags(
+        megatron.workload_argv(manifest(save_retention=0), PY)
+    )
+
+
 def test_megatron_train_samples_default_to_the_seeds_and_follow_the_spec():
     assert flags(megatron.workload_argv(manifest(), PY))["--train-samples"] == str(
         DEFAULT_TRAIN_SAMPLES

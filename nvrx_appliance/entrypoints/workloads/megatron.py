@@ -106,6 +106,20 @@ _CHECKPOINT_FORMAT = [
 ]  # fmt: skip
 
 
+# The seeds' --save-retain-interval. Megatron deletes every checkpoint but the newest
+# unless its iteration is a multiple of this, and asserts it is a multiple of the save
+# interval; it has no "keep the newest N", so any retention > 0 means: the newest, plus
+# one about every 10000 iterations. Retention 0 keeps everything.
+RETAIN_EVERY = 10_000
+
+
+def retention_args(save_interval: int, retention: int) -> list[str]:
+    if not retention:
+        return []
+    every = -(-RETAIN_EVERY // save_interval) * save_interval
+    return ["--save-retain-interval", str(every)]
+
+
 def fault_args(manifest: Manifest) -> list[str]:
     spec = manifest.spec
     if not fault_active(spec):
@@ -144,6 +158,7 @@ def workload_argv(manifest: Manifest, python: str | None = None) -> list[str]:
         "--load", checkpoints,
         "--save", checkpoints,
         "--save-interval", str(spec.save_interval),
+        *retention_args(spec.save_interval, spec.save_retention),
         *_CHECKPOINT_FORMAT,
         *fault_args(manifest),
     ]  # fmt: skip
