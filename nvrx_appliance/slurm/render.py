@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from nvrx_appliance import exitcodes
+from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Manifest
 
 # The variables the sbatch sets for the entrypoint; pyxis only passes named ones through.
@@ -168,6 +169,8 @@ def render(
         "control": control_dir(manifest),
         "host_python": shlex.quote(host_python(manifest)),
         "no_restart": str(exitcodes.NVRX_NO_RESTART),
+        "closed_name": control.CLOSED,
+        "no_restart_name": control.NO_RESTART,
         "task0_gone": str(exitcodes.TASK0_GONE),
         "active_tasks": str(manifest.shape.active_tasks),
         "teardown_py": teardown_py.rstrip("\n"),

@@ -36,6 +36,15 @@ _FALSE = {"0", "false", "no", "off", ""}
 HOST_PYTHON_RUNTIMES = ("bare", "bwrap-standin")
 
 
+_KIND_WORDS = {
+    "int": "an integer",
+    "float": "a number",
+    "bool": "true or false",
+    "str": "a string",
+    "optional": "a string",
+}
+
+
 class SettingError(ValueError):
     """A value that cannot be a setting; the message names its source and the fix."""
 
@@ -88,9 +97,7 @@ def from_config(field: dataclasses.Field, value: Any, source: str) -> Any:
     }[kind]
     # bool is an int in Python; a TOML `true` for a count is a mistake, not 1.
     if (isinstance(value, bool) and kind != "bool") or not isinstance(value, expected):
-        raise SettingError(
-            f"{source}: {field.name} = {value!r} should be {'a string' if kind in ('str', 'optional') else 'a ' + kind}"
-        )
+        raise SettingError(f"{source}: {field.name} = {value!r} should be {_KIND_WORDS[kind]}")
     return float(value) if kind == "float" else value
 
 

@@ -35,6 +35,10 @@ def run(
     env: Mapping[str, str] | None = None,
 ) -> str:
     """Run one Slurm command and return its stdout."""
+    conf = (env if env is not None else os.environ).get("SLURM_CONF")
+    if conf and not os.path.exists(conf):
+        # Said at once: the Slurm commands spend a minute retrying a missing file.
+        raise SlurmUnavailable(f"SLURM_CONF={conf} does not exist")
     try:
         done = subprocess.run(
             list(argv),

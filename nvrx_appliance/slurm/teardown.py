@@ -77,13 +77,19 @@ def consecutive_burnt(entries: list[dict[str, Any]]) -> int:
 
 
 def decide(
-    exit_code: int, history: list[dict[str, Any]], this: dict[str, Any], burn_guard: int
+    exit_code: int,
+    history: list[dict[str, Any]],
+    this: dict[str, Any],
+    burn_guard: int,
+    no_restart_witness: bool = False,
 ) -> tuple[str, str]:
     """(action, reason) for a generation whose task 0 ended with exit_code.
 
-    history: this chain's earlier ledger entries, oldest first.
+    history: this chain's earlier ledger entries, oldest first. no_restart_witness: a
+    node left the control dir's no-restart file (its ft_launcher exited 93 even if
+    task 0's srun reports another code).
     """
-    if exit_code == NO_RESTART:
+    if exit_code == NO_RESTART or no_restart_witness:
         return (
             CANCELLED_CHAIN,
             f"ft_launcher exited {NO_RESTART}: NVRx decided not to restart; "
@@ -202,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ):
         parser.add_argument(f"--{name}", default="")
     parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--no-restart-witness", type=int, default=0)
     args = parser.parse_args(argv)
 
     try:
@@ -225,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
         "chain": chain,
     }
     history = chain_history(parse_ledger(_read(args.ledger)), chain)
-    action, reason = decide(args.exit_code, history, this, burn_guard)
+    action, reason = decide(
+        args.exit_code, history, this, burn_guard, bool(args.no_restart_witness)
+    )
     if not job_name or not args.user:
         action, reason = NONE, "job name or user unknown: refusing to scancel by name"
     _log(reason)

@@ -1,0 +1,103 @@
+"""Where each chain setting comes from: flags > environment > config file > defaults."""
+
+import pytest
+
+from nvrx_appliance.slurm import resolve
+
+CWD = "/shared/alice"
+PY = "/opt/venv/bin/python"
+
+
+def _resolve(flags=None, env=None, config=None, source="run.toml"):
+    return resolve.resolve(
+        flags or {}, env or {}, config or {}, config_source=source, cwd=CWD, python=PY
+    )
+
+
+def test_a_flag_beats_the_environment_which_beats_the_config_file():
+    r = _resolve(
+        flags={"train_tasks": 8},
+        env={"NVRX_TRAIN_TASKS": "4", "NVRX_HOT_SPARES": "3"},
+        config={"train_tasks": 2, "hot_spares": 2, "cold_spares": 5},
+    )
+    assert (r.spec.train_tasks, r.origins["train_tasks"]) == (8, "flag --train-tasks")
+    assert (r.spec.hot_spares, r.origins["hot_spares"]) == (3, "env NVRX_HOT_SPARES")
+    assert (r.spec.cold_spares, r.origins["cold_spares"]) == (5, "config run.toml")
+    assert (r.spec.depth, r.origins["depth"]) == (3, "default")
+
+
+def test_the_time_limit_flag_is_named_time():
+    r = _resolve(flags={"time_limit": "00:10:00"})
+    assert r.origins["time_limit"] == "flag --time"
+
+
+def test_unset_mounts_stay_unset_but_an_empty_environment_value_mounts_nothing():
+    assert _resolve().spec.mounts is None
+    r = _resolve(env={"NVRX_CONTAINER_MOUNTS": ""})
+    assert (r.spec.mounts, r.origins["mounts"]) == ("", "env NVRX_CONTAINER_MOUNTS")
+
+
+def test_an_empty_gpu_failure_schedule_turns_the_injector_off_rather_than_defaulting():
+    assert _resolve(env={"NVRX_INJECT_GPU_FAILURE": ""}).spec.gpu_failure == ""
+    assert _resolve().spec.gpu_failure is None
+
+
+def test_the_seeds_empty_segment_means_simple_hot_spare_mode():
+    assert _resolve(env={"NVRX_SEGMENT": ""}).spec.segment == "off"
+
+
+def test_the_seeds_no_restart_demo_switch_selects_the_mode():
+    r = _resolve(env={"NVRX_NO_RESTART_DEMO": "0"})
+    assert (r.spec.mode, r.origins["mode"]) == ("handoff", "env NVRX_NO_RESTART_DEMO")
+    assert _resolve(env={"NVRX_NO_RESTART_DEMO": "0", "NVRX_MODE": "train"}).spec.mode == "train"
+
+
+def test_boolean_environment_values_read_like_the_seeds():
+    assert _resolve(env={"NVRX_FAULT_INJECT": "0"}).spec.fault_inject is False
+    assert _resolve(env={"NVRX_LOG_DEBUG": "true"}).spec.log_debug is True
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"NVRX_TRAIN_TASKS": "four"}, "NVRX_TRAIN_TASKS='four' is not an integer"),
+        ({"NVRX_FAULT_DELAY": "soon"}, "NVRX_FAULT_DELAY='soon' is not a number"),
+        ({"NVRX_FAULT_INJECT": "maybe"}, "NVRX_FAULT_INJECT='maybe' is not a boolean; use 1 or 0"),
+        ({"NVRX_NO_RESTART_DEMO": "2"}, "NVRX_NO_RESTART_DEMO='2': use 1"),
+    ],
+)
+def test_a_malformed_environment_value_is_named(env, message):
+    with pytest.raises(resolve.SettingError, match=message.replace("(", r"\(")):
+        _resolve(env=env)
+
+
+def test_the_config_file_takes_dashed_or_underscored_names():
+    config = resolve.parse_config('train-tasks = 4\nhot_spares = 0\nmounts = ""\n', "c.toml")
+    assert config == {"train_tasks": 4, "hot_spares": 0, "mounts": ""}
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("trian_tasks = 4", "unknown setting 'trian_tasks'"),
+        ('train_tasks = "4"', "train_tasks = '4' should be an integer"),
+        ("depth = true", "depth = True should be an integer"),
+        ("train_tasks = ", "not valid TOML"),
+    ],
+)
+def test_a_bad_config_file_is_refused_with_the_key_named(text, message):
+    with pytest.raises(resolve.SettingError, match=f"--config c.toml: .*{message}"):
+        resolve.parse_config(text, "c.toml")
+
+
+def test_the_work_dir_defaults_to_nvrx_run_here_and_relative_paths_become_absolute():
+    assert _resolve().spec.work_dir == "/shared/alice/nvrx-run"
+    assert _resolve(flags={"work_dir": "runs/a"}).spec.work_dir == "/shared/alice/runs/a"
+
+
+def test_bare_mode_records_the_python_that_ran_submit_but_a_container_does_not():
+    r = _resolve()
+    assert (r.spec.runtime, r.spec.python) == ("bare", PY)
+    assert r.origins["python"].startswith("default")
+    pyxis = _resolve(flags={"image": "/img/a.sqsh"}).spec
+    assert (pyxis.runtime, pyxis.python) == ("pyxis", "")

@@ -1,0 +1,195 @@
+"""What submit refuses, and how it says so: one line naming the option and the fix."""
+
+import dataclasses
+import json
+import os
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from nvrx_appliance import ENTRYPOINT_PROTOCOL
+from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.cli import cli
+from nvrx_appliance.slurm import probe
+from nvrx_appliance.slurm.validate import Facts, is_image_file, is_registry_ref, judge
+
+SHARED = "/shared/alice/run"
+GOOD_FACTS = Facts(work_dir_real=SHARED, max_array_size=1001)
+
+
+def _spec(**over):
+    base = dict(
+        work_dir=SHARED,
+        workload="cpu",
+        runtime="bare",
+        python=sys.executable,
+        train_tasks=2,
+        hot_spares=1,
+        gpus_per_node=2,
+    )
+    return ChainSpec(**{**base, **over})
+
+
+def _messages(spec, facts=GOOD_FACTS, force=False):
+    return [str(p) for p in judge(spec, facts, force=force)]
+
+
+def test_a_sane_spec_on_a_sane_cluster_passes():
+    assert _messages(_spec()) == []
+
+
+@pytest.mark.parametrize(
+    ("over", "facts", "expected"),
+    [
+        ({"train_tasks": 0}, {}, "--train-tasks: must be at least 1 (got 0)"),
+        ({"hot_spares": -1}, {}, "--hot-spares: cannot be negative (got -1); use 0 for none"),
+        ({"cold_spares": -2}, {}, "--cold-spares: cannot be negative (got -2)"),
+        (
+            {"cold_spares": 10},
+            {"max_array_size": 8},
+            "--cold-spares: a pool of 13 tasks exceeds the cluster's MaxArraySize=8; "
+            "lower --cold-spares to at most 5",
+        ),
+        (
+            {},
+            {"work_dir_real": "/tmp/run"},
+            "--work-dir: /shared/alice/run is node-local (/tmp/run)",
+        ),
+        ({}, {"work_dir_real": "/dev/shm/x"}, "use a shared file system"),
+        (
+            {},
+            {"work_dir_error": "/shared/alice/run is not writable"},
+            "--work-dir: /shared/alice/run is not writable; pick a directory you can write",
+        ),
+        (
+            {"image": "/img/missing.sqsh", "runtime": "pyxis"},
+            {"image_error": "/img/missing.sqsh does not exist; build it with `make image`"},
+            "--image: /img/missing.sqsh does not exist",
+        ),
+        (
+            {"image": "nvcr.io#Bad Image!!", "runtime": "pyxis"},
+            {},
+            "--image: 'nvcr.io#Bad Image!!' is neither an image file nor a registry reference",
+        ),
+        (
+            {"image": "nvcr.io#nvidia/pytorch:25.01-py3", "runtime": "bwrap-standin"},
+            {},
+            "--image: the bwrap stand-in runs a local .sqsh file",
+        ),
+        (
+            {"workload": "megatron", "megatron_path": "/nowhere"},
+            {"megatron_has_pretrain": False},
+            "--megatron-path: /nowhere has no pretrain_gpt.py",
+        ),
+        (
+            {"global_batch": 3},
+            {},
+            "--global-batch: 3 is not divisible by micro batch x data-parallel size = 1 x 4",
+        ),
+        (
+            {"tensor_parallel": 3},
+            {},
+            "--tensor-parallel: TP x PP = 3 does not divide the world of 4 ranks",
+        ),
+        (
+            {},
+            {"name_in_use": ("101", "102")},
+            "--job-name: 'nvrx-chain' is used by your queued or running job(s) 101, 102",
+        ),
+        ({}, {"slurm_error": "scontrol timed out"}, "slurm: unreachable (scontrol timed out)"),
+        ({}, {"python_error": "/x/bin has no nvrx-entrypoint"}, "--python: /x/bin has no"),
+    ],
+)
+def test_each_refusal_names_the_option_and_the_fix(over, facts, expected):
+    messages = _messages(_spec(**over), dataclasses.replace(GOOD_FACTS, **facts))
+    assert len(messages) == 1, messages
+    assert messages[0].startswith(expected) or expected in messages[0]
+
+
+def test_force_submits_under_a_name_in_use_but_not_past_an_unreachable_slurm():
+    facts = dataclasses.replace(GOOD_FACTS, name_in_use=("101",))
+    assert _messages(_spec(), facts, force=True) == []
+    down = dataclasses.replace(GOOD_FACTS, slurm_error="down")
+    assert _messages(_spec(), down, force=True) != []
+
+
+def test_a_work_dir_holding_another_live_chains_manifest_is_refused():
+    facts = dataclasses.replace(GOOD_FACTS, work_dir_chain="other", work_dir_chain_live=("7",))
+    [message] = _messages(_spec(), facts)
+    assert message.startswith("--work-dir:") and "nvrx-appliance cancel other" in message
+
+
+def test_an_image_of_another_entrypoint_protocol_or_flavour_is_refused():
+    old = {"entrypoint_protocol": ENTRYPOINT_PROTOCOL + 1, "flavor": "gpu"}
+    spec = _spec(image="/img/a.sqsh", runtime="pyxis")
+    [message] = _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=old))
+    assert message.startswith("--image:") and "rebuild it with `make image`" in message
+    cpu = {"entrypoint_protocol": ENTRYPOINT_PROTOCOL, "flavor": "cpu"}
+    spec = _spec(image="/img/a.sqsh", runtime="pyxis", workload="megatron")
+    [message] = _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=cpu))
+    assert message.startswith("--workload:")
+
+
+def test_every_problem_is_reported_at_once():
+    facts = dataclasses.replace(GOOD_FACTS, work_dir_real="/tmp/x", name_in_use=("5",))
+    messages = _messages(_spec(train_tasks=0), facts)
+    assert [m.split(":")[0] for m in messages] == ["--train-tasks", "--work-dir", "--job-name"]
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "nvcr.io#nvidia/pytorch:25.01-py3",
+        "docker://ubuntu:24.04",
+        "alice@registry:5000#team/img:v1",
+    ],
+)
+def test_registry_references_are_recognised(image):
+    assert not is_image_file(image) and is_registry_ref(image)
+
+
+def test_probe_sees_a_node_local_work_dir_and_a_missing_image(tmp_path):
+    spec = _spec(work_dir=str(tmp_path / "run"), image=str(tmp_path / "a.sqsh"), runtime="pyxis")
+    facts = probe.gather(spec, with_slurm=False, user="alice")
+    assert facts.work_dir_real.startswith("/tmp/")
+    assert facts.image_error.endswith("does not exist; build it with `make image` or fix the path")
+
+
+def test_probe_says_a_work_dir_below_a_file_cannot_be_created(tmp_path):
+    (tmp_path / "file").write_text("")
+    facts = probe.gather(_spec(work_dir=str(tmp_path / "file" / "run")), with_slurm=False, user="a")
+    assert "cannot be created" in facts.work_dir_error
+
+
+def test_probe_refuses_a_bare_python_without_the_entrypoint_beside_it(tmp_path):
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    facts = probe.gather(_spec(python=str(python)), with_slurm=False, user="a")
+    assert facts.python_error.endswith("(the same path on every node)")
+
+
+def test_a_refused_submission_writes_nothing_and_exits_2(tmp_path):
+    work = tmp_path / "run"
+    # No reachable Slurm: SLURM_CONF names a file that does not exist.
+    env = {"SLURM_CONF": str(tmp_path / "none.conf"), "NVRX_WORK_DIR": str(work)}
+    result = CliRunner().invoke(cli, ["submit", "--workload", "cpu", "--train-tasks", "0"], env=env)
+    assert result.exit_code == 2
+    lines = result.stderr.splitlines() if hasattr(result, "stderr") else result.output.splitlines()
+    assert any(line.startswith("nvrx-appliance submit: --train-tasks:") for line in lines)
+    assert any("slurm: unreachable" in line for line in lines)
+    assert any("--work-dir:" in line and "node-local" in line for line in lines)
+    assert not work.exists()
+
+
+def test_a_dry_run_works_without_slurm_and_writes_nothing(tmp_path):
+    work = tmp_path / "run"
+    env = {"SLURM_CONF": str(tmp_path / "none.conf")}
+    args = ["submit", "--workload", "cpu", "--work-dir", "/shared/x", "--dry-run", "--json"]
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert len(doc["commands"]) == 3 and doc["commands"][0][0] == "sbatch"
+    assert "skipped MaxArraySize and job-name checks" in doc["warnings"][0]
+    assert not work.exists() and not os.path.exists("/shared/x")

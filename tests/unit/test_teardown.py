@@ -1,0 +1,178 @@
+"""Task 0's teardown: what it decides, and that its bash wiring keeps 93 untouched.
+
+The decision tests call the pure functions. The script tests run the real rendered
+sbatch under bash with stand-ins for srun and scancel (a shell script each, on PATH):
+the real ones are exercised on the local cluster by tests/integration/test_chain_*.
+"""
+
+import json
+import subprocess
+
+import pytest
+
+from nvrx_appliance import manifest
+from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.slurm import render, submit, teardown
+
+
+def _entry(exit_code, start, end, chain="c1"):
+    return {
+        "array_job_id": "1",
+        "exit_code": exit_code,
+        "checkpoint_iteration_start": start,
+        "checkpoint_iteration": end,
+        "chain": chain,
+    }
+
+
+def test_exit_93_cancels_the_whole_chain():
+    action, reason = teardown.decide(93, [], _entry(93, 20, 20), burn_guard=2)
+    assert action == teardown.CANCELLED_CHAIN and "93" in reason
+
+
+def test_a_no_restart_witness_cancels_the_chain_even_when_srun_said_143():
+    action, _ = teardown.decide(143, [], _entry(143, 20, 40), 2, no_restart_witness=True)
+    assert action == teardown.CANCELLED_CHAIN
+
+
+def test_an_ordinary_end_releases_only_this_generations_spares():
+    action, _ = teardown.decide(1, [], _entry(1, 20, 40), burn_guard=2)
+    assert action == teardown.RELEASED_SPARES
+
+
+@pytest.mark.parametrize(
+    ("entry", "burnt"),
+    [
+        (_entry(1, None, None), True),  # died before the first checkpoint of a fresh run
+        (_entry(1, 40, 40), True),  # resumed and died without moving
+        (_entry(1, 40, 60), False),  # died, but after training on
+        (_entry(1, None, 20), False),  # fresh run that reached a checkpoint
+        (_entry(0, 40, 40), False),  # ended cleanly: training was already done
+    ],
+)
+def test_a_generation_is_burnt_when_it_neither_ended_cleanly_nor_moved_the_checkpoint(entry, burnt):
+    assert teardown.burnt(entry) is burnt
+
+
+def test_the_burn_guard_fires_on_the_nth_consecutive_burnt_generation():
+    burnt = _entry(1, 40, 40)
+    assert teardown.decide(1, [], burnt, burn_guard=2)[0] == teardown.RELEASED_SPARES
+    action, reason = teardown.decide(1, [burnt], burnt, burn_guard=2)
+    assert action == teardown.BURN_GUARD
+    assert reason.startswith("burn guard: 2 consecutive generations ended without training")
+
+
+def test_a_generation_that_trained_resets_the_burn_count():
+    history = [_entry(1, 0, 0), _entry(1, 0, 20)]
+    assert teardown.decide(1, history, _entry(1, 20, 20), 2)[0] == teardown.RELEASED_SPARES
+
+
+def test_burn_guard_zero_is_off():
+    burnt = _entry(1, 40, 40)
+    assert teardown.decide(1, [burnt] * 5, burnt, burn_guard=0)[0] == teardown.RELEASED_SPARES
+
+
+def test_an_earlier_chain_in_the_same_work_dir_does_not_count():
+    text = "\n".join(json.dumps(_entry(1, 0, 0, chain="old")) for _ in range(3))
+    history = teardown.chain_history(teardown.parse_ledger(text + "\n{torn"), "c1")
+    assert history == []
+
+
+def test_cancelling_the_chain_is_by_name_and_user_and_pending_only():
+    argv = teardown.scancel_argv(
+        teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7"
+    )
+    assert argv == ["scancel", "--state=PENDING", "--name=demo", "--user=alice"]
+    argv = teardown.scancel_argv(
+        teardown.RELEASED_SPARES, job_name="demo", user="alice", array_job_id="7"
+    )
+    assert argv == ["scancel", "--state=PENDING", "--user=alice", "7"]
+
+
+# --- the rendered script under bash, with srun/scancel stand-ins ---------------------
+
+STANDIN = """#!/bin/sh
+# stand-in for {name}: records its argv, exits with ${{{var}:-0}}
+echo "{name} $*" >> "$STANDIN_LOG"
+exit ${{{var}:-0}}
+"""
+
+
+def _run_generation(tmp_path, *, srun_exit, scancel_exit=0, python=None, ledger_lines=()):
+    work = tmp_path / "work"
+    spec = ChainSpec(
+        work_dir=str(work), workload="cpu", runtime="bare", python=python or "python3",
+        burn_guard=2, job_name="demo",
+    )  # fmt: skip
+    m = manifest.build(spec, created="chain-1", user="alice")
+    work.mkdir()
+    manifest.save(m)
+    (work / "chain.active").write_text("{}\n")
+    (work / "chain.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger_lines))
+    script = work / "demo.sbatch"
+    script.write_text(
+        render.render(m, template=submit.template_text(), teardown_py=submit.teardown_source())
+    )
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, var in (("srun", "SRUN_EXIT"), ("scancel", "SCANCEL_EXIT"), ("scontrol", "X")):
+        (bin_dir / name).write_text(STANDIN.format(name=name, var=var))
+        (bin_dir / name).chmod(0o755)
+    env = {
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "STANDIN_LOG": str(tmp_path / "calls"),
+        "SRUN_EXIT": str(srun_exit),
+        "SCANCEL_EXIT": str(scancel_exit),
+        "SLURM_ARRAY_JOB_ID": "500",
+        "SLURM_ARRAY_TASK_ID": "0",
+        "SLURM_JOB_NAME": "demo",
+        "SLURM_JOB_USER": "alice",
+        "SLURMD_NODENAME": "node1",
+    }
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    ledger = [json.loads(x) for x in (work / "chain.jsonl").read_text().splitlines()]
+    return done, work, calls, ledger
+
+
+def test_exit_93_passes_through_the_trap_untouched_and_cancels_the_chain(tmp_path):
+    done, work, calls, ledger = _run_generation(tmp_path, srun_exit=93)
+    assert done.returncode == 93
+    closed = json.loads((work / "nvrx/500/control/closed").read_text())
+    assert closed["exit_code"] == 93
+    assert "scancel --state=PENDING --name=demo --user=alice" in calls
+    assert ledger[-1]["action"] == "cancelled_chain" and ledger[-1]["task0_node"] == "node1"
+    assert not (work / "chain.active").exists()  # the chain ended on purpose
+
+
+def test_an_ordinary_failure_releases_spares_and_keeps_the_chain(tmp_path):
+    done, work, calls, ledger = _run_generation(tmp_path, srun_exit=1)
+    assert done.returncode == 1
+    assert "scancel --state=PENDING --user=alice 500" in calls
+    assert ledger[-1]["action"] == "released_spares" and ledger[-1]["exit_code"] == 1
+    assert (work / "chain.active").exists()
+
+
+def test_the_second_burnt_generation_trips_the_burn_guard(tmp_path):
+    earlier = {"array_job_id": "499", "exit_code": 1, "checkpoint_iteration": None,
+               "checkpoint_iteration_start": None, "chain": "chain-1"}  # fmt: skip
+    done, _work, calls, ledger = _run_generation(tmp_path, srun_exit=1, ledger_lines=[earlier])
+    assert ledger[-1]["action"] == "burn_guard"
+    assert "scancel --state=PENDING --name=demo --user=alice" in calls
+    assert "burn guard: 2 consecutive generations" in done.stderr
+
+
+def test_a_failed_scancel_is_loud_and_recorded(tmp_path):
+    done, work, _calls, ledger = _run_generation(tmp_path, srun_exit=93, scancel_exit=1)
+    assert done.returncode == 93
+    assert "THE CHAIN IS NOT RELEASED" in done.stderr
+    assert ledger[-1]["scancel_ok"] is False
+    assert (work / "chain.active").exists()  # still expected to live: the watcher must see it
+
+
+def test_without_a_usable_python_the_bash_fallback_still_cancels_on_93(tmp_path):
+    done, work, calls, ledger = _run_generation(tmp_path, srun_exit=93, python="/nonexistent/py")
+    assert done.returncode == 93
+    assert "could not run the teardown" in done.stderr
+    assert "scancel --state=PENDING --name=demo --user=alice" in calls
+    assert (work / "nvrx/500/control/closed").exists() and ledger == []
