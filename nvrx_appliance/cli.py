@@ -28,3 +28,7 @@ cli.add_command(cluster_group)
 from nvrx_appliance.slurm.commands import submit_command  # noqa: E402
 
 cli.add_command(submit_command)
+
+from nvrx_appliance.image.cli import image  # noqa: E402
+
+cli.add_command(image)

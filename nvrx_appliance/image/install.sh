@@ -29,7 +29,8 @@ else
 fi
 [ -e /etc/ssl/certs/ca-certificates.crt ] || missing+=(ca-certificates)
 if [ "${#missing[@]}" -gt 0 ]; then
-  apt-get update -qq
+  # --error-on=any: an index that failed to update is an error, not a warning.
+  apt-get update -qq --error-on=any
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
   rm -rf /var/lib/apt/lists/*
   # The rootfs builder mounts a download cache here; anywhere else the .debs go.

@@ -1,0 +1,50 @@
+"""The Apptainer front end: a definition file written through spython, built to a .sif.
+
+Pure: it writes the definition text and plans the build command; build.py runs it.
+Not run on the machine this was written on (no Apptainer there); the unit tests pin
+the exact definition and command instead.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from spython.main.parse.recipe import Recipe
+from spython.main.parse.writers import SingularityWriter
+
+from nvrx_appliance.image.pins import Pins
+from nvrx_appliance.image.steps import Step, step
+
+# Where %files puts the build context inside the image; %post removes it again.
+CONTEXT_DIR = "/opt/nvrx-appliance-build"
+
+
+def definition(pins: Pins, flavor: str, context: Path) -> str:
+    recipe = Recipe()
+    recipe.fromHeader = pins.gpu_base if flavor == "gpu" else pins.cpu_base
+    recipe.files = [[str(context), CONTEXT_DIR]]
+    recipe.labels = [
+        ["org.nvrx-appliance.version", pins.appliance_version],
+        ["org.nvrx-appliance.flavor", flavor],
+        ["org.nvrx-appliance.nvrx", pins.nvrx_version],
+        ["org.nvrx-appliance.megatron-commit", pins.megatron_commit if flavor == "gpu" else "none"],
+    ]
+    recipe.install = [f"bash {CONTEXT_DIR}/install.sh", f"rm -rf {CONTEXT_DIR}"]
+    recipe.entrypoint = ["nvrx-entrypoint"]
+    # The writer takes stages by name; one stage is all an appliance image needs.
+    return SingularityWriter({"appliance": recipe}).convert() + "\n"
+
+
+def plan(definition_file: Path, partial: Path, *, as_root: bool) -> list[Step]:
+    # Building from a definition needs root, or a site that allows --fakeroot.
+    fakeroot = () if as_root else ("--fakeroot",)
+    return [
+        step(
+            "build the image (Apptainer)",
+            "apptainer",
+            "build",
+            *fakeroot,
+            str(partial),
+            str(definition_file),
+        )
+    ]
