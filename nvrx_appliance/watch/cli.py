@@ -1,0 +1,303 @@
+"""`nvrx-watch <job id>` (also `nvrx-appliance watch`): the shell around the runner.
+
+Every flag can also be set as NVRX_WATCH_<FLAG> (e.g. NVRX_WATCH_WORK_DIR). Secrets
+are never flags: the PagerDuty routing key, the webhook URL and the heartbeat URL come
+from NVRX_WATCH_PAGERDUTY_ROUTING_KEY / NVRX_WATCH_WEBHOOK_URL /
+NVRX_WATCH_HEARTBEAT_URL, or from a file named by a --...-file flag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pwd
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nvrx_appliance.watch import detectors, persistence, resolve, sinks
+from nvrx_appliance.watch.config import (
+    Settings,
+    Thresholds,
+    env_name,
+    parse_disable,
+    thresholds_fields,
+)
+from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.runner import DEGRADED, Watcher
+from nvrx_appliance.watch.types import Run
+
+PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
+SECRETS = {
+    "pagerduty_routing_key": "NVRX_WATCH_PAGERDUTY_ROUTING_KEY",
+    "webhook_url": "NVRX_WATCH_WEBHOOK_URL",
+    "heartbeat_url": "NVRX_WATCH_HEARTBEAT_URL",
+}
+
+
+def _option(*decls: str, **kwargs: Any):
+    """A click option that also reads NVRX_WATCH_<FLAG> and shows it in --help."""
+    return click.option(*decls, envvar=env_name(decls[0]), show_envvar=True, **kwargs)
+
+
+def _threshold_options(func):
+    for f in reversed(thresholds_fields()):
+        unit = f" ({f.metadata['unit']})" if f.metadata["unit"] else ""
+        func = _option(
+            "--" + f.name.replace("_", "-"),
+            f.name,
+            type=type(f.default),
+            default=f.default,
+            show_default=True,
+            help=f"Threshold{unit}: {f.metadata['why']}.",
+        )(func)
+    return func
+
+
+def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    defaults = Thresholds()
+    by_name = {f.name: f for f in thresholds_fields()}
+    for d in detectors.ALL:
+        needs = ", ".join(d.needs) or "nothing"
+        click.echo(f"{d.name}  [{d.family}, {d.severity}; needs {needs}]")
+        click.echo(f"    {d.summary}")
+        for name in d.thresholds:
+            unit = by_name[name].metadata["unit"]
+            default = getattr(defaults, name)
+            click.echo(
+                f"    --{name.replace('_', '-')} {default:g}{unit}: {by_name[name].metadata['why']}"
+            )
+    ctx.exit(0)
+
+
+@click.command(
+    "watch",
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    epilog="Exit status: 0 clean, 1 degraded (a source could not be observed; no heartbeat), "
+    "2 at least one critical finding (or a usage error). Secrets come from the environment: "
+    + ", ".join(SECRETS.values())
+    + ", or from the --...-file flags.",
+)
+@click.argument("job_id", required=False, envvar="NVRX_WATCH_JOB_ID")
+@_option("--job-name", default="", help="Chain (Slurm job) name; default: the job id's.")
+@_option(
+    "--work-dir",
+    default="",
+    help="The run's work dir, when run.json or the batch script do not say.",
+)
+@_option("--cycle-info-glob", default="", help="Where the NVRx cycle-info files are (a glob).")
+@_option(
+    "--checkpoint-file", default="", help="The checkpoint-iteration tracker file (may be a glob)."
+)
+@_option(
+    "--max-restarts",
+    type=int,
+    default=None,
+    help="ft_launcher --max-restarts; default: run.json's.",
+)
+@_option(
+    "--platform",
+    type=click.Choice(["slurm", "none"]),
+    default="slurm",
+    show_default=True,
+    help="none: cycle-info files only, no chain detectors (needs --work-dir or --cycle-info-glob).",
+)
+@_option(
+    "--once", is_flag=True, help="One pass, then exit with its status (the default; for cron)."
+)
+@_option(
+    "--interval",
+    type=click.IntRange(min=0),
+    default=0,
+    help="Run a pass every N seconds until stopped (0: once).",
+)
+@_option(
+    "--act", is_flag=True, help="Run the corrective action (only on your own jobs of this chain)."
+)
+@_option("--disable", default="", help="Comma list of detectors to skip.")
+@click.option(
+    "--list-detectors",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_list_detectors,
+    help="List the detectors, their thresholds and why, then exit.",
+)
+@_option(
+    "--alert-cooldown",
+    type=float,
+    default=3600.0,
+    show_default=True,
+    help="Seconds before a finding that persists is paged again.",
+)
+@_option(
+    "--command-timeout",
+    type=float,
+    default=30.0,
+    show_default=True,
+    help="Seconds each Slurm command may take.",
+)
+@_option("--state-file", default="", help="The watcher's state (default ~/.nvrx_watch/state.json).")
+@_option("--metrics-file", default="", help="Prometheus textfile to write (node_exporter).")
+@_option(
+    "--pagerduty-url",
+    default=PAGERDUTY_EVENTS_URL,
+    show_default=True,
+    help="PagerDuty Events v2 endpoint.",
+)
+@_option("--pagerduty-routing-key-file", default="", help="File holding the PagerDuty routing key.")
+@_option(
+    "--webhook-url-file", default="", help="File holding the JSON webhook URL (Slack-compatible)."
+)
+@_option("--heartbeat-url-file", default="", help="File holding the dead-man heartbeat URL.")
+@_option("--log-file", default="", help="Also append the log here.")
+@_threshold_options
+def watch(**options: Any) -> None:
+    """Watch a chain from outside the job: reconcile it, detect restart anomalies, page.
+
+    JOB_ID is any Slurm job id of the chain; name, owner and the run's files resolve
+    from it. Observe-only unless --act.
+    """
+    logger = _logger(options["log_file"])
+    try:
+        settings = _settings(options)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    thresholds = Thresholds(**{f.name: options[f.name] for f in thresholds_fields()})
+    request = resolve.Request(
+        job_id=options["job_id"] or "",
+        job_name=options["job_name"],
+        work_dir=options["work_dir"],
+        cycle_info_glob=options["cycle_info_glob"],
+        checkpoint_file=options["checkpoint_file"],
+        max_restarts=options["max_restarts"],
+        platform=options["platform"],
+    )
+    if request.platform == "none" and not (request.work_dir or request.cycle_info_glob):
+        raise click.UsageError("--platform none needs --work-dir or --cycle-info-glob")
+    if options["once"] and options["interval"]:
+        raise click.UsageError("--once and --interval N exclude each other; pick one")
+    code = _loop(request, settings, thresholds, logger, options["interval"])
+    sys.exit(code)
+
+
+def _settings(options: dict[str, Any]) -> Settings:
+    secrets = {name: _secret(name, options) for name in SECRETS}
+    return Settings(
+        act=options["act"],
+        disable=parse_disable(options["disable"], detectors.NAMES),
+        alert_cooldown=options["alert_cooldown"],
+        command_timeout=options["command_timeout"],
+        state_file=options["state_file"] or persistence.default_state_file(),
+        metrics_file=options["metrics_file"],
+        pagerduty_url=options["pagerduty_url"],
+        **secrets,
+    )
+
+
+def _secret(name: str, options: dict[str, Any]) -> str:
+    """From its environment variable, else from the file its --...-file flag names."""
+    value = os.environ.get(SECRETS[name], "").strip()
+    path = options.get(f"{name}_file", "")
+    if value or not path:
+        return value
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        flag = "--" + name.replace("_", "-") + "-file"
+        raise ValueError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+
+
+def _logger(log_file: str) -> logging.Logger:
+    logger = logging.getLogger("nvrx_watch")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    formatter = logging.Formatter("%(asctime)s nvrx-watch %(levelname)s %(message)s")
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_file:
+        handlers.append(logging.FileHandler(log_file))
+    for handler in handlers:
+        handler.setFormatter(formatter)
+        logger.addHandler(handler)
+    return logger
+
+
+def _caller() -> str:
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _paging(settings: Settings) -> list:
+    paging: list = []
+    if settings.pagerduty_routing_key and settings.pagerduty_url:
+        paging.append(sinks.PagerDutySink(settings.pagerduty_url, settings.pagerduty_routing_key))
+    if settings.webhook_url:
+        paging.append(sinks.WebhookSink(settings.webhook_url))
+    return paging
+
+
+def build(request, settings, thresholds, logger) -> Watcher:
+    """Identify the job and locate the run; a watcher that is blind when Slurm cannot say
+    whose job it is (the pass then pages that, and exits 1)."""
+    caller = _caller()
+    platform = (
+        None if request.platform == "none" else SlurmPlatform(timeout=settings.command_timeout)
+    )
+    known = persistence.load(settings.state_file).get("jobs", {})
+    common = dict(
+        thresholds=thresholds,
+        settings=settings,
+        caller=caller,
+        logger=logger,
+        paging=_paging(settings),
+    )
+    try:
+        info = resolve.identify(request, platform, caller, known)
+    except SlurmUnavailable as exc:
+        placeholder = Run(job_name=request.job_name or f"job-{request.job_id}", owner=caller)
+        return Watcher(run=placeholder, platform=None, blind=str(exc), **common)
+    run, notes = resolve.locate(request, info)
+    for note in notes:
+        logger.warning("%s", note)
+    logger.info(
+        "watching chain %s of %s; files from %s",
+        run.job_name,
+        run.owner,
+        run.origin or "nowhere (chain detectors only)",
+    )
+    return Watcher(run=run, platform=platform, job_id=request.job_id, identity=info, **common)
+
+
+def _loop(request, settings, thresholds, logger, interval: int) -> int:
+    stop = {"now": False}
+
+    def _stop(signum, _frame):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    watcher: Watcher | None = None
+    code = DEGRADED
+    while not stop["now"]:
+        if watcher is None or watcher.blind:
+            try:
+                watcher = build(request, settings, thresholds, logger)
+            except resolve.ResolveError as exc:
+                raise click.UsageError(str(exc)) from None
+        code = watcher.pass_once().exit_code
+        if not interval:
+            return code
+        deadline = time.monotonic() + interval
+        while not stop["now"] and time.monotonic() < deadline:
+            time.sleep(min(1.0, deadline - time.monotonic()))
+    return code
+
+
+def main() -> None:
+    watch.main(prog_name="nvrx-watch")

@@ -1,0 +1,568 @@
+"""Detectors: pure functions of (Snapshot, Thresholds) -> findings.
+
+Two families. The chain detectors need Slurm and catch what the job cannot fix itself
+because the actor that should have fixed it (task 0 and its teardown trap) is gone.
+The restart-anomaly detectors read NVRx cycle-info files and the checkpoint tracker
+and catch failures that are a pattern rather than an event; they work wherever
+ft_launcher runs.
+
+Only two findings carry an action, and both only release what a dead task 0 can no
+longer release itself. Everything else reports: a watcher that cancels jobs on a
+heuristic is a new failure mode.
+
+Pure: imports only the vocabulary, the thresholds and the pure parsers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from nvrx_appliance.exitcodes import NVRX_NO_RESTART
+from nvrx_appliance.watch.config import Thresholds
+from nvrx_appliance.watch.parsing import age_text, expand_nodelist
+from nvrx_appliance.watch.types import (
+    CANCEL_GENERATION,
+    CHECKPOINT,
+    CRITICAL,
+    CYCLES,
+    INFO,
+    MARKER,
+    RELEASE_SPARES,
+    SLURM,
+    UNAVAILABLE,
+    WARNING,
+    Action,
+    Cycle,
+    Ending,
+    Finding,
+    Generation,
+    Snapshot,
+)
+
+DetectorFn = Callable[[Snapshot, Thresholds], list[Finding]]
+
+
+@dataclass(frozen=True)
+class Detector:
+    name: str
+    family: str  # "chain" or "restart"
+    severity: str
+    needs: tuple[str, ...]  # sources that must have been observed, or it is skipped
+    uses: tuple[str, ...]  # sources it consults when configured: skipped if they failed
+    thresholds: tuple[str, ...]
+    fn: DetectorFn
+
+    @property
+    def summary(self) -> str:
+        return (self.fn.__doc__ or "").strip().splitlines()[0]
+
+
+def _finding(
+    snap: Snapshot,
+    detector: str,
+    subject: str,
+    severity: str,
+    summary: str,
+    detail: str,
+    action: Action | None = None,
+) -> Finding:
+    """A finding whose dedup key names the chain, the detector and what it is about, so
+    the same condition yields the same key on every pass and every login node."""
+    key = f"nvrx/{snap.run.owner}/{snap.run.job_name}/{detector}/{subject}"
+    return Finding(key, detector, severity, summary, detail, action)
+
+
+# --- chain --------------------------------------------------------------------------------
+
+
+def _task0_gone(snap: Snapshot, t: Thresholds) -> Iterator[tuple[Generation, Ending, float]]:
+    """Generations whose task 0 Slurm reports ended at least the grace period ago.
+
+    Task 0 still in the queue means its trap owns the pool. Task 0 absent from the
+    queue with no terminal record from sacct or scontrol is *unknown*, never gone.
+    """
+    for gen in snap.generations:
+        ending = snap.ending(gen.array_id)
+        if gen.task0 is not None or ending is None or ending.end is None:
+            continue
+        age = snap.observed_at - ending.end
+        if age >= t.grace:
+            yield gen, ending, age
+
+
+def orphaned_generation(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """Task 0 ended (per Slurm) past the grace period, but cold spares are still pending."""
+    findings = []
+    for gen, ending, age in _task0_gone(snap, t):
+        if not gen.pending:
+            continue
+        action = Action(
+            RELEASE_SPARES,
+            gen.array_id,
+            (
+                "scancel",
+                "--state=PENDING",
+                f"--user={snap.run.owner}",
+                f"--name={snap.run.job_name}",
+                gen.array_id,
+            ),
+        )
+        findings.append(
+            _finding(
+                snap,
+                "orphaned_generation",
+                gen.array_id,
+                WARNING,
+                summary=(
+                    f"generation {gen.array_id} of {snap.run.job_name}: task 0 ended "
+                    f"{ending.state} {age_text(age)} ago, but "
+                    f"{len(gen.pending)} cold spare(s) are still pending"
+                ),
+                detail=(
+                    "Task 0's teardown never released them (SIGKILL or node death kills the "
+                    "trap; its scancel can fail). Each would start, find no rendezvous host "
+                    "and hold a node until it gives up, while the successor waits. "
+                    f"Release them: {action.command}"
+                ),
+                action=action,
+            )
+        )
+    return findings
+
+
+def stranded_generation(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """Task 0 ended (per Slurm) past the grace period while other tasks of its array still run."""
+    findings = []
+    for gen, _ending, age in _task0_gone(snap, t):
+        if not gen.running:
+            continue
+        action = Action(
+            CANCEL_GENERATION,
+            gen.array_id,
+            ("scancel", f"--user={snap.run.owner}", f"--name={snap.run.job_name}", gen.array_id),
+        )
+        nodes = ",".join(sorted({task.nodes for task in gen.running if task.nodes}))
+        findings.append(
+            _finding(
+                snap,
+                "stranded_generation",
+                gen.array_id,
+                CRITICAL,
+                summary=(
+                    f"generation {gen.array_id} of {snap.run.job_name}: task 0 ended "
+                    f"{age_text(age)} ago but {len(gen.running)} task(s) still run"
+                    + (f" on {nodes}" if nodes else "")
+                ),
+                detail=(
+                    "Without task 0 there is no rendezvous host and no teardown trap: these "
+                    "tasks dial a dead store or train without the trap that ends the chain, "
+                    "and the singleton successor cannot start until they end. Under "
+                    "--no-requeue task 0 cannot come back, so ending them is safe: "
+                    f"{action.command}"
+                ),
+                action=action,
+            )
+        )
+    return findings
+
+
+def chain_exhausted(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """Nothing of the chain is running or queued, yet its chain marker says it should be."""
+    if not snap.chain_marker or snap.generations:
+        return []
+    last = snap.ledger[-1] if snap.ledger else None
+    history = (
+        f" The last generation recorded, {last.array_id}, ended with exit {last.exit_code}"
+        f" ({last.reason or last.action})."
+        if last
+        else ""
+    )
+    return [
+        _finding(
+            snap,
+            "chain_exhausted",
+            snap.run.work_dir or snap.run.job_name,
+            CRITICAL,
+            summary=f"chain {snap.run.job_name} has no generation left, running or queued: "
+            "training has stopped",
+            detail=(
+                f"Resubmit with `nvrx-appliance submit`, or remove the chain marker "
+                f"{snap.run.work_dir}/chain.active if the run is finished.{history}"
+            ),
+        )
+    ]
+
+
+def _no_restart_endings(snap: Snapshot) -> dict[str, float | None]:
+    """Generations whose task 0 ended with NVRx's do-not-restart code, by Slurm or ledger."""
+    ended: dict[str, float | None] = {}
+    for ending in snap.endings:
+        if ending.exit_code == NVRX_NO_RESTART:
+            ended[ending.array_id] = ending.end
+    for entry in snap.ledger:
+        if entry.exit_code == NVRX_NO_RESTART:
+            ended[entry.array_id] = ended.get(entry.array_id) or entry.end
+    return ended
+
+
+def chain_not_cancelled(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """A generation ended 93 (NVRx: do not restart) but successors are still queued or running."""
+    findings = []
+    for array_id, end in _no_restart_endings(snap).items():
+        successors = [
+            g.array_id
+            for g in snap.generations
+            if g.array_id != array_id
+            # Queued before that verdict: a chain resubmitted afterwards is a new decision.
+            and (end is None or g.submitted is None or g.submitted <= end)
+        ]
+        if not successors:
+            continue
+        command = f"scancel --state=PENDING --user={snap.run.owner} --name={snap.run.job_name}"
+        findings.append(
+            _finding(
+                snap,
+                "chain_not_cancelled",
+                array_id,
+                CRITICAL,
+                summary=(
+                    f"generation {array_id} of {snap.run.job_name} ended {NVRX_NO_RESTART} (NVRx: "
+                    f"do not restart) but generation(s) {', '.join(successors)} are still queued"
+                ),
+                detail=(
+                    "The teardown's cancel of the chain did not happen (its scancel failed, or "
+                    "the exit code was rewritten on the way), so the next generation would "
+                    f"repeat what NVRx refused to restart. Cancel them: {command}"
+                ),
+            )
+        )
+    return findings
+
+
+def generation_churn(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """More generations of the chain ended within the churn window than the threshold allows."""
+    cutoff = snap.observed_at - t.churn_window
+    ends: dict[str, float] = {}
+    for array_id, end in [(e.array_id, e.end) for e in snap.endings] + [
+        (e.array_id, e.end) for e in snap.ledger
+    ]:
+        if end is not None and end >= cutoff:
+            ends[array_id] = end
+    if len(ends) <= t.max_generations_per_window:
+        return []
+    recent = sorted(ends, key=ends.__getitem__)
+    return [
+        _finding(
+            snap,
+            "generation_churn",
+            snap.run.job_name,
+            WARNING,
+            summary=(
+                f"{len(ends)} generations of {snap.run.job_name} ended in the last "
+                f"{age_text(t.churn_window)} (threshold {t.max_generations_per_window})"
+            ),
+            detail=(
+                "Each one restarted from checkpoint: the chain spends its time on recovery. "
+                f"Ended: {', '.join(recent[-8:])}. Check the ledger and the per-cycle logs."
+            ),
+        )
+    ]
+
+
+# --- restart anomalies -----------------------------------------------------------------
+
+
+def _alive(snap: Snapshot, array_id: str) -> bool:
+    """Whether the generation that wrote a cycle still runs; without Slurm, assume so."""
+    if not snap.has(SLURM):
+        return True
+    gen = snap.generation(array_id)
+    return gen is not None and gen.alive
+
+
+def restart_storm(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """Too many NVRx cycles started within the storm window in the current generation."""
+    cutoff = snap.observed_at - t.storm_window
+    recent = [c for c in snap.current_cycles if c.start >= cutoff]
+    if len(recent) < t.storm_cycles:
+        return []
+    gen = recent[-1].job_id
+    return [
+        _finding(
+            snap,
+            "restart_storm",
+            gen,
+            WARNING,
+            summary=(
+                f"{len(recent)} NVRx cycles started in the last {age_text(t.storm_window)} "
+                f"in generation {gen} (threshold {t.storm_cycles})"
+            ),
+            detail="Cycles "
+            + ", ".join(str(c.number) for c in recent[-10:])
+            + ". A fault recurs faster than restarts can fix it; read the per-cycle logs.",
+        )
+    ]
+
+
+def stalled_progress(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """Cycles keep completing but the checkpoint iteration never moves."""
+    if snap.has(SLURM) and not any(g.tasks for g in snap.generations):
+        return []  # nothing left to make progress: chain_exhausted's to report
+    closed = [c for c in snap.cycles if snap.closed(c)]
+    value = snap.checkpoint.value
+    if value is None:
+        if len(closed) < t.stall_cycles:
+            return []
+        return [
+            _finding(
+                snap,
+                "stalled_progress",
+                "none",
+                CRITICAL,
+                summary=f"{len(closed)} cycles of {snap.run.job_name} completed and no "
+                "checkpoint iteration was ever recorded",
+                detail=(
+                    f"Expected {snap.run.tracker or 'the checkpoint tracker'} to exist. Either "
+                    "the workload never reaches its first save, or the tracker path does not "
+                    "point where it writes."
+                ),
+            )
+        ]
+    since = snap.checkpoint.since or snap.checkpoint.mtime
+    if since is None:
+        return []
+    unproductive = [c for c in closed if c.start >= since]
+    if len(unproductive) < t.stall_cycles:
+        return []
+    return [
+        _finding(
+            snap,
+            "stalled_progress",
+            str(value),
+            CRITICAL,
+            summary=(
+                f"{len(unproductive)} cycles of {snap.run.job_name} completed since iteration "
+                f"{value} was checkpointed {age_text(snap.observed_at - since)} ago, "
+                "without advancing it"
+            ),
+            detail=(
+                "Restarts succeed but training does not progress: every cycle dies before the "
+                "next save. Look at what ends each cycle; lower the save interval or fix the "
+                "fault before the chain burns its nodes."
+            ),
+        )
+    ]
+
+
+def cycle_stalled(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """The newest cycle is open and neither it nor the checkpoint has moved for too long."""
+    latest = snap.latest_cycle
+    if latest is None or latest.end is not None or not _alive(snap, latest.job_id):
+        return []  # a dead generation's last cycle never gets an end time: not a stall
+    moved = max(latest.start, snap.checkpoint.mtime or 0.0)
+    idle = snap.observed_at - moved
+    if idle < t.stall_seconds:
+        return []
+    return [
+        _finding(
+            snap,
+            "cycle_stalled",
+            latest.key,
+            CRITICAL,
+            summary=(
+                f"cycle {latest.number} of generation {latest.job_id} has been open "
+                f"{age_text(idle)} with no new cycle and no checkpoint"
+            ),
+            detail=(
+                "Section timeouts should have caught a hang; either one is too loose or the "
+                f"launcher is wedged. Cycle log: {latest.log_file or 'not recorded'}."
+            ),
+        )
+    ]
+
+
+def restart_budget_low(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """The running generation has used most of ft_launcher's --max-restarts."""
+    latest = snap.latest_cycle
+    budget = snap.run.max_restarts
+    if latest is None or not budget or not _alive(snap, latest.job_id):
+        return []
+    if latest.number < budget * t.budget_fraction:
+        return []
+    return [
+        _finding(
+            snap,
+            "restart_budget_low",
+            latest.job_id,
+            WARNING,
+            summary=(
+                f"generation {latest.job_id} is on cycle {latest.number} of {budget} allowed "
+                "restarts"
+            ),
+            detail="Past the budget the generation ends and the chain restarts from checkpoint "
+            "in a new one: the last cheap moment to look at what keeps failing.",
+        )
+    ]
+
+
+def spares_exhausted(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """The running generation has no standby node and no cold spare left."""
+    latest = snap.latest_cycle
+    if latest is None or not _alive(snap, latest.job_id):
+        return []
+    if expand_nodelist(latest.standby_nodes):
+        return []
+    gen = snap.generation(latest.job_id)
+    if gen is not None:
+        if gen.pending:
+            return []  # cold spares are queued behind the throttle
+        # NVRx 0.7.0 does not always list a hot spare in standby_nodes (measured); a task
+        # running beyond the training tasks is one.
+        if snap.run.train_tasks is not None and len(gen.running) > snap.run.train_tasks:
+            return []
+    return [
+        _finding(
+            snap,
+            "spares_exhausted",
+            latest.job_id,
+            INFO,
+            summary=f"generation {latest.job_id} runs with no standby node and no queued spare",
+            detail="Healthy for now; the next node failure ends the generation instead of "
+            f"costing one restart cycle. Active nodes: {latest.active_nodes or 'unknown'}.",
+        )
+    ]
+
+
+def _trailing_short(cycles: list[Cycle], t: Thresholds) -> list[Cycle]:
+    trailing = []
+    for cycle in reversed(cycles):
+        if cycle.end is None or cycle.end - cycle.start >= t.short_cycle_seconds:
+            break
+        trailing.append(cycle)
+    return trailing
+
+
+def suspect_node(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """A node was active in every one of the last few short cycles (a candidate for --exclude)."""
+    closed = [c for c in snap.current_cycles if snap.closed(c)]
+    trailing = _trailing_short(closed, t)
+    if len(trailing) < t.suspect_cycles:
+        return []
+    common = set(expand_nodelist(trailing[0].active_nodes))
+    for cycle in trailing[1:]:
+        common &= set(expand_nodelist(cycle.active_nodes))
+    if not common:
+        return []
+    nodes = sorted(common)
+    gen = trailing[0].job_id
+    return [
+        _finding(
+            snap,
+            "suspect_node",
+            f"{gen}/{','.join(nodes)}",
+            WARNING,
+            summary=(
+                f"{', '.join(nodes[:5])}{' ...' if len(nodes) > 5 else ''} took part in each "
+                f"of the last {len(trailing)} cycles of generation {gen}, all shorter than "
+                f"{age_text(t.short_cycle_seconds)}"
+            ),
+            detail="Correlation only: cycle-info files do not say why a cycle ended. Read the "
+            "per-cycle logs before excluding a node (sbatch --exclude).",
+        )
+    ]
+
+
+def source_unavailable(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """A source could not be observed: its detectors were skipped and no heartbeat is sent."""
+    return [
+        _finding(
+            snap,
+            "source_unavailable",
+            name,
+            WARNING,
+            summary=f"nvrx-watch cannot observe {name} for {snap.run.job_name}: {status.reason}",
+            detail="The detectors that need it were skipped this pass, and the dead-man "
+            "heartbeat was withheld so that blindness pages too.",
+        )
+        for name, status in snap.sources.items()
+        if status.state == UNAVAILABLE
+    ]
+
+
+ALL: tuple[Detector, ...] = (
+    Detector(
+        "orphaned_generation", "chain", WARNING, (SLURM,), (), ("grace",), orphaned_generation
+    ),
+    Detector(
+        "stranded_generation", "chain", CRITICAL, (SLURM,), (), ("grace",), stranded_generation
+    ),
+    Detector("chain_exhausted", "chain", CRITICAL, (SLURM, MARKER), (), (), chain_exhausted),
+    Detector("chain_not_cancelled", "chain", CRITICAL, (SLURM,), (), (), chain_not_cancelled),
+    Detector(
+        "generation_churn",
+        "chain",
+        WARNING,
+        (SLURM,),
+        (),
+        ("churn_window", "max_generations_per_window"),
+        generation_churn,
+    ),
+    Detector(
+        "restart_storm",
+        "restart",
+        WARNING,
+        (CYCLES,),
+        (),
+        ("storm_cycles", "storm_window"),
+        restart_storm,
+    ),
+    Detector(
+        "stalled_progress",
+        "restart",
+        CRITICAL,
+        (CYCLES, CHECKPOINT),
+        (SLURM,),
+        ("stall_cycles",),
+        stalled_progress,
+    ),
+    Detector(
+        "cycle_stalled", "restart", CRITICAL, (CYCLES,), (SLURM,), ("stall_seconds",), cycle_stalled
+    ),
+    Detector(
+        "restart_budget_low",
+        "restart",
+        WARNING,
+        (CYCLES,),
+        (SLURM,),
+        ("budget_fraction",),
+        restart_budget_low,
+    ),
+    Detector("spares_exhausted", "restart", INFO, (CYCLES,), (SLURM,), (), spares_exhausted),
+    Detector(
+        "suspect_node",
+        "restart",
+        WARNING,
+        (CYCLES,),
+        (),
+        ("short_cycle_seconds", "suspect_cycles"),
+        suspect_node,
+    ),
+    Detector("source_unavailable", "watch", WARNING, (), (), (), source_unavailable),
+)
+NAMES = [d.name for d in ALL]
+
+
+def runnable(detector: Detector, snap: Snapshot) -> bool:
+    """Skipped, never run on partial data: a failed squeue must not read as 'nothing queued'."""
+    if not snap.has(*detector.needs):
+        return False
+    return all(snap.sources[s].state != UNAVAILABLE for s in detector.uses if s in snap.sources)
+
+
+def run(snap: Snapshot, t: Thresholds, disabled: frozenset[str] = frozenset()) -> list[Finding]:
+    findings: list[Finding] = []
+    for detector in ALL:
+        if detector.name not in disabled and runnable(detector, snap):
+            findings.extend(detector.fn(snap, t))
+    return findings

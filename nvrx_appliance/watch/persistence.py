@@ -1,0 +1,132 @@
+"""The watcher's own memory between passes: ~/.nvrx_watch/state.json and a cycle cache.
+
+The state file holds only what cannot be recovered from disk or Slurm: when the
+current checkpoint value was first seen (a stall timer without a process kept alive),
+when each finding was last sent to each sink (dedup and cooldown), and what each job
+id resolved to (so a chain can be followed after Slurm has forgotten the id). The
+cycle cache lets a pass skip cycle-info files it parsed before.
+
+Both are rewritten atomically (temp file + rename). Losing or corrupting either is
+not an error: timers restart from this pass, which delays a detection by at most one
+threshold, and the next pass reads every cycle-info file again. The watcher must never
+be the thing that needs recovering.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance.manifest import write_atomic
+from nvrx_appliance.watch.types import Checkpoint
+
+VERSION = 1
+
+
+def default_state_file() -> str:
+    return str(Path.home() / ".nvrx_watch" / "state.json")
+
+
+def chain_key(owner: str, job_name: str) -> str:
+    return f"{owner}/{job_name}"
+
+
+def load(path: str) -> dict[str, Any]:
+    """The whole state file, or an empty state if it is missing, unreadable or foreign."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) and data.get("version") == VERSION else {}
+
+
+def chain_section(state: dict[str, Any], key: str) -> dict[str, Any]:
+    section = state.get("chains", {}).get(key)
+    return section if isinstance(section, dict) else {}
+
+
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Serialise writers (cron overlap, several chains watched by one user)."""
+    lock = Path(path + ".lock")
+    _private_dir(lock.parent)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _private_dir(path: Path) -> None:
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
+def save_chain(path: str, key: str, section: dict[str, Any], jobs: dict[str, Any]) -> None:
+    """Merge this chain's section (and job-id identities) into the file, atomically."""
+    with _locked(path):
+        state = load(path)
+        state["version"] = VERSION
+        state.setdefault("chains", {})[key] = section
+        state.setdefault("jobs", {}).update(jobs)
+        write_atomic(Path(path), json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)
+
+
+# --- pure transitions ---------------------------------------------------------------------
+
+
+def checkpoint_since(section: dict[str, Any], checkpoint: Checkpoint, now: float) -> Checkpoint:
+    """Attach to the checkpoint when its current value was first seen.
+
+    A tracker rewritten with the same value (a static tracker, a re-save) moves its
+    mtime but not its value; the earlier of the two is when progress last happened.
+    """
+    if checkpoint.value is None:
+        return checkpoint
+    prior = section.get("checkpoint", {})
+    first_seen = now
+    if isinstance(prior, dict) and prior.get("value") == checkpoint.value:
+        first_seen = float(prior.get("first_seen", now))
+    since = min(first_seen, checkpoint.mtime) if checkpoint.mtime is not None else first_seen
+    return Checkpoint(checkpoint.value, checkpoint.mtime, since)
+
+
+def due(sent: dict[str, float], key: str, now: float, cooldown: float) -> bool:
+    """A finding goes to a sink the first time, and again once the cooldown has passed."""
+    last = sent.get(key)
+    return last is None or now - last >= cooldown
+
+
+def prune(sent: dict[str, float], now: float, keep: float) -> dict[str, float]:
+    """Forget sends older than `keep`, so the file does not grow for ever."""
+    return {k: v for k, v in sent.items() if now - v < keep}
+
+
+# --- the cycle cache ---------------------------------------------------------------------------
+
+
+def cycle_cache_file(state_file: str, key: str, pattern: str) -> str:
+    digest = hashlib.sha256(f"{key}\n{pattern}".encode()).hexdigest()[:16]
+    return str(Path(state_file).parent / "cycles" / f"{digest}.json")
+
+
+def load_cycle_cache(path: str, pattern: str) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(data, dict) or data.get("pattern") != pattern:
+        return {}
+    files = data.get("files")
+    return files if isinstance(files, dict) else {}
+
+
+def save_cycle_cache(path: str, pattern: str, files: dict[str, Any]) -> None:
+    _private_dir(Path(path).parent)
+    text = json.dumps({"pattern": pattern, "files": files}, separators=(",", ":"))
+    write_atomic(Path(path), text, mode=0o600)

@@ -1,0 +1,208 @@
+"""File-system readers: cycle-info files, the checkpoint tracker, the ledger, the chain
+marker, run.json and batch scripts. Read-only: the watcher never writes into a job's
+directories.
+
+A missing file is a fact (no cycle yet, no checkpoint yet, no ledger yet); a file or
+directory that exists but cannot be read raises ReadError, which the runner turns into
+"source unavailable" for that pass.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import glob
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from nvrx_appliance.watch import parsing
+from nvrx_appliance.watch.types import Checkpoint, Cycle, LedgerEntry
+
+MAX_SCRIPT_BYTES = 1 << 20  # a batch script or a library it sources; anything larger is not one
+MAX_CYCLE_BYTES = 1 << 16  # a cycle-info file is a few hundred bytes
+
+
+class ReadError(Exception):
+    """A source exists but could not be read; the message is one line."""
+
+
+# --- cycle-info files, read incrementally --------------------------------------------------
+
+# Cache entry per file: (inode, size, mtime_ns, the parsed cycle or None if it was not one).
+# A file whose three keys are unchanged is not opened again: NVRx rewrites a cycle by
+# rename (new inode) or in place (new size or mtime), and either shows.
+CacheEntry = tuple[int, int, int, "tuple | None"]
+
+
+@dataclass
+class CycleScan:
+    cycles: tuple[Cycle, ...]
+    parsed: int  # files opened and parsed this pass
+    reused: int  # files skipped because unchanged
+    skipped: int  # files that were not (or not yet) a complete cycle info
+
+
+class CycleReader:
+    """Reads every cycle-info file matching a glob; keeps what it parsed between passes."""
+
+    def __init__(self, pattern: str, cache: dict[str, CacheEntry] | None = None) -> None:
+        self.pattern = pattern
+        self.cache: dict[str, CacheEntry] = dict(cache or {})
+        self.changed = False  # whether the cache differs from what it was given
+
+    def scan(self) -> CycleScan:
+        fresh: dict[str, CacheEntry] = {}
+        parsed = reused = skipped = 0
+        for path, stat in self._files():
+            key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            entry = self.cache.get(path)
+            if entry is not None and tuple(entry[:3]) == key:
+                fresh[path] = entry
+                reused += 1
+            else:
+                fresh[path] = (*key, _as_row(_parse_file(path, stat.st_size)))
+                parsed += 1
+            if fresh[path][3] is None:
+                skipped += 1
+        self.changed = self.changed or parsed > 0 or len(fresh) != len(self.cache)
+        self.cache = fresh
+        cycles = [_from_row(entry[3]) for entry in fresh.values() if entry[3] is not None]
+        cycles.sort(key=lambda c: (c.start, c.job_id, c.attempt, c.number))
+        return CycleScan(tuple(cycles), parsed, reused, skipped)
+
+    def _files(self) -> Iterator[tuple[str, os.stat_result]]:
+        directory_pattern, name_pattern = os.path.split(self.pattern)
+        for directory in _directories(directory_pattern):
+            try:
+                entries = list(os.scandir(directory))
+            except FileNotFoundError:
+                continue  # a generation directory that went away between glob and scan
+            except OSError as exc:
+                raise ReadError(
+                    f"cannot list cycle-info directory {directory}: {exc.strerror}"
+                ) from None
+            for entry in entries:
+                if not fnmatch.fnmatchcase(entry.name, name_pattern):
+                    continue
+                if not parsing.cycle_file_name(entry.name) or not entry.is_file(
+                    follow_symlinks=False
+                ):
+                    continue  # the .current symlink, a writer's .tmp, anything else
+                try:
+                    yield entry.path, entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+
+
+def _directories(pattern: str) -> list[str]:
+    if not glob.has_magic(pattern):
+        return [pattern] if os.path.isdir(pattern) or _unreadable(pattern) else []
+    _check_readable_prefix(pattern)
+    return sorted(glob.glob(pattern))
+
+
+def _check_readable_prefix(pattern: str) -> None:
+    """glob hides a directory it may not list; say so instead of seeing nothing."""
+    parts = pattern.split(os.sep)
+    prefix = os.sep.join(
+        p for p in parts[: next(i for i, p in enumerate(parts) if glob.has_magic(p))]
+    )
+    if prefix and os.path.isdir(prefix) and not os.access(prefix, os.R_OK | os.X_OK):
+        raise ReadError(f"cannot list {prefix}: permission denied")
+
+
+def _unreadable(path: str) -> bool:
+    return os.path.exists(path) and not os.access(path, os.R_OK | os.X_OK)
+
+
+def _parse_file(path: str, size: int) -> Cycle | None:
+    if size > MAX_CYCLE_BYTES:
+        return None
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return parsing.cycle_info(fh.read())
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ReadError(f"cannot read cycle-info file {path}: {exc.strerror}") from None
+
+
+def _as_row(cycle: Cycle | None) -> tuple | None:
+    if cycle is None:
+        return None
+    return (
+        cycle.job_id,
+        cycle.attempt,
+        cycle.number,
+        cycle.start,
+        cycle.end,
+        cycle.active_nodes,
+        cycle.standby_nodes,
+        cycle.log_file,
+    )
+
+
+def _from_row(row: tuple | list) -> Cycle:
+    return Cycle(*row)
+
+
+# --- the other run files -------------------------------------------------------------------
+
+
+def read_checkpoint(path_or_glob: str) -> Checkpoint:
+    """The tracker's value and mtime. A glob (a per-generation tracker found in a batch
+    script) means the most recently written match."""
+    paths = glob.glob(path_or_glob) if glob.has_magic(path_or_glob) else [path_or_glob]
+    best: tuple[float, str] | None = None
+    for path in paths:
+        try:
+            mtime = os.stat(path).st_mtime
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ReadError(f"cannot stat checkpoint tracker {path}: {exc.strerror}") from None
+        if best is None or mtime > best[0]:
+            best = (mtime, path)
+    if best is None:
+        return Checkpoint(value=None, mtime=None)
+    text = _read_small(best[1], "checkpoint tracker", 4096)
+    return Checkpoint(value=None if text is None else parsing.tracker_value(text), mtime=best[0])
+
+
+def read_ledger(path: str) -> tuple[LedgerEntry, ...]:
+    text = _read_small(path, "ledger", 64 << 20)
+    return () if text is None else parsing.ledger_entries(text)
+
+
+def marker_present(path: str) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise ReadError(f"cannot stat chain marker {path}: {exc.strerror}") from None
+
+
+def read_script(path: str) -> str | None:
+    """A batch script or a file it sources; None when it is missing or unreadable (the
+    caller then asks for --work-dir)."""
+    try:
+        return _read_small(path, "script", MAX_SCRIPT_BYTES)
+    except ReadError:
+        return None
+
+
+def is_dir(path: str) -> bool:
+    return Path(path).is_dir()
+
+
+def _read_small(path: str, what: str, limit: int) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read(limit)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ReadError(f"cannot read {what} {path}: {exc.strerror}") from None

@@ -1,0 +1,163 @@
+"""From `nvrx-watch <job id>` to the run being watched: chain name, owner, and paths.
+
+Name and owner come from scontrol (sacct once the id has aged out of the controller,
+the state file once it has aged out of accounting too). The paths come from the run's
+run.json when nvrx-appliance submitted it (the batch script lives in the work dir and
+the job runs there), and otherwise from the batch script itself, read statically.
+Flags override each piece. Nothing here writes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from nvrx_appliance.manifest import Layout, ManifestError, load
+from nvrx_appliance.watch import readers, script
+from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.types import Run
+
+
+class ResolveError(Exception):
+    """The run cannot be identified; the message names the flag that fixes it."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the person asked for (flags, or NVRX_WATCH_* variables)."""
+
+    job_id: str = ""
+    job_name: str = ""
+    work_dir: str = ""
+    cycle_info_glob: str = ""
+    checkpoint_file: str = ""
+    max_restarts: int | None = None
+    platform: str = "slurm"
+
+
+def cycle_glob(layout: Layout) -> str:
+    return str(layout.cycle_infos("*") / "cycle_info.*")
+
+
+def identify(request: Request, platform: SlurmPlatform | None, caller: str, known: dict) -> JobInfo:
+    """Name and owner. Raises SlurmUnavailable when Slurm cannot answer and the job id has
+    no remembered identity (`known`: job id -> identity from the state file)."""
+    if platform is None or not request.job_id:
+        if not request.job_name and not request.work_dir and not request.cycle_info_glob:
+            raise ResolveError("give a job id, or --job-name, or --work-dir with --platform none")
+        return JobInfo(job_name=request.job_name, owner=caller, work_dir=request.work_dir)
+    remembered = known.get(request.job_id)
+    try:
+        info = platform.describe(request.job_id)
+    except SlurmUnavailable:
+        if isinstance(remembered, dict):
+            return JobInfo(**remembered)
+        raise
+    if info is None and isinstance(remembered, dict):
+        return JobInfo(**remembered)
+    if info is None:
+        if request.job_name:
+            return JobInfo(job_name=request.job_name, owner=caller, work_dir=request.work_dir)
+        raise ResolveError(
+            f"job {request.job_id} is unknown to scontrol and sacct; pass --job-name "
+            "(and --work-dir) to watch its chain by name"
+        )
+    if request.job_name:
+        info = replace(info, job_name=request.job_name)
+    return info
+
+
+def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:
+    """Where the run's files are. Returns the run and notes for the log."""
+    notes: list[str] = []
+    run = Run(job_name=info.job_name, owner=info.owner)
+    manifest = _find_manifest(request, info, notes)
+    if manifest is not None:
+        layout = manifest.layout
+        run = replace(
+            run,
+            work_dir=str(layout.work_dir),
+            cycle_glob=cycle_glob(layout),
+            tracker=str(layout.tracker),
+            max_restarts=manifest.spec.max_restarts,
+            train_tasks=manifest.spec.train_tasks,
+            origin=f"run.json ({layout.run_json})",
+        )
+        if not run.job_name:
+            run = replace(run, job_name=manifest.spec.job_name)
+    elif request.work_dir:
+        layout = Layout(Path(request.work_dir))
+        run = replace(
+            run,
+            work_dir=request.work_dir,
+            cycle_glob=cycle_glob(layout),
+            tracker=str(layout.tracker),
+            origin="--work-dir",
+        )
+    elif info.command:
+        run = _from_script(run, info, notes)
+    if not run.job_name:  # --platform none without a name: call the run by its directory
+        run = replace(run, job_name=Path(request.work_dir or ".").resolve().name or "run")
+    run = replace(
+        run,
+        cycle_glob=request.cycle_info_glob or run.cycle_glob,
+        tracker=request.checkpoint_file or run.tracker,
+        max_restarts=request.max_restarts if request.max_restarts is not None else run.max_restarts,
+    )
+    if not run.cycle_glob:
+        notes.append(
+            "cycle-info files: not located, restart-anomaly detectors are off; pass "
+            "--work-dir or --cycle-info-glob"
+        )
+    return run, notes
+
+
+def _find_manifest(request: Request, info: JobInfo, notes: list[str]):
+    candidates = [request.work_dir, os.path.dirname(info.command), info.work_dir]
+    for directory in dict.fromkeys(c for c in candidates if c):
+        path = Layout(Path(directory)).run_json
+        if not path.is_file():
+            continue
+        try:
+            manifest = load(path)
+        except ManifestError as exc:
+            notes.append(f"ignoring {path}: {exc}")
+            continue
+        if info.job_name and manifest.spec.job_name != info.job_name:
+            notes.append(f"ignoring {path}: it belongs to chain {manifest.spec.job_name}")
+            continue
+        return manifest
+    return None
+
+
+def _from_script(run: Run, info: JobInfo, notes: list[str]) -> Run:
+    text = readers.read_script(info.command)
+    if text is None:
+        notes.append(f"batch script {info.command} is not readable; pass --work-dir")
+        return run
+    known = {
+        "SLURM_JOB_NAME": info.job_name,
+        "SLURM_JOB_USER": info.owner,
+        "USER": info.owner,
+        "SLURM_SUBMIT_DIR": info.work_dir,
+    }
+    found = script.resolve(
+        info.command,
+        text,
+        readers.read_script,
+        known,
+        info.work_dir or os.path.dirname(info.command),
+    )
+    for what in found.unresolved:
+        notes.append(
+            f"batch script: cannot resolve {what}; pass --cycle-info-glob / --checkpoint-file"
+        )
+    return replace(
+        run,
+        cycle_glob=os.path.join(found.cycle_info_dir, "cycle_info.*")
+        if found.cycle_info_dir
+        else "",
+        tracker=found.checkpoint_file or "",
+        origin="batch script " + " + ".join(found.files_read),
+    )

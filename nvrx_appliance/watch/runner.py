@@ -1,0 +1,323 @@
+"""One pass: gather a Snapshot -> detectors -> findings -> the gated action -> sinks ->
+state -> heartbeat. The only module that wires the impure pieces together.
+
+A pass never raises for what it observes: a source that fails is marked unavailable,
+a sink that fails is logged, a state file that cannot be written is logged. Its result
+carries the exit code: 0 clean, 1 degraded (a source could not be observed; no
+heartbeat), 2 at least one critical finding.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance.manifest import Layout
+from nvrx_appliance.watch import detectors, gate, persistence, readers, sinks
+from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.readers import CycleReader, ReadError
+from nvrx_appliance.watch.types import (
+    CHECKPOINT,
+    CRITICAL,
+    CYCLES,
+    INFO,
+    LEDGER,
+    MARKER,
+    NOT_CONFIGURED,
+    OBSERVED,
+    SLURM,
+    UNAVAILABLE,
+    Checkpoint,
+    Finding,
+    Run,
+    Snapshot,
+    SourceStatus,
+)
+
+CLEAN, DEGRADED, CRITICAL_EXIT = 0, 1, 2
+ALERT_MEMORY = 7 * 24 * 3600.0  # forget sends older than a week: the state file stays small
+
+
+@dataclass
+class PassResult:
+    snapshot: Snapshot
+    findings: list[Finding]
+    degraded: bool
+    acted: list[str] = field(default_factory=list)  # commands run with --act
+    sink_errors: list[str] = field(default_factory=list)
+    heartbeat_sent: bool = False
+    duration_s: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        if any(f.severity == CRITICAL for f in self.findings):
+            return CRITICAL_EXIT
+        return DEGRADED if self.degraded else CLEAN
+
+
+@dataclass
+class Watcher:
+    run: Run
+    platform: SlurmPlatform | None
+    thresholds: Thresholds
+    settings: Settings
+    caller: str
+    logger: logging.Logger
+    paging: Sequence[Any] = ()  # PagerDutySink / WebhookSink
+    job_id: str = ""
+    identity: JobInfo | None = (
+        None  # remembered so the chain is followed after Slurm forgets the id
+    )
+    clock: Callable[[], float] = time.time
+    blind: str = ""  # why Slurm could not even identify the job: every pass is blind
+    _reader: CycleReader | None = None
+
+    def __post_init__(self) -> None:
+        self.log_sink = sinks.LogSink(self.logger, self.settings.secrets)
+        self.key = persistence.chain_key(self.run.owner, self.run.job_name)
+        if self.run.cycle_glob:
+            self._cache_file = persistence.cycle_cache_file(
+                self.settings.state_file, self.key, self.run.cycle_glob
+            )
+            cache = persistence.load_cycle_cache(self._cache_file, self.run.cycle_glob)
+            self._reader = CycleReader(self.run.cycle_glob, cache)
+
+    # --- gather -----------------------------------------------------------------------------
+
+    def gather(self, state: dict[str, Any]) -> Snapshot:
+        now = self.clock()
+        sources: dict[str, SourceStatus] = {}
+        generations, endings = self._slurm(sources)
+        cycles = self._cycles(sources)
+        checkpoint = self._checkpoint(sources, now, state)
+        ledger, marker = self._work_dir_files(sources)
+        return Snapshot(
+            run=self.run,
+            observed_at=now,
+            caller=self.caller,
+            sources=sources,
+            generations=generations,
+            endings=endings,
+            cycles=cycles,
+            checkpoint=checkpoint,
+            ledger=ledger,
+            chain_marker=marker,
+        )
+
+    def _slurm(self, sources: dict[str, SourceStatus]) -> tuple[tuple, tuple]:
+        if self.blind:
+            sources[SLURM] = SourceStatus(UNAVAILABLE, self.blind)
+            return (), ()
+        if self.platform is None:
+            sources[SLURM] = SourceStatus(NOT_CONFIGURED, "--platform none")
+            return (), ()
+        name, owner = self.run.job_name, self.run.owner
+        try:
+            generations = self.platform.generations(name, owner)
+            endings = self.platform.endings(name, owner, self.thresholds.churn_window)
+            known = {e.array_id for e in endings}
+            unknown = [
+                g.array_id for g in generations if g.task0 is None and g.array_id not in known
+            ]
+            endings += self.platform.task0_endings(unknown)
+        except SlurmUnavailable as exc:
+            sources[SLURM] = SourceStatus(UNAVAILABLE, str(exc))
+            return (), ()
+        sources[SLURM] = SourceStatus(OBSERVED)
+        return generations, endings
+
+    def _cycles(self, sources: dict[str, SourceStatus]) -> tuple:
+        if self._reader is None:
+            sources[CYCLES] = SourceStatus(NOT_CONFIGURED, "no cycle-info location known")
+            return ()
+        try:
+            scan = self._reader.scan()
+        except ReadError as exc:
+            sources[CYCLES] = SourceStatus(UNAVAILABLE, str(exc))
+            return ()
+        sources[CYCLES] = SourceStatus(OBSERVED)
+        return scan.cycles
+
+    def _checkpoint(self, sources: dict[str, SourceStatus], now: float, state: dict) -> Checkpoint:
+        if not self.run.tracker:
+            sources[CHECKPOINT] = SourceStatus(NOT_CONFIGURED, "no checkpoint tracker known")
+            return Checkpoint(None, None)
+        try:
+            checkpoint = readers.read_checkpoint(self.run.tracker)
+        except ReadError as exc:
+            sources[CHECKPOINT] = SourceStatus(UNAVAILABLE, str(exc))
+            return Checkpoint(None, None)
+        sources[CHECKPOINT] = SourceStatus(OBSERVED)
+        return persistence.checkpoint_since(state, checkpoint, now)
+
+    def _work_dir_files(self, sources: dict[str, SourceStatus]) -> tuple[tuple, bool]:
+        if not self.run.work_dir:
+            for source in (LEDGER, MARKER):
+                sources[source] = SourceStatus(NOT_CONFIGURED, "no work dir known")
+            return (), False
+        layout = Layout(Path(self.run.work_dir))
+        ledger: tuple = ()
+        marker = False
+        try:
+            ledger = readers.read_ledger(str(layout.ledger))
+            sources[LEDGER] = SourceStatus(OBSERVED)
+        except ReadError as exc:
+            sources[LEDGER] = SourceStatus(UNAVAILABLE, str(exc))
+        try:
+            marker = readers.marker_present(str(layout.chain_marker))
+            sources[MARKER] = SourceStatus(OBSERVED)
+        except ReadError as exc:
+            sources[MARKER] = SourceStatus(UNAVAILABLE, str(exc))
+        return ledger, marker
+
+    # --- one pass -------------------------------------------------------------------------
+
+    def pass_once(self) -> PassResult:
+        started = time.monotonic()
+        state_file = self.settings.state_file
+        section = persistence.chain_section(persistence.load(state_file), self.key)
+        snap = self.gather(section)
+        findings = detectors.run(snap, self.thresholds, self.settings.disable)
+        degraded = any(s.state == UNAVAILABLE for s in snap.sources.values())
+        result = PassResult(snapshot=snap, findings=findings, degraded=degraded)
+        self._act(snap, findings, result)
+        alerts = self._report(snap, findings, section, result)
+        self._remember(snap, section, alerts, state_file)
+        result.duration_s = time.monotonic() - started
+        self._metrics(snap, result)
+        self._heartbeat(result)
+        self._summary(result)
+        return result
+
+    def _act(self, snap: Snapshot, findings: list[Finding], result: PassResult) -> None:
+        for finding in findings:
+            action = finding.action
+            if action is None:
+                continue
+            why_not = gate.refusal(action, snap, self.caller)
+            if why_not is not None:
+                self.logger.warning("not acting on %s: %s", finding.detector, why_not)
+            elif not self.settings.act:
+                self.logger.warning("observe-only (pass --act to run it): %s", action.command)
+            elif self.platform is not None:
+                try:
+                    self.platform.scancel(action.argv)
+                    result.acted.append(action.command)
+                    self.logger.warning("acted on %s: ran %s", finding.detector, action.command)
+                except SlurmUnavailable as exc:
+                    self.logger.error("action failed: %s: %s", action.command, exc)
+
+    def _report(
+        self, snap: Snapshot, findings: list[Finding], section: dict, result: PassResult
+    ) -> dict[str, dict[str, float]]:
+        now = snap.observed_at
+        prior = section.get("alerts", {})
+        alerts = {s.name: dict(prior.get(s.name, {})) for s in self.paging}
+        for finding in findings:
+            self.log_sink.send(finding, snap)
+        for sink in self.paging:
+            sent = alerts[sink.name]
+            for finding in findings:
+                if finding.severity == INFO or not persistence.due(
+                    sent, finding.key, now, self.settings.alert_cooldown
+                ):
+                    continue
+                try:
+                    sink.send(finding, snap)
+                    sent[finding.key] = now
+                except sinks.SinkError as exc:
+                    result.sink_errors.append(str(exc))
+                    self.logger.error("sink %s", exc)
+            self._resolve_cleared(sink, sent, snap, findings, result)
+            alerts[sink.name] = persistence.prune(sent, now, ALERT_MEMORY)
+        return alerts
+
+    def _resolve_cleared(self, sink, sent: dict, snap: Snapshot, findings, result) -> None:
+        """Close what was paged and is gone, if the detector that paged it ran this pass."""
+        if not hasattr(sink, "resolve"):
+            return
+        firing = {f.key for f in findings}
+        ran = {d.name for d in detectors.ALL if detectors.runnable(d, snap)}
+        prefix = f"nvrx/{self.run.owner}/{self.run.job_name}/"
+        for key in [k for k in sent if k.startswith(prefix) and k not in firing]:
+            if key[len(prefix) :].split("/", 1)[0] not in ran:
+                continue
+            try:
+                sink.resolve(key)
+                del sent[key]
+            except sinks.SinkError as exc:
+                result.sink_errors.append(str(exc))
+                self.logger.error("sink %s", exc)
+
+    def _remember(self, snap: Snapshot, section: dict, alerts: dict, state_file: str) -> None:
+        new = {"last_pass": snap.observed_at, "alerts": alerts}
+        if snap.checkpoint.value is not None:
+            new["checkpoint"] = {
+                "value": snap.checkpoint.value,
+                "first_seen": snap.checkpoint.since,
+            }
+        elif "checkpoint" in section and not snap.has(CHECKPOINT):
+            new["checkpoint"] = section["checkpoint"]  # blind this pass: keep the timer
+        jobs = {}
+        if self.job_id and self.identity is not None:
+            jobs[self.job_id] = {
+                "job_name": self.identity.job_name,
+                "owner": self.identity.owner,
+                "work_dir": self.identity.work_dir,
+                "command": self.identity.command,
+                "source": "state",
+            }
+        try:
+            persistence.save_chain(state_file, self.key, new, jobs)
+            if self._reader is not None and self._reader.changed:
+                persistence.save_cycle_cache(
+                    self._cache_file, self.run.cycle_glob, self._reader.cache
+                )
+                self._reader.changed = False
+        except OSError as exc:
+            self.logger.warning("could not save watcher state (%s): %s", state_file, exc.strerror)
+
+    def _metrics(self, snap: Snapshot, result: PassResult) -> None:
+        if not self.settings.metrics_file:
+            return
+        figures = sinks.PassFigures(result.findings, result.duration_s, result.degraded)
+        try:
+            sinks.write_metrics(self.settings.metrics_file, sinks.metrics_text(snap, figures))
+        except sinks.SinkError as exc:
+            result.sink_errors.append(str(exc))
+            self.logger.error("sink %s", exc)
+
+    def _heartbeat(self, result: PassResult) -> None:
+        if result.degraded or not self.settings.heartbeat_url:
+            return  # a blind watcher must not look healthy
+        try:
+            sinks.heartbeat(self.settings.heartbeat_url)
+            result.heartbeat_sent = True
+        except sinks.SinkError as exc:
+            result.sink_errors.append(str(exc))
+            self.logger.error("sink %s", exc)
+
+    def _summary(self, result: PassResult) -> None:
+        snap = result.snapshot
+        blind = [f"{n} ({s.reason})" for n, s in snap.sources.items() if s.state == UNAVAILABLE]
+        running = sum(len(g.running) for g in snap.generations)
+        pending = sum(len(g.pending) for g in snap.generations)
+        self.logger.info(
+            "pass over %s (%s): %d generation(s) queued, %d task(s) running, %d pending; "
+            "%d cycle(s); checkpoint %s; %d finding(s)%s; exit %d",
+            snap.run.job_name,
+            snap.run.owner,
+            len(snap.generations),
+            running,
+            pending,
+            len(snap.cycles),
+            snap.checkpoint.value if snap.checkpoint.value is not None else "none",
+            len(result.findings),
+            f"; blind to {', '.join(blind)}" if blind else "",
+            result.exit_code,
+        )

@@ -1,0 +1,442 @@
+"""The detectors, over snapshots built in memory: each fires at its threshold and not one
+below, and stays silent when its preconditions do not hold."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from nvrx_appliance.watch import detectors
+from nvrx_appliance.watch.config import Thresholds
+from nvrx_appliance.watch.types import (
+    CANCEL_GENERATION,
+    CHECKPOINT,
+    CRITICAL,
+    CYCLES,
+    LEDGER,
+    MARKER,
+    NOT_CONFIGURED,
+    OBSERVED,
+    RELEASE_SPARES,
+    SLURM,
+    UNAVAILABLE,
+    Checkpoint,
+    Cycle,
+    Ending,
+    Generation,
+    LedgerEntry,
+    Run,
+    Snapshot,
+    SourceStatus,
+    Task,
+)
+
+NOW = 1_800_000_000.0
+T = Thresholds()
+RUN = Run(
+    job_name="chain-a", owner="alice", work_dir="/shared/alice/run", max_restarts=10, train_tasks=2
+)
+
+
+def snapshot(**kw) -> Snapshot:
+    sources = {s: SourceStatus(OBSERVED) for s in (SLURM, CYCLES, CHECKPOINT, LEDGER, MARKER)}
+    sources.update(kw.pop("sources", {}))
+    base = dict(run=RUN, observed_at=NOW, caller="alice", sources=sources)
+    base.update(kw)
+    return Snapshot(**base)
+
+
+def gen(
+    array_id: str, *states: str, task0: bool = True, submitted: float | None = None
+) -> Generation:
+    """A generation whose tasks have the given states, task 0 first (unless task0=False)."""
+    first = 0 if task0 else 1
+    tasks = tuple(
+        Task(
+            task_id=first + i,
+            job_id=f"{array_id}{i}",
+            state=s,
+            user="alice",
+            nodes=f"node{i + 1}" if s == "RUNNING" else "",
+        )
+        for i, s in enumerate(states)
+    )
+    return Generation(array_id=array_id, tasks=tasks, submitted=submitted)
+
+
+def ended(array_id: str, ago: float, code: int = 0, state: str = "FAILED") -> Ending:
+    return Ending(array_id=array_id, state=state, exit_code=code, end=NOW - ago, source="sacct")
+
+
+def cycle(
+    number: int,
+    start_ago: float,
+    length: float | None,
+    job: str = "100",
+    nodes: str = "node[1-2]",
+    standby: str = "",
+) -> Cycle:
+    start = NOW - start_ago
+    return Cycle(
+        job_id=job,
+        attempt=0,
+        number=number,
+        start=start,
+        end=None if length is None else start + length,
+        active_nodes=nodes,
+        standby_nodes=standby,
+    )
+
+
+def names(findings) -> list[str]:
+    return [f.detector for f in findings]
+
+
+# --- orphaned_generation ----------------------------------------------------------------------
+
+
+def test_orphaned_generation_fires_at_the_grace_period_with_the_scancel_command():
+    snap = snapshot(
+        generations=(gen("100", "PENDING", "PENDING", task0=False),),
+        endings=(ended("100", T.grace),),
+    )
+    [finding] = detectors.orphaned_generation(snap, T)
+    assert finding.severity == "warning"
+    assert finding.action.kind == RELEASE_SPARES
+    assert finding.action.command == "scancel --state=PENDING --user=alice --name=chain-a 100"
+    assert finding.action.command in finding.detail
+    assert "2 cold spare(s)" in finding.summary
+
+
+def test_orphaned_generation_waits_for_a_trap_that_may_still_be_running():
+    snap = snapshot(
+        generations=(gen("100", "PENDING", task0=False),), endings=(ended("100", T.grace - 1),)
+    )
+    assert detectors.orphaned_generation(snap, T) == []
+
+
+def test_orphaned_generation_treats_sacct_silence_as_unknown_never_as_gone():
+    snap = snapshot(generations=(gen("100", "PENDING", task0=False),), endings=())
+    assert detectors.orphaned_generation(snap, T) == []
+
+
+def test_orphaned_generation_is_silent_while_task0_is_still_queued():
+    snap = snapshot(
+        generations=(gen("100", "RUNNING", "PENDING"),), endings=(ended("100", 10 * T.grace),)
+    )
+    assert detectors.orphaned_generation(snap, T) == []
+
+
+def test_orphaned_generation_is_silent_when_no_spare_is_pending():
+    snap = snapshot(
+        generations=(gen("100", "RUNNING", task0=False),), endings=(ended("100", 10 * T.grace),)
+    )
+    assert detectors.orphaned_generation(snap, T) == []
+
+
+# --- stranded_generation ----------------------------------------------------------------------
+
+
+def test_stranded_generation_fires_when_spares_still_run_past_the_grace_period():
+    snap = snapshot(
+        generations=(gen("100", "RUNNING", "RUNNING", "PENDING", task0=False),),
+        endings=(ended("100", T.grace),),
+    )
+    [finding] = detectors.stranded_generation(snap, T)
+    assert finding.severity == CRITICAL
+    assert finding.action.kind == CANCEL_GENERATION
+    assert finding.action.argv == ("scancel", "--user=alice", "--name=chain-a", "100")
+    assert "node1,node2" in finding.summary
+
+
+def test_stranded_generation_one_second_before_the_grace_period_is_silent():
+    snap = snapshot(
+        generations=(gen("100", "RUNNING", task0=False),), endings=(ended("100", T.grace - 1),)
+    )
+    assert detectors.stranded_generation(snap, T) == []
+
+
+def test_stranded_generation_needs_a_task_that_runs():
+    snap = snapshot(
+        generations=(gen("100", "PENDING", task0=False),), endings=(ended("100", 10 * T.grace),)
+    )
+    assert detectors.stranded_generation(snap, T) == []
+
+
+def test_stranded_generation_is_silent_while_task0_runs():
+    snap = snapshot(generations=(gen("100", "RUNNING", "RUNNING"),), endings=())
+    assert detectors.stranded_generation(snap, T) == []
+
+
+# --- chain_exhausted / chain_not_cancelled / generation_churn -------------------------------------
+
+
+def test_chain_exhausted_fires_when_nothing_is_queued_but_the_marker_exists():
+    ledger = (LedgerEntry("99", NOW - 60, 1, "released_spares", "task 0 ended with exit 1"),)
+    [finding] = detectors.chain_exhausted(snapshot(chain_marker=True, ledger=ledger), T)
+    assert finding.severity == CRITICAL
+    assert "chain.active" in finding.detail and "99" in finding.detail
+
+
+def test_chain_exhausted_is_silent_without_the_marker_or_with_a_queued_generation():
+    assert detectors.chain_exhausted(snapshot(chain_marker=False), T) == []
+    assert (
+        detectors.chain_exhausted(
+            snapshot(chain_marker=True, generations=(gen("101", "PENDING"),)), T
+        )
+        == []
+    )
+
+
+def test_chain_not_cancelled_fires_for_successors_queued_before_a_93():
+    snap = snapshot(
+        generations=(
+            gen("101", "PENDING", submitted=NOW - 3600),
+            gen("102", "PENDING", submitted=NOW - 3600),
+        ),
+        endings=(ended("100", 60, code=93),),
+    )
+    [finding] = detectors.chain_not_cancelled(snap, T)
+    assert finding.severity == CRITICAL
+    assert "101, 102" in finding.summary
+    assert "scancel --state=PENDING --user=alice --name=chain-a" in finding.detail
+
+
+def test_chain_not_cancelled_reads_the_verdict_from_the_ledger_too():
+    snap = snapshot(
+        generations=(gen("101", "PENDING", submitted=NOW - 3600),),
+        ledger=(LedgerEntry("100", NOW - 60, 93, "cancelled_chain", "no restart"),),
+    )
+    assert names(detectors.chain_not_cancelled(snap, T)) == ["chain_not_cancelled"]
+
+
+def test_chain_not_cancelled_ignores_other_exit_codes_and_later_resubmissions():
+    queued = (gen("101", "PENDING", submitted=NOW - 3600),)
+    assert (
+        detectors.chain_not_cancelled(
+            snapshot(generations=queued, endings=(ended("100", 60, code=92),)), T
+        )
+        == []
+    )
+    resubmitted = (gen("105", "PENDING", submitted=NOW - 10),)
+    assert (
+        detectors.chain_not_cancelled(
+            snapshot(generations=resubmitted, endings=(ended("100", 60, code=93),)), T
+        )
+        == []
+    )
+
+
+def test_chain_not_cancelled_is_silent_when_only_the_ended_generation_drains():
+    snap = snapshot(
+        generations=(gen("100", "PENDING", task0=False),), endings=(ended("100", 60, code=93),)
+    )
+    assert detectors.chain_not_cancelled(snap, T) == []
+
+
+def _endings(count: int, spacing: float = 60.0) -> tuple[Ending, ...]:
+    return tuple(ended(str(100 + i), (i + 1) * spacing) for i in range(count))
+
+
+def test_generation_churn_fires_one_past_the_allowed_count():
+    limit = T.max_generations_per_window
+    assert detectors.generation_churn(snapshot(endings=_endings(limit)), T) == []
+    [finding] = detectors.generation_churn(snapshot(endings=_endings(limit + 1)), T)
+    assert f"{limit + 1} generations" in finding.summary
+
+
+def test_generation_churn_counts_only_inside_the_window_and_once_per_generation():
+    old = ended("90", T.churn_window + 1)
+    ledger = tuple(LedgerEntry(e.array_id, e.end, 1, "none", "") for e in _endings(3))
+    snap = snapshot(endings=(*_endings(3), old), ledger=ledger)
+    assert detectors.generation_churn(snap, T) == []
+
+
+# --- restart anomalies --------------------------------------------------------------------------
+
+
+def _storm(count: int) -> tuple[Cycle, ...]:
+    return tuple(cycle(i, T.storm_window - 1 - i, 30) for i in range(count))
+
+
+def test_restart_storm_at_its_threshold_and_one_below():
+    assert detectors.restart_storm(snapshot(cycles=_storm(T.storm_cycles - 1)), T) == []
+    [finding] = detectors.restart_storm(snapshot(cycles=_storm(T.storm_cycles)), T)
+    assert finding.key == "nvrx/alice/chain-a/restart_storm/100"
+
+
+def test_restart_storm_ignores_cycles_outside_the_window_and_of_older_generations():
+    outside = tuple(cycle(i, T.storm_window + 10 + i, 5) for i in range(T.storm_cycles))
+    assert detectors.restart_storm(snapshot(cycles=outside), T) == []
+    older = tuple(cycle(i, 100 - i, 5, job="99") for i in range(T.storm_cycles - 1))
+    snap = snapshot(cycles=(*older, cycle(0, 10, None, job="100")))
+    assert detectors.restart_storm(snap, T) == []
+
+
+def _unproductive(count: int, *, since_ago: float = 5000) -> Snapshot:
+    cycles = tuple(cycle(i, since_ago - 100 - 200 * i, 100) for i in range(count))
+    cycles += (cycle(count, 50, None),)  # the open newest cycle never counts
+    return snapshot(
+        cycles=cycles,
+        checkpoint=Checkpoint(value=400, mtime=NOW - since_ago, since=NOW - since_ago),
+        generations=(gen("100", "RUNNING", "RUNNING"),),
+    )
+
+
+def test_stalled_progress_fires_after_stall_cycles_completed_without_a_new_checkpoint():
+    assert detectors.stalled_progress(_unproductive(T.stall_cycles - 1), T) == []
+    [finding] = detectors.stalled_progress(_unproductive(T.stall_cycles), T)
+    assert finding.severity == CRITICAL and "iteration 400" in finding.summary
+
+
+def test_stalled_progress_counts_cycles_of_earlier_generations_too():
+    snap = _unproductive(T.stall_cycles)
+    moved = tuple(replace(c, job_id="99") for c in snap.cycles[:-1]) + snap.cycles[-1:]
+    assert names(detectors.stalled_progress(replace(snap, cycles=moved), T)) == ["stalled_progress"]
+
+
+def test_stalled_progress_is_silent_once_the_chain_has_nothing_queued():
+    snap = replace(_unproductive(T.stall_cycles + 2), generations=())
+    assert detectors.stalled_progress(snap, T) == []
+
+
+def test_stalled_progress_without_any_checkpoint():
+    cycles = tuple(cycle(i, 1000 - 100 * i, 50) for i in range(T.stall_cycles))
+    base = snapshot(cycles=(*cycles, cycle(9, 10, None)), generations=(gen("100", "RUNNING"),))
+    [finding] = detectors.stalled_progress(base, T)
+    assert "no checkpoint iteration was ever recorded" in finding.summary
+    fewer = replace(base, cycles=(*cycles[1:], cycle(9, 10, None)))
+    assert detectors.stalled_progress(fewer, T) == []
+
+
+def _open_cycle(idle: float, **kw) -> Snapshot:
+    base = dict(
+        cycles=(cycle(0, 9 * 3600, 60), cycle(1, idle, None)),
+        generations=(gen("100", "RUNNING", "RUNNING"),),
+    )
+    base.update(kw)
+    return snapshot(**base)
+
+
+def test_cycle_stalled_at_stall_seconds_and_one_below():
+    assert detectors.cycle_stalled(_open_cycle(T.stall_seconds - 1), T) == []
+    [finding] = detectors.cycle_stalled(_open_cycle(T.stall_seconds), T)
+    assert finding.key == "nvrx/alice/chain-a/cycle_stalled/100.0.1"
+
+
+def test_cycle_stalled_counts_a_new_checkpoint_as_movement():
+    snap = _open_cycle(2 * T.stall_seconds, checkpoint=Checkpoint(10, NOW - 60, NOW - 60))
+    assert detectors.cycle_stalled(snap, T) == []
+
+
+def test_cycle_stalled_is_silent_for_a_finished_generation_whose_last_cycle_has_no_end_time():
+    assert detectors.cycle_stalled(_open_cycle(10 * T.stall_seconds, generations=()), T) == []
+    pending_only = (gen("100", "PENDING", task0=False),)
+    assert (
+        detectors.cycle_stalled(_open_cycle(10 * T.stall_seconds, generations=pending_only), T)
+        == []
+    )
+
+
+def test_cycle_stalled_without_a_platform_is_best_effort():
+    no_slurm = {SLURM: SourceStatus(NOT_CONFIGURED, "--platform none")}
+    snap = _open_cycle(T.stall_seconds, generations=(), sources=no_slurm)
+    assert names(detectors.cycle_stalled(snap, T)) == ["cycle_stalled"]
+
+
+def test_restart_budget_low_at_its_fraction_and_one_below():
+    threshold = int(RUN.max_restarts * T.budget_fraction)  # 8 of 10
+    alive = (gen("100", "RUNNING"),)
+    below = snapshot(cycles=(cycle(threshold - 1, 60, None),), generations=alive)
+    at = snapshot(cycles=(cycle(threshold, 60, None),), generations=alive)
+    assert detectors.restart_budget_low(below, T) == []
+    assert names(detectors.restart_budget_low(at, T)) == ["restart_budget_low"]
+
+
+def test_restart_budget_low_needs_a_known_budget_and_a_live_generation():
+    at = snapshot(cycles=(cycle(9, 60, None),), generations=())
+    assert detectors.restart_budget_low(at, T) == []
+    unknown = replace(at, run=replace(RUN, max_restarts=None), generations=(gen("100", "RUNNING"),))
+    assert detectors.restart_budget_low(unknown, T) == []
+
+
+def test_spares_exhausted_when_no_standby_and_nothing_pending():
+    snap = snapshot(cycles=(cycle(0, 60, None),), generations=(gen("100", "RUNNING", "RUNNING"),))
+    [finding] = detectors.spares_exhausted(snap, T)
+    assert finding.severity == "info"
+
+
+def test_spares_exhausted_counts_standby_nodes_pending_spares_and_hot_spares_running():
+    standby = snapshot(
+        cycles=(cycle(0, 60, None, standby="node3"),),
+        generations=(gen("100", "RUNNING", "RUNNING"),),
+    )
+    pending = snapshot(
+        cycles=(cycle(0, 60, None),), generations=(gen("100", "RUNNING", "RUNNING", "PENDING"),)
+    )
+    hot = snapshot(
+        cycles=(cycle(0, 60, None),), generations=(gen("100", "RUNNING", "RUNNING", "RUNNING"),)
+    )
+    for snap in (standby, pending, hot):
+        assert detectors.spares_exhausted(snap, T) == []
+
+
+def _short_cycles(count: int, nodes=("node[1-2]",)) -> tuple[Cycle, ...]:
+    pattern = [nodes[i % len(nodes)] for i in range(count)]
+    out = tuple(
+        cycle(i, 5000 - 400 * i, T.short_cycle_seconds - 1, nodes=pattern[i]) for i in range(count)
+    )
+    return (cycle(99, 9000, 7200, nodes="node[5-6]"), *out, cycle(count + 100, 10, None))
+
+
+def test_suspect_node_at_suspect_cycles_and_one_below():
+    assert detectors.suspect_node(snapshot(cycles=_short_cycles(T.suspect_cycles - 1)), T) == []
+    [finding] = detectors.suspect_node(snapshot(cycles=_short_cycles(T.suspect_cycles)), T)
+    assert "node1, node2" in finding.summary
+    assert finding.action is None  # a candidate for --exclude, never acted on
+
+
+def test_suspect_node_needs_a_node_common_to_every_short_cycle():
+    snap = snapshot(cycles=_short_cycles(T.suspect_cycles, nodes=("node[1-2]", "node[3-4]")))
+    assert detectors.suspect_node(snap, T) == []
+
+
+def test_suspect_node_ignores_cycles_that_were_long_enough():
+    long_cycles = tuple(cycle(i, 9000 - 1000 * i, T.short_cycle_seconds) for i in range(5))
+    assert detectors.suspect_node(snapshot(cycles=long_cycles), T) == []
+
+
+# --- the registry ----------------------------------------------------------------------------------
+
+
+def test_a_detector_whose_source_failed_is_skipped_not_run_on_partial_data():
+    blind = {SLURM: SourceStatus(UNAVAILABLE, "squeue did not answer within 30s")}
+    snap = snapshot(
+        sources=blind, chain_marker=True, cycles=(cycle(1, 10 * T.stall_seconds, None),)
+    )
+    found = names(detectors.run(snap, T))
+    assert "chain_exhausted" not in found  # no generations seen is not "no generations"
+    assert "cycle_stalled" not in found  # liveness unknown: a stale open cycle is not a stall
+    assert "source_unavailable" in found
+
+
+def test_disabled_detectors_do_not_run():
+    snap = snapshot(chain_marker=True)
+    assert "chain_exhausted" in names(detectors.run(snap, T))
+    assert "chain_exhausted" not in names(detectors.run(snap, T, frozenset({"chain_exhausted"})))
+
+
+def test_dedup_keys_are_deterministic_across_passes():
+    snap = snapshot(
+        generations=(gen("100", "PENDING", task0=False),), endings=(ended("100", 1000),)
+    )
+    later = replace(snap, observed_at=NOW + 600)
+    assert [f.key for f in detectors.run(snap, T)] == [f.key for f in detectors.run(later, T)]
+
+
+@pytest.mark.parametrize("detector", detectors.ALL, ids=lambda d: d.name)
+def test_every_threshold_a_detector_names_exists_with_a_reason(detector):
+    fields = {f.name: f for f in __import__("dataclasses").fields(Thresholds)}
+    for name in detector.thresholds:
+        assert name in fields and len(fields[name].metadata["why"]) > 40
