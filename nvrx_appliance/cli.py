@@ -25,9 +25,11 @@ from nvrx_appliance.devcluster.cli import cluster_group  # noqa: E402
 cli.add_command(cluster_group)
 
 
-from nvrx_appliance.slurm.commands import submit_command  # noqa: E402
+from nvrx_appliance.slurm.commands import cancel_command, status_command, submit_command  # noqa: E402
 
 cli.add_command(submit_command)
+cli.add_command(status_command)
+cli.add_command(cancel_command)
 
 from nvrx_appliance.image.cli import image  # noqa: E402
 

@@ -7,14 +7,17 @@ import json
 import os
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from rich.console import Console
+from rich.live import Live
 
 from nvrx_appliance import exitcodes
 from nvrx_appliance.chain import derive, spec_fields
-from nvrx_appliance.slurm import resolve, slurmcli
+from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import spec_flags, spec_options
 
@@ -164,3 +167,72 @@ def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
     click.echo(f"  jobs:     {' '.join(done.job_ids)}")
     click.echo(f"  work dir: {spec.work_dir}")
     click.echo(f"  follow:   nvrx-appliance status {done.job_ids[0]}")
+
+
+def _work_dir_of(target: str, work_dir: str | None, user: str) -> Path:
+    if work_dir:
+        return Path(work_dir).resolve()
+    try:
+        return sources.locate(target, user=user)
+    except sources.NotFound as exc:
+        _fail(str(exc))
+
+
+@click.command("status")
+@click.argument("target", metavar="JOB_ID|NAME")
+@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.option(
+    "--watch",
+    "every",
+    type=float,
+    default=None,
+    is_flag=False,
+    flag_value=5.0,
+    help="Refresh every N seconds (default 5) until Ctrl-C.",
+)
+def status_command(target: str, work_dir: str | None, as_json: bool, every: float | None) -> None:
+    """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""
+    user = slurmcli.current_user()
+    folder = _work_dir_of(target, work_dir, user)
+
+    def look():
+        try:
+            return sources.read_chain(folder, user=user)
+        except sources.NotFound as exc:
+            _fail(str(exc))
+
+    if as_json:
+        click.echo(json.dumps(look().to_json(), indent=2))
+        return
+    console = Console()
+    if every is None:
+        console.print(status_view.render(look()))
+        return
+    with Live(status_view.render(look()), console=console, auto_refresh=False) as live:
+        try:
+            while True:
+                time.sleep(every)
+                live.update(status_view.render(look()), refresh=True)
+        except KeyboardInterrupt:
+            pass
+
+
+@click.command("cancel")
+@click.argument("target", metavar="JOB_ID|NAME")
+@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
+def cancel_command(target: str, work_dir: str | None) -> None:
+    """Cancel a whole chain (every generation, queued or running); only your own jobs."""
+    user = slurmcli.current_user()
+    folder = _work_dir_of(target, work_dir, user)
+    try:
+        done = cancel.cancel_chain(folder, user=user)
+    except sources.NotFound as exc:
+        _fail(str(exc))
+    except slurmcli.SlurmUnavailable as exc:
+        click.echo(f"nvrx-appliance cancel: scancel failed: {exc}; nothing more was done", err=True)
+        sys.exit(1)
+    click.echo(
+        f"Cancelled chain {done.job_name!r}: running {', '.join(done.running) or 'none'}; "
+        f"queued {', '.join(done.queued) or 'none'}"
+    )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-# One line per array task (squeue --array); '|' never appears in these fields.
-SQUEUE_FORMAT = "%A|%F|%K|%j|%u|%T|%N|%r"
-SACCT_FORMAT = "JobID,JobIDRaw,JobName,User,State,ExitCode,NodeList,Start,End"
+# One line per array task (squeue --array). The work dir goes last: it is the one field
+# that could hold a '|', so lines are split at most len-1 times.
+SQUEUE_FORMAT = "%A|%F|%K|%j|%u|%T|%N|%r|%Z"
+SACCT_FORMAT = "JobID,JobIDRaw,JobName,User,State,ExitCode,NodeList,Start,End,WorkDir"
 
 
 class ParseError(ValueError):
@@ -24,6 +25,7 @@ class QueueRow:
     state: str  # PENDING, RUNNING, COMPLETING, ...
     nodes: str
     reason: str
+    work_dir: str
 
 
 @dataclass(frozen=True)
@@ -39,6 +41,7 @@ class AcctRow:
     nodes: str
     start: str  # ISO-like, or "" when unknown
     end: str
+    work_dir: str
 
 
 def sbatch_job_id(out: str) -> str:
@@ -87,10 +90,10 @@ def squeue_rows(out: str) -> list[QueueRow]:
     for line in out.splitlines():
         if not line.strip():
             continue
-        parts = line.split("|")
-        if len(parts) != 8:
+        parts = line.split("|", 8)
+        if len(parts) != 9:
             raise ParseError(f"unexpected squeue line: {line!r}")
-        job_id, array_job_id, task, name, user, state, nodes, reason = parts
+        job_id, array_job_id, task, name, user, state, nodes, reason, work_dir = parts
         rows.append(
             QueueRow(
                 job_id=job_id,
@@ -101,6 +104,7 @@ def squeue_rows(out: str) -> list[QueueRow]:
                 state=state,
                 nodes=nodes,
                 reason=reason,
+                work_dir=work_dir,
             )
         )
     return rows
@@ -135,10 +139,10 @@ def sacct_rows(out: str) -> list[AcctRow]:
     for line in out.splitlines():
         if not line.strip():
             continue
-        parts = line.split("|")
-        if len(parts) != 9:
+        parts = line.split("|", 9)
+        if len(parts) != 10:
             raise ParseError(f"unexpected sacct line: {line!r}")
-        job_id, raw, name, user, state, exit_code, nodes, start, end = parts
+        job_id, raw, name, user, state, exit_code, nodes, start, end, work_dir = parts
         match = _ARRAY_JOB.match(job_id)
         if match:
             array_job_id, task = match.groups()
@@ -159,6 +163,7 @@ def sacct_rows(out: str) -> list[AcctRow]:
                 nodes="" if nodes in ("None assigned", "") else nodes,
                 start=_time(start),
                 end=_time(end),
+                work_dir=work_dir,
             )
         )
     return rows

@@ -1,0 +1,178 @@
+"""`nvrx-appliance status`: the chain at a glance, assembled from what was read. Pure.
+
+Inputs: Slurm's view (squeue for live tasks, sacct for every task since the chain was
+submitted), run.json, the ledger task 0's teardown appends, the NVRx cycle-info files of
+each generation, and the checkpoint tracker. A source that could not be read is passed
+as None and named in `blind`; the rest of the picture is still assembled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nvrx_appliance.slurm.parse import AcctRow, QueueRow
+from nvrx_appliance.watch.types import Cycle
+
+LIVE = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
+QUEUED = frozenset({"PENDING", "REQUEUED"})
+
+
+@dataclass(frozen=True)
+class CycleView:
+    number: int
+    start: float
+    end: float | None
+    active_nodes: str
+    standby_nodes: str
+
+
+@dataclass(frozen=True)
+class GenerationView:
+    array_job_id: str
+    state: str  # queued, running, ended
+    running: int
+    pending: int
+    done: int
+    task0_node: str
+    task0_state: str  # Slurm's state of task 0 ("" before it started)
+    exit_code: int | None
+    checkpoint_start: int | None  # where it resumed (ledger)
+    checkpoint_end: int | None  # the iteration it handed off (ledger)
+    action: str  # what its teardown did (ledger): released_spares, cancelled_chain, ...
+    reason: str
+    admission: str  # non-empty while active tasks are still waiting to be admitted
+    cycles: tuple[CycleView, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChainView:
+    job_name: str
+    user: str
+    work_dir: str
+    array_spec: str
+    active_tasks: int
+    checkpoint_now: int | None
+    generations: tuple[GenerationView, ...]
+    queued: tuple[str, ...]  # generations not started yet, oldest first
+    chain_marker: bool
+    blind: tuple[str, ...] = field(default_factory=tuple)  # sources that could not be read
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _ours(rows, work_dir: str):
+    if rows is None:
+        return None
+    return [r for r in rows if not r.work_dir or r.work_dir.rstrip("/") == work_dir.rstrip("/")]
+
+
+def _task_states(
+    queue: Sequence[QueueRow] | None, acct: Sequence[AcctRow] | None
+) -> dict[str, dict[int, str]]:
+    """array job id -> task id -> state; squeue (the live truth) over sacct."""
+    states: dict[str, dict[int, str]] = {}
+    for row in acct or ():
+        for task in row.task_ids:
+            states.setdefault(row.array_job_id, {})[task] = row.state
+    for row in queue or ():
+        if row.task_id is not None:
+            states.setdefault(row.array_job_id, {})[row.task_id] = row.state
+    return states
+
+
+def _task0(
+    array_job_id: str, queue: Sequence[QueueRow] | None, acct: Sequence[AcctRow] | None
+) -> tuple[str, str, int | None]:
+    """(node, state, exit code) of task 0, from squeue while it lives, else sacct."""
+    for row in queue or ():
+        if row.array_job_id == array_job_id and row.task_id == 0:
+            return row.nodes, row.state, None
+    for row in acct or ():
+        if row.array_job_id == array_job_id and row.task_ids == (0,):
+            return row.nodes, row.state, row.exit_code
+    return "", "", None
+
+
+def _state(tasks: dict[int, str]) -> str:
+    if any(s in LIVE for s in tasks.values()):
+        return "running"
+    if tasks and all(s in QUEUED for s in tasks.values()):
+        return "queued"
+    return "ended"
+
+
+def _admission(tasks: dict[int, str], active: int) -> str:
+    """Array admission is not atomic, and the singleton dependency reserves nothing: a
+    running generation can still wait for some of its active set to be scheduled."""
+    running = sum(1 for s in tasks.values() if s in LIVE)
+    pending = sum(1 for s in tasks.values() if s in QUEUED)
+    if running and running < active and pending:
+        return f"{running} of {active} active tasks admitted; waiting for the scheduler"
+    return ""
+
+
+def _cycles(cycles: Sequence[Cycle]) -> tuple[CycleView, ...]:
+    ordered = sorted(cycles, key=lambda c: (c.attempt, c.number))
+    return tuple(
+        CycleView(c.number, c.start, c.end, c.active_nodes, c.standby_nodes) for c in ordered
+    )
+
+
+def assemble(
+    *,
+    manifest: dict[str, Any],
+    queue: Sequence[QueueRow] | None,
+    acct: Sequence[AcctRow] | None,
+    ledger: Sequence[dict[str, Any]],
+    cycles: dict[str, Sequence[Cycle]],
+    checkpoint_now: int | None,
+    chain_marker: bool,
+    blind: Sequence[str] = (),
+) -> ChainView:
+    spec, shape = manifest["spec"], manifest["shape"]
+    chain = str(manifest.get("created", ""))
+    # Another chain may reuse the name from another work dir: its jobs are not ours.
+    queue = _ours(queue, spec["work_dir"])
+    acct = _ours(acct, spec["work_dir"])
+    by_array = {str(e["array_job_id"]): e for e in ledger if e.get("chain", chain) == chain}
+    states = _task_states(queue, acct)
+    ids = sorted(set(states) | set(by_array), key=lambda x: (len(x), x))
+    generations = []
+    for array_job_id in ids:
+        tasks = states.get(array_job_id, {})
+        entry = by_array.get(array_job_id, {})
+        node, task0_state, code = _task0(array_job_id, queue, acct)
+        state = _state(tasks) if tasks else "ended"
+        generations.append(
+            GenerationView(
+                array_job_id=array_job_id,
+                state=state,
+                running=sum(1 for s in tasks.values() if s in LIVE),
+                pending=sum(1 for s in tasks.values() if s in QUEUED),
+                done=sum(1 for s in tasks.values() if s not in LIVE | QUEUED),
+                task0_node=entry.get("task0_node") or node,
+                task0_state=task0_state,
+                exit_code=entry.get("exit_code", code),
+                checkpoint_start=entry.get("checkpoint_iteration_start"),
+                checkpoint_end=entry.get("checkpoint_iteration"),
+                action=entry.get("action", ""),
+                reason=entry.get("reason", ""),
+                admission=_admission(tasks, shape["active_tasks"]) if state == "running" else "",
+                cycles=_cycles(cycles.get(array_job_id, ())),
+            )
+        )
+    return ChainView(
+        job_name=spec["job_name"],
+        user=str(manifest.get("user", "")),
+        work_dir=spec["work_dir"],
+        array_spec=shape["array_spec"],
+        active_tasks=shape["active_tasks"],
+        checkpoint_now=checkpoint_now,
+        generations=tuple(generations),
+        queued=tuple(g.array_job_id for g in generations if g.state == "queued"),
+        chain_marker=chain_marker,
+        blind=tuple(blind),
+    )

@@ -1,0 +1,91 @@
+"""The status of a chain as a person reads it: rich tables, times in UTC."""
+
+from __future__ import annotations
+
+import datetime
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+
+from nvrx_appliance.slurm.status import ChainView, GenerationView
+
+_ACTIONS = {
+    "released_spares": "released spares",
+    "cancelled_chain": "cancelled chain (93)",
+    "burn_guard": "burn guard: chain cancelled",
+    "none": "nothing cancelled",
+}
+
+
+def _clock(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc).strftime("%H:%M:%S")
+
+
+def _num(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _state(g: GenerationView) -> str:
+    if g.state != "ended":
+        return g.state
+    return f"ended ({g.task0_state.lower()})" if g.task0_state else "ended"
+
+
+def generations_table(view: ChainView) -> Table:
+    table = Table(title="generations", title_justify="left", expand=False)
+    for column in (
+        "array",
+        "state",
+        "run/pend/done",
+        "task 0",
+        "exit",
+        "resumed at",
+        "handed off at",
+        "teardown",
+        "note",
+    ):
+        table.add_column(column)
+    for g in view.generations:
+        table.add_row(
+            g.array_job_id,
+            _state(g),
+            f"{g.running}/{g.pending}/{g.done}",
+            g.task0_node or "-",
+            _num(g.exit_code),
+            _num(g.checkpoint_start),
+            _num(g.checkpoint_end),
+            _ACTIONS.get(g.action, g.action or "-"),
+            g.admission,
+        )
+    return table
+
+
+def cycles_table(view: ChainView) -> Table:
+    table = Table(title="NVRx cycles (UTC)", title_justify="left")
+    for column in ("array", "cycle", "start", "end", "active nodes", "standby nodes"):
+        table.add_column(column)
+    for g in view.generations:
+        for c in g.cycles:
+            end = _clock(c.end) if c.end else "running"
+            row = (g.array_job_id, str(c.number), _clock(c.start), end)
+            table.add_row(*row, c.active_nodes or "-", c.standby_nodes or "-")
+    return table
+
+
+def render(view: ChainView) -> Group:
+    head = Text.assemble(
+        (f"chain {view.job_name}", "bold"),
+        f"  user {view.user}  array {view.array_spec}  work dir {view.work_dir}\n",
+        f"checkpoint iteration now: {_num(view.checkpoint_now)}   ",
+        f"queued generations: {', '.join(view.queued) or 'none'}   ",
+        f"chain marker: {'present' if view.chain_marker else 'absent'}",
+    )
+    parts: list = [head, generations_table(view)]
+    if any(g.cycles for g in view.generations):
+        parts.append(cycles_table(view))
+    for source in view.blind:
+        parts.append(Text(f"could not read {source}", style="yellow"))
+    return Group(*parts)
