@@ -110,7 +110,7 @@ def losses(run: Run) -> dict[int, float]:
 def fresh(tmp_path_factory) -> Run:
     """Twenty iterations from nothing, a checkpoint every ten."""
     m = cpu_manifest(tmp_path_factory.mktemp("fresh"), iterations=20, save_retention=0)
-    run = launch(m)
+    run = launch(m, "--log-interval", "1")
     assert run.returncode == 0, run.output[-3000:]
     return run
 
@@ -140,7 +140,7 @@ def test_resume_continues_from_the_tracker_with_optimizer_state_and_data_positio
     shutil.copytree(fresh.manifest.layout.checkpoints / iteration_dir(10), ckpt / iteration_dir(10))
     m.layout.tracker.write_text("10\n")
 
-    run = launch(m)
+    run = launch(m, "--log-interval", "1")
 
     assert run.returncode == 0, run.output[-3000:]
     start = run.of("start")[0]

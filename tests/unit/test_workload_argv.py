@@ -144,6 +144,10 @@ def test_cpu_paths_are_the_work_dir_layout():
     assert f["--progress-log"] == str(m.layout.progress_log)
 
 
+def test_cpu_logs_progress_every_few_iterations_not_every_one():
+    assert flags(cpu.workload_argv(manifest(workload="cpu"), PY))["--log-interval"] == "10"
+
+
 def test_cpu_batch_interval_retention_and_length_come_from_the_manifest():
     m = manifest(workload="cpu", train_tasks=2, hot_spares=0, gpus_per_node=2,
                  micro_batch=4, save_interval=7, save_retention=3, train_samples=800)  # fmt: skip

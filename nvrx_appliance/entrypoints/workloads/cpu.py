@@ -31,6 +31,9 @@ MODULE = "nvrx_appliance.entrypoints.workloads.cpu"
 # The spec's faults hit only the first cycle of a generation, so the cycle after the
 # in-job restart trains on and reaches the next checkpoint.
 FAULT_CYCLES = 1
+# A step event and log line every 10 iterations (a fraction of a second on two CPU
+# cores) shows progress without growing the progress log by megabytes an hour.
+LOG_INTERVAL = 10
 
 
 def workload_argv(manifest: Manifest, python: str | None = None) -> list[str]:
@@ -45,6 +48,7 @@ def workload_argv(manifest: Manifest, python: str | None = None) -> list[str]:
         "--global-batch-size", str(manifest.shape.global_batch),
         "--train-samples", str(train_samples(spec)),
         "--progress-log", str(layout.progress_log),
+        "--log-interval", str(LOG_INTERVAL),
     ]  # fmt: skip
     if spec.exit_duration_min:
         argv += ["--exit-duration-in-mins", str(spec.exit_duration_min)]
