@@ -122,7 +122,7 @@ class SlurmPlatform:
             return ()
         ids = ",".join(f"{a}_0" for a in array_ids)
         out = self.call(["sacct", "-X", "-n", "-P", "-j", ids, "--format", parsing.SACCT_FIELDS])
-        found = {e.array_id: e for e in parsing.sacct_task0_endings(out)}
+        found = {e.array_id: e for e in parsing.sacct_task0_endings(out) if e.array_id in array_ids}
         for array_id in array_ids:
             if array_id in found:
                 continue

@@ -43,6 +43,7 @@ CYCLE_FLAGS = ("--ft-cycle-info-dir", "--ft_cycle_info_dir")
 TRACKER_FLAGS = ("--ft-checkpoint-iteration-file", "--ft_checkpoint_iteration_file")
 MAX_INCLUDE_DEPTH = 8  # deeper than any real library stack; stops include cycles
 _UNKNOWN = "\x00"  # brackets the name of an unknown value inside an expanded word
+_BLANK = "\x01"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _OPERATORS = ("&&", "||", ";", "|", "\n", "(", ")", "&")
 _KEYWORDS = frozenset(
@@ -356,7 +357,14 @@ def _include(shell: _Shell, target: str, script: str, depth: int) -> None:
 
 
 def _scan_flags(shell: _Shell, words: list[str]) -> None:
-    pieces = [piece for w in words for piece in w.split()]
+    # Split on blanks (a flag and its value may sit in one string) but never inside the
+    # name of an unknown value, which may itself hold blanks.
+    def protect(word: str) -> str:
+        return re.sub(
+            f"{_UNKNOWN}[^{_UNKNOWN}]*{_UNKNOWN}", lambda m: re.sub(r"\s", _BLANK, m[0]), word
+        )
+
+    pieces = [piece.replace(_BLANK, " ") for w in words for piece in protect(w).split()]
     for i, piece in enumerate(pieces):
         for key, flags in (("cycle", CYCLE_FLAGS), ("tracker", TRACKER_FLAGS)):
             for flag in flags:

@@ -1,0 +1,256 @@
+"""Sinks and liveness against a real HTTP server on 127.0.0.1: what PagerDuty and a
+webhook receive, when the heartbeat is sent, and what a failing sink does to a pass."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.watch import cli, resolve
+from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.runner import Watcher
+
+FIXTURES = Path(__file__).parent / "fixtures" / "watch"
+ROUTING_KEY = "R0UTING-KEY-do-not-log"
+HOOK_TOKEN = "T0KEN-in-the-webhook-url"
+BEAT_TOKEN = "HB-uuid-in-the-heartbeat-url"
+
+
+class Receiver(ThreadingHTTPServer):
+    """Records every request: (method, path, decoded JSON body or None)."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, object]] = []
+        self.status = 202
+        super().__init__(("127.0.0.1", 0), _Handler)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def paths(self, method: str | None = None) -> list[str]:
+        return [p for m, p, _ in self.requests if method in (None, m)]
+
+    def bodies(self, prefix: str) -> list[dict]:
+        return [b for _, p, b in self.requests if p.startswith(prefix)]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    def _record(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if length else b""
+        self.server.requests.append((self.command, self.path, json.loads(raw) if raw else None))
+        self.send_response(self.server.status)
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = _record
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def receiver():
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def killed_run(tmp_path: Path) -> Path:
+    """A work dir whose only generation was SIGKILLed mid-cycle (real NVRx files)."""
+    work = tmp_path / "chain-a"
+    target = work / "nvrx" / "4343" / "cycle_infos"
+    if target.exists():
+        return work
+    target.mkdir(parents=True)
+    for item in (FIXTURES / "killed").iterdir():
+        shutil.copy(item, target / item.name, follow_symlinks=False)
+    (work / "checkpoints").mkdir()
+    return work
+
+
+def make_watcher(
+    tmp_path,
+    url: str,
+    *,
+    pagerduty_url: str | None = None,
+    hook_url: str | None = None,
+    stall_seconds: float = 1.0,
+) -> Watcher:
+    work = killed_run(tmp_path)
+    settings = Settings(
+        state_file=str(tmp_path / "state" / "state.json"),
+        metrics_file=str(tmp_path / "metrics" / "nvrx.prom"),
+        pagerduty_url=pagerduty_url or f"{url}/v2/enqueue",
+        pagerduty_routing_key=ROUTING_KEY,
+        webhook_url=hook_url or f"{url}/hook/{HOOK_TOKEN}",
+        heartbeat_url=f"{url}/ping/{BEAT_TOKEN}",
+    )
+    request = resolve.Request(platform="none", work_dir=str(work))
+    return cli.build(request, settings, Thresholds(stall_seconds=stall_seconds), cli._logger(""))
+
+
+def test_pagerduty_receives_an_events_v2_trigger_with_the_dedup_key(tmp_path, receiver):
+    result = make_watcher(tmp_path, receiver.url).pass_once()
+    assert result.exit_code == 2  # cycle_stalled is critical
+    [event] = receiver.bodies("/v2/enqueue")
+    finding = next(f for f in result.findings if f.detector == "cycle_stalled")
+    assert event["routing_key"] == ROUTING_KEY
+    assert event["event_action"] == "trigger"
+    assert (
+        event["dedup_key"]
+        == finding.key
+        == f"nvrx/{result.snapshot.run.owner}/chain-a/cycle_stalled/4343.0.0"
+    )
+    payload = event["payload"]
+    assert payload["severity"] == "critical"
+    assert payload["summary"] == finding.summary
+    assert payload["class"] == "cycle_stalled" and payload["component"] == "chain-a"
+
+
+def test_the_webhook_body_is_slack_compatible_and_carries_the_finding(tmp_path, receiver):
+    make_watcher(tmp_path, receiver.url).pass_once()
+    [body] = receiver.bodies("/hook/")
+    assert body["text"].startswith(
+        "nvrx-watch [critical] cycle_stalled: cycle 0 of generation 4343"
+    )
+    assert body["finding"]["detector"] == "cycle_stalled"
+    assert body["finding"]["chain"] == "chain-a"
+
+
+def test_info_findings_are_logged_but_never_paged(tmp_path, receiver, capsys):
+    make_watcher(tmp_path, receiver.url).pass_once()
+    assert "[info] spares_exhausted" in capsys.readouterr().err
+    paged = [b["finding"]["detector"] for b in receiver.bodies("/hook/")]
+    assert "spares_exhausted" not in paged
+
+
+def test_a_finding_is_paged_once_then_again_after_the_cooldown(tmp_path, receiver):
+    watcher = make_watcher(tmp_path, receiver.url)
+    now = 1_900_000_000.0
+    watcher.clock = lambda: now
+    watcher.pass_once()
+    now += watcher.settings.alert_cooldown - 1
+    watcher.pass_once()
+    assert len(receiver.bodies("/v2/enqueue")) == 1
+    now += 1
+    watcher.pass_once()
+    assert len(receiver.bodies("/v2/enqueue")) == 2
+
+
+def test_the_dedup_memory_survives_a_new_process_through_the_state_file(tmp_path, receiver):
+    make_watcher(tmp_path, receiver.url).pass_once()
+    make_watcher(tmp_path, receiver.url).pass_once()  # a new watcher: cron's next minute
+    assert len(receiver.bodies("/v2/enqueue")) == 1
+
+
+def test_pagerduty_gets_a_resolve_once_the_condition_is_gone(tmp_path, receiver):
+    watcher = make_watcher(tmp_path, receiver.url)
+    watcher.pass_once()
+    cycle = tmp_path / "chain-a" / "nvrx" / "4343" / "cycle_infos" / "cycle_info.4343.0.0"
+    data = json.loads(cycle.read_text())
+    data["cycle_end_time"] = data["cycle_start_time"]  # the cycle closed after all
+    cycle.write_text(json.dumps(data))
+    watcher.pass_once()
+    actions = [
+        (e["event_action"], e["dedup_key"].split("/")[3]) for e in receiver.bodies("/v2/enqueue")
+    ]
+    assert actions == [("trigger", "cycle_stalled"), ("resolve", "cycle_stalled")]
+
+
+def test_the_heartbeat_is_sent_only_after_a_pass_that_could_observe(tmp_path, receiver):
+    watcher = make_watcher(tmp_path, receiver.url)
+    assert watcher.pass_once().heartbeat_sent
+    assert receiver.paths("GET") == [f"/ping/{BEAT_TOKEN}"]
+    # Blind to the checkpoint tracker (it exists but cannot be read): degraded, no beat.
+    (tmp_path / "chain-a" / "checkpoints" / "latest_checkpointed_iteration.txt").mkdir()
+    result = watcher.pass_once()
+    assert result.degraded and not result.heartbeat_sent
+    assert result.exit_code == 2  # the critical finding still wins
+    assert receiver.paths("GET") == [f"/ping/{BEAT_TOKEN}"]
+    assert "source_unavailable" in [f.detector for f in result.findings]
+
+
+def test_a_degraded_pass_without_critical_findings_exits_1(tmp_path, receiver):
+    watcher = make_watcher(tmp_path, receiver.url, stall_seconds=10**9)
+    (tmp_path / "chain-a" / "checkpoints" / "latest_checkpointed_iteration.txt").mkdir()
+    result = watcher.pass_once()
+    assert (result.exit_code, result.heartbeat_sent) == (1, False)
+    # Blindness itself pages: the source_unavailable warning reached the webhook.
+    assert "source_unavailable" in [b["finding"]["detector"] for b in receiver.bodies("/hook/")]
+
+
+def test_an_unreachable_sink_is_reported_and_the_pass_goes_on(tmp_path, receiver, capsys):
+    dead = closed_port_url()
+    watcher = make_watcher(tmp_path, receiver.url, pagerduty_url=f"{dead}/v2/enqueue")
+    result = watcher.pass_once()
+    assert any(e.startswith("pagerduty: unreachable") for e in result.sink_errors)
+    assert receiver.bodies("/hook/")  # the next sink still delivered
+    assert result.heartbeat_sent  # a sink failure is not blindness
+    assert Path(watcher.settings.metrics_file).exists()
+    assert "sink pagerduty: unreachable" in capsys.readouterr().err
+    # Not recorded as sent: the next pass tries PagerDuty again.
+    watcher.paging[0].url = f"{receiver.url}/v2/enqueue"
+    watcher.pass_once()
+    assert len(receiver.bodies("/v2/enqueue")) == 1
+
+
+def test_an_http_error_from_a_sink_is_reported_with_its_status(tmp_path, receiver):
+    receiver.status = 500
+    result = make_watcher(tmp_path, receiver.url).pass_once()
+    assert "webhook: HTTP 500 Internal Server Error" in result.sink_errors
+
+
+def test_secrets_never_reach_the_log_or_the_findings(tmp_path, receiver, capsys):
+    dead = closed_port_url()
+    watcher = make_watcher(
+        tmp_path,
+        receiver.url,
+        pagerduty_url=f"{dead}/v2/enqueue",
+        hook_url=f"{dead}/hook/{HOOK_TOKEN}",
+    )
+    result = watcher.pass_once()
+    logged = capsys.readouterr().err
+    text = (
+        logged
+        + json.dumps([f.__dict__ for f in result.findings], default=str)
+        + " ".join(result.sink_errors)
+    )
+    for secret in (ROUTING_KEY, HOOK_TOKEN, BEAT_TOKEN):
+        assert secret not in text
+    assert "webhook: unreachable" in logged
+
+
+def test_the_prometheus_textfile_describes_the_pass(tmp_path, receiver):
+    watcher = make_watcher(tmp_path, receiver.url)
+    tracker = tmp_path / "chain-a" / "checkpoints" / "latest_checkpointed_iteration.txt"
+    tracker.write_text("40")
+    os.utime(tracker, (1_700_000_000, 1_700_000_000))  # long before the open cycle began
+    watcher.pass_once()
+    text = Path(watcher.settings.metrics_file).read_text()
+    labels = f'chain="chain-a",owner="{watcher.run.owner}"'
+    assert f'nvrx_watch_findings{{{labels},detector="cycle_stalled",severity="critical"}} 1' in text
+    assert f"nvrx_watch_cycles{{{labels}}} 1" in text
+    assert f'nvrx_watch_current_cycle{{{labels},generation="4343"}} 0' in text
+    assert f"nvrx_watch_checkpoint_iteration{{{labels}}} 40" in text
+    assert f"nvrx_watch_degraded{{{labels}}} 0" in text
+    assert "nvrx_watch_pass_duration_seconds{" in text
+    assert 'source="slurm"' not in text  # --platform none: not configured is not "down"

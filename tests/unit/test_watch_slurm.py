@@ -1,0 +1,158 @@
+"""The Slurm source, against what squeue, sacct and scontrol printed on the local cluster
+for a chain whose generation 18 lost task 0 to a SIGKILL (fixtures/watch/record_slurm.sh).
+The commands' output is replayed through the same platform code and parsers."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.watch import detectors, parsing
+from nvrx_appliance.watch.config import Thresholds
+from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.types import OBSERVED, SLURM, Run, Snapshot, SourceStatus
+
+RECORDED = Path(__file__).parent / "fixtures" / "watch" / "slurm"
+
+
+def recorded(name: str) -> str:
+    return (RECORDED / name).read_text()
+
+
+class Replay:
+    """Answers each Slurm command with what the cluster printed for it, and counts calls."""
+
+    def __init__(
+        self, squeue: str = "squeue_task0_killed.txt", sacct: str = "sacct_task0_killed.txt"
+    ) -> None:
+        self.squeue, self.sacct = squeue, sacct
+        self.calls: list[list[str]] = []
+
+    def __call__(self, argv: Sequence[str], timeout: float) -> str:
+        self.calls.append(list(argv))
+        assert timeout > 0  # every call is bounded
+        if argv[0] == "squeue":
+            return recorded(self.squeue)
+        if argv[0] == "scontrol":
+            job = argv[-1]
+            if job == "999":
+                raise SlurmUnavailable(
+                    "scontrol --oneliner failed: " + recorded("scontrol_unknown.txt").strip()
+                )
+            return recorded("scontrol_task0.txt" if job.endswith("_0") else "scontrol_array.txt")
+        if argv[0] == "sacct":
+            if "JobName,User,WorkDir" in argv:
+                return "" if argv[argv.index("-j") + 1] == "999" else recorded("sacct_describe.txt")
+            return recorded(self.sacct)
+        raise AssertionError(f"unexpected command {argv}")
+
+
+def test_squeue_groups_array_tasks_into_generations():
+    running, queued = parsing.squeue_generations(recorded("squeue_running.txt"))
+    assert (running.array_id, queued.array_id) == ("18", "21")
+    assert running.task0.state == "RUNNING" and running.task0.nodes == "node3"
+    assert [t.task_id for t in running.pending] == [2, 3]
+    assert len(queued.pending) == 4 and queued.task0.state == "PENDING"
+    assert running.submitted == parsing.parse_time("2026-11-30T18:19:14")
+
+
+def test_after_a_sigkill_task0_is_gone_from_the_queue_and_spares_were_admitted():
+    killed, _ = parsing.squeue_generations(recorded("squeue_task0_killed.txt"))
+    assert killed.task0 is None
+    assert sorted(t.task_id for t in killed.running) == [1, 2]
+    assert [t.task_id for t in killed.pending] == [3]
+
+
+def test_sacct_reports_how_task0_ended_and_nothing_for_live_or_folded_tasks():
+    [killed] = parsing.sacct_task0_endings(recorded("sacct_task0_killed.txt"))
+    assert (killed.array_id, killed.state, killed.exit_code) == ("18", "FAILED", 0)
+    assert killed.end == parsing.parse_time("2026-11-30T18:19:20")
+    [verdict] = parsing.sacct_task0_endings(recorded("sacct_no_restart.txt"))
+    assert (verdict.array_id, verdict.exit_code) == ("23", 93)
+
+
+def test_scontrol_still_knows_the_dead_task0():
+    [record] = parsing.scontrol_records(recorded("scontrol_task0.txt"))
+    ending = parsing.scontrol_ending(record)
+    assert (ending.array_id, ending.state, ending.exit_code, ending.source) == (
+        "18",
+        "FAILED",
+        0,
+        "scontrol",
+    )
+
+
+def test_a_job_id_resolves_to_its_chain_owner_work_dir_and_script():
+    info = SlurmPlatform(run=Replay()).describe("18")
+    assert (info.job_name, info.owner, info.source) == ("watch-rec-7357", "root", "scontrol")
+    assert info.work_dir == "/shared/work/watch-record"
+    assert info.command == "/shared/work/watch-record/gen.sbatch"
+
+
+def test_an_id_scontrol_has_forgotten_falls_back_to_sacct_and_an_unknown_one_to_none():
+    replay = Replay()
+    platform = SlurmPlatform(run=replay)
+    assert platform.describe("999") is None
+    assert [c[0] for c in replay.calls] == ["scontrol", "sacct"]
+
+
+def test_an_unreachable_controller_is_not_an_unknown_job():
+    def unreachable(argv, timeout):
+        raise SlurmUnavailable(
+            "scontrol --oneliner failed: slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+        )
+
+    with pytest.raises(SlurmUnavailable):
+        SlurmPlatform(run=unreachable).describe("18")
+
+
+def test_one_pass_costs_one_squeue_and_one_sacct_for_the_whole_chain():
+    replay = Replay(squeue="squeue_running.txt")
+    platform = SlurmPlatform(run=replay)
+    platform.generations("watch-rec-7357", "root")
+    platform.endings("watch-rec-7357", "root", 3600)
+    assert [c[0] for c in replay.calls] == ["squeue", "sacct"]
+    squeue = replay.calls[0]
+    assert squeue[squeue.index("--name") + 1] == "watch-rec-7357"
+    assert (
+        squeue[squeue.index("--user") + 1] == "root"
+    )  # another user's same-named job is not the chain
+
+
+def test_the_recorded_sigkill_state_is_an_orphaned_and_stranded_generation_after_the_grace():
+    platform = SlurmPlatform(run=Replay())
+    generations = platform.generations("watch-rec-7357", "root")
+    endings = platform.endings("watch-rec-7357", "root", 3600)
+    ended_at = endings[0].end
+    run = Run(job_name="watch-rec-7357", owner="root")
+    snap = Snapshot(
+        run=run,
+        observed_at=ended_at + Thresholds().grace - 1,
+        caller="root",
+        sources={SLURM: SourceStatus(OBSERVED)},
+        generations=generations,
+        endings=endings,
+    )
+    assert detectors.run(snap, Thresholds()) == []  # the trap might still be running
+    found = {
+        f.detector: f
+        for f in detectors.run(
+            replace(snap, observed_at=ended_at + Thresholds().grace), Thresholds()
+        )
+    }
+    assert set(found) == {"orphaned_generation", "stranded_generation"}
+    assert (
+        found["orphaned_generation"].action.command
+        == "scancel --state=PENDING --user=root --name=watch-rec-7357 18"
+    )
+    assert "on node3,node4" in found["stranded_generation"].summary
+
+
+def test_task0_missing_from_the_windowed_sacct_is_asked_for_by_id_then_scontrol():
+    replay = Replay(sacct="sacct_no_restart.txt")  # knows nothing of generation 18
+    endings = SlurmPlatform(run=replay).task0_endings(["18"])
+    assert [(e.array_id, e.source) for e in endings] == [("18", "scontrol")]
+    assert [c[0] for c in replay.calls] == ["sacct", "scontrol"]
