@@ -50,6 +50,12 @@ class Layout:
         return self.work_dir / "chain.active"
 
     @property
+    def submitted(self) -> Path:
+        # The job ids submit queued. sacct lists a generation cancelled before it ever
+        # started only when asked by id, never by name and time window.
+        return self.work_dir / "submitted.json"
+
+    @property
     def checkpoints(self) -> Path:
         return self.work_dir / "checkpoints"
 

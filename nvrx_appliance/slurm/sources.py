@@ -120,6 +120,25 @@ def _cycles(layout: Layout, array_job_ids: list[str]) -> dict[str, list]:
     return found
 
 
+def submitted_ids(layout: Layout) -> list[str]:
+    try:
+        ids = json.loads(layout.submitted.read_text()).get("job_ids", [])
+    except (OSError, ValueError, AttributeError):
+        return []
+    return [str(i) for i in ids if str(i).isdigit()]
+
+
+def _accounting(layout: Layout, manifest: dict[str, Any], user: str) -> list[parse.AcctRow]:
+    """By the ids submit recorded when there are some (the only way sacct shows a
+    generation cancelled before it started), else by name since the chain's creation."""
+    ids = submitted_ids(layout)
+    if ids:
+        out = slurmcli.run(["sacct", *_SACCT_BASE, "--user", user, "--jobs", ",".join(ids)])
+        return parse.sacct_rows(out)
+    since = slurm_time(str(manifest.get("created", "")))
+    return slurmcli.sacct(user=user, name=manifest["spec"]["job_name"], since=since)
+
+
 def read_chain(work_dir: Path, *, user: str) -> ChainView:
     manifest = load_manifest(work_dir)
     spec = manifest["spec"]
@@ -133,8 +152,7 @@ def read_chain(work_dir: Path, *, user: str) -> ChainView:
     except (slurmcli.SlurmUnavailable, parse.ParseError) as exc:
         blind.append(f"squeue: {exc}")
     try:
-        since = slurm_time(str(manifest.get("created", "")))
-        acct = slurmcli.sacct(user=user, name=spec["job_name"], since=since)
+        acct = _accounting(layout, manifest, user)
     except (slurmcli.SlurmUnavailable, parse.ParseError) as exc:
         blind.append(f"sacct: {exc}")
     ledger = parse_ledger(_read(layout.ledger))

@@ -12,8 +12,8 @@ from nvrx_appliance.slurm.status import ChainView, GenerationView
 
 _ACTIONS = {
     "released_spares": "released spares",
-    "cancelled_chain": "cancelled chain (93)",
-    "burn_guard": "burn guard: chain cancelled",
+    "cancelled_chain": "cancelled chain",
+    "burn_guard": "burn guard",
     "none": "nothing cancelled",
 }
 
@@ -31,25 +31,23 @@ def _num(value: int | None) -> str:
 def _state(g: GenerationView) -> str:
     if g.state != "ended":
         return g.state
-    return f"ended ({g.task0_state.lower()})" if g.task0_state else "ended"
+    return g.task0_state.lower() if g.task0_state else "ended"
 
 
 def generations_table(view: ChainView) -> Table:
-    table = Table(title="generations", title_justify="left", expand=False)
-    for column in (
-        "array",
-        "state",
-        "run/pend/done",
-        "task 0",
-        "exit",
-        "resumed at",
-        "handed off at",
-        "teardown",
-        "note",
-    ):
-        table.add_column(column)
+    notes = any(g.admission for g in view.generations)
+    table = Table(
+        title="generations",
+        title_justify="left",
+        caption="tasks: running/pending/done; from/to: checkpoint iteration at start / at hand-off",
+        caption_justify="left",
+    )
+    for column in ("array", "state", "tasks", "task 0", "exit", "from", "to", "teardown"):
+        table.add_column(column, no_wrap=column in ("array", "tasks"))
+    if notes:
+        table.add_column("note")
     for g in view.generations:
-        table.add_row(
+        row = [
             g.array_job_id,
             _state(g),
             f"{g.running}/{g.pending}/{g.done}",
@@ -58,8 +56,8 @@ def generations_table(view: ChainView) -> Table:
             _num(g.checkpoint_start),
             _num(g.checkpoint_end),
             _ACTIONS.get(g.action, g.action or "-"),
-            g.admission,
-        )
+        ]
+        table.add_row(*row, *([g.admission] if notes else []))
     return table
 
 

@@ -161,4 +161,7 @@ def _roll_back(plan: Plan, job_ids: list[str], cause: Exception) -> str:
 
 def submit(plan: Plan, environ: Mapping[str, str] | None = None) -> Submitted:
     write(plan)
-    return Submitted(job_ids=queue(plan, environ), plan=plan)
+    done = Submitted(job_ids=queue(plan, environ), plan=plan)
+    record = {**done.to_json(), "submitted": now_iso()}
+    run_manifest.write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n")
+    return done

@@ -1,0 +1,60 @@
+"""a) The no-restart demo: ft_launcher exits 93 and task 0's trap cancels the chain."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Cluster
+from .test_chain_support import (
+    ledger,
+    logs_on_failure,
+    progress,
+    ran,
+    squeue_ids,
+    state,
+    submit,
+    tasks,
+    unique,
+    wait_idle,
+    wait_ledger,
+)
+
+pytestmark = pytest.mark.cluster
+
+
+def test_exit_93_cancels_every_queued_generation(cluster: Cluster):
+    work = cluster.workdir("norestart")
+    name = unique("norestart")
+    first, *queued = submit(
+        cluster, work, name,
+        "--mode", "no-restart", "--train-tasks", "1", "--hot-spares", "1",
+        "--cold-spares", "1", "--depth", "3", "--fault-delay", "3",
+    )  # fmt: skip
+
+    [entry] = wait_ledger(work, 1, timeout=240)
+    wait_idle(cluster, name, timeout=60)
+
+    assert entry["exit_code"] == 93, logs_on_failure(work)
+    assert entry["action"] == "cancelled_chain" and entry["array_job_id"] == first
+    # Slurm: task 0 ended with NVRx's 93, untouched by the trap.
+    gen1 = tasks(cluster, first)
+    assert gen1[0]["ExitCode"] == "93:0"
+    # Every later generation was cancelled before a single task of it ran.
+    for array_job_id in queued:
+        records = tasks(cluster, array_job_id)
+        assert sorted(records) == [0, 1, 2]
+        assert {state(r) for r in records.values()} == {"CANCELLED"}
+        assert not any(ran(r) for r in records.values())
+    # The first generation's own cold spare (task 2) was cancelled, or, when the hot
+    # spare's exit let the throttle admit it just before task 0's trap ran, it left on
+    # the closed flag (71 before its ft_launcher started, 76 after) without training.
+    spare = gen1[2]
+    assert state(spare) == "CANCELLED" or spare["ExitCode"] in ("71:0", "76:0"), spare
+    assert squeue_ids(cluster, name) == []
+    # On disk: only the first generation ever trained, and it saw the fault.
+    generations = {e.get("slurm_array_job_id") for e in progress(work) if e["event"] == "start"}
+    assert generations == {first}
+    assert any(e["event"] == "fault" for e in progress(work))
+    # The chain ended on purpose: nothing for the watcher to page about.
+    assert not (work / "chain.active").exists()
+    assert len(ledger(work)) == 1

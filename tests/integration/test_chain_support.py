@@ -1,0 +1,134 @@
+"""Shared steps of the chain end-to-end tests (no tests here).
+
+Every chain is submitted through the real CLI (`nvrx-appliance submit`), runs the real
+sbatch, entrypoint, ft_launcher 0.7.0 and the cpu trainer on the local cluster, and is
+judged from Slurm (squeue/sacct) and from disk (ledger, progress log, tracker).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance.devcluster.poll import wait_until
+
+from .conftest import Cluster
+
+CLI = str(Path(sys.executable).parent / "nvrx-appliance")
+
+# Small and quick: 2 worker processes per node, checkpoints every 5 iterations, timeouts
+# short enough that a lost node costs seconds, not the production minutes.
+FAST = (
+    "--workload", "cpu", "--runtime", "bare", "--gpus-per-node", "2", "--segment", "off",
+    "--save-interval", "5", "--time", "00:10:00",
+    "--setup-timeout", "120", "--step-timeout", "30", "--checkpointing-timeout", "60",
+    "--out-of-section-timeout", "60", "--join-timeout", "90", "--store-connect-wait", "30",
+    "--rdzv-host-wait", "60", "--lease-stale-after", "15",
+)  # fmt: skip
+
+
+def unique(name: str) -> str:
+    return f"{name}-{uuid.uuid4().hex[:6]}"
+
+
+def cli(cluster: Cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CLI, *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def submit(cluster: Cluster, work: Path, name: str, *flags: str) -> list[str]:
+    done = cli(
+        cluster, "submit", *FAST, "--work-dir", str(work), "--job-name", name, *flags, "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["job_ids"]
+
+
+def squeue_ids(cluster: Cluster, name: str) -> list[str]:
+    out = cluster.slurm("squeue", "-h", "-r", "--name", name, "-o", "%i").stdout
+    return out.split()
+
+
+def wait_idle(cluster: Cluster, name: str, timeout: float) -> None:
+    """Until nothing of this chain is queued or running."""
+    wait_until(lambda: not squeue_ids(cluster, name), timeout, f"chain {name} to drain", 1.0)
+
+
+def tasks(cluster: Cluster, array_job_id: str) -> dict[int, dict[str, str]]:
+    """sacct's record of each task of one generation (pending ranges expanded)."""
+    out: dict[int, dict[str, str]] = {}
+    for record in cluster.sacct(array_job_id):
+        _, _, task = record["JobID"].partition("_")
+        body = task.strip("[]").split("%")[0]
+        for part in body.split(","):
+            low, _, high = part.partition("-")
+            for t in range(int(low), int(high or low) + 1):
+                out[t] = record
+    return out
+
+
+def ran(record: dict[str, str]) -> bool:
+    """Did this task ever start on a node?"""
+    return record["NodeList"] not in ("", "None assigned") and record["Start"] not in (
+        "",
+        "Unknown",
+        "None",
+    )
+
+
+def state(record: dict[str, str]) -> str:
+    return record["State"].split()[0]
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line being appended right now
+    return rows
+
+
+def ledger(work: Path) -> list[dict[str, Any]]:
+    return read_jsonl(work / "chain.jsonl")
+
+
+def progress(work: Path) -> list[dict[str, Any]]:
+    return read_jsonl(work / "logs" / "progress.jsonl")
+
+
+def wait_ledger(work: Path, count: int, timeout: float) -> list[dict[str, Any]]:
+    def enough():
+        rows = ledger(work)
+        return rows if len(rows) >= count else None
+
+    return wait_until(enough, timeout, f"{count} ledger entr(ies) in {work}", 1.0)
+
+
+def wait_event(work: Path, predicate, timeout: float, what: str) -> dict[str, Any]:
+    def found():
+        return next((e for e in progress(work) if predicate(e)), None)
+
+    return wait_until(found, timeout, what, 1.0)
+
+
+def tracker(work: Path) -> int | None:
+    path = work / "checkpoints" / "latest_checkpointed_iteration.txt"
+    text = path.read_text().strip() if path.exists() else ""
+    return int(text) if text.isdigit() else None
+
+
+def logs_on_failure(work: Path) -> str:
+    """The generation logs, for an assertion message a person can act on."""
+    parts = []
+    for path in sorted((work / "logs").glob("slurm-*.out")):
+        parts.append(f"==== {path.name}\n{path.read_text()[-3000:]}")
+    return "\n".join(parts)
