@@ -34,3 +34,7 @@ cli.add_command(cancel_command)
 from nvrx_appliance.image.cli import image  # noqa: E402
 
 cli.add_command(image)
+
+from nvrx_appliance.watch.cli import watch  # noqa: E402
+
+cli.add_command(watch)

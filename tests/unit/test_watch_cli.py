@@ -1,0 +1,231 @@
+"""`nvrx-watch` as a person or cron runs it: flags and their NVRX_WATCH_* variables, exit
+codes, how a job id becomes a run, and what the watcher writes (never the job's files)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from nvrx_appliance import manifest
+from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.watch import detectors, resolve
+from nvrx_appliance.watch.cli import watch
+from nvrx_appliance.watch.platform import SlurmPlatform
+
+FIXTURES = Path(__file__).parent / "fixtures" / "watch"
+
+
+def killed_run(root: Path) -> Path:
+    work = root / "run"
+    target = work / "nvrx" / "4343" / "cycle_infos"
+    target.mkdir(parents=True)
+    for item in (FIXTURES / "killed").iterdir():
+        shutil.copy(item, target / item.name, follow_symlinks=False)
+    return work
+
+
+def invoke(*args: str, env: dict[str, str] | None = None):
+    return CliRunner().invoke(watch, list(args), env=env, catch_exceptions=False)
+
+
+def test_list_detectors_names_every_detector_and_its_thresholds():
+    result = invoke("--list-detectors")
+    assert result.exit_code == 0
+    for name in detectors.NAMES:
+        assert name in result.output
+    assert "--grace 120s:" in result.output
+
+
+def test_an_unknown_detector_in_disable_is_refused_naming_the_valid_ones():
+    result = invoke(
+        "--disable", "orphaned_generation,nope", "--platform", "none", "--work-dir", "/x"
+    )
+    assert result.exit_code == 2
+    assert "unknown detector(s) nope; choose from orphaned_generation" in result.output
+
+
+def test_platform_none_needs_a_place_to_find_cycle_infos():
+    result = invoke("--platform", "none")
+    assert result.exit_code == 2 and "--platform none needs --work-dir" in result.output
+
+
+def test_once_and_interval_exclude_each_other(tmp_path):
+    result = invoke("--once", "--interval", "60", "--platform", "none", "--work-dir", str(tmp_path))
+    assert result.exit_code == 2 and "--once and --interval" in result.output
+
+
+def test_every_flag_also_reads_its_environment_variable(tmp_path):
+    work = killed_run(tmp_path)
+    env = {
+        "NVRX_WATCH_PLATFORM": "none",
+        "NVRX_WATCH_WORK_DIR": str(work),
+        "NVRX_WATCH_STATE_FILE": str(tmp_path / "state" / "state.json"),
+        "NVRX_WATCH_STALL_SECONDS": "1",
+    }
+    assert invoke(env=env).exit_code == 2  # the killed cycle is "stalled" after one second
+    env["NVRX_WATCH_DISABLE"] = "cycle_stalled"
+    assert invoke(env=env).exit_code == 0
+    env.pop("NVRX_WATCH_DISABLE")
+    env["NVRX_WATCH_STALL_SECONDS"] = str(10**9)
+    assert invoke(env=env).exit_code == 0
+
+
+def test_a_secret_file_that_cannot_be_read_is_a_usage_error_naming_the_flag(tmp_path):
+    result = invoke(
+        "--platform", "none", "--work-dir", str(tmp_path),
+        "--pagerduty-routing-key-file", str(tmp_path / "missing"),
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert "--pagerduty-routing-key-file: cannot read" in result.output
+
+
+def tree(path: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(p.relative_to(path)): (p.lstat().st_mtime_ns, p.lstat().st_size)
+        for p in sorted(path.rglob("*"))
+    } | {".": (path.stat().st_mtime_ns, 0)}
+
+
+def test_a_pass_never_writes_into_the_jobs_directories(tmp_path):
+    work = killed_run(tmp_path)
+    (work / "checkpoints").mkdir()
+    tracker = work / "checkpoints" / "latest_checkpointed_iteration.txt"
+    tracker.write_text("40")
+    os.utime(tracker, (1_700_000_000, 1_700_000_000))
+    (work / "chain.jsonl").write_text('{"array_job_id": "4343", "exit_code": 1}\n')
+    before = tree(work)
+    result = invoke(
+        "--platform", "none", "--work-dir", str(work), "--stall-seconds", "1",
+        "--state-file", str(tmp_path / "state" / "state.json"),
+        "--metrics-file", str(tmp_path / "metrics" / "nvrx.prom"),
+    )  # fmt: skip
+    assert result.exit_code == 2
+    assert tree(work) == before
+
+
+def test_state_is_owner_only_and_a_corrupt_state_file_is_not_an_error(tmp_path):
+    work = killed_run(tmp_path)
+    state = tmp_path / "state" / "state.json"
+    state.parent.mkdir()
+    state.write_text("{ not json")
+    result = invoke("--platform", "none", "--work-dir", str(work), "--state-file", str(state))
+    assert result.exit_code == 0
+    assert json.loads(state.read_text())["version"] == 1
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
+    fresh = tmp_path / "fresh" / "nested" / "state.json"
+    invoke("--platform", "none", "--work-dir", str(work), "--state-file", str(fresh))
+    assert stat.S_IMODE(fresh.parent.stat().st_mode) == 0o700
+
+
+# --- from a job id to the run -----------------------------------------------------------------
+
+
+def submitted_run(root: Path, name: str = "chain-a") -> Path:
+    """A work dir as `nvrx-appliance submit` leaves it: run.json and the sbatch beside it."""
+    work = root / "work"
+    spec = ChainSpec(
+        job_name=name, work_dir=str(work), runtime="bare", max_restarts=5, train_tasks=3
+    )
+    manifest.save(manifest.build(spec, created="2026-11-30T00:00:00Z", user="alice"))
+    (work / f"{name}.sbatch").write_text("#!/bin/bash\n")
+    return work
+
+
+class Scontrol:
+    """scontrol as the cluster printed it for a generation, pointed at a test work dir."""
+
+    def __init__(self, work: Path, command: Path, name: str = "chain-a") -> None:
+        text = (FIXTURES / "slurm" / "scontrol_array.txt").read_text().splitlines()[0]
+        self.text = (
+            text.replace("Command=/shared/work/watch-record/gen.sbatch", f"Command={command}")
+            .replace("WorkDir=/shared/work/watch-record", f"WorkDir={work}")
+            .replace("JobName=watch-rec-7357", f"JobName={name}")
+        )
+
+    def __call__(self, argv, timeout):
+        assert argv[0] == "scontrol"
+        return self.text
+
+
+def test_a_job_id_of_a_submitted_chain_resolves_through_its_run_json(tmp_path):
+    work = submitted_run(tmp_path)
+    platform = SlurmPlatform(run=Scontrol(work, work / "chain-a.sbatch"))
+    request = resolve.Request(job_id="18")
+    info = resolve.identify(request, platform, "alice", {})
+    run, notes = resolve.locate(request, info)
+    assert (run.job_name, run.owner, run.work_dir) == ("chain-a", "root", str(work))
+    assert run.cycle_glob == f"{work}/nvrx/*/cycle_infos/cycle_info.*"
+    assert run.tracker == str(work / "checkpoints" / "latest_checkpointed_iteration.txt")
+    assert (run.max_restarts, run.train_tasks) == (5, 3)
+    assert run.origin.startswith("run.json") and notes == []
+
+
+def test_a_run_json_of_another_chain_is_not_taken(tmp_path):
+    work = submitted_run(tmp_path, name="other")
+    platform = SlurmPlatform(run=Scontrol(work, work / "x.sbatch", name="chain-a"))
+    request = resolve.Request(job_id="18")
+    run, notes = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    assert run.max_restarts is None
+    assert any("belongs to chain other" in n for n in notes)
+
+
+def test_a_chain_not_submitted_by_us_resolves_from_its_batch_script(tmp_path):
+    script = tmp_path / "cell.sbatch"
+    script.write_text(
+        'ROOT=/lustre/alice/exp\nft_launcher --ft-cycle-info-dir "$ROOT/nvrx/$SLURM_ARRAY_JOB_ID" '
+        "--ft-checkpoint-iteration-file $ROOT/ckpt/it.txt x.py\n"
+    )
+    platform = SlurmPlatform(run=Scontrol(tmp_path, script))
+    request = resolve.Request(job_id="18", max_restarts=7)
+    run, _ = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    assert run.cycle_glob == "/lustre/alice/exp/nvrx/*/cycle_info.*"
+    assert run.tracker == "/lustre/alice/exp/ckpt/it.txt"
+    assert run.max_restarts == 7 and run.origin == f"batch script {script}"
+
+
+def test_flags_override_what_the_script_says(tmp_path):
+    script = tmp_path / "cell.sbatch"
+    script.write_text("ft_launcher --ft-cycle-info-dir /a/ci x.py\n")
+    platform = SlurmPlatform(run=Scontrol(tmp_path, script))
+    request = resolve.Request(job_id="18", cycle_info_glob="/b/*/cycle_info.*", job_name="renamed")
+    run, _ = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    assert (run.cycle_glob, run.job_name) == ("/b/*/cycle_info.*", "renamed")
+
+
+def test_a_job_id_slurm_has_forgotten_is_followed_from_the_state_file(tmp_path):
+    def forgotten(argv, timeout):
+        return ""  # scontrol and sacct both answer, and know nothing
+
+    remembered = {
+        "18": {
+            "job_name": "chain-a",
+            "owner": "alice",
+            "work_dir": "/w",
+            "command": "",
+            "source": "state",
+        }
+    }
+    info = resolve.identify(
+        resolve.Request(job_id="18"), SlurmPlatform(run=forgotten), "bob", remembered
+    )
+    assert (info.job_name, info.owner) == ("chain-a", "alice")
+    with pytest.raises(
+        resolve.ResolveError, match="unknown to scontrol and sacct; pass --job-name"
+    ):
+        resolve.identify(resolve.Request(job_id="18"), SlurmPlatform(run=forgotten), "bob", {})
+
+
+def test_the_console_script_and_the_subcommand_are_the_same_command():
+    from importlib.metadata import entry_points
+
+    from nvrx_appliance.cli import cli
+
+    assert cli.commands["watch"] is watch
+    [script] = [e for e in entry_points(group="console_scripts") if e.name == "nvrx-watch"]
+    assert script.value == "nvrx_appliance.watch.cli:main"
