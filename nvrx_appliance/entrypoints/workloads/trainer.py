@@ -39,13 +39,47 @@ class Position:
     consumed_samples: int = 0  # the data position: mock sample i is a function of i
 
 
+@dataclass
+class Job:
+    """What one rank trains: the model, its optimizer and where in the data it is."""
+
+    args: argparse.Namespace
+    me: Rank
+    device: torch.device
+    model: torch.nn.Module
+    ddp: DistributedDataParallel
+    optimizer: torch.optim.Optimizer
+    pos: Position
+    sections: Sections
+    log: ProgressLog
+
+
 def run(args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None) -> int:
     started = time.monotonic()
     sections = Sections()
     sections.start(SETUP)
-    device = _init_distributed(me)
-    log = ProgressLog(args.progress_log if me.rank == 0 else None)
+    job = _build(args, me, sections)
+    _resume(job)
+    job.log.emit(
+        "start", iteration=job.pos.iteration, host=socket.gethostname(),
+        slurm_array_job_id=os.environ.get("SLURM_ARRAY_JOB_ID"),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"), world_size=me.world, cycle=me.cycle,
+        consumed_samples=job.pos.consumed_samples,
+        optimizer_step=_optimizer_step(job.optimizer), backend=dist.get_backend(),
+        monitored=sections.monitored,
+    )  # fmt: skip
+    sections.end(SETUP)
+    _train(job, faults.fault_for(plan, me.rank, me.cycle), plan, started)
+    job.log.emit("done", iteration=job.pos.iteration)
+    _say(me, f"training done at iteration {job.pos.iteration}")
+    sections.shutdown()
+    dist.destroy_process_group()
+    job.log.close()
+    return 0
 
+
+def _build(args: argparse.Namespace, me: Rank, sections: Sections) -> Job:
+    device = _init_distributed(me)
     torch.manual_seed(args.seed)
     model = TinyGPT(
         args.vocab_size, args.seq_length, args.hidden_size, args.num_layers,
@@ -53,56 +87,54 @@ def run(args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None) -> in
     ).to(device)  # fmt: skip
     ddp = DistributedDataParallel(model, device_ids=[me.local] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    pos = Position()
-    resumed = checkpointing.tracked_iteration(args.load) if args.load else None
-    if resumed:
-        state = _state(model, optimizer, pos)
-        checkpointing.load(args.load, resumed, state)
-        pos = _restore(model, optimizer, state)
-        _say(me, f"resumed from iteration {pos.iteration}")
-    start_iteration = pos.iteration
-    log.emit(
-        "start", iteration=pos.iteration, host=socket.gethostname(),
-        slurm_array_job_id=os.environ.get("SLURM_ARRAY_JOB_ID"),
-        slurm_job_id=os.environ.get("SLURM_JOB_ID"), world_size=me.world, cycle=me.cycle,
-        consumed_samples=pos.consumed_samples, optimizer_step=_optimizer_step(optimizer),
-        backend=dist.get_backend(), monitored=sections.monitored,
-    )  # fmt: skip
-    sections.end(SETUP)
+    log = ProgressLog(args.progress_log if me.rank == 0 else None)
+    return Job(args, me, device, model, ddp, optimizer, Position(), sections, log)
 
-    kind = faults.fault_for(plan, me.rank, me.cycle)
+
+def _resume(job: Job) -> None:
+    """Load the tracked checkpoint, if there is one; otherwise start from nothing."""
+    iteration = checkpointing.tracked_iteration(job.args.load) if job.args.load else None
+    if not iteration:
+        return
+    state = _state(job)
+    checkpointing.load(job.args.load, iteration, state)
+    set_state_dict(
+        job.model, job.optimizer,
+        model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+    )  # fmt: skip
+    progress = state["progress"]
+    job.pos = Position(int(progress["iteration"]), int(progress["consumed_samples"]))
+    _say(job.me, f"resumed from iteration {job.pos.iteration}")
+
+
+def _train(job: Job, kind: str | None, plan: faults.FaultPlan | None, started: float) -> None:
+    args, pos = job.args, job.pos
+    first, saved = pos.iteration, pos.iteration
     train_start = time.monotonic()
-    saved = pos.iteration if resumed else None
     while pos.iteration < args.train_iters:
-        sections.start(STEP)
+        job.sections.start(STEP)
         if kind and plan and faults.due(plan, time.monotonic() - train_start):
-            _inject(kind, me, args.progress_log)
+            _inject(kind, job.me, args.progress_log)
         step_start = time.monotonic()
-        loss = _train_step(ddp, optimizer, pos, args, me, device)
+        loss = _train_step(job)
         pos.iteration += 1
         pos.consumed_samples += args.global_batch_size
-        sections.end(STEP)
-        if pos.iteration == start_iteration + 1 or pos.iteration % args.log_interval == 0:
+        job.sections.end(STEP)
+        if pos.iteration == first + 1 or pos.iteration % args.log_interval == 0:
             millis = (time.monotonic() - step_start) * 1000
             _say(
-                me,
+                job.me,
                 f"iteration {pos.iteration}/{args.train_iters} | loss {loss:.4f} | {millis:.1f} ms",
             )
-            log.emit("step", iteration=pos.iteration, loss=round(loss, 5))
+            job.log.emit("step", iteration=pos.iteration, loss=round(loss, 5))
         if args.save and args.save_interval and pos.iteration % args.save_interval == 0:
-            _checkpoint(args, me, model, optimizer, pos, sections, log)
+            _checkpoint(job)
             saved = pos.iteration
-        if _exit_duration_reached(args, started, device):
-            _say(me, f"exit duration of {args.exit_duration_in_mins} min reached")
+        if _exit_duration_reached(args, started, job.device):
+            _say(job.me, f"exit duration of {args.exit_duration_in_mins} min reached")
             break
-    if args.save and saved != pos.iteration and pos.iteration > start_iteration:
-        _checkpoint(args, me, model, optimizer, pos, sections, log)
-    log.emit("done", iteration=pos.iteration)
-    _say(me, f"training done at iteration {pos.iteration}")
-    sections.shutdown()
-    dist.destroy_process_group()
-    log.close()
-    return 0
+    if args.save and pos.iteration != saved:
+        _checkpoint(job)
 
 
 def _init_distributed(me: Rank) -> torch.device:
@@ -114,69 +146,49 @@ def _init_distributed(me: Rank) -> torch.device:
     return torch.device("cpu")
 
 
-def _train_step(
-    ddp: DistributedDataParallel,
-    optimizer: torch.optim.Optimizer,
-    pos: Position,
-    args: argparse.Namespace,
-    me: Rank,
-    device: torch.device,
-) -> float:
+def _train_step(job: Job) -> float:
     """One optimizer step over the global batch; returns the loss averaged over ranks."""
+    args, me, pos = job.args, job.me, job.pos
     micro = args.micro_batch_size
     accumulation = args.global_batch_size // (micro * me.world)
-    optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=device)
+    job.optimizer.zero_grad(set_to_none=True)
+    total = torch.zeros((), device=job.device)
     for m in range(accumulation):
         first = pos.consumed_samples + (m * me.world + me.rank) * micro
         inputs, labels = mock_batch(
             range(first, first + micro), args.seq_length, args.vocab_size, args.seed
         )
         last = m == accumulation - 1
-        with contextlib.nullcontext() if last else ddp.no_sync():
-            loss = loss_fn(ddp(inputs.to(device)), labels.to(device)) / accumulation
+        with contextlib.nullcontext() if last else job.ddp.no_sync():
+            logits = job.ddp(inputs.to(job.device))
+            loss = loss_fn(logits, labels.to(job.device)) / accumulation
             loss.backward()
         total += loss.detach()
-    optimizer.step()
+    job.optimizer.step()
     dist.all_reduce(total)
     return float(total) / me.world
 
 
-def _checkpoint(
-    args: argparse.Namespace,
-    me: Rank,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    pos: Position,
-    sections: Sections,
-    log: ProgressLog,
-) -> None:
+def _checkpoint(job: Job) -> None:
     begin = time.monotonic()
-    sections.start(CHECKPOINTING)
-    checkpointing.save(args.save, pos.iteration, _state(model, optimizer, pos), args.save_retention)
-    sections.end(CHECKPOINTING)
+    job.sections.start(CHECKPOINTING)
+    checkpointing.save(job.args.save, job.pos.iteration, _state(job), job.args.save_retention)
+    job.sections.end(CHECKPOINTING)
     seconds = time.monotonic() - begin
-    _say(me, f"saved checkpoint at iteration {pos.iteration} ({seconds * 1000:.0f} ms)")
-    log.emit("checkpoint", iteration=pos.iteration, seconds=round(seconds, 3))
+    _say(job.me, f"saved checkpoint at iteration {job.pos.iteration} ({seconds * 1000:.0f} ms)")
+    job.log.emit("checkpoint", iteration=job.pos.iteration, seconds=round(seconds, 3))
 
 
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, pos: Position) -> dict:
-    model_state, optimizer_state = get_state_dict(model, optimizer)
+def _state(job: Job) -> dict[str, Any]:
+    model_state, optimizer_state = get_state_dict(job.model, job.optimizer)
     return {
         "model": model_state,
         "optimizer": optimizer_state,
-        "progress": {"iteration": pos.iteration, "consumed_samples": pos.consumed_samples},
+        "progress": {
+            "iteration": job.pos.iteration,
+            "consumed_samples": job.pos.consumed_samples,
+        },
     }
-
-
-def _restore(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]
-) -> Position:
-    set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"]
-    )
-    progress = state["progress"]
-    return Position(int(progress["iteration"]), int(progress["consumed_samples"]))
 
 
 def _optimizer_step(optimizer: torch.optim.Optimizer) -> int:
