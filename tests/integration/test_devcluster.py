@@ -1,0 +1,269 @@
+"""The local cluster behaves like a real multi-node Slurm cluster, and `up`, `down`,
+`kill-node` and `revive-node` do what they promise (issue 2)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.devcluster import hosts, net, procs, render
+from nvrx_appliance.devcluster.report import in_service, seen_dead
+
+from .conftest import Cluster, cluster_cli
+
+pytestmark = pytest.mark.cluster
+
+TASK = """#!/bin/bash
+# One array task: record where and when it ran, then exit with the code asked for.
+start=$(date +%s.%N)
+sleep {seconds}
+end=$(date +%s.%N)
+code=0
+[ "$SLURM_ARRAY_TASK_ID" = "$1" ] && code=3
+echo "$SLURM_ARRAY_JOB_ID $SLURM_ARRAY_TASK_ID $(hostname) $SLURMD_NODENAME $start $end $code" \\
+  > "{work}/ran.$SLURM_ARRAY_JOB_ID.$SLURM_ARRAY_TASK_ID"
+exit $code
+"""
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    """The largest number of intervals open at one instant."""
+    events = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+def test_singleton_arrays_run_one_generation_at_a_time(cluster: Cluster):
+    work = cluster.workdir("singleton")
+    script = work / "task.sh"
+    script.write_text(TASK.format(seconds=3, work=work))
+    script.chmod(0o755)
+    name = f"singleton-{uuid.uuid4().hex[:8]}"
+    common = ["--job-name", name, "--array=0-3%2", "--dependency=singleton", "--exclusive"]
+    common += ["-o", f"{work}/%A_%a.out", str(script)]
+    first = cluster.sbatch(*common, "none")
+    second = cluster.sbatch(*common, "3")  # task 3 of the second generation exits 3
+
+    records = {job: cluster.wait_finished(job, 4, timeout=120) for job in (first, second)}
+
+    # sacct reports every task with its state and exit code
+    for job, expected_failed in ((first, None), (second, "3")):
+        by_task = {r["JobID"].split("_")[1]: r for r in records[job]}
+        assert sorted(by_task) == ["0", "1", "2", "3"]
+        for task, record in by_task.items():
+            if task == expected_failed:
+                assert (record["State"], record["ExitCode"]) == ("FAILED", "3:0")
+            else:
+                assert (record["State"], record["ExitCode"]) == ("COMPLETED", "0:0")
+            assert record["JobName"] == name
+
+    ran = {}
+    for path in work.glob("ran.*"):
+        array, task, host, node, start, end, code = path.read_text().split()
+        ran[(array, task)] = (host, node, float(start), float(end), int(code))
+    assert len(ran) == 8
+    for (array, task), (host, node, *_rest) in ran.items():
+        assert host == node, f"task {array}_{task}: hostname {host} on node {node}"
+        sacct_node = {r["JobID"]: r["NodeList"] for r in records[array]}[f"{array}_{task}"]
+        assert sacct_node == node
+
+    def generation(array: str) -> list[tuple[str, float, float]]:
+        return [(n, s, e) for (a, _), (_, n, s, e, _) in ran.items() if a == array]
+
+    gen1, gen2 = generation(first), generation(second)
+    # one generation at a time: the second starts only after the first has ended
+    assert max(e for _, _, e in gen1) <= min(s for _, s, _ in gen2)
+    assert max(r["End"] for r in records[first]) <= min(r["Start"] for r in records[second])
+    for gen in (gen1, gen2):
+        # the throttle admits two tasks at once, never more, on distinct nodes
+        assert most_at_once([(s, e) for _, s, e in gen]) == 2
+        for i, (node_a, s_a, e_a) in enumerate(gen):
+            for node_b, s_b, e_b in gen[i + 1 :]:
+                if s_a < e_b and s_b < e_a:
+                    assert node_a != node_b, "two exclusive tasks overlapped on one node"
+
+
+def test_gpu_stand_ins_are_scheduled_like_gpus(cluster: Cluster):
+    out = cluster.slurm(
+        "srun",
+        "-N2",
+        "--gpus-per-node=2",
+        "--label",
+        "bash",
+        "-c",
+        'echo "$(hostname) $CUDA_VISIBLE_DEVICES"',
+        timeout=60,
+    ).stdout
+    lines = sorted(line.split(": ", 1)[1] for line in out.splitlines())
+    assert len(lines) == 2
+    assert all(line.endswith(" 0,1") for line in lines)
+    assert len({line.split()[0] for line in lines}) == 2
+    too_many = cluster.slurm(
+        "srun", "-N1", "--gpus-per-node=3", "--immediate=5", "true", check=False, timeout=60
+    )
+    assert too_many.returncode != 0
+
+
+def test_up_on_a_healthy_cluster_changes_nothing(cluster: Cluster):
+    before = json.loads(cluster_cli("status", "--json").stdout)
+    again = cluster_cli("up")
+    assert again.returncode == 0, again.stderr
+    assert "already up" in again.stderr
+    after = json.loads(cluster_cli("status", "--json").stdout)
+    assert [d["pid"] for d in after["daemons"]] == [d["pid"] for d in before["daemons"]]
+
+
+def test_env_prints_the_exports_clients_need(cluster: Cluster):
+    out = cluster_cli("env").stdout
+    assert f"export SLURM_CONF={cluster.slurm_env['SLURM_CONF']}\n" in out
+    assert f"export NVRX_DEVCLUSTER_WORK_ROOT={cluster.work_root}\n" in out
+
+
+def test_kill_node_of_an_unknown_node_is_refused(cluster: Cluster):
+    done = cluster_cli("kill-node", "node99")
+    assert done.returncode == 2
+    assert "node99" in done.stderr and "node1" in done.stderr
+
+
+@pytest.mark.disruptive
+def test_kill_node_is_seen_dead_in_time_and_revive_returns_it(cluster: Cluster):
+    node, netns = cluster.nodes[-1], cluster.status["nodes"][-1]["netns"]
+    work = cluster.workdir("kill-node")
+    pid_file = work / "job.pid"
+    job = cluster.sbatch(
+        "-w",
+        node,
+        "--no-requeue",
+        "-o",
+        f"{work}/job.out",
+        "--wrap",
+        f"echo $$ > {pid_file}.tmp && mv {pid_file}.tmp {pid_file} && exec sleep 600",
+    )
+    cluster.wait_until(pid_file.exists, 30, "the job to start on the node")
+    job_pid = int(pid_file.read_text())
+    assert job_pid in procs.netns_pids(netns)
+
+    killed_at = time.monotonic()
+    done = cluster_cli("kill-node", node)
+    assert done.returncode == 0, done.stderr
+    assert procs.start_time(job_pid) is None, "the job's process outlived its node"
+    assert procs.netns_pids(netns) == []
+    assert net.links()[netns] is False  # its link is down
+
+    # slurmctld pings a node every SlurmdTimeout/3 and waits up to MessageTimeout for
+    # an answer; it flags the node NOT_RESPONDING on the first ping that fails and sets
+    # it DOWN on the first ping round after SlurmdTimeout without an answer.
+    noticed_within = render.SLURMD_TIMEOUT_S + 2 * render.MESSAGE_TIMEOUT_S
+    down_within = render.SLURMD_TIMEOUT_S + 4 * render.MESSAGE_TIMEOUT_S
+    cluster.wait_until(
+        lambda: seen_dead(cluster.node_state(node)), noticed_within, f"Slurm to notice {node}"
+    )
+    noticed = time.monotonic() - killed_at
+    cluster.wait_until(
+        lambda: "DOWN" in cluster.node_state(node),
+        down_within - noticed,
+        f"Slurm to mark {node} DOWN {down_within} s after it died",
+    )
+    print(
+        f"{node}: not responding after {noticed:.1f} s, DOWN after "
+        f"{time.monotonic() - killed_at:.1f} s (SlurmdTimeout {render.SLURMD_TIMEOUT_S} s)"
+    )
+    [record] = cluster.wait_finished(job, 1, timeout=30)
+    assert record["State"] == "NODE_FAIL"
+
+    revived = cluster_cli("revive-node", node)
+    assert revived.returncode == 0, revived.stderr
+    assert in_service(cluster.node_state(node))
+    ran = cluster.slurm("srun", "-w", node, "hostname", timeout=60).stdout.strip()
+    assert ran == node
+
+
+@pytest.mark.disruptive
+def test_up_repairs_a_cluster_whose_daemons_were_killed(cluster: Cluster):
+    status = json.loads(cluster_cli("status", "--json").stdout)
+    pids = {d["name"]: d["pid"] for d in status["daemons"] if d["host"] in ("ctl", "(root)")}
+    # what a killed session or an OOM kill leaves behind
+    os.kill(pids["slurmctld"], signal.SIGKILL)
+    os.kill(pids["munged"], signal.SIGKILL)
+    broken = json.loads(cluster_cli("status", "--json").stdout)
+    assert not broken["up"]
+
+    repaired = cluster_cli("up")
+    assert repaired.returncode == 0, repaired.stderr
+    assert "rebuilding" in repaired.stderr
+    status = json.loads(cluster_cli("status", "--json").stdout)
+    assert status["up"], status["reason"]
+    ran = cluster.slurm("srun", f"-N{len(cluster.nodes)}", "hostname", timeout=60).stdout
+    assert sorted(ran.split()) == sorted(cluster.nodes)
+
+
+def _fingerprint(paths: list[str]) -> dict[str, str]:
+    """Contents of the machine's own Slurm/munge/MariaDB configuration, to prove that
+    neither `up` nor `down` touches them."""
+    seen = {}
+    for top in paths:
+        for path in sorted(Path(top).rglob("*")) if Path(top).is_dir() else [Path(top)]:
+            if path.is_file():
+                seen[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return seen
+
+
+@pytest.mark.disruptive
+def test_down_leaves_the_machine_as_found_and_up_works_again(cluster: Cluster):
+    machine_config = ["/etc/slurm", "/etc/munge", "/etc/mysql"]
+    before = _fingerprint(machine_config)
+    status = json.loads(cluster_cli("status", "--json").stdout)
+    root = Path(status["root"])
+    pids = [d["pid"] for d in status["daemons"]]
+    hosts_with_cluster = Path("/etc/hosts").read_text()
+    addresses = [n["address"] for n in status["nodes"]] + [status["controller"]["address"]]
+
+    # Stand-ins for the machine's own daemons: same names, nothing of ours in them.
+    foreign = [
+        subprocess.Popen([name, "600"], executable="sleep", env={"PATH": os.defpath})
+        for name in ("slurmd", "slurmctld", "munged", "mariadbd")
+    ]
+    try:
+        started = time.monotonic()
+        down = cluster_cli("down")
+        assert down.returncode == 0, down.stderr
+        print(f"cluster down took {time.monotonic() - started:.1f} s")
+        assert all(p.poll() is None for p in foreign), "down killed a daemon not its own"
+    finally:
+        for p in foreign:
+            p.kill()
+            p.wait()
+
+    assert all(procs.start_time(pid) is None for pid in pids)
+    assert procs.our_daemons(root) == []
+    assert net.namespaces() == set() and net.links() == {}
+    hosts_now = Path("/etc/hosts").read_text()
+    assert hosts_now == hosts.without_block(hosts_with_cluster)
+    assert hosts.BEGIN not in hosts_now
+    assert not any(address in hosts_now for address in addresses)
+    assert not root.exists()
+    assert _fingerprint(machine_config) == before
+    assert cluster_cli("down").returncode == 0  # nothing left to remove is fine
+    assert cluster_cli("status").returncode == 1
+
+    started = time.monotonic()
+    up = cluster_cli("up")
+    assert up.returncode == 0, up.stderr
+    print(f"cluster up (packages present) took {time.monotonic() - started:.1f} s")
+    again = json.loads(cluster_cli("status", "--json").stdout)
+    assert again["up"], again["reason"]
+    assert again["slurm_conf"] == cluster.slurm_env["SLURM_CONF"]
+    assert _fingerprint(machine_config) == before
+    ran = cluster.slurm("srun", f"-N{len(cluster.nodes)}", "hostname", timeout=60).stdout
+    assert sorted(ran.split()) == sorted(cluster.nodes)
