@@ -26,6 +26,7 @@ from nvrx_appliance.devcluster.plan import (
     Paths,
     Plan,
     PlanError,
+    debian_like,
     make_plan,
     overlapping_routes,
     parse_slurm_version,
@@ -84,11 +85,7 @@ def _is_debian() -> bool:
         text = Path("/etc/os-release").read_text()
     except OSError:
         return False
-    fields = dict(
-        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith("#")
-    )
-    family = {fields.get("ID", "").strip('"'), *fields.get("ID_LIKE", "").strip('"').split()}
-    return bool(family & {"debian", "ubuntu"}) and shutil.which("apt-get") is not None
+    return debian_like(text) and shutil.which("apt-get") is not None
 
 
 def machine_params(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str) -> Params:

@@ -260,3 +260,14 @@ def parse_slurm_version(text: str) -> str:
     if not match:
         raise PlanError(f"cannot read a Slurm version from {text.strip()!r}")
     return f"{int(match.group(1))}.{match.group(2)}"
+
+
+def debian_like(os_release: str) -> bool:
+    """Whether /etc/os-release's text names Debian or a derivative (Ubuntu, ...)."""
+    fields = {}
+    for line in os_release.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and not key.startswith("#"):
+            fields[key.strip()] = value.strip().strip('"')
+    family = {fields.get("ID", ""), *fields.get("ID_LIKE", "").split()}
+    return bool(family & {"debian", "ubuntu"})

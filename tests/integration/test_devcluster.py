@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import uuid
@@ -122,6 +123,22 @@ def test_up_on_a_healthy_cluster_changes_nothing(cluster: Cluster):
     assert "already up" in again.stderr
     after = json.loads(cluster_cli("status", "--json").stdout)
     assert [d["pid"] for d in after["daemons"]] == [d["pid"] for d in before["daemons"]]
+
+
+def test_status_reports_each_daemon_and_node_by_name_and_address(cluster: Cluster):
+    status = json.loads(cluster_cli("status", "--json").stdout)
+    assert status["up"] and status["slurm_conf"] == cluster.slurm_env["SLURM_CONF"]
+    assert status["work_root"] == str(cluster.work_root)
+    assert {d["name"] for d in status["daemons"]} >= {"munged", "mariadbd", "slurmdbd", "slurmctld"}
+    assert all(d["running"] and d["pid"] for d in status["daemons"])
+    assert [n["name"] for n in status["nodes"]] == [
+        f"node{k}" for k in range(1, len(cluster.nodes) + 1)
+    ]
+    for host in [status["controller"], *status["nodes"]]:
+        # every namespace shares the machine's /etc/hosts: names resolve everywhere
+        assert socket.gethostbyname(host["name"]) == host["address"]
+    table = cluster_cli("status").stdout
+    assert all(n["name"] in table and n["address"] in table for n in status["nodes"])
 
 
 def test_env_prints_the_exports_clients_need(cluster: Cluster):
