@@ -73,7 +73,7 @@ def _expand_one(pattern: str) -> list[str]:
             )
         else:
             out.append(f"{match['pre']}{item}{match['post']}")
-    return [host for one in out for host in _expand_one(one)]
+    return [host for one in out for host in (_expand_one(one) if "[" in one else (one,))]
 
 
 # --- Slurm -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -110,23 +111,55 @@ def prune(sent: dict[str, float], now: float, keep: float) -> dict[str, float]:
 # --- the cycle cache ---------------------------------------------------------------------------
 
 
-def cycle_cache_file(state_file: str, key: str, pattern: str) -> str:
+def cycle_cache_dir(state_file: str, key: str, pattern: str) -> str:
+    """One directory per watched run, one file in it per cycle-info directory."""
     digest = hashlib.sha256(f"{key}\n{pattern}".encode()).hexdigest()[:16]
-    return str(Path(state_file).parent / "cycles" / f"{digest}.json")
+    return str(Path(state_file).parent / "cycles" / digest)
 
 
-def load_cycle_cache(path: str, pattern: str) -> dict[str, Any]:
+def _cache_name(directory: str) -> str:
+    return hashlib.sha256(directory.encode()).hexdigest()[:20] + ".json"
+
+
+def load_cycle_cache(cache_dir: str) -> dict[str, Any]:
+    """directory -> {file name -> entry}; whatever is unreadable is simply not cached."""
+    cache: dict[str, Any] = {}
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("pattern") != pattern:
-        return {}
-    files = data.get("files")
-    return files if isinstance(files, dict) else {}
+        paths = list(Path(cache_dir).glob("*.json"))
+    except OSError:
+        return cache
+    for path in paths:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(data, dict) and isinstance(data.get("files"), dict):
+            cache[str(data.get("directory"))] = data["files"]
+    return cache
 
 
-def save_cycle_cache(path: str, pattern: str, files: dict[str, Any]) -> None:
-    _private_dir(Path(path).parent)
-    text = json.dumps({"pattern": pattern, "files": files}, separators=(",", ":"))
-    write_atomic(Path(path), text, mode=0o600)
+def save_cycle_cache(cache_dir: str, cache: dict[str, Any], changed: set[str]) -> None:
+    """Rewrite the cache files of the directories that changed; drop those that are gone."""
+    _private_dir(Path(cache_dir))
+    for directory in changed:
+        path = Path(cache_dir) / _cache_name(directory)
+        if directory in cache:
+            text = json.dumps(
+                {"directory": directory, "files": cache[directory]}, separators=(",", ":")
+            )
+            _replace(path, text)
+        else:
+            path.unlink(missing_ok=True)
+
+
+def _replace(path: Path, text: str) -> None:
+    """Write by rename, without fsync: a cache lost in a crash only makes a pass slower."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

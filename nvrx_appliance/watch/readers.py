@@ -12,6 +12,7 @@ from __future__ import annotations
 import fnmatch
 import glob
 import os
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,8 +32,11 @@ class ReadError(Exception):
 
 # Cache entry per file: (inode, size, mtime_ns, the parsed cycle or None if it was not one).
 # A file whose three keys are unchanged is not opened again: NVRx rewrites a cycle by
-# rename (new inode) or in place (new size or mtime), and either shows.
+# rename (new inode) or in place (new size or mtime), and either shows. The cache is
+# kept per directory (one generation's cycle_infos/), so a pass that sees one cycle
+# close rewrites one small cache file, not the run's whole history.
 CacheEntry = tuple[int, int, int, "tuple | None"]
+DirectoryCache = dict[str, CacheEntry]  # file name -> entry
 
 
 @dataclass
@@ -46,53 +50,58 @@ class CycleScan:
 class CycleReader:
     """Reads every cycle-info file matching a glob; keeps what it parsed between passes."""
 
-    def __init__(self, pattern: str, cache: dict[str, CacheEntry] | None = None) -> None:
+    def __init__(self, pattern: str, cache: dict[str, DirectoryCache] | None = None) -> None:
         self.pattern = pattern
-        self.cache: dict[str, CacheEntry] = dict(cache or {})
-        self.changed = False  # whether the cache differs from what it was given
+        self.cache: dict[str, DirectoryCache] = dict(cache or {})  # directory -> its files
+        self.changed: set[str] = set()  # directories whose cache differs from the one saved
 
     def scan(self) -> CycleScan:
-        fresh: dict[str, CacheEntry] = {}
+        directory_pattern, name_pattern = os.path.split(self.pattern)
+        fresh: dict[str, DirectoryCache] = {}
         parsed = reused = skipped = 0
-        for path, stat in self._files():
-            key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-            entry = self.cache.get(path)
-            if entry is not None and tuple(entry[:3]) == key:
-                fresh[path] = entry
-                reused += 1
-            else:
-                fresh[path] = (*key, _as_row(_parse_file(path, stat.st_size)))
-                parsed += 1
-            if fresh[path][3] is None:
-                skipped += 1
-        self.changed = self.changed or parsed > 0 or len(fresh) != len(self.cache)
+        for directory in _directories(directory_pattern):
+            before = self.cache.get(directory, {})
+            now: DirectoryCache = {}
+            for name, stat in _files(directory, name_pattern):
+                key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+                entry = before.get(name)
+                if entry is None or tuple(entry[:3]) != key:
+                    path = os.path.join(directory, name)
+                    entry = (*key, _as_row(_parse_file(path, stat.st_size)))
+                    parsed += 1
+                    self.changed.add(directory)
+                else:
+                    reused += 1
+                skipped += entry[3] is None
+                now[name] = entry
+            if len(now) != len(before):
+                self.changed.add(directory)
+            fresh[directory] = now
+        self.changed |= set(self.cache) - set(fresh)
         self.cache = fresh
-        cycles = [_from_row(entry[3]) for entry in fresh.values() if entry[3] is not None]
+        cycles = [_from_row(e[3]) for files in fresh.values() for e in files.values() if e[3]]
         cycles.sort(key=lambda c: (c.start, c.job_id, c.attempt, c.number))
         return CycleScan(tuple(cycles), parsed, reused, skipped)
 
-    def _files(self) -> Iterator[tuple[str, os.stat_result]]:
-        directory_pattern, name_pattern = os.path.split(self.pattern)
-        for directory in _directories(directory_pattern):
-            try:
-                entries = list(os.scandir(directory))
-            except FileNotFoundError:
-                continue  # a generation directory that went away between glob and scan
-            except OSError as exc:
-                raise ReadError(
-                    f"cannot list cycle-info directory {directory}: {exc.strerror}"
-                ) from None
-            for entry in entries:
-                if not fnmatch.fnmatchcase(entry.name, name_pattern):
-                    continue
-                if not parsing.cycle_file_name(entry.name) or not entry.is_file(
-                    follow_symlinks=False
-                ):
-                    continue  # the .current symlink, a writer's .tmp, anything else
-                try:
-                    yield entry.path, entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
+
+def _files(directory: str, name_pattern: str) -> Iterator[tuple[str, os.stat_result]]:
+    try:
+        entries = list(os.scandir(directory))
+    except FileNotFoundError:
+        return  # a generation directory that went away between glob and scan
+    except OSError as exc:
+        raise ReadError(f"cannot list cycle-info directory {directory}: {exc.strerror}") from None
+    wanted = re.compile(fnmatch.translate(name_pattern)).match
+    for entry in entries:
+        name = entry.name
+        if not (parsing.cycle_file_name(name) and wanted(name)):
+            continue  # the .current symlink, a writer's .tmp, anything else
+        if not entry.is_file(follow_symlinks=False):
+            continue
+        try:
+            yield entry.name, entry.stat(follow_symlinks=False)
+        except FileNotFoundError:
+            continue
 
 
 def _directories(pattern: str) -> list[str]:
@@ -144,7 +153,7 @@ def _as_row(cycle: Cycle | None) -> tuple | None:
 
 
 def _from_row(row: tuple | list) -> Cycle:
-    return Cycle(*row)
+    return Cycle._make(row)
 
 
 # --- the other run files -------------------------------------------------------------------

@@ -81,10 +81,10 @@ class Watcher:
         self.log_sink = sinks.LogSink(self.logger, self.settings.secrets)
         self.key = persistence.chain_key(self.run.owner, self.run.job_name)
         if self.run.cycle_glob:
-            self._cache_file = persistence.cycle_cache_file(
+            self._cache_dir = persistence.cycle_cache_dir(
                 self.settings.state_file, self.key, self.run.cycle_glob
             )
-            cache = persistence.load_cycle_cache(self._cache_file, self.run.cycle_glob)
+            cache = persistence.load_cycle_cache(self._cache_dir)
             self._reader = CycleReader(self.run.cycle_glob, cache)
 
     # --- gather -----------------------------------------------------------------------------
@@ -276,9 +276,9 @@ class Watcher:
             persistence.save_chain(state_file, self.key, new, jobs)
             if self._reader is not None and self._reader.changed:
                 persistence.save_cycle_cache(
-                    self._cache_file, self.run.cycle_glob, self._reader.cache
+                    self._cache_dir, self._reader.cache, self._reader.changed
                 )
-                self._reader.changed = False
+                self._reader.changed = set()
         except OSError as exc:
             self.logger.warning("could not save watcher state (%s): %s", state_file, exc.strerror)
 

@@ -13,7 +13,9 @@ Pure: no I/O.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # --- severities: what reaches a person -------------------------------------------------
 INFO = "info"  # logged and counted, never paged
@@ -119,9 +121,9 @@ class Ending:
     source: str  # "sacct" or "scontrol"
 
 
-@dataclass(frozen=True)
-class Cycle:
-    """One NVRx cycle-info file."""
+class Cycle(NamedTuple):
+    """One NVRx cycle-info file. A named tuple, not a dataclass: a pass over a long run
+    builds tens of thousands of them from the cycle cache, and a tuple is built fastest."""
 
     job_id: str  # the generation (array job id) whose task 0 wrote it
     attempt: int
@@ -200,7 +202,7 @@ class Snapshot:
     def latest_cycle(self) -> Cycle | None:
         return self.cycles[-1] if self.cycles else None
 
-    @property
+    @functools.cached_property
     def current_cycles(self) -> tuple[Cycle, ...]:
         """The cycles of the generation that wrote the newest cycle."""
         latest = self.latest_cycle
@@ -215,8 +217,7 @@ class Snapshot:
         last cycle of a generation without an end time forever, but a later cycle (in
         the same generation or the next) proves it ended.
         """
-        latest = self.latest_cycle
-        return cycle.end is not None or latest is None or cycle.key != latest.key
+        return cycle.end is not None or cycle is not self.latest_cycle
 
 
 @dataclass(frozen=True)

@@ -292,7 +292,7 @@ def test_stalled_progress_fires_after_stall_cycles_completed_without_a_new_check
 
 def test_stalled_progress_counts_cycles_of_earlier_generations_too():
     snap = _unproductive(T.stall_cycles)
-    moved = tuple(replace(c, job_id="99") for c in snap.cycles[:-1]) + snap.cycles[-1:]
+    moved = tuple(c._replace(job_id="99") for c in snap.cycles[:-1]) + snap.cycles[-1:]
     assert names(detectors.stalled_progress(replace(snap, cycles=moved), T)) == ["stalled_progress"]
 
 

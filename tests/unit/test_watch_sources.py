@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.watch import readers
+from nvrx_appliance.watch import persistence, readers
 from nvrx_appliance.watch.parsing import parse_time
 from nvrx_appliance.watch.readers import CycleReader, ReadError
 
@@ -144,3 +144,35 @@ def test_the_ledger_skips_a_torn_last_line(tmp_path):
     assert (entry.array_id, entry.exit_code, entry.action) == ("37", 93, "cancelled_chain")
     assert entry.end == parse_time("2026-11-30T18:00:00Z")
     assert readers.read_ledger(str(tmp_path / "missing.jsonl")) == ()
+
+
+def test_the_next_process_reuses_the_cycle_cache_and_losing_it_costs_only_a_reread(tmp_path):
+    work = work_dir(tmp_path / "run")
+    cache_dir = str(tmp_path / "state" / "cycles" / "run")
+    first = CycleReader(pattern(work))
+    first.scan()
+    persistence.save_cycle_cache(cache_dir, first.cache, first.changed)
+    second = CycleReader(pattern(work), persistence.load_cycle_cache(cache_dir)).scan()
+    assert (second.parsed, second.reused) == (0, 3)
+    for path in Path(cache_dir).iterdir():
+        path.write_text("{ torn")  # a crash mid-write, or a disk that lost it
+    third = CycleReader(pattern(work), persistence.load_cycle_cache(cache_dir)).scan()
+    assert (third.parsed, [c.key for c in third.cycles]) == (
+        3,
+        [c.key for c in first.scan().cycles],
+    )
+
+
+def test_a_generation_directory_removed_from_disk_leaves_the_cache(tmp_path):
+    work = work_dir(tmp_path / "run")
+    cache_dir = str(tmp_path / "cache")
+    reader = CycleReader(pattern(work))
+    reader.scan()
+    persistence.save_cycle_cache(cache_dir, reader.cache, reader.changed)
+    shutil.rmtree(work / "nvrx" / "4242")
+    reader.changed = set()
+    assert [c.key for c in reader.scan().cycles] == ["4343.0.0"]
+    persistence.save_cycle_cache(cache_dir, reader.cache, reader.changed)
+    assert list(persistence.load_cycle_cache(cache_dir)) == [
+        str(work / "nvrx" / "4343" / "cycle_infos")
+    ]
