@@ -175,21 +175,73 @@ def _owner_only_dir(path: Path) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
+def _flock(path: Path, mode: int) -> Iterator[bool]:
+    """Hold a flock on path; yields False when a non-blocking request was refused."""
     with open(path, "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
         try:
-            yield
+            fcntl.flock(fh, mode)
+        except BlockingIOError:
+            yield False
+            return
+        try:
+            yield True
         finally:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def unpacked_root(image: Path, cache_dir: Path) -> Path:
-    """The image unpacked once, shared by every task that runs it.
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _prune(cache_dir: Path, image_name: str, keep: str) -> None:
+    """Drop earlier unpacked versions of this image that no task is running, and
+    partial unpacks whose process is gone; each unpacked image is gigabytes."""
+    for entry in cache_dir.glob(f"{image_name}.*"):
+        key = entry.name[len(image_name) + 1 :]
+        if key == keep or not entry.is_dir():
+            continue
+        with _flock(cache_dir / f".{key}.use", fcntl.LOCK_EX | fcntl.LOCK_NB) as free:
+            if free:
+                shutil.rmtree(entry, ignore_errors=True)
+                for suffix in ("unpack", "use"):
+                    (cache_dir / f".{key}.{suffix}").unlink(missing_ok=True)
+    for partial in cache_dir.glob(".*.partial-*"):
+        pid = partial.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _unpack(image: Path, cache_dir: Path, key: str, final: Path) -> None:
+    partial = cache_dir / f".{key}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    result = subprocess.run(
+        ["unsquashfs", "-n", "-d", str(partial), str(image)],
+        capture_output=True,
+        text=True,
+        timeout=UNPACK_TIMEOUT_S,
+        check=False,
+    )
+    if result.returncode != 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        detail = (result.stderr.strip().splitlines() or ["unsquashfs failed"])[-1]
+        raise StandinError(f"--image {image}: cannot unpack it ({detail})")
+    os.rename(partial, final)
+
+
+@contextlib.contextmanager
+def unpacked_root(image: Path, cache_dir: Path) -> Iterator[Path]:
+    """The image unpacked once, shared by every task that runs it, held while in use.
 
     Unpacked under a private name and renamed into place, so a root that exists is
-    complete; the lock keeps tasks starting together on several nodes from each
-    unpacking the same image.
+    complete; the unpack lock keeps tasks starting together on several nodes from each
+    unpacking the same image, and the shared use lock keeps a root from being pruned
+    while a task runs in it.
     """
     if not image.is_file():
         raise StandinError(f"--image {image}: no such image file", exitcodes.USAGE)
@@ -197,26 +249,15 @@ def unpacked_root(image: Path, cache_dir: Path) -> Path:
     info = image.stat()
     key = cache_key(str(image.resolve()), info.st_size, info.st_mtime_ns, info.st_ino)
     final = cache_dir / f"{image.name}.{key}"
-    if final.is_dir():
-        return final
-    with _locked(cache_dir / f".{key}.lock"):
-        if final.is_dir():
-            return final
-        partial = cache_dir / f".{key}.partial-{os.getpid()}"
-        shutil.rmtree(partial, ignore_errors=True)
-        result = subprocess.run(
-            ["unsquashfs", "-n", "-d", str(partial), str(image)],
-            capture_output=True,
-            text=True,
-            timeout=UNPACK_TIMEOUT_S,
-            check=False,
-        )
-        if result.returncode != 0:
-            shutil.rmtree(partial, ignore_errors=True)
-            detail = (result.stderr.strip().splitlines() or ["unsquashfs failed"])[-1]
-            raise StandinError(f"--image {image}: cannot unpack it ({detail})")
-        os.rename(partial, final)
-    return final
+    if not final.is_dir():
+        with _flock(cache_dir / f".{key}.unpack", fcntl.LOCK_EX):
+            if not final.is_dir():
+                _unpack(image, cache_dir, key, final)
+                _prune(cache_dir, image.name, keep=key)
+    with _flock(cache_dir / f".{key}.use", fcntl.LOCK_SH):
+        if not final.is_dir():
+            raise StandinError(f"--image {image}: its unpacked copy vanished; run again")
+        yield final
 
 
 # --------------------------------------------------------------- shell: running --
@@ -235,7 +276,11 @@ def _child_pid(info_fd: int) -> int | None:
 
 
 def run(image: Path, mounts: list[tuple[str, str, bool]], command: list[str]) -> int:
-    root = unpacked_root(image, default_cache_dir())
+    with unpacked_root(image, default_cache_dir()) as root:
+        return _run_in(root, mounts, command)
+
+
+def _run_in(root: Path, mounts: list[tuple[str, str, bool]], command: list[str]) -> int:
     environment = root / "etc" / "environment"
     path = image_path_variable(environment.read_text() if environment.is_file() else "")
     env = container_env(dict(os.environ), path)
