@@ -38,3 +38,7 @@ cli.add_command(image)
 from nvrx_appliance.watch.cli import watch  # noqa: E402
 
 cli.add_command(watch)
+
+from nvrx_appliance.image.qualify import qualify_command  # noqa: E402
+
+cli.add_command(qualify_command)

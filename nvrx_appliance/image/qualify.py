@@ -1,0 +1,236 @@
+"""`nvrx-appliance qualify --image X [submit options]`: recovery checks, run for real.
+
+Submits the hand-off demo with the image through submit's own code, watches the
+evidence until the checks in qualification.py are decided (or the deadline passes),
+cancels what is left of the chain, and writes the qualification record next to the
+image and into the work directory. Submit and status read it back with
+load_qualification().
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from nvrx_appliance import __version__, exitcodes
+from nvrx_appliance.image import qualification as q
+from nvrx_appliance.manifest import Layout, write_atomic
+from nvrx_appliance.slurm import cancel, resolve, slurmcli
+from nvrx_appliance.slurm import submit as submitting
+from nvrx_appliance.slurm.options import spec_flags, spec_options
+from nvrx_appliance.slurm.sources import NotFound
+from nvrx_appliance.slurm.teardown import parse_iteration, parse_ledger
+
+POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
+DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
+
+
+def _fail(message: str) -> NoReturn:
+    click.echo(f"nvrx-appliance qualify: {message}", err=True)
+    sys.exit(exitcodes.USAGE)
+
+
+def load_qualification(image: str | Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """The passed qualification record next to the image for its combination, if any."""
+    try:
+        data = json.loads(q.record_path(image).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and q.matches(data, manifest) else None
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return rows
+    for line in text.splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            continue  # a line being appended right now
+    return rows
+
+
+def _megatron_resumed(layout: Layout, array_job_id: str) -> int | None:
+    texts = []
+    for path in sorted(layout.logs.glob(f"*{array_job_id}*")):
+        try:
+            texts.append(path.read_text(errors="replace"))
+        except OSError:
+            continue
+    return q.megatron_resumed_iteration("\n".join(texts))
+
+
+def _live(job_name: str, work_dir: str, user: str) -> bool:
+    try:
+        rows = slurmcli.squeue(user=user, name=job_name)
+    except slurmcli.SlurmUnavailable:
+        return True  # blind, not ended: the deadline decides
+    return any(r.work_dir.rstrip("/") == work_dir.rstrip("/") for r in rows)
+
+
+def gather(
+    layout: Layout, *, first: str, second: str, job_name: str, workload: str, user: str
+) -> q.Evidence:
+    ledger_text = layout.ledger.read_text() if layout.ledger.exists() else ""
+    tracker_text = layout.tracker.read_text() if layout.tracker.exists() else ""
+    return q.Evidence(
+        first=first,
+        second=second,
+        ledger=parse_ledger(ledger_text),
+        events=_read_jsonl(layout.progress_log) if workload == "cpu" else [],
+        megatron_resumed=_megatron_resumed(layout, second) if workload == "megatron" else None,
+        tracker=parse_iteration(tracker_text),
+        chain_live=_live(job_name, str(layout.work_dir), user),
+    )
+
+
+def cluster_facts(evidence: q.Evidence, spec: Any) -> dict[str, Any]:
+    try:
+        config = slurmcli.show_config()
+    except slurmcli.SlurmUnavailable:
+        config = {}
+    nodes = sorted(
+        {str(e["task0_node"]) for e in evidence.ledger if e.get("task0_node")}
+        | {str(e["host"]) for e in evidence.events if e.get("event") == "start" and e.get("host")}
+    )
+    return {
+        "slurm_version": config.get("SLURM_VERSION", "unknown"),
+        "cluster_name": config.get("ClusterName", "unknown"),
+        "partition": spec.partition or "(default)",
+        "runtime": spec.runtime,
+        "workload": spec.workload,
+        "nodes_seen": nodes,
+        "submit_host": socket.gethostname(),
+    }
+
+
+def _now() -> str:
+    return submitting.now_iso()
+
+
+def _watch(
+    layout: Layout, first: str, second: str, spec: Any, user: str, deadline: float
+) -> tuple[list[q.Check], q.Evidence]:
+    started = time.monotonic()
+    shown: dict[str, bool | None] = {}
+    while True:
+        evidence = gather(
+            layout,
+            first=first,
+            second=second,
+            job_name=spec.job_name,
+            workload=spec.workload,
+            user=user,
+        )
+        checks = q.judge(evidence)
+        for check in checks:
+            if check.passed is not None and shown.get(check.name) is None:
+                click.echo(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
+            shown[check.name] = check.passed
+        if q.verdict(checks) != "pending":
+            return checks, evidence
+        if time.monotonic() - started > deadline:
+            return q.timed_out(checks, deadline), evidence
+        time.sleep(POLL_S)
+
+
+def _write_records(data: dict[str, Any], image: str, layout: Layout) -> list[Path]:
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    written = []
+    for path in (layout.work_dir / q.WORK_DIR_RECORD, q.record_path(image)):
+        try:
+            write_atomic(path, text)
+            written.append(path)
+        except OSError as exc:
+            click.echo(f"warning: could not write {path} ({exc.strerror})", err=True)
+    return written
+
+
+@click.command("qualify", context_settings={"show_default": False})
+@spec_options
+@click.option(
+    "--deadline",
+    type=float,
+    default=DEFAULT_DEADLINE_S,
+    help=f"Seconds to wait for the checks to be decided [default: {DEFAULT_DEADLINE_S}].",
+)
+def qualify_command(deadline: float, **params: Any) -> None:
+    """Run the hand-off demo with --image here and record whether recovery worked.
+
+    Takes submit's options; the mode is always the hand-off demo, with at least two
+    generations. Writes <image>.qualification.json and <work>/qualification.json.
+    """
+    flags = spec_flags(params)
+    if not flags.get("image"):
+        _fail("--image: name the image to qualify (.sqsh or .sif)")
+    if flags.get("mode") not in (None, "handoff"):
+        _fail(f"--mode {flags['mode']}: qualify always runs the hand-off demo; drop --mode")
+    if flags.get("depth") is not None and flags["depth"] < 2:
+        _fail(
+            "--depth: qualify needs at least 2 generations (the one that loses task 0 and its successor)"
+        )
+    flags["mode"] = "handoff"
+    flags["depth"] = flags.get("depth") or 2
+    flags["job_name"] = flags.get("job_name") or f"nvrx-qualify-{uuid.uuid4().hex[:6]}"
+    try:
+        resolved = resolve.resolve(flags, os.environ, {}, cwd=os.getcwd(), python=sys.executable)
+    except resolve.SettingError as exc:
+        _fail(str(exc))
+    user = slurmcli.current_user()
+    try:
+        plan = submitting.plan(resolved, dry_run=False, force=False, user=user)
+    except submitting.Refused as exc:
+        for problem in exc.problems:
+            click.echo(f"nvrx-appliance qualify: {problem}", err=True)
+        sys.exit(exitcodes.USAGE)
+    image_manifest = plan.manifest.image
+    if not image_manifest:
+        _fail(
+            "--image: qualify needs an image file whose manifest it can record, not a registry reference"
+        )
+    spec, layout = plan.manifest.spec, plan.manifest.layout
+    started = _now()
+    try:
+        done = submitting.submit(plan)
+    except submitting.SubmitFailed as exc:
+        click.echo(f"nvrx-appliance qualify: {exc}", err=True)
+        sys.exit(1)
+    first, second = done.job_ids[0], done.job_ids[1]
+    click.echo(
+        f"Qualifying {spec.image} on this cluster: hand-off demo {spec.job_name!r}, "
+        f"generations {first} -> {second}, work dir {spec.work_dir}"
+    )
+    try:
+        checks, evidence = _watch(layout, first, second, spec, user, deadline)
+    finally:
+        # Already over, or Slurm unreachable: then the chain's own teardown ends it.
+        with contextlib.suppress(NotFound, slurmcli.SlurmUnavailable):
+            cancel.cancel_chain(layout.work_dir, user=user)
+    data = q.record(
+        image=str(Path(spec.image).resolve()),
+        manifest=image_manifest,
+        checks=checks,
+        cluster=cluster_facts(evidence, spec),
+        chain={"job_name": spec.job_name, "generations": done.job_ids, "work_dir": spec.work_dir},
+        started=started,
+        finished=_now(),
+        tool_version=__version__,
+    )
+    for path in _write_records(data, spec.image, layout):
+        click.echo(f"Qualification record: {path}")
+    if data["result"] != "passed":
+        click.echo(f"{spec.image}: qualification FAILED on this cluster", err=True)
+        sys.exit(1)
+    click.echo(f"{spec.image}: qualified on this cluster (hand-off recovered)")
