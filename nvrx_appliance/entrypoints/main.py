@@ -34,7 +34,7 @@ from nvrx_appliance.entrypoints.supervise import Supervisor
 from nvrx_appliance.entrypoints.workloads import cpu, megatron
 
 GATE_POLL_S = 1.0
-RUN_POLL_S = 2.0  # while training: every node stats the shared file system this often
+RUN_POLL_S = 1.0  # while training: every node stats the shared file system this often
 WAIT_REPORT_S = 60.0
 
 

@@ -1,0 +1,288 @@
+"""nvrx-entrypoint end to end on this machine: refusals, the dry run, and real ft_launcher.
+
+There is no Slurm in unit tests, so each run gets the variables srun would set for one
+task per node (a stand-in named as such); ft_launcher and the workload are the real ones.
+"""
+
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from nvrx_appliance import exitcodes, manifest
+from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.entrypoints import control, controldir
+
+ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]
+FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
+DEAD_HOST = "192.0.2.1"  # TEST-NET-1: nothing ever answers there
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def write_manifest(tmp_path, **settings) -> Path:
+    settings = {
+        "workload": "cpu",
+        "train_tasks": 1,
+        "hot_spares": 0,
+        "gpus_per_node": 1,
+        "rdzv_port": free_port(),
+    } | settings
+    spec = ChainSpec(work_dir=str(tmp_path / "work"), **settings)
+    return manifest.save(manifest.build(spec, created="2026-01-01T00:00:00Z", user="alice"))
+
+
+def srun_stand_in(array_job_id="700", task_id=0, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    return (
+        env
+        | {
+            "SLURM_ARRAY_JOB_ID": array_job_id,
+            "SLURM_ARRAY_TASK_ID": str(task_id),
+            "SLURM_JOB_ID": str(int(array_job_id) + task_id),
+            "SLURM_NODEID": "0",
+            "SLURM_PROCID": "0",
+            "SLURM_NNODES": "1",
+            "SLURM_JOB_NUM_NODES": "1",
+            "SLURM_TASKS_PER_NODE": "1",
+        }
+        | extra
+    )
+
+
+def entrypoint(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [*ENTRYPOINT, *args], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def control_dir(run_json: Path, array_job_id="700") -> Path:
+    return run_json.parent / "nvrx" / array_job_id / "control"
+
+
+# --- refusals: one line, our own code, nothing published --------------------------------
+
+
+def test_a_missing_manifest_is_one_line_and_code_70(tmp_path):
+    result = entrypoint("--manifest", str(tmp_path / "run.json"), env=srun_stand_in())
+    assert result.returncode == exitcodes.MANIFEST_INVALID
+    assert result.stderr.strip().count("\n") == 0
+    assert "does not exist" in result.stderr
+
+
+def test_no_manifest_at_all_names_both_ways_to_give_one(tmp_path):
+    env = srun_stand_in()
+    env.pop("NVRX_RUN_MANIFEST", None)
+    result = entrypoint(env=env)
+    assert result.returncode == exitcodes.MANIFEST_INVALID
+    assert "--manifest" in result.stderr and "NVRX_RUN_MANIFEST" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "why"),
+    [
+        (lambda d: d | {"version": 7}, "version 7 is not supported"),
+        (lambda d: d | {"spec": d["spec"] | {"global_batch": 3, "gpus_per_node": 2}}, "divisible"),
+        (lambda d: d | {"shape": d["shape"] | {"min_nodes": 9}}, "does not match"),
+    ],
+)
+def test_a_bad_manifest_publishes_nothing(tmp_path, edit, why):
+    run_json = write_manifest(tmp_path)
+    run_json.write_text(json.dumps(edit(json.loads(run_json.read_text()))))
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in())
+    assert result.returncode == exitcodes.MANIFEST_INVALID
+    assert why in result.stderr
+    assert not (run_json.parent / "nvrx").exists()
+
+
+def test_outside_srun_it_says_so(tmp_path):
+    run_json = write_manifest(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    result = entrypoint("--manifest", str(run_json), env=env)
+    assert result.returncode == exitcodes.USAGE
+    assert "srun" in result.stderr
+
+
+def test_an_explicit_segment_without_cluster_uuid_is_refused_before_publishing(tmp_path):
+    run_json = write_manifest(tmp_path, segment="1")
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in(PATH=str(tmp_path)))
+    assert result.returncode == exitcodes.SEGMENT_MISMATCH
+    assert "--segment auto" in result.stderr
+    assert not control_dir(run_json).exists()
+
+
+def test_numa_binding_without_numactl_fails_clearly_before_publishing(tmp_path):
+    run_json = write_manifest(tmp_path, gpus_per_numa=2)
+    # PATH without numactl (and without nvidia-smi): ft_launcher is found beside Python.
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in(PATH=str(tmp_path)))
+    assert result.returncode == exitcodes.LAUNCH_FAILED
+    assert "numactl" in result.stderr
+    assert not control_dir(run_json).exists()
+
+
+# --- the dry run and detect ------------------------------------------------------------
+
+
+def test_the_dry_run_shows_everything_and_publishes_nothing(tmp_path):
+    run_json = write_manifest(tmp_path, mode="handoff")
+    result = entrypoint("--manifest", str(run_json), "--dry-run", "--json", env=srun_stand_in())
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["node"]["hosts_rendezvous"] is True
+    assert plan["ft_launcher"][plan["ft_launcher"].index("--rdzv-id") + 1] == "700"
+    assert "nvrx_appliance.entrypoints.workloads.cpu" in plan["workload"]
+    assert plan["env"]["set"]["NVRX_INJECT_GPU_FAILURE"] == "1:0,2:0"
+    assert plan["segment"] is None
+    assert not (run_json.parent / "nvrx").exists()
+
+
+def test_the_dry_run_works_off_cluster_in_words(tmp_path):
+    run_json = write_manifest(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    result = entrypoint("--dry-run", env=env | {"NVRX_RUN_MANIFEST": str(run_json)})
+    assert result.returncode == 0, result.stderr
+    assert "ft_launcher --nnodes 1:1" in result.stdout
+    assert "not under Slurm" in result.stdout
+
+
+def test_detect_reports_gpus_and_the_auto_decision(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"  # stand-in: there is no GPU here
+    smi.write_text(f'#!/bin/sh\ncat "{FIXTURES / "gb200-tray.txt"}"\n')
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    env = os.environ | {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    result = entrypoint("detect", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert len(report["gpus"]) == 4
+    assert report["cluster_uuid"] == "6c1e2a07-93d4-4b58-a1f0-2d7e5b9c4e11"
+    assert report["auto_segment"] == 1
+    words = entrypoint("detect", env=env).stdout
+    assert "--ft-segment 1" in words
+
+
+# --- real ft_launcher --------------------------------------------------------------------
+
+
+def test_task_0s_exit_93_from_a_real_ft_launcher_comes_out_as_93(tmp_path):
+    run_json = write_manifest(
+        tmp_path, mode="no-restart", fault_ranks="0", fault_delay=0.5, save_interval=5
+    )
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in(), timeout=180)
+    assert result.returncode == exitcodes.NVRX_NO_RESTART, result.stderr
+    directory = control_dir(run_json)
+    rec = control.decode((directory / control.RECORD).read_text())
+    assert rec.host == socket.gethostname() and rec.segment is None
+    assert (directory / control.LEASE).exists()
+    assert (directory / control.NO_RESTART).exists()
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+
+
+def publish_as_task_0(run_json: Path, host: str, array_job_id="700") -> Path:
+    m = manifest.load(run_json)
+    directory = control_dir(run_json, array_job_id)
+    controldir.prepare(directory, os.geteuid())
+    (directory / control.LEASE).write_text("{}\n")
+    controldir.publish(
+        directory,
+        control.Record(
+            host=host,
+            port=m.spec.rdzv_port,
+            segment=None,
+            cluster_uuid=None,
+            started="2026-01-01T00:00:00+00:00",
+            array_job_id=array_job_id,
+            task_id=0,
+            job_id=array_job_id,
+        ),
+    )
+    return directory
+
+
+def start_peer(run_json: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*ENTRYPOINT, "--manifest", str(run_json)],
+        env=srun_stand_in(task_id=1),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def ft_launcher_of(proc: subprocess.Popen):
+    def find():
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            try:
+                if "ft_launcher" in " ".join(child.cmdline()):
+                    return child
+            except psutil.Error:
+                continue
+        return None
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = find()
+        if found:
+            return found
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.1)
+    raise AssertionError("ft_launcher never started")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp_path):
+    # The race the seeds only bound: a cold spare passed the gate just before task 0's
+    # trap wrote the flag, and its ft_launcher dials a store that is gone (300 s).
+    grace = 1
+    run_json = write_manifest(tmp_path, closed_flag_grace=grace, lease_stale_after=600)
+    directory = publish_as_task_0(run_json, DEAD_HOST)
+    proc = start_peer(run_json)
+    try:
+        launcher = ft_launcher_of(proc)
+        time.sleep(1)  # it is dialing now; the flag comes later, as in the race
+        (directory / control.CLOSED).write_text('{"exit_code": 1}\n')
+        flagged = time.monotonic()
+        assert proc.wait(timeout=30) == exitcodes.STOPPED_BY_CLOSED_FLAG
+        assert time.monotonic() - flagged <= grace + 2
+        assert not launcher.is_running()
+    finally:
+        stop(proc)
+
+
+def test_a_peer_whose_task_0_died_without_a_trap_leaves_when_the_lease_goes_stale(tmp_path):
+    run_json = write_manifest(tmp_path, closed_flag_grace=1, lease_stale_after=3)
+    publish_as_task_0(run_json, DEAD_HOST)  # nobody refreshes the lease: task 0 is dead
+    proc = start_peer(run_json)
+    try:
+        launcher = ft_launcher_of(proc)
+        assert proc.wait(timeout=30) == exitcodes.TASK0_GONE
+        assert "lease" in proc.stderr.read()
+        assert not launcher.is_running()
+    finally:
+        stop(proc)
+
+
+def test_a_peer_on_task_0s_old_node_never_starts_ft_launcher(tmp_path):
+    run_json = write_manifest(tmp_path, lease_stale_after=600)
+    publish_as_task_0(run_json, socket.gethostname())
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in(task_id=1))
+    assert result.returncode == exitcodes.TASK0_GONE
+    assert "refusing to host the rendezvous" in result.stderr
+    assert "ft_launcher" not in result.stderr.replace("stopping ft_launcher", "")

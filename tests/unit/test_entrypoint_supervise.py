@@ -1,0 +1,172 @@
+"""Supervision with real child processes: exit codes, signals, the closed flag, orphans.
+
+The supervisor runs in a driver process of its own (as nvrx-entrypoint does under
+srun), so the tests can signal it and kill it like Slurm would.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from nvrx_appliance import exitcodes
+
+DRIVER = textwrap.dedent(
+    """
+    import os, sys
+    from pathlib import Path
+    from nvrx_appliance.entrypoints import gate
+    from nvrx_appliance.entrypoints.supervise import Supervisor
+
+    flag, grace, argv = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+
+    def check():
+        return gate.while_running(
+            closed=flag.exists(), lease_age=None, watch_lease=False, stale_after=60
+        )
+
+    outcome = Supervisor(
+        argv, dict(os.environ), check=check, grace=grace, poll=0.2,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    ).run()
+    sys.exit(outcome.exit_code)
+    """
+)
+
+
+def wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def supervise(tmp_path: Path, child: str, grace: float = 1.0) -> subprocess.Popen:
+    driver = tmp_path / "driver.py"
+    driver.write_text(DRIVER)
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(child))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(driver),
+            str(tmp_path / "closed"),
+            str(grace),
+            sys.executable,
+            str(script),
+        ],
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_exit_93_passes_through_untouched(tmp_path):
+    proc = supervise(tmp_path, "import sys; sys.exit(93)")
+    assert proc.wait(timeout=30) == exitcodes.NVRX_NO_RESTART
+
+
+def test_an_ordinary_failure_passes_through_as_is(tmp_path):
+    proc = supervise(tmp_path, "import sys; sys.exit(3)")
+    assert proc.wait(timeout=30) == 3
+
+
+def test_a_child_killed_by_a_signal_reports_128_plus_the_signal(tmp_path):
+    proc = supervise(tmp_path, "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert proc.wait(timeout=30) == 128 + signal.SIGKILL
+
+
+def test_slurms_signals_reach_ft_launcher(tmp_path):
+    seen = tmp_path / "seen"
+    proc = supervise(
+        tmp_path,
+        f"""
+        import signal, sys, time
+        from pathlib import Path
+        seen = Path({str(seen)!r})
+        def note(signum, _):
+            with seen.open("a") as fh:
+                fh.write(signal.Signals(signum).name + "\\n")
+            if signum == signal.SIGTERM:
+                sys.exit(42)
+        for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, note)
+        seen.write_text("ready\\n")
+        while True:
+            time.sleep(0.1)
+        """,
+    )
+    wait_for(lambda: seen.exists(), 30, "the child to start")
+    received = []
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM):
+        proc.send_signal(sig)
+        received.append(sig.name)
+        wait_for(lambda: seen.read_text().split()[1:] == received, 10, f"{sig.name} to arrive")
+    assert proc.wait(timeout=10) == 42
+
+
+def test_the_closed_flag_stops_even_a_child_that_ignores_term(tmp_path):
+    grandchild = tmp_path / "grandchild.pid"
+    proc = supervise(
+        tmp_path,
+        f"""
+        import signal, subprocess, time
+        from pathlib import Path
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        # Like a training worker: in a session of its own, out of reach of group signals.
+        worker = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        Path({str(grandchild)!r}).write_text(str(worker.pid))
+        while True:
+            time.sleep(0.1)
+        """,
+        grace=1.0,
+    )
+    worker_pid = int(
+        wait_for(lambda: grandchild.exists() and grandchild.read_text(), 30, "the worker")
+    )
+    try:
+        (tmp_path / "closed").write_text('{"exit_code": 1}\n')
+        flagged = time.monotonic()
+        assert proc.wait(timeout=30) == exitcodes.STOPPED_BY_CLOSED_FLAG
+        assert time.monotonic() - flagged <= 1.0 + 2
+        assert gone(worker_pid)
+        assert "closed flag appeared" in proc.stderr.read()
+    finally:
+        if not gone(worker_pid):
+            os.kill(worker_pid, signal.SIGKILL)
+
+
+def test_ft_launcher_does_not_outlive_a_killed_entrypoint(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    proc = supervise(
+        tmp_path,
+        f"""
+        import os, time
+        from pathlib import Path
+        Path({str(pid_file)!r}).write_text(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+        """,
+    )
+    child_pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the child"))
+    try:
+        proc.send_signal(signal.SIGKILL)  # no handler runs: only the kernel can tell the child
+        proc.wait(timeout=10)
+        wait_for(lambda: gone(child_pid), 10, "the orphaned child to go")
+    finally:
+        if not gone(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
