@@ -39,12 +39,34 @@ def max_no_progress_cycles(manifest: Manifest) -> int:
     return 1 if manifest.spec.mode == "no-restart" else manifest.spec.max_no_progress_cycles
 
 
+class ShapeError(ValueError):
+    """The array throttle on the controller cannot hold the world the chain trains."""
+
+
+def nnodes(manifest: Manifest, active_tasks: int | None = None) -> str:
+    """--nnodes MIN:MAX. MAX must equal the tasks Slurm runs at once (the array
+    throttle): a larger one makes the rendezvous wait for tasks that cannot start.
+    The sbatch reads the throttle from the controller, since an operator may change it
+    after submit; without it, the manifest's active tasks."""
+    spec, shape = manifest.spec, manifest.shape
+    if active_tasks is None:
+        return f"{shape.min_nodes}:{shape.max_nodes}"
+    if active_tasks < spec.train_tasks:
+        raise ShapeError(
+            f"the array throttle admits {active_tasks} tasks at once but the chain trains on "
+            f"{spec.train_tasks}; no generation can form. Raise it with scontrol update "
+            f"JobId=<array job id> ArrayTaskThrottle={shape.active_tasks}"
+        )
+    return f"{shape.min_nodes}:{active_tasks * spec.nodes_per_task}"
+
+
 def ft_launcher_argv(
     manifest: Manifest,
     record: Record,
     *,
     hosts_rendezvous: bool,
     launcher: Sequence[str],
+    active_tasks: int | None = None,
 ) -> list[str]:
     """ft_launcher and its own flags; the workload's argv goes after them."""
     spec, shape, layout = manifest.spec, manifest.shape, manifest.layout
@@ -61,7 +83,7 @@ def ft_launcher_argv(
     )
     argv = [
         *launcher,
-        "--nnodes", f"{shape.min_nodes}:{shape.max_nodes}",
+        "--nnodes", nnodes(manifest, active_tasks),
         "--nproc-per-node", str(shape.nproc_per_node),
         "--rdzv-backend", "c10d",
         "--rdzv-id", array_job_id,
@@ -96,6 +118,13 @@ def command(
     *,
     hosts_rendezvous: bool,
     launcher: Sequence[str],
+    active_tasks: int | None = None,
 ) -> list[str]:
-    head = ft_launcher_argv(manifest, record, hosts_rendezvous=hosts_rendezvous, launcher=launcher)
+    head = ft_launcher_argv(
+        manifest,
+        record,
+        hosts_rendezvous=hosts_rendezvous,
+        launcher=launcher,
+        active_tasks=active_tasks,
+    )
     return [*head, *workload]

@@ -22,6 +22,7 @@ import shutil
 import socket
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
@@ -29,7 +30,7 @@ import click
 from nvrx_appliance import __version__, exitcodes
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, probe
-from nvrx_appliance.entrypoints.node import Node, NodeError, from_env
+from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.supervise import Supervisor
 from nvrx_appliance.entrypoints.workloads import cpu, megatron
 
@@ -200,49 +201,69 @@ def _watch(manifest: run_manifest.Manifest, node: Node, directory: Path, clock):
     return check
 
 
-def run(manifest_path: Path | None) -> int:
+@dataclass(frozen=True)
+class Preflight:
+    """Everything checked before this node creates or publishes anything."""
+
+    manifest: run_manifest.Manifest
+    node: Node
+    fabric: detect.Fabric
+    workload: list[str]
+    launcher: list[str]
+    active_tasks: int | None
+
+
+def _preflight(manifest_path: Path | None) -> Preflight:
     manifest = _load(manifest_path)
     try:
         node = from_env(os.environ, socket.gethostname())
+        active_tasks = array_throttle(os.environ)
     except NodeError as exc:
         raise Refused(exitcodes.USAGE, str(exc)) from None
+    try:
+        launch.nnodes(manifest, active_tasks)
+    except launch.ShapeError as exc:
+        raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None
     fabric = _fabric()
     workload = _workload_argv(manifest)
     launcher = _ft_launcher()
     _check_numactl(manifest)
-    spec = manifest.spec
-    # Decided before anything is created: a refusal leaves nothing behind.
-    record = _task0_record(manifest, node, fabric) if node.hosts_rendezvous else None
-    directory = _make_dirs(manifest, node)
+    return Preflight(manifest, node, fabric, workload, launcher, active_tasks)
 
-    keeper = None
-    if record is not None:
-        if spec.mode == "no-restart":
-            controldir.seed_static_tracker(manifest.layout.static_tracker)
-        keeper = controldir.LeaseKeeper(
-            directory,
-            gate.lease_refresh_interval(spec.lease_stale_after),
-            holder={"host": node.hostname, "pid": os.getpid(), "started": record.started},
-            warn=say,
-        )
-        keeper.start()  # before the record: a peer never joins a record without a lease
-        controldir.publish(directory, record)
-        say(f"task 0 published rendezvous {record.endpoint} (segment {record.segment})")
-    else:
-        record = _gate(manifest, node, fabric, directory)
-        say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
 
-    argv = launch.command(
-        manifest, record, workload, hosts_rendezvous=node.hosts_rendezvous, launcher=launcher
+def _publish(pre: Preflight, record: control.Record, directory: Path) -> controldir.LeaseKeeper:
+    spec = pre.manifest.spec
+    if spec.mode == "no-restart":
+        controldir.seed_static_tracker(pre.manifest.layout.static_tracker)
+    keeper = controldir.LeaseKeeper(
+        directory,
+        gate.lease_refresh_interval(spec.lease_stale_after),
+        holder={"host": pre.node.hostname, "pid": os.getpid(), "started": record.started},
+        warn=say,
     )
-    child_env = env.plan(manifest, node, os.environ).apply(os.environ)
-    clock = controldir.Clock(directory, node.hostname)
+    keeper.start()  # before the record: a peer never joins a record without a lease
+    controldir.publish(directory, record)
+    say(f"task 0 published rendezvous {record.endpoint} (segment {record.segment})")
+    return keeper
+
+
+def _supervise(pre: Preflight, record: control.Record, directory: Path):
+    argv = launch.command(
+        pre.manifest,
+        record,
+        pre.workload,
+        hosts_rendezvous=pre.node.hosts_rendezvous,
+        launcher=pre.launcher,
+        active_tasks=pre.active_tasks,
+    )
+    child_env = env.plan(pre.manifest, pre.node, os.environ).apply(os.environ)
+    clock = controldir.Clock(directory, pre.node.hostname)
     try:
-        outcome = Supervisor(
+        return Supervisor(
             argv,
             child_env,
-            check=_watch(manifest, node, directory, clock),
-            grace=spec.closed_flag_grace,
+            check=_watch(pre.manifest, pre.node, directory, clock),
+            grace=pre.manifest.spec.closed_flag_grace,
             poll=RUN_POLL_S,
             log=say,
         ).run()
@@ -250,6 +271,23 @@ def run(manifest_path: Path | None) -> int:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
     finally:
         clock.remove()
+
+
+def run(manifest_path: Path | None) -> int:
+    pre = _preflight(manifest_path)
+    manifest, node = pre.manifest, pre.node
+    # Decided before anything is created: a refusal leaves nothing behind.
+    record = _task0_record(manifest, node, pre.fabric) if node.hosts_rendezvous else None
+    directory = _make_dirs(manifest, node)
+    keeper = None
+    if record is not None:
+        keeper = _publish(pre, record, directory)
+    else:
+        record = _gate(manifest, node, pre.fabric, directory)
+        say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
+    try:
+        outcome = _supervise(pre, record, directory)
+    finally:
         if keeper is not None:
             keeper.stop()
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
@@ -259,9 +297,8 @@ def run(manifest_path: Path | None) -> int:
             say(f"warning: could not write the no-restart flag: {exc}")
     if outcome.stopped is None and outcome.exit_code != exitcodes.OK:
         # ft_launcher writes its own account there, not to our stderr.
-        say(
-            f"ft_launcher exited {outcome.exit_code}; its log: {launch.nvrx_logfile(manifest, node.array_job_id)}"
-        )
+        log = launch.nvrx_logfile(manifest, node.array_job_id)
+        say(f"ft_launcher exited {outcome.exit_code}; its log: {log}")
     say(f"{node.label}: exiting with {outcome.exit_code}")
     return outcome.exit_code
 
@@ -297,12 +334,16 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
         assumed.append("not task 0: task 0's host and segment decision are placeholders")
     workload = _workload_argv(manifest)
     plan = env.plan(manifest, node, os.environ)
-    head = launch.ft_launcher_argv(
-        manifest,
-        record,
-        hosts_rendezvous=node.hosts_rendezvous,
-        launcher=["ft_launcher"],
-    )
+    try:
+        head = launch.ft_launcher_argv(
+            manifest,
+            record,
+            hosts_rendezvous=node.hosts_rendezvous,
+            launcher=["ft_launcher"],
+            active_tasks=array_throttle(os.environ),
+        )
+    except (NodeError, launch.ShapeError) as exc:
+        raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None
     return {
         "node": {
             "array_job_id": node.array_job_id,

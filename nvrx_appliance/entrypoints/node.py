@@ -56,3 +56,13 @@ def from_env(env: Mapping[str, str], hostname: str) -> Node:
         job_id=job_id or array_job_id,
         hostname=hostname,
     )
+
+
+def array_throttle(env: Mapping[str, str]) -> int | None:
+    """NVRX_ARRAY_THROTTLE, which the sbatch reads from the controller; None if unset."""
+    value = env.get("NVRX_ARRAY_THROTTLE", "")
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise NodeError(f"NVRX_ARRAY_THROTTLE={value!r} is not a task count >= 1")
+    return int(value)

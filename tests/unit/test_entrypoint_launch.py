@@ -127,3 +127,16 @@ def test_the_workload_follows_ft_launchers_flags_with_its_own_interpreter(
     args = parsed(m, workload=workload_argv)
     assert args.no_python
     assert [args.training_script, *args.training_script_args] == workload_argv
+
+
+def test_max_nodes_follows_the_array_throttle_the_controller_enforces(tmp_path):
+    m = run_manifest(tmp_path, train_tasks=4, hot_spares=1, cold_spares=8, nodes_per_task=2)
+    assert launch.nnodes(m) == "8:10"
+    assert launch.nnodes(m, active_tasks=7) == "8:14"  # raised with scontrol after submit
+    assert parsed(m).nnodes == "8:10"
+
+
+def test_a_throttle_below_the_training_tasks_is_refused_with_the_fix(tmp_path):
+    m = run_manifest(tmp_path, train_tasks=4, hot_spares=1)
+    with pytest.raises(launch.ShapeError, match="ArrayTaskThrottle=5"):
+        launch.nnodes(m, active_tasks=3)

@@ -286,3 +286,12 @@ def test_a_peer_on_task_0s_old_node_never_starts_ft_launcher(tmp_path):
     assert result.returncode == exitcodes.TASK0_GONE
     assert "refusing to host the rendezvous" in result.stderr
     assert "ft_launcher" not in result.stderr.replace("stopping ft_launcher", "")
+
+
+def test_the_dry_run_sizes_max_nodes_from_the_array_throttle(tmp_path):
+    run_json = write_manifest(tmp_path, train_tasks=2, hot_spares=1, cold_spares=3)
+    env = srun_stand_in(NVRX_ARRAY_THROTTLE="4")
+    plan = json.loads(
+        entrypoint("--manifest", str(run_json), "--dry-run", "--json", env=env).stdout
+    )
+    assert plan["ft_launcher"][plan["ft_launcher"].index("--nnodes") + 1] == "2:4"
