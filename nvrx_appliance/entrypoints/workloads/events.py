@@ -15,8 +15,12 @@ from typing import Any
 
 
 class ProgressLog:
-    def __init__(self, path: Path | None) -> None:
+    """`context` rides on every event (cycle, Slurm ids), so a reader of a chain-long log
+    can tell which generation and which cycle wrote each line."""
+
+    def __init__(self, path: Path | None, **context: Any) -> None:
         self._fd: int | None = None
+        self._context = context
         if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -24,7 +28,7 @@ class ProgressLog:
     def emit(self, event: str, **fields: Any) -> None:
         if self._fd is None:
             return
-        record = {"event": event, **fields, "time": round(time.time(), 3)}
+        record = {"event": event, **self._context, **fields, "time": round(time.time(), 3)}
         os.write(self._fd, (json.dumps(record) + "\n").encode())
 
     def close(self) -> None:

@@ -61,9 +61,7 @@ def run(args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None) -> in
     job = _build(args, me, sections)
     _resume(job)
     job.log.emit(
-        "start", iteration=job.pos.iteration, host=socket.gethostname(),
-        slurm_array_job_id=os.environ.get("SLURM_ARRAY_JOB_ID"),
-        slurm_job_id=os.environ.get("SLURM_JOB_ID"), world_size=me.world, cycle=me.cycle,
+        "start", iteration=job.pos.iteration, host=socket.gethostname(), world_size=me.world,
         consumed_samples=job.pos.consumed_samples,
         optimizer_step=_optimizer_step(job.optimizer), backend=dist.get_backend(),
         monitored=sections.monitored,
@@ -87,8 +85,15 @@ def _build(args: argparse.Namespace, me: Rank, sections: Sections) -> Job:
     ).to(device)  # fmt: skip
     ddp = DistributedDataParallel(model, device_ids=[me.local] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
-    log = ProgressLog(args.progress_log if me.rank == 0 else None)
+    log = _progress_log(args.progress_log if me.rank == 0 else None, me)
     return Job(args, me, device, model, ddp, optimizer, Position(), sections, log)
+
+
+def _progress_log(path: Path | None, me: Rank) -> ProgressLog:
+    return ProgressLog(
+        path, cycle=me.cycle, slurm_array_job_id=os.environ.get("SLURM_ARRAY_JOB_ID"),
+        slurm_job_id=os.environ.get("SLURM_JOB_ID"),
+    )  # fmt: skip
 
 
 def _resume(job: Job) -> None:
@@ -210,8 +215,8 @@ def _exit_duration_reached(args: argparse.Namespace, started: float, device: tor
 
 
 def _inject(kind: str, me: Rank, progress_log: Path | None) -> None:
-    fault_log = ProgressLog(progress_log)
-    fault_log.emit("fault", kind=kind, rank=me.rank, cycle=me.cycle)
+    fault_log = _progress_log(progress_log, me)
+    fault_log.emit("fault", kind=kind, rank=me.rank)
     fault_log.close()
     print(f"[rank {me.rank}] injecting fault: {kind} (cycle {me.cycle})", flush=True)
     if kind == "exit":
