@@ -26,6 +26,9 @@ NO_RESTART = 93  # NVRx's "do not restart"; see nvrx_appliance/exitcodes.py
 # when the teardown runs because the generation hit its time limit.
 SCANCEL_TIMEOUT_S = 20
 
+# What scancel says when a --state=PENDING filter matches nothing of an array id.
+BENIGN_SCANCEL = "Invalid job id specified"
+
 RELEASED_SPARES = "released_spares"
 CANCELLED_CHAIN = "cancelled_chain"
 BURN_GUARD = "burn_guard"
@@ -173,6 +176,9 @@ def _scancel(argv: list[str]) -> bool:
             "run it by hand or let nvrx-watch reconcile"
         )
         return False
+    if done.returncode != 0 and BENIGN_SCANCEL in done.stderr:
+        # Asked for PENDING tasks of an array that has none left: nothing to release.
+        return True
     if done.returncode != 0:
         _log(
             f"ERROR: {' '.join(argv)} failed (exit {done.returncode}: {done.stderr.strip()}). "

@@ -92,13 +92,16 @@ def test_cancelling_the_chain_is_by_name_and_user_and_pending_only():
 # --- the rendered script under bash, with srun/scancel stand-ins ---------------------
 
 STANDIN = """#!/bin/sh
-# stand-in for {name}: records its argv, exits with ${{{var}:-0}}
+# stand-in for {name}: records its argv, says ${{STANDIN_STDERR}}, exits with ${{{var}:-0}}
 echo "{name} $*" >> "$STANDIN_LOG"
+[ -n "$STANDIN_STDERR" ] && echo "$STANDIN_STDERR" >&2
 exit ${{{var}:-0}}
 """
 
 
-def _run_generation(tmp_path, *, srun_exit, scancel_exit=0, python=None, ledger_lines=()):
+def _run_generation(
+    tmp_path, *, srun_exit, scancel_exit=0, python=None, ledger_lines=(), scancel_says=""
+):
     work = tmp_path / "work"
     spec = ChainSpec(
         work_dir=str(work), workload="cpu", runtime="bare", python=python or "python3",
@@ -123,6 +126,7 @@ def _run_generation(tmp_path, *, srun_exit, scancel_exit=0, python=None, ledger_
         "STANDIN_LOG": str(tmp_path / "calls"),
         "SRUN_EXIT": str(srun_exit),
         "SCANCEL_EXIT": str(scancel_exit),
+        "STANDIN_STDERR": scancel_says,
         "SLURM_ARRAY_JOB_ID": "500",
         "SLURM_ARRAY_TASK_ID": "0",
         "SLURM_JOB_NAME": "demo",
@@ -168,6 +172,15 @@ def test_a_failed_scancel_is_loud_and_recorded(tmp_path):
     assert "THE CHAIN IS NOT RELEASED" in done.stderr
     assert ledger[-1]["scancel_ok"] is False
     assert (work / "chain.active").exists()  # still expected to live: the watcher must see it
+
+
+def test_an_array_with_nothing_left_pending_is_not_a_failed_release(tmp_path):
+    says = "scancel: error: Kill job error on job id 500: Invalid job id specified"
+    done, _work, _calls, ledger = _run_generation(
+        tmp_path, srun_exit=143, scancel_exit=1, scancel_says=says
+    )
+    assert ledger[-1]["scancel_ok"] is True
+    assert "NOT RELEASED" not in done.stderr
 
 
 def test_without_a_usable_python_the_bash_fallback_still_cancels_on_93(tmp_path):

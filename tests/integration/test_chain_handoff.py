@@ -1,0 +1,136 @@
+"""b) Hand-off: task 0 is lost, the next generation takes over from the last checkpoint.
+c) In-job restart: a workload fault starts the next cycle of the same generation.
+g) A previous generation's closed flag and rendezvous record never stop a new one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from .conftest import Cluster, cluster_cli
+from .test_chain_support import (
+    cli,
+    ledger,
+    logs_on_failure,
+    progress,
+    state,
+    submit,
+    tasks,
+    unique,
+    wait_event,
+    wait_idle,
+)
+
+pytestmark = pytest.mark.cluster
+
+GENERATION_S = 240  # a generation's start, fault, restart and end, with room on 2 cores
+
+
+def _starts(work, array_job_id):
+    return [
+        e
+        for e in progress(work)
+        if e["event"] == "start" and e.get("slurm_array_job_id") == array_job_id
+    ]
+
+
+def _assert_resumed_where_the_previous_generation_left(work, first, second):
+    """The successor's first iteration is the tracker value its predecessor left."""
+    start = wait_event(
+        work,
+        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == second,
+        GENERATION_S,
+        f"generation {second} to start training",
+    )
+    checkpoints = [
+        e["iteration"]
+        for e in progress(work)
+        if e["event"] == "checkpoint" and e["time"] < start["time"]
+    ]
+    assert checkpoints, logs_on_failure(work)
+    assert start["iteration"] == max(checkpoints) > 0
+    assert start["cycle"] == 0
+    return start
+
+
+def _stale_control_files(work, array_job_id):
+    control = work / "nvrx" / array_job_id / "control"
+    return (control / "closed").exists(), (control / "rdzv.json").exists()
+
+
+def test_a_gpu_failure_on_task_0_hands_the_chain_to_the_next_generation(cluster: Cluster):
+    work = cluster.workdir("handoff")
+    name = unique("handoff")
+    # The seeds' hand-off demo: a workload fault in cycle 0, then the health-check
+    # injector fails infra rank 0 (task 0's node) before cycle 1's rendezvous.
+    first, second = submit(
+        cluster, work, name,
+        "--mode", "handoff", "--train-tasks", "1", "--hot-spares", "1",
+        "--depth", "2", "--fault-delay", "3",
+    )  # fmt: skip
+    try:
+        start = _assert_resumed_where_the_previous_generation_left(work, first, second)
+        # The workload fault in cycle 0 is what brought the injector's cycle 1 about.
+        assert any(e["event"] == "fault" and e["cycle"] == 0 for e in progress(work))
+        # b) the first generation ended through task 0's trap, which handed off.
+        [entry] = [e for e in ledger(work) if e["array_job_id"] == first]
+        assert entry["action"] == "released_spares" and entry["exit_code"] != 93
+        assert entry["checkpoint_iteration"] == start["iteration"]
+        # g) the successor trained although its predecessor's flag and record remain.
+        assert _stale_control_files(work, first) == (True, True)
+        assert start["host"] in cluster.nodes
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)
+
+
+@pytest.mark.disruptive
+def test_losing_task_0s_node_hands_off_after_an_in_job_restart(cluster: Cluster):
+    work = cluster.workdir("killnode")
+    name = unique("killnode")
+    first, second = submit(
+        cluster, work, name,
+        "--mode", "handoff", "--gpu-failure", "", "--train-tasks", "1", "--hot-spares", "1",
+        "--cold-spares", "1", "--depth", "2", "--fault-delay", "3",
+    )  # fmt: skip
+    victim = ""
+    try:
+        # c) the workload fault restarts training in cycle 1 of the same generation,
+        # resumed from a checkpoint, not from scratch.
+        restarted = wait_event(
+            work,
+            lambda e: e["event"] == "start" and e.get("cycle", 0) >= 1,
+            GENERATION_S,
+            "the in-job restart to resume training",
+        )
+        assert restarted["slurm_array_job_id"] == first
+        assert restarted["iteration"] > 0
+        # Let cycle 1 write a checkpoint of its own, so the hand-off has progress to keep.
+        wait_event(
+            work,
+            lambda e: e["event"] == "checkpoint" and e["time"] > restarted["time"]
+            and e["iteration"] > restarted["iteration"],
+            60,
+            "a checkpoint in cycle 1",
+        )  # fmt: skip
+        victim = tasks(cluster, first)[0]["NodeList"]
+        assert cluster_cli("kill-node", victim).returncode == 0
+
+        # b) no trap ran on the dead node; the peers notice the stale lease, the array
+        # drains, and the next generation starts on a new task 0 from the checkpoint.
+        start = _assert_resumed_where_the_previous_generation_left(work, first, second)
+        gen1 = tasks(cluster, first)
+        assert state(gen1[0]) == "NODE_FAIL"
+        assert start["host"] != victim
+        assert tasks(cluster, second)[0]["NodeList"] != victim
+        # g) the dead task 0 left its record and no closed flag; neither stopped gen 2.
+        assert _stale_control_files(work, first) == (False, True)
+    finally:
+        cli(cluster, "cancel", name)
+        if victim:
+            assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
+        wait_idle(cluster, name, timeout=90)
+    status = json.loads(cli(cluster, "status", first, "--json").stdout)
+    assert [g["array_job_id"] for g in status["generations"]] == [first, second]

@@ -1,0 +1,82 @@
+"""f) task 0's normal end releases the pending cold spares; h) two chains with different
+names leave each other alone, and a second chain under a name in use is refused;
+j) `train` mode runs to the end without a single fault."""
+
+from __future__ import annotations
+
+import pytest
+
+from .conftest import Cluster
+from .test_chain_support import (
+    cli,
+    ledger,
+    logs_on_failure,
+    progress,
+    ran,
+    squeue_ids,
+    state,
+    submit,
+    tasks,
+    tracker,
+    unique,
+    wait_idle,
+    wait_ledger,
+)
+
+pytestmark = pytest.mark.cluster
+
+ITERATIONS = 300  # train samples / global batch (1 micro batch x 2 ranks)
+
+
+def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
+    work_a, work_b = cluster.workdir("train"), cluster.workdir("neighbour")
+    name_a, name_b = unique("train"), unique("neighbour")
+    # Throttle 1: the two cold spares stay pending for as long as task 0 runs.
+    a1, a2 = submit(
+        cluster, work_a, name_a,
+        "--mode", "train", "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "2",
+        "--depth", "2", "--train-samples", str(2 * ITERATIONS),
+    )  # fmt: skip
+
+    # h) the same name again is refused, and nothing is written for it.
+    work_dup = cluster.workdir("duplicate")
+    dup = cli(cluster, "submit", "--workload", "cpu", "--work-dir", str(work_dup / "run"),
+              "--job-name", name_a)  # fmt: skip
+    assert dup.returncode == 2
+    assert (
+        f"--job-name: {name_a!r} is used by your queued or running job(s) {a1}, {a2}" in dup.stderr
+    )
+    assert not (work_dup / "run").exists()
+
+    # A neighbour under another name ends in 93 and cancels its own chain by name...
+    _b1, b2 = submit(
+        cluster, work_b, name_b,
+        "--mode", "no-restart", "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "1",
+        "--depth", "2", "--fault-delay", "2",
+    )  # fmt: skip
+    [b_entry] = wait_ledger(work_b, 1, timeout=240)
+    wait_idle(cluster, name_b, timeout=60)
+    assert b_entry["action"] == "cancelled_chain", logs_on_failure(work_b)
+    assert {state(r) for r in tasks(cluster, b2).values()} == {"CANCELLED"}
+    # ...and this chain's queued generation is untouched by it.
+    assert a2 in {i.split("_")[0] for i in squeue_ids(cluster, name_a)} or any(
+        ran(r) for r in tasks(cluster, a2).values()
+    ), "the neighbour's cancel reached this chain"
+
+    wait_ledger(work_a, 2, timeout=300)
+    wait_idle(cluster, name_a, timeout=60)
+    first, second = ledger(work_a)
+    # j) training ran to its end: exit 0, no fault, the tracker at the last iteration.
+    assert first["exit_code"] == 0, logs_on_failure(work_a)
+    assert not [e for e in progress(work_a) if e["event"] == "fault"]
+    done = [e for e in progress(work_a) if e["event"] == "done"]
+    assert done and done[0]["iteration"] == ITERATIONS == tracker(work_a)
+    gen1 = tasks(cluster, a1)
+    assert (state(gen1[0]), gen1[0]["ExitCode"]) == ("COMPLETED", "0:0")
+    # f) task 0's end released the cold spares: cancelled, never started.
+    assert first["action"] == "released_spares"
+    for spare in (1, 2):
+        assert state(gen1[spare]) == "CANCELLED" and not ran(gen1[spare])
+    # The next generation found the work done: it resumed at the end and stopped cleanly.
+    assert (second["array_job_id"], second["exit_code"]) == (a2, 0)
+    assert second["checkpoint_iteration_start"] == ITERATIONS
