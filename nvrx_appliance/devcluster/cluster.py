@@ -114,7 +114,8 @@ def _memory_mb() -> int:
 def check_clashes(plan: Plan) -> None:
     """Refuse, before changing anything, to take what the machine already uses."""
     root = plan.paths.root
-    if root.exists() and not plan.paths.marker.exists():
+    # An empty root is what an `up` killed between mkdir and marker leaves; take it.
+    if root.exists() and not plan.paths.marker.exists() and any(root.iterdir()):
         raise Refused(f"{root} exists and was not made by nvrx-appliance; move it away first")
     clashes = overlapping_routes(plan.params.subnet, net.foreign_routes())
     if clashes:
@@ -328,10 +329,12 @@ def teardown(paths: Paths, state: State | None, say: Say) -> None:
     found = sorted(set(recorded) | set(procs.our_daemons(paths.root)))
     if found:
         say(f"stopping {len(found)} daemons (pids {' '.join(map(str, found))})")
-        # Slurm first, then what it talks to, so none of them logs a storm of errors.
-        slurm = [pid for pid in found if _name(pid).startswith("slurm")]
-        procs.stop(slurm)
-        procs.stop([pid for pid in found if pid not in slurm])
+        # In waves, each before what it talks to: slurmctld saves its state through
+        # slurmdbd and would wait out its timeouts on a slurmdbd already gone.
+        waves = (("slurmctld",), ("slurmd", "slurmdbd"))
+        for wave in waves:
+            procs.stop([pid for pid in found if _name(pid) in wave])
+        procs.stop([pid for pid in found if not any(_name(pid) in w for w in waves)])
     namespaces = net.namespaces()
     for ns in sorted(namespaces):
         procs.empty_netns(ns)
@@ -343,7 +346,7 @@ def teardown(paths: Paths, state: State | None, say: Say) -> None:
         say("removing the /etc/hosts block")
         _write_hosts(hosts.without_block(text))
     if paths.root.exists():
-        if not paths.marker.exists():
+        if not paths.marker.exists() and any(paths.root.iterdir()):
             raise Refused(f"{paths.root} was not made by nvrx-appliance; left in place")
         say(f"removing {paths.root}")
         shutil.rmtree(paths.root)
