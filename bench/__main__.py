@@ -1,0 +1,146 @@
+"""`python -m bench` (`make bench`): the recovery benchmarks of issue 7.
+
+    python -m bench                               # everything, 5 samples each
+    python -m bench --only handoff --repeat 5     # a partial run
+    python -m bench --readme                      # and refresh the README's table
+
+Holds the machine-wide cluster lock for the whole run, so no test session touches the
+cluster meanwhile; brings the cluster up if it is not (never takes it down); revives
+every node it killed and cancels every job it submitted, even on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from bench import floor, handoff, machine, norestart, readme, report, restart, spare, watcher
+from bench.harness import Harness
+from bench.report import Result
+from nvrx_appliance.devcluster.lock import cluster_lock
+
+SCENARIOS = {m.NAME: m for m in (floor, handoff, spare, norestart, restart, watcher)}
+NEEDS_NO_CLUSTER = {watcher.NAME}
+RESULTS = Path(__file__).parent / "results"
+README = Path(__file__).parent.parent / "README.md"
+MIN_REPEAT = 5  # issue 7: every figure over at least five samples
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--only",
+        default="",
+        help=f"Comma list of scenarios ({', '.join(SCENARIOS)}); default: all. The floor "
+        "runs whenever a cluster scenario does: every latency is reported against it.",
+    )
+    p.add_argument("--repeat", type=int, default=MIN_REPEAT, help="Samples per scenario.")
+    p.add_argument("--out", type=Path, help="JSON file (default: bench/results/...).")
+    p.add_argument("--readme", action="store_true", help="Refresh the README's results table.")
+    args = p.parse_args(argv)
+    chosen = [s for s in args.only.split(",") if s] or list(SCENARIOS)
+    unknown = [s for s in chosen if s not in SCENARIOS]
+    if unknown:
+        p.error(f"--only: unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
+    if args.repeat < 1:
+        p.error("--repeat: at least 1 (issue 7 asks for 5 or more)")
+    if args.readme and (args.only or args.repeat < MIN_REPEAT):
+        p.error("--readme: only a full run (no --only, --repeat >= 5) may replace the table")
+    if set(chosen) - NEEDS_NO_CLUSTER:
+        chosen = [floor.NAME, *[s for s in chosen if s != floor.NAME]]
+    args.chosen = [s for s in SCENARIOS if s in chosen]
+    return args
+
+
+def _sayer():
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        print(f"bench [{time.monotonic() - started:6.1f}s] {line}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _one(module, h: Harness | None, repeat: int, floor_s: float | None, say) -> Result:
+    say(f"{module.TITLE}: {repeat} samples")
+    started = time.monotonic()
+    try:
+        result = module.run(h, repeat, floor_s)
+    except Exception as exc:  # one scenario's failure must not lose the others' figures
+        say(f"{module.TITLE} FAILED: {exc}\n{traceback.format_exc()}")
+        result = Result(module.NAME, module.TITLE, error=f"{type(exc).__name__}: {exc}")
+    say(f"{module.TITLE}: done in {time.monotonic() - started:.0f} s")
+    return result
+
+
+def run_all(args: argparse.Namespace, say) -> tuple[list[Result], dict]:
+    results: list[Result] = []
+    on_cluster = [s for s in args.chosen if s not in NEEDS_NO_CLUSTER]
+    facts: dict = {}
+    if on_cluster:
+        if os.geteuid() != 0:
+            raise SystemExit(
+                "python -m bench: the cluster scenarios need the local Slurm cluster, which "
+                "needs root; run as root, or `--only watcher`"
+            )
+        with cluster_lock(say=say):
+            h = Harness(say)
+            try:
+                h.up()
+                facts = machine.facts(h.status)
+                floor_s = None
+                for name in on_cluster:
+                    results.append(_one(SCENARIOS[name], h, args.repeat, floor_s, say))
+                    floor_s = floor_s or report.floor_median(results)
+            finally:
+                h.cleanup()
+    for name in args.chosen:
+        if name in NEEDS_NO_CLUSTER:
+            results.append(_one(SCENARIOS[name], None, args.repeat, None, say))
+    return results, facts or machine.facts()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # A TERM (a CI timeout) must still revive nodes and cancel jobs: exit through finally.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    say = _sayer()
+    started = datetime.datetime.now(datetime.timezone.utc)
+    results, facts = run_all(args, say)
+    when = started.strftime("%Y-%m-%d %H:%M UTC")
+    command = (
+        "python -m bench"
+        + (f" --only {args.only}" if args.only else "")
+        + (f" --repeat {args.repeat}" if args.repeat != MIN_REPEAT else "")
+    )
+    run = {"started": started.isoformat(timespec="seconds"), "command": command,
+           "repeat": args.repeat, "scenarios": args.chosen}  # fmt: skip
+    table = report.table(results)
+    print(table)
+    for result in results:
+        for note in result.notes:
+            print(f"- {result.title}: {note}")
+    out = args.out or RESULTS / (
+        "recovery.json" if not args.only else f"partial-{'-'.join(args.chosen)}.json"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report.document(results, facts, run), indent=2) + "\n")
+    say(f"written: {out}")
+    if args.readme:
+        text = readme.with_results(
+            README.read_text(), readme.block(table, when, machine.describe(facts), command)
+        )
+        README.write_text(text)
+        say(f"README table refreshed: {README}")
+    return 1 if any(r.error for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

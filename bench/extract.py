@@ -1,0 +1,314 @@
+"""What each scenario measures, from what its run left behind. Pure.
+
+Each scenario's shell gathers the artefacts of one sample into a `...Seen` value; the
+functions here turn it into a timeline of marks (every mark names the artefact it came
+from) and the figures the table reports. A sample that lacks an artefact raises
+Incomplete naming it, rather than reporting a number that is not one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from bench.timing import (
+    CtldEvent,
+    Cycle,
+    FileTimes,
+    Mark,
+    Task,
+    first_read,
+    generation_end,
+    segments,
+    task0,
+)
+
+RESTORE = "checkpoint restore"  # the workload's own restore, the phase a target leaves out
+
+
+class Incomplete(ValueError):
+    """A sample is missing an artefact it needs; the message names it."""
+
+
+def _need(**named: Any) -> None:
+    absent = [name for name, value in named.items() if value is None]
+    if absent:
+        raise Incomplete("missing: " + ", ".join(absent))
+
+
+def timeline(marks: Sequence[Mark]) -> dict[str, Any]:
+    """A sample as the JSON keeps it: marks, per-phase seconds, and their total."""
+    parts = segments(marks)
+    return {
+        "marks": [{"name": m.name, "time": m.time, "source": m.source} for m in marks],
+        "phases": {name: seconds for name, seconds in parts},
+        "total_s": marks[-1].time - marks[0].time,
+    }
+
+
+def _resumed(reads: tuple[float, float], resumed: dict, first_step: dict) -> list[Mark]:
+    """The workload's part of any recovery: its processes start, read the checkpoint,
+    and take a step."""
+    return [
+        Mark(
+            "restore began", reads[0], "checkpoint files' first access time",
+            phase="worker start",
+        ),
+        Mark("training resumed", resumed["time"], "progress log: start", phase=RESTORE),
+        Mark("first step", first_step["time"], "progress log: step", phase="first step"),
+    ]  # fmt: skip
+
+
+# --- 1. scheduler floor ---------------------------------------------------------------------
+
+
+def floor_sample(previous: Sequence[Task], successor: Sequence[Task]) -> dict[str, Any]:
+    """Last task of generation N ended -> task 0 of N+1 started."""
+    ended = generation_end(previous)
+    first = task0(successor) if successor else None
+    _need(previous_end=ended, successor_task0_start=first and first.start)
+    assert ended is not None and first is not None and first.start is not None
+    marks = [
+        Mark("generation ended", ended[0], f"{ended[1]}: last task of {previous[0].array_job_id}"),
+        Mark(
+            "successor task 0 started",
+            first.start,
+            f"{first.start_from}: {first.array_job_id}_0",
+            phase="scheduler",
+        ),
+    ]
+    return timeline(marks)
+
+
+# --- 2. hand-off ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HandoffSeen:
+    killed_at: float  # the harness's clock, just before kill-node
+    victim: str  # task 0's node
+    generation: list[Task]  # N, whose task 0 died
+    successor: list[Task]  # N+1
+    record_written: float | None  # N+1's rdzv.json mtime
+    cycle0: Cycle | None  # N+1's first cycle-info file
+    checkpoint: list[FileTimes]  # the files of the checkpoint N+1 restored
+    resumed: dict | None  # N+1's "start" progress event
+    first_step: dict | None  # the first "step" event after it
+
+
+def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
+    ended = generation_end(seen.generation)
+    successor0 = task0(seen.successor) if seen.successor else None
+    reads = first_read(seen.checkpoint)
+    _need(
+        generation_end=ended,
+        successor_task0_start=successor0 and successor0.start,
+        rendezvous_record=seen.record_written,
+        cycle0_start=seen.cycle0 and seen.cycle0.start,
+        checkpoint_first_read=reads,
+        start_event=seen.resumed,
+        first_step_event=seen.first_step,
+    )
+    assert ended and successor0 and successor0.start and seen.cycle0 and seen.cycle0.start
+    assert reads and seen.resumed and seen.first_step and seen.record_written
+    gen_id, next_id = seen.generation[0].array_job_id, successor0.array_job_id
+    marks = [
+        Mark("node killed", seen.killed_at, f"harness clock, kill-node {seen.victim}"),
+        Mark(
+            "generation ended", ended[0], f"{ended[1]}: last task of {gen_id}",
+            phase="detection + teardown",
+        ),
+        Mark(
+            "successor task 0 started", successor0.start, f"{successor0.start_from}: {next_id}_0",
+            phase="scheduler",
+        ),
+        Mark(
+            "rendezvous record published", seen.record_written, "rdzv.json mtime",
+            phase="entrypoint start (task 0)",
+        ),
+        Mark(
+            "rendezvous closed", seen.cycle0.start, "cycle-info cycle 0 start",
+            phase="ft_launcher start + gate + rendezvous",
+        ),
+        *_resumed(reads, seen.resumed, seen.first_step),
+    ]  # fmt: skip
+    sample = timeline(marks)
+    sample.update(_who_ended_last(seen.generation, seen.victim))
+    sample["resumed_iteration"] = seen.resumed.get("iteration")
+    return sample
+
+
+def _who_ended_last(generation: Sequence[Task], victim: str) -> dict[str, Any]:
+    """Which ended the dead generation: Slurm declaring task 0's node dead, or a peer
+    noticing task 0's stale lease (the other must have come first)."""
+    zero = task0(generation)
+    peers = [t for t in generation if t.task_id != 0 and t.ran and t.end is not None]
+    peers_end = max((t.end for t in peers if t.end is not None), default=None)
+    return {
+        "victim": victim,
+        "task0_state": zero.state,
+        "task0_end": zero.end,
+        "peers_end": peers_end,
+        "peer_exit_codes": sorted({t.exit_code for t in peers if t.exit_code is not None}),
+        "ended_last": "task 0 (Slurm: node failure)"
+        if peers_end is None or (zero.end or 0) >= peers_end
+        else "peers (stale lease)",
+    }
+
+
+# --- 3. escaped cold spare -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpareSeen:
+    generation: list[Task]
+    closed_at: float | None  # the closed flag's mtime
+    train_tasks: int
+    hot_spares: int
+
+
+def spare_samples(seen: SpareSeen) -> list[dict[str, Any]]:
+    """Every cold spare of a generation that ran: when it was admitted, against the
+    closed flag, and how long it held its node. 'escaped' = admitted before the flag
+    (it passed the sbatch's own closed-flag check)."""
+    first_cold = seen.train_tasks + seen.hot_spares
+    out = []
+    for t in seen.generation:
+        if t.task_id < first_cold or not t.ran or t.start is None or t.end is None:
+            continue
+        escaped = seen.closed_at is not None and t.start < seen.closed_at
+        out.append(
+            {
+                "task": f"{t.array_job_id}_{t.task_id}",
+                "node": t.node,
+                "admitted": t.start,
+                "exit": t.end,
+                "exit_code": t.exit_code,
+                "closed_flag": seen.closed_at,
+                "escaped": escaped,
+                "held_s": t.end - t.start,
+                "after_flag_s": None if seen.closed_at is None else t.end - seen.closed_at,
+                "sources": f"{t.start_from}/{t.end_from}; closed flag mtime",
+            }
+        )
+    return out
+
+
+def spare_fates(generation: Sequence[Task], first_cold: int) -> dict[str, int]:
+    """What became of the cold spares: ran (escaped or caught by the sbatch), or
+    cancelled while pending by the teardown."""
+    fates: dict[str, int] = {}
+    for t in generation:
+        if t.task_id >= first_cold:
+            key = "ran" if t.ran else t.state.lower()
+            fates[key] = fates.get(key, 0) + 1
+    return fates
+
+
+# --- 4. no-restart ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NoRestartSeen:
+    decided: float | None  # NVRx's last cycle end (cycle-info): the launcher gave up
+    exited_93: float | None  # the entrypoint's no-restart file mtime: ft_launcher exited 93
+    closed: float | None  # the closed flag's mtime: task 0's trap began
+    queued: list[str]  # array job ids of the generations that were queued behind it
+    queued_tasks: list[Task]
+    kills: list[CtldEvent]  # scancel RPCs slurmctld logged
+    ledger_written: float | None  # chain.jsonl mtime: the teardown's scancel returned
+    queue_empty: float  # the harness: first squeue without a job of the chain
+
+
+def cancelled_at(queued: Sequence[str], tasks: Sequence[Task], kills: Sequence[CtldEvent]):
+    """When the last queued generation was cancelled: slurmctld's first kill RPC for
+    each (milliseconds), else sacct's end of its tasks (seconds)."""
+    moments = []
+    for array_job_id in queued:
+        rpcs = [k.time for k in kills if k.kind == "kill" and k.array_job_id == array_job_id]
+        if rpcs:
+            moments.append((min(rpcs), "slurmctld: REQUEST_KILL_JOB"))
+            continue
+        ends = [t.end for t in tasks if t.array_job_id == array_job_id and t.end is not None]
+        if not ends:
+            return None
+        moments.append((max(ends), "sacct: End"))
+    return max(moments) if moments else None
+
+
+def norestart_sample(seen: NoRestartSeen) -> dict[str, Any]:
+    cancelled = cancelled_at(seen.queued, seen.queued_tasks, seen.kills)
+    _need(
+        no_restart_file=seen.exited_93,
+        closed_flag=seen.closed,
+        queued_cancelled=cancelled,
+        ledger=seen.ledger_written,
+    )
+    assert seen.exited_93 and seen.closed and cancelled and seen.ledger_written
+    marks = []
+    if seen.decided is not None:
+        marks.append(Mark("NVRx gave up", seen.decided, "cycle-info: last cycle end"))
+    marks += [
+        Mark(
+            "ft_launcher exited 93", seen.exited_93, "no_restart file mtime",
+            phase="ft_launcher shutdown",
+        ),
+        Mark("closed flag written", seen.closed, "closed mtime", phase="srun + trap start"),
+        Mark(
+            "queued generations cancelled", cancelled[0], cancelled[1],
+            phase="teardown to scancel",
+        ),
+        Mark("ledger written", seen.ledger_written, "chain.jsonl mtime", phase="ledger"),
+        Mark(
+            "queue empty", seen.queue_empty, "harness: squeue polled every 0.1 s",
+            phase="generation's own tasks end",
+        ),
+    ]  # fmt: skip
+    sample = timeline(marks)
+    sample["exit93_to_empty_s"] = seen.queue_empty - seen.exited_93
+    sample["exit93_to_cancelled_s"] = cancelled[0] - seen.exited_93
+    return sample
+
+
+# --- 5. in-job restart --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RestartSeen:
+    fault_at: float  # the harness's clock, just before SIGKILL of the rank's process
+    rank: int
+    failed: Cycle | None  # the cycle the fault hit
+    next: Cycle | None  # the cycle after it
+    checkpoint: list[FileTimes]
+    resumed: dict | None  # the "start" event of the next cycle
+    first_step: dict | None
+
+
+def restart_sample(seen: RestartSeen) -> dict[str, Any]:
+    reads = first_read(seen.checkpoint)
+    _need(
+        failed_cycle_end=seen.failed and seen.failed.end,
+        next_cycle_start=seen.next and seen.next.start,
+        checkpoint_first_read=reads,
+        start_event=seen.resumed,
+        first_step_event=seen.first_step,
+    )
+    assert seen.failed and seen.failed.end and seen.next and seen.next.start
+    assert reads and seen.resumed and seen.first_step
+    marks = [
+        Mark("rank killed", seen.fault_at, f"harness clock, SIGKILL of rank {seen.rank}"),
+        Mark(
+            "cycle ended", seen.failed.end, f"cycle-info cycle {seen.failed.number} end",
+            phase="detection",
+        ),
+        Mark(
+            "next cycle started", seen.next.start, f"cycle-info cycle {seen.next.number} start",
+            phase="restart + rendezvous",
+        ),
+        *_resumed(reads, seen.resumed, seen.first_step),
+    ]  # fmt: skip
+    sample = timeline(marks)
+    sample["cycle"] = seen.next.number
+    sample["resumed_iteration"] = seen.resumed.get("iteration")
+    return sample

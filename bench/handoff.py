@@ -1,0 +1,84 @@
+"""2. Hand-off: task 0's node dies -> the next generation's first training step.
+
+One chain of repeat+1 generations in train mode. For each sample: wait until the
+generation trains and has written a checkpoint, crash task 0's node (kill-node: every
+process in its namespace, link down, no trap), wait for the successor's first step
+after its restore, revive the node. The timeline is read from Slurm, the control
+directory, the cycle-info file, the checkpoint's access times and the progress log.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from bench import chains, extract
+from bench.extract import RESTORE, HandoffSeen
+from bench.harness import Harness
+from bench.report import Metric, Result, phase_metrics
+from bench.timing import task0
+from nvrx_appliance.entrypoints import control
+from nvrx_appliance.manifest import Layout
+
+NAME = "handoff"
+TITLE = "2 hand-off"
+TARGET_OVERHEAD_S = 3.0  # beyond the floor and the workload's own restore (issue 7)
+HANDOFF_TIMEOUT_S = 240  # node-failure detection (~20 s here) and a generation's start
+
+
+def one(h: Harness, work, gen: str, successor: str) -> dict:
+    layout = Layout(work)
+    h.wait_checkpointed(work, f"generation {gen}", slurm_array_job_id=gen)
+    victim = task0(h.tasks([gen])).node
+    killed_at = h.kill_node(victim)
+    try:
+        resumed, step = h.wait_resumed(
+            work, f"generation {successor}", HANDOFF_TIMEOUT_S, slurm_array_job_id=successor
+        )
+    finally:
+        h.revive_node(victim)
+    seen = HandoffSeen(
+        killed_at=killed_at,
+        victim=victim,
+        generation=h.wait_final([gen], 120),
+        successor=h.tasks([successor]),
+        record_written=h.mtime(layout.control(successor) / control.RECORD),
+        cycle0=h.cycle(work, successor, 0),
+        checkpoint=h.restored(work, resumed),
+        resumed=resumed,
+        first_step=step,
+    )
+    return extract.handoff_sample(seen)
+
+
+def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
+    work, name = h.workdir(NAME), h.job_name(NAME)
+    ids = h.submit(work, name, *chains.FAST, *chains.SHAPE, "--mode", "train",
+                   "--depth", str(repeat + 1))  # fmt: skip
+    result = Result(NAME, TITLE, notes=[f"generations: {', '.join(ids)}"])
+    try:
+        for gen, successor in itertools.pairwise(ids):
+            try:
+                result.samples.append(one(h, work, gen, successor))
+            except extract.Incomplete as exc:
+                result.notes.append(f"sample {gen} -> {successor} dropped: {exc}")
+            h.say(f"handoff: {len(result.samples)}/{repeat} samples")
+    finally:
+        h.drain(name)
+    result.metrics = metrics(result.samples, floor)
+    last = [s["ended_last"] for s in result.samples]
+    result.notes.append(
+        "what ended the dead generation last: "
+        + ", ".join(f"{k} x{last.count(k)}" for k in sorted(set(last)))
+    )
+    return result
+
+
+def metrics(samples: list[dict], floor: float | None) -> list[Metric]:
+    out = [Metric("node death -> successor's first step", [s["total_s"] for s in samples])]
+    out += phase_metrics(samples)
+    if floor is not None:
+        overhead = [s["total_s"] - s["phases"][RESTORE] - floor for s in samples]
+        out.append(
+            Metric("overhead beyond floor and restore", overhead, target_s=TARGET_OVERHEAD_S)
+        )
+    return out

@@ -1,0 +1,266 @@
+"""The imperative shell of the benchmarks: the local cluster, Slurm, the CLI, the disk.
+
+One Harness per `python -m bench` run. It is used inside the machine-wide cluster lock
+(bench/__main__.py takes it), so no test session builds, kills or tears down the
+cluster meanwhile. It remembers every job name it submitted and every node it killed,
+and `cleanup` cancels the former and revives the latter, whatever happened.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from bench import timing
+from bench.chains import START_TIMEOUT_S
+from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
+from nvrx_appliance.manifest import Layout
+from nvrx_appliance.slurm import parse, slurmcli
+
+T = TypeVar("T")
+CLI = str(Path(sys.executable).parent / "nvrx-appliance")
+UP_TIMEOUT_S = 600  # a first `cluster up` on a fresh machine installs Debian packages
+REVIVE_TIMEOUT_S = 180
+POLL_S = 0.1  # the harness's own observations (an empty queue) are this fine
+
+
+class BenchError(Exception):
+    """A benchmark could not take its measurement; the message says what and where."""
+
+
+class Harness:
+    def __init__(self, say: Callable[[str], None], run_id: str | None = None):
+        self.say = say
+        self.run_id = run_id or uuid.uuid4().hex[:6]
+        self.names: list[str] = []
+        self.killed: set[str] = set()
+        self.status: dict[str, Any] = {}
+
+    # --- the cluster ------------------------------------------------------------------
+
+    def up(self) -> None:
+        """`cluster up` (idempotent; our child, so it proceeds under our lock)."""
+        done = self.appliance("cluster", "up", timeout=UP_TIMEOUT_S)
+        if done.returncode != 0:
+            raise BenchError(f"nvrx-appliance cluster up failed:\n{done.stderr[-2000:]}")
+        self.status = json.loads(self.appliance("cluster", "status", "--json").stdout)
+        if not self.status.get("up"):
+            raise BenchError(f"the cluster is not up: {self.status.get('reason')}")
+        self._ctld_offset = self.ctld_log.stat().st_size
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, **self.status["env"]}
+
+    @property
+    def work_root(self) -> Path:
+        return Path(self.status["work_root"])
+
+    @property
+    def nodes(self) -> list[str]:
+        return [n["name"] for n in self.status["nodes"]]
+
+    @property
+    def ctld_log(self) -> Path:
+        return Path(self.status["root"]) / "log" / "slurmctld.log"
+
+    def appliance(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        env = {**os.environ, **self.status["env"]} if self.status else None
+        return subprocess.run(
+            [CLI, *args], env=env, capture_output=True, text=True, timeout=timeout
+        )
+
+    def kill_node(self, node: str) -> float:
+        """Crash a node; returns the moment just before its processes were killed."""
+        self.killed.add(node)
+        at = time.time()
+        done = self.appliance("cluster", "kill-node", node)
+        if done.returncode != 0:
+            raise BenchError(f"kill-node {node} failed: {done.stderr.strip()}")
+        return at
+
+    def revive_node(self, node: str) -> None:
+        done = self.appliance("cluster", "revive-node", node, timeout=REVIVE_TIMEOUT_S)
+        if done.returncode != 0:
+            raise BenchError(f"revive-node {node} failed: {done.stderr.strip()}")
+        self.killed.discard(node)
+
+    # --- Slurm --------------------------------------------------------------------------
+
+    def slurm(self, *argv: str, timeout: float = 30) -> str:
+        return slurmcli.run(list(argv), env=self.env, timeout=timeout)
+
+    def sbatch(self, args: Sequence[str], script: Path) -> str:
+        return slurmcli.sbatch(args, str(script), env=self.env)
+
+    def squeue_ids(self, name: str) -> list[str]:
+        return self.slurm("squeue", "-h", "-r", "--name", name, "-o", "%i").split()
+
+    def sacct(self, job_ids: Sequence[str]) -> list[parse.AcctRow]:
+        out = self.slurm(
+            "sacct", "--noheader", "--parsable2", "--allocations",
+            "-j", ",".join(job_ids), "--format", parse.SACCT_FORMAT,
+        )  # fmt: skip
+        return parse.sacct_rows(out)
+
+    def ctld_events(self) -> list[timing.CtldEvent]:
+        """slurmctld's log since this run brought the cluster up (or found it up)."""
+        with self.ctld_log.open("rb") as fh:
+            fh.seek(self._ctld_offset)
+            text = fh.read().decode(errors="replace")
+        return timing.ctld_events(text)
+
+    def tasks(self, job_ids: Sequence[str]) -> list[timing.Task]:
+        return timing.tasks(self.sacct(job_ids), self.ctld_events())
+
+    def wait_final(self, job_ids: Sequence[str], timeout: float) -> list[timing.Task]:
+        """Until every task of these jobs has ended (or never ran and was cancelled)."""
+
+        def final() -> list[timing.Task] | None:
+            found = self.tasks(job_ids)
+            seen = {t.array_job_id for t in found}
+            done = all(t.end is not None for t in found) and seen >= set(job_ids)
+            return found if found and done else None
+
+        return self.wait(final, timeout, f"jobs {', '.join(job_ids)} to end")
+
+    # --- chains ---------------------------------------------------------------------------
+
+    def job_name(self, scenario: str) -> str:
+        name = f"bench-{scenario}-{self.run_id}-{len(self.names)}"
+        self.names.append(name)
+        return name
+
+    def workdir(self, scenario: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"bench-{scenario}-", dir=self.work_root))
+
+    def submit(self, work: Path, name: str, *flags: str) -> list[str]:
+        done = self.appliance(
+            "submit", "--work-dir", str(work), "--job-name", name, *flags, "--json"
+        )
+        if done.returncode != 0:
+            raise BenchError(f"submit of {name} refused: {done.stderr.strip()}")
+        return json.loads(done.stdout)["job_ids"]
+
+    def cancel(self, name: str) -> None:
+        """scancel every job of a name, queued or running (our own names only)."""
+        try:
+            self.slurm("scancel", "--name", name, "--user", slurmcli.current_user())
+        except slurmcli.SlurmUnavailable as exc:
+            self.say(f"warning: scancel of {name} failed: {exc}")
+
+    def drain(self, name: str, timeout: float = 120) -> None:
+        self.cancel(name)
+        self.wait(lambda: not self.squeue_ids(name), timeout, f"chain {name} to leave the queue")
+
+    def cleanup(self) -> None:
+        for name in self.names:
+            self.cancel(name)
+        for node in sorted(self.killed):
+            try:
+                self.revive_node(node)
+            except (BenchError, subprocess.TimeoutExpired) as exc:
+                self.say(f"ERROR: could not revive {node}: {exc}; run `nvrx-appliance "
+                         f"cluster revive-node {node}`")  # fmt: skip
+
+    # --- the disk ---------------------------------------------------------------------------
+
+    @staticmethod
+    def progress(work: Path) -> list[dict]:
+        path = Layout(work).progress_log
+        return timing.progress_events(path.read_text()) if path.exists() else []
+
+    def wait_event(
+        self, work: Path, what: str, timeout: float, event: str, after: float = float("-inf"),
+        **match: Any,
+    ) -> dict:  # fmt: skip
+        return self.wait(
+            lambda: timing.first_event(self.progress(work), event, after, **match), timeout, what
+        )
+
+    def wait_checkpointed(self, work: Path, what: str, **match: Any) -> dict:
+        """Until the workload trains (its "start" event, matching) and has written a
+        checkpoint since, so that a failure now has progress to lose and to restore."""
+        started = self.wait_event(work, f"{what} to train", START_TIMEOUT_S, "start", **match)
+        self.wait_event(
+            work, f"a checkpoint of {what}", 60, "checkpoint", after=started["time"], **match
+        )
+        return started
+
+    def wait_resumed(self, work: Path, what: str, timeout: float, **match: Any):
+        """Until the workload is back: its "start" event (after the restore) and the
+        first step after it."""
+        resumed = self.wait_event(work, f"{what} to resume", timeout, "start", **match)
+        step = self.wait_event(
+            work, f"the first step of {what}", 60, "step", after=resumed["time"], **match
+        )
+        return resumed, step
+
+    def restored(self, work: Path, resumed: dict) -> list[timing.FileTimes]:
+        """The files of the checkpoint a resumed workload read."""
+        return self.file_times(Layout(work).checkpoints / iteration_dir(resumed["iteration"]))
+
+    @staticmethod
+    def mtime(path: Path) -> float | None:
+        try:
+            return path.stat().st_mtime
+        except FileNotFoundError:
+            return None
+
+    @staticmethod
+    def file_times(directory: Path) -> list[timing.FileTimes]:
+        """Access and modification times of every file under a directory."""
+        out = []
+        for path in directory.rglob("*"):
+            if path.is_file():
+                st = path.stat()
+                out.append(timing.FileTimes(atime=st.st_atime, mtime=st.st_mtime))
+        return out
+
+    @staticmethod
+    def cycle(work: Path, array_job_id: str, number: int) -> timing.Cycle | None:
+        path = Layout(work).cycle_infos(array_job_id) / f"cycle_info.{array_job_id}.0.{number}"
+        try:
+            return timing.cycle(path.read_text())
+        except (FileNotFoundError, ValueError, KeyError):
+            return None
+
+    # --- processes ---------------------------------------------------------------------------
+
+    @staticmethod
+    def worker_pid(run_json: Path, rank: int) -> int | None:
+        """The training process of one global rank of this chain (via /proc)."""
+        want = {f"NVRX_RUN_MANIFEST={run_json}".encode(), f"RANK={rank}".encode()}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+                environ = set((entry / "environ").read_bytes().split(b"\0"))
+            except OSError:
+                continue
+            if b"workloads.cpu" in cmdline and want <= environ:
+                return int(entry.name)
+        return None
+
+    @staticmethod
+    def kill_process(pid: int) -> float:
+        at = time.time()
+        os.kill(pid, signal.SIGKILL)
+        return at
+
+    # --- waiting ---------------------------------------------------------------------------
+
+    @staticmethod
+    def wait(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
+        return wait_until(predicate, timeout, what, interval)

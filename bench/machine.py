@@ -1,0 +1,83 @@
+"""Facts about the machine and the stack a result was measured on."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance import __version__
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _memory_gib() -> float | None:
+    for line in _read("/proc/meminfo").splitlines():
+        if line.startswith("MemTotal:"):
+            return round(int(line.split()[1]) / 1024 / 1024, 1)
+    return None
+
+
+def _cpu_model() -> str:
+    for line in _read("/proc/cpuinfo").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor()
+
+
+def _command(argv: list[str], env: dict[str, str] | None = None) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=20, env=env)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip()
+
+
+def facts(cluster_status: dict[str, Any] | None = None) -> dict[str, Any]:
+    env = {**os.environ, **(cluster_status or {}).get("env", {})}
+    repo = Path(__file__).resolve().parent.parent
+    facts = {
+        "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "memory_gib": _memory_gib(),
+        "kernel": platform.release(),
+        "debian": _read("/etc/debian_version"),
+        "python": platform.python_version(),
+        "slurm": _command(["sinfo", "--version"], env),
+        "nvrx": _version("nvidia-resiliency-ext"),
+        "torch": _version("torch"),
+        "nvrx_appliance": __version__,
+        "commit": _command(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]),
+    }
+    if cluster_status:
+        facts["cluster"] = {
+            k: cluster_status.get("params", {}).get(k)
+            for k in ("nodes", "cpus_per_node", "gpus_per_node")
+        }
+    return facts
+
+
+def describe(machine: dict[str, Any]) -> str:
+    """One line for the README: what ran it."""
+    cluster = machine.get("cluster") or {}
+    return (
+        f"{machine['cores']} cores ({machine['cpu']}), {machine['memory_gib']} GiB, "
+        f"Debian {machine['debian']}, kernel {machine['kernel']}, {machine['slurm']}, "
+        f"NVRx {machine['nvrx']}, torch {machine['torch']}, Python {machine['python']}"
+        + (f"; local cluster of {cluster.get('nodes')} nodes" if cluster else "")
+    )

@@ -1,0 +1,92 @@
+"""4. No-restart: ft_launcher exits 93 -> every queued generation cancelled, queue empty.
+
+A fresh chain of three generations per sample, in the seeds' no-restart demo mode: a
+workload fault with a progress file that never moves, so NVRx gives up and exits 93;
+task 0's trap writes the closed flag and cancels the chain. The harness polls squeue
+from the fault on and notes the first poll that finds nothing of the chain.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bench import chains, extract
+from bench.extract import NoRestartSeen
+from bench.harness import POLL_S, Harness
+from bench.report import Metric, Result, phase_metrics
+from nvrx_appliance.entrypoints import control
+from nvrx_appliance.manifest import Layout
+
+NAME = "norestart"
+TITLE = "4 no-restart"
+TARGET_S = 2.0  # exit 93 -> no job of the chain left in the queue (issue 7)
+DEPTH = 3
+EMPTY_TIMEOUT_S = 180
+
+
+def _first_empty_poll(h: Harness, name: str) -> float:
+    """The moment of the first squeue that found nothing of the chain (its issue time:
+    the queue was empty by then at the latest)."""
+    deadline = time.monotonic() + EMPTY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        asked = time.time()
+        if not h.squeue_ids(name):
+            return asked
+        time.sleep(POLL_S)
+    raise TimeoutError(f"chain {name} still queued {EMPTY_TIMEOUT_S} s after its fault")
+
+
+def _last_cycle_end(h: Harness, work, gen: str) -> float | None:
+    ends = []
+    for number in range(64):
+        found = h.cycle(work, gen, number)
+        if found is None:
+            break
+        ends.append(found.end)
+    return ends[-1] if ends and ends[-1] is not None else None
+
+
+def one(h: Harness) -> dict:
+    work, name = h.workdir(NAME), h.job_name(NAME)
+    layout = Layout(work)
+    first, *queued = h.submit(
+        work, name, *chains.FAST, *chains.SHAPE, "--mode", "no-restart",
+        "--depth", str(DEPTH), "--fault-delay", "1",
+    )  # fmt: skip
+    try:
+        h.wait_event(work, f"the fault of {first}", chains.START_TIMEOUT_S, "fault")
+        empty = _first_empty_poll(h, name)
+    finally:
+        h.drain(name)
+    directory = layout.control(first)
+    seen = NoRestartSeen(
+        decided=_last_cycle_end(h, work, first),
+        exited_93=h.mtime(directory / control.NO_RESTART),
+        closed=h.mtime(directory / control.CLOSED),
+        queued=queued,
+        queued_tasks=h.wait_final(queued, 60),
+        kills=h.ctld_events(),
+        ledger_written=h.mtime(layout.ledger),
+        queue_empty=empty,
+    )
+    return extract.norestart_sample(seen)
+
+
+def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
+    result = Result(NAME, TITLE)
+    for _ in range(repeat):
+        try:
+            result.samples.append(one(h))
+        except extract.Incomplete as exc:
+            result.notes.append(f"sample dropped: {exc}")
+        h.say(f"norestart: {len(result.samples)}/{repeat} samples")
+    s = result.samples
+    result.metrics = [
+        Metric("exit 93 -> queue empty for the chain", [x["exit93_to_empty_s"] for x in s],
+               target_s=TARGET_S),
+        Metric("exit 93 -> queued generations cancelled", [x["exit93_to_cancelled_s"] for x in s]),
+        Metric("NVRx gave up -> queue empty", [x["total_s"] for x in s if "NVRx gave up" in
+                                               x["marks"][0]["name"]]),
+        *phase_metrics(s),
+    ]  # fmt: skip
+    return result

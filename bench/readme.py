@@ -1,0 +1,31 @@
+"""The README's latest-results block, between two markers inside "Recovery benchmarks".
+Pure: the README's text in, the new text out. The prose around the block is written by
+hand and never touched."""
+
+from __future__ import annotations
+
+BEGIN = "<!-- bench:results:begin (written by `python -m bench --readme`) -->"
+END = "<!-- bench:results:end -->"
+HEADING = "## Recovery benchmarks"
+
+
+class ReadmeError(ValueError):
+    pass
+
+
+def block(table: str, when: str, machine_line: str, command: str) -> str:
+    return "\n".join(
+        [BEGIN, f"Latest run: {when}, `{command}`, on {machine_line}.", "", table, END]
+    )
+
+
+def with_results(readme: str, new_block: str) -> str:
+    """Replace the marked block; a README without one gets the section appended."""
+    start, stop = readme.find(BEGIN), readme.find(END)
+    if start == -1 and stop == -1:
+        if HEADING in readme:
+            raise ReadmeError(f"README has {HEADING!r} but no results markers; add {BEGIN!r}")
+        return readme.rstrip("\n") + f"\n\n{HEADING}\n\n{new_block}\n"
+    if start == -1 or stop < start:
+        raise ReadmeError("README's benchmark markers are torn; restore both marker lines")
+    return readme[:start] + new_block + readme[stop + len(END) :]

@@ -1,0 +1,140 @@
+"""Results: what a scenario returns, the one table, and the JSON document. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.timing import ratio, summary
+
+FLOOR_LABEL = "scheduler floor: last task of N ends -> task 0 of N+1 starts"
+
+
+@dataclass
+class Metric:
+    label: str
+    samples: list[float]
+    target_s: float | None = None
+    indent: bool = False  # a phase of the metric above it
+    given: dict[str, Any] | None = None  # figures measured elsewhere (the watcher's own bench)
+
+    def figures(self) -> dict[str, Any]:
+        if self.given is not None:
+            return self.given
+        return summary(self.samples)
+
+    def met(self) -> bool | None:
+        median = self.figures()["median_s"]
+        if self.target_s is None or median is None:
+            return None
+        return median <= self.target_s
+
+
+@dataclass
+class Result:
+    scenario: str
+    title: str
+    metrics: list[Metric] = field(default_factory=list)
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+def phase_metrics(samples: Sequence[dict[str, Any]]) -> list[Metric]:
+    """One indented metric per phase, in timeline order, over the samples that have it."""
+    order: list[str] = []
+    for sample in samples:
+        for name in sample.get("phases", {}):
+            if name not in order:
+                order.append(name)
+    return [
+        Metric(name, [s["phases"][name] for s in samples if name in s["phases"]], indent=True)
+        for name in order
+    ]
+
+
+def floor_median(results: Sequence[Result]) -> float | None:
+    for result in results:
+        for metric in result.metrics:
+            if metric.label == FLOOR_LABEL:
+                return metric.figures()["median_s"]
+    return None
+
+
+# --- the table ---------------------------------------------------------------------------------
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if abs(value) < 1 else f"{value:.2f}"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}x"
+
+
+def _verdict(metric: Metric) -> str:
+    met = metric.met()
+    if met is None:
+        return ""
+    return f"<= {metric.target_s:g} s: {'met' if met else 'MISSED'}"
+
+
+def table(results: Sequence[Result]) -> str:
+    """One Markdown table: readable in a terminal, pasted as is into the README."""
+    floor = floor_median(results)
+    lines = [
+        "| scenario | measure | n | median s | min s | max s | / floor | target |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
+    ]
+    for result in results:
+        if result.error:
+            lines.append(f"| {result.title} | FAILED: {result.error} | | | | | | |")
+            continue
+        for i, metric in enumerate(result.metrics):
+            f = metric.figures()
+            label = ("&nbsp;&nbsp;" + metric.label) if metric.indent else metric.label
+            lines.append(
+                f"| {result.title if i == 0 else ''} | {label} | {f['n']} | "
+                f"{_seconds(f['median_s'])} | {_seconds(f['min_s'])} | {_seconds(f['max_s'])} | "
+                f"{_ratio(ratio(f['median_s'], floor))} | {_verdict(metric)} |"
+            )
+    return "\n".join(lines)
+
+
+# --- the JSON document ----------------------------------------------------------------------------
+
+
+def document(
+    results: Sequence[Result], machine: dict[str, Any], run: dict[str, Any]
+) -> dict[str, Any]:
+    floor = floor_median(results)
+    return {
+        "benchmark": "nvrx-appliance recovery benchmarks (issue 7)",
+        "run": run,
+        "machine": machine,
+        "floor_median_s": floor,
+        "scenarios": [
+            {
+                "scenario": r.scenario,
+                "title": r.title,
+                "error": r.error,
+                "notes": r.notes,
+                "metrics": [
+                    {
+                        "label": m.label,
+                        **m.figures(),
+                        "median_over_floor": ratio(m.figures()["median_s"], floor),
+                        "target_s": m.target_s,
+                        "met": m.met(),
+                        "samples_s": m.samples,
+                    }
+                    for m in r.metrics
+                ],
+                "samples": r.samples,
+            }
+            for r in results
+        ],
+    }

@@ -1,0 +1,275 @@
+"""Timestamps out of recorded artefacts, and the durations between them. Pure.
+
+Every figure the benchmarks report is a difference between two moments that some
+part of the system wrote down on its own: Slurm (sacct, slurmctld's log), the
+entrypoint (control-dir files), NVRx (cycle-info files), the cpu trainer (progress
+log), the file system (a checkpoint's first read). Nothing here reads a file or a
+clock; the harness hands the texts and stat results in.
+
+Resolution matters when the floor is a second: sacct stamps whole seconds, so a
+task's start and end are taken from slurmctld's log (milliseconds) where it has them,
+and from sacct otherwise; each boundary says where it came from.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from nvrx_appliance.slurm.parse import AcctRow
+
+# --- clocks ----------------------------------------------------------------------------
+
+
+def local_epoch(text: str) -> float | None:
+    """sacct / slurmctld time ('2026-11-30T18:28:35[.989]', the controller's local
+    time) as epoch seconds; None for Slurm's 'Unknown' / empty."""
+    if not text or text in ("Unknown", "None"):
+        return None
+    return datetime.datetime.fromisoformat(text).timestamp()
+
+
+def utc_epoch(text: str) -> float | None:
+    """An ISO-8601 UTC stamp ('...Z' or '+00:00', as NVRx and the entrypoint write)."""
+    if not text:
+        return None
+    stamp = datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=datetime.timezone.utc)
+    return stamp.timestamp()
+
+
+# --- slurmctld's log ---------------------------------------------------------------------
+
+# "[2026-11-30T18:28:36.926] sched/backfill: _start_job: Started JobId=1_0(4) in main on node1"
+# "[2026-11-30T18:28:44.774] sched: Allocate JobId=8_0(10) NodeList=node2 #CPUs=1 ..."
+# "[2026-11-30T18:28:40.042] _job_complete: JobId=1_0(4) done"
+# "[2026-11-30T18:28:44.641] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=2_[0-4%2] uid 0"
+_STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] (.*)$")
+_STARTED = re.compile(r"(?:Started|Allocate) JobId=(\d+)_(\d+)\(\d+\)")
+_DONE = re.compile(r"_job_complete: JobId=(\d+)_(\d+)\(\d+\) done")
+_KILL = re.compile(r"REQUEST_KILL_JOB JobId=(\d+)(?:_(\S+))? uid")
+
+
+@dataclass(frozen=True)
+class CtldEvent:
+    time: float
+    kind: str  # "start", "end" (a task), or "kill" (a scancel RPC, task None for a range)
+    array_job_id: str
+    task_id: int | None
+
+
+def ctld_events(text: str) -> list[CtldEvent]:
+    """The task starts, ends and cancel requests in slurmctld's log, in log order."""
+    events: list[CtldEvent] = []
+    for line in text.splitlines():
+        stamped = _STAMP.match(line)
+        if not stamped:
+            continue
+        when, body = local_epoch(stamped.group(1)), stamped.group(2)
+        for kind, pattern in (("start", _STARTED), ("end", _DONE)):
+            found = pattern.search(body)
+            if found:
+                events.append(CtldEvent(when, kind, found.group(1), int(found.group(2))))
+                break
+        else:
+            found = _KILL.search(body)
+            if found:
+                task = found.group(2)
+                task_id = int(task) if task and task.isdigit() else None
+                events.append(CtldEvent(when, "kill", found.group(1), task_id))
+    return events
+
+
+# --- array tasks ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Task:
+    """One array task as Slurm saw it, with the best start and end known."""
+
+    array_job_id: str
+    task_id: int
+    state: str
+    exit_code: int | None
+    node: str
+    start: float | None
+    end: float | None
+    start_from: str  # "slurmctld" (ms) or "sacct" (s)
+    end_from: str
+
+    @property
+    def ran(self) -> bool:
+        return self.start is not None and bool(self.node)
+
+
+def tasks(rows: Iterable[AcctRow], events: Sequence[CtldEvent] = ()) -> list[Task]:
+    """One Task per array task in sacct's rows (a folded pending range is expanded),
+    start and end refined from slurmctld's log where it recorded them."""
+    starts = {(e.array_job_id, e.task_id): e.time for e in events if e.kind == "start"}
+    ends = {(e.array_job_id, e.task_id): e.time for e in events if e.kind == "end"}
+    out: list[Task] = []
+    for row in rows:
+        for task_id in row.task_ids:
+            key = (row.array_job_id, task_id)
+            start, start_from = _best(starts.get(key), row.start)
+            end, end_from = _best(ends.get(key), row.end)
+            if not row.nodes:  # never ran: sacct's Start of a cancelled pending task is its end
+                start, start_from = None, "sacct"
+            out.append(
+                Task(
+                    array_job_id=row.array_job_id,
+                    task_id=task_id,
+                    state=row.state,
+                    exit_code=row.exit_code,
+                    node=row.nodes,
+                    start=start,
+                    end=end,
+                    start_from=start_from,
+                    end_from=end_from,
+                )
+            )
+    return sorted(out, key=lambda t: (int(t.array_job_id), t.task_id))
+
+
+def _best(logged: float | None, acct: str) -> tuple[float | None, str]:
+    seconds = local_epoch(acct)
+    # The log's stamp is the same moment to the millisecond; a stale one (a task id
+    # reused after a controller restart) would lie more than a second away.
+    if logged is not None and (seconds is None or abs(logged - seconds) < 1.5):
+        return logged, "slurmctld"
+    return seconds, "sacct"
+
+
+def generation(all_tasks: Iterable[Task], array_job_id: str) -> list[Task]:
+    return [t for t in all_tasks if t.array_job_id == array_job_id]
+
+
+def task0(gen: Sequence[Task]) -> Task:
+    return next(t for t in gen if t.task_id == 0)
+
+
+def generation_end(gen: Sequence[Task]) -> tuple[float, str] | None:
+    """When the last task that ran ended: what the singleton dependency waits for."""
+    ended = [t for t in gen if t.ran and t.end is not None]
+    if not ended or any(t.ran and t.end is None for t in gen):
+        return None
+    last = max(ended, key=lambda t: t.end or 0.0)
+    return last.end or 0.0, last.end_from
+
+
+# --- timelines -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A moment on a timeline, the artefact it was read from, and the name of the
+    phase that ends at it (the first mark of a timeline ends none)."""
+
+    name: str
+    time: float
+    source: str
+    phase: str = ""
+
+
+def segments(marks: Sequence[Mark]) -> list[tuple[str, float]]:
+    """(phase, seconds) between consecutive marks. They add up to last - first by
+    construction, so a breakdown always sums to its total."""
+    return [(b.phase or b.name, b.time - a.time) for a, b in itertools.pairwise(marks)]
+
+
+# --- the progress log and cycle-info files ---------------------------------------------------
+
+
+def progress_events(text: str) -> list[dict]:
+    """The cpu trainer's events; a torn last line (being appended) is skipped."""
+    events = []
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict) and "event" in event and "time" in event:
+            events.append(event)
+    return events
+
+
+def first_event(events: Iterable[dict], event: str, after: float = float("-inf"), **match):
+    """The first event of this kind after a moment whose fields equal `match`."""
+    for e in events:
+        if (
+            e["event"] == event
+            and e["time"] > after
+            and all(e.get(k) == v for k, v in match.items())
+        ):
+            return e
+    return None
+
+
+@dataclass(frozen=True)
+class Cycle:
+    array_job_id: str
+    number: int
+    start: float | None
+    end: float | None
+    active_nodes: str
+
+
+def cycle(text: str) -> Cycle:
+    """One NVRx cycle-info file (cycle_info.<job>.<attempt>.<cycle>)."""
+    data = json.loads(text)
+    return Cycle(
+        array_job_id=str(data.get("job_id", "")),
+        number=int(data["cycle_number"]),
+        start=utc_epoch(data.get("cycle_start_time", "")),
+        end=utc_epoch(data.get("cycle_end_time", "")),
+        active_nodes=str(data.get("active_nodes", "")),
+    )
+
+
+# --- checkpoint restore, from the file system's access times --------------------------------
+
+
+@dataclass(frozen=True)
+class FileTimes:
+    atime: float
+    mtime: float
+
+
+def first_read(files: Iterable[FileTimes]) -> tuple[float, float] | None:
+    """(first, last) read of a checkpoint's files after they were written.
+
+    A file's access time moves on its first read after a write, relatime included, so
+    in a checkpoint read exactly once (the restore) the earliest access time is when
+    the restore began reading, the latest when it read its last file. None when any
+    file was never read after it was written (no restore, or a noatime mount).
+    """
+    files = list(files)
+    if not files or any(f.atime <= f.mtime for f in files):
+        return None
+    return min(f.atime for f in files), max(f.atime for f in files)
+
+
+# --- statistics --------------------------------------------------------------------------------
+
+
+def summary(samples: Sequence[float]) -> dict[str, float | int | None]:
+    if not samples:
+        return {"n": 0, "median_s": None, "min_s": None, "max_s": None}
+    return {
+        "n": len(samples),
+        "median_s": statistics.median(samples),
+        "min_s": min(samples),
+        "max_s": max(samples),
+    }
+
+
+def ratio(value: float | None, floor: float | None) -> float | None:
+    if value is None or not floor:
+        return None
+    return value / floor

@@ -1,0 +1,142 @@
+"""The benchmarks read their moments out of Slurm's, NVRx's and the trainer's records."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import timing
+from nvrx_appliance.slurm.parse import sacct_rows
+
+CTLD_LOG = """\
+[2026-11-30T18:28:35.989] _slurm_rpc_submit_batch_job: JobId=1 InitPrio=4294901759 usec=520
+[2026-11-30T18:28:36.926] sched/backfill: _start_job: Started JobId=1_0(4) in main on node1
+[2026-11-30T18:28:36.927] sched/backfill: _start_job: Started JobId=1_1(5) in main on node2
+[2026-11-30T18:28:40.041] _job_complete: JobId=1_0(4) WTERMSIG 9
+[2026-11-30T18:28:40.042] _job_complete: JobId=1_0(4) done
+[2026-11-30T18:28:44.641] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=2_[0-4%2] uid 0
+[2026-11-30T18:28:44.646] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=1_1 uid 0
+[2026-11-30T18:28:44.774] sched: Allocate JobId=8_0(10) NodeList=node2 #CPUs=1 Partition=main
+a line without a stamp JobId=9_0(11) done
+"""
+
+# sacct --parsable2, parse.SACCT_FORMAT
+SACCT = """\
+1_0|4|c|root|NODE_FAIL|0:0|node1|2026-11-30T18:28:36|2026-11-30T18:28:40|/w
+1_1|5|c|root|FAILED|71:0|node2|2026-11-30T18:28:36|2026-11-30T18:28:41|/w
+1_[2-3%2]|1|c|root|CANCELLED by 0|0:0|None assigned|2026-11-30T18:28:44|2026-11-30T18:28:44|/w
+"""
+
+
+def at(text: str) -> float:
+    return timing.local_epoch(text)
+
+
+def test_slurmctld_log_gives_task_starts_ends_and_cancels_to_the_millisecond():
+    events = timing.ctld_events(CTLD_LOG)
+    assert [(e.kind, e.array_job_id, e.task_id) for e in events] == [
+        ("start", "1", 0),
+        ("start", "1", 1),
+        ("end", "1", 0),
+        ("kill", "2", None),  # a pending range: the whole array
+        ("kill", "1", 1),
+        ("start", "8", 0),
+    ]
+    assert events[2].time - events[0].time == pytest.approx(3.116)
+
+
+def test_a_task_takes_the_logs_millisecond_stamp_and_falls_back_to_sacct():
+    tasks = timing.tasks(sacct_rows(SACCT), timing.ctld_events(CTLD_LOG))
+    zero, one = tasks[0], tasks[1]
+    assert (zero.start, zero.start_from) == (at("2026-11-30T18:28:36.926"), "slurmctld")
+    assert (zero.end, zero.end_from) == (at("2026-11-30T18:28:40.042"), "slurmctld")
+    # task 1's end is not in the log: sacct's whole second
+    assert (one.end, one.end_from) == (at("2026-11-30T18:28:41"), "sacct")
+    assert one.exit_code == 71
+
+
+def test_pending_tasks_that_never_ran_are_expanded_and_have_no_start():
+    tasks = timing.tasks(sacct_rows(SACCT))
+    assert [t.task_id for t in tasks] == [0, 1, 2, 3]
+    assert [t.ran for t in tasks] == [True, True, False, False]
+    assert tasks[3].start is None and tasks[3].state == "CANCELLED"
+
+
+def test_a_log_stamp_of_another_moment_is_not_taken_for_the_task():
+    # A task id reused after a controller restart: its old line is far from sacct's time.
+    stale = "[2026-11-30T17:00:00.000] sched: Allocate JobId=1_0(4) NodeList=node1\n"
+    [zero, *_] = timing.tasks(sacct_rows(SACCT), timing.ctld_events(stale))
+    assert zero.start_from == "sacct"
+
+
+def test_a_generation_ends_when_its_last_task_that_ran_ends():
+    tasks = timing.tasks(sacct_rows(SACCT), timing.ctld_events(CTLD_LOG))
+    assert timing.generation_end(tasks) == (at("2026-11-30T18:28:41"), "sacct")
+
+
+def test_a_generation_with_a_task_still_running_has_not_ended():
+    running = SACCT.replace("2026-11-30T18:28:41|/w", "Unknown|/w")
+    assert timing.generation_end(timing.tasks(sacct_rows(running))) is None
+
+
+def test_phases_add_up_to_the_total():
+    marks = [
+        timing.Mark("a", 10.0, "x"),
+        timing.Mark("b", 12.5, "x", phase="first"),
+        timing.Mark("c", 13.0, "x", phase="second"),
+    ]
+    parts = timing.segments(marks)
+    assert parts == [("first", 2.5), ("second", 0.5)]
+    assert sum(s for _, s in parts) == marks[-1].time - marks[0].time
+
+
+def test_a_checkpoints_first_read_brackets_the_restore():
+    files = [timing.FileTimes(atime=105.0, mtime=100.0), timing.FileTimes(atime=105.4, mtime=99.0)]
+    assert timing.first_read(files) == (105.0, 105.4)
+
+
+def test_a_checkpoint_never_read_after_writing_gives_no_restore_time():
+    # noatime mounts, or no restore: the access time did not move past the write.
+    files = [timing.FileTimes(atime=105.0, mtime=100.0), timing.FileTimes(atime=99.0, mtime=99.0)]
+    assert timing.first_read(files) is None
+    assert timing.first_read([]) is None
+
+
+def test_cycle_info_files_in_nvrx_format():
+    text = json.dumps(
+        {
+            "job_id": "57",
+            "cycle_number": 1,
+            "cycle_start_time": "2026-11-30T18:30:00.250000Z",
+            "cycle_end_time": "",
+            "active_nodes": "node[1-2]",
+        }
+    )
+    found = timing.cycle(text)
+    assert (found.array_job_id, found.number, found.end) == ("57", 1, None)
+    assert found.start == timing.utc_epoch("2026-11-30T18:30:00.25+00:00")
+
+
+def test_progress_events_skip_a_line_being_appended():
+    text = '{"event": "start", "iteration": 5, "time": 1.0}\n{"event": "st'
+    events = timing.progress_events(text)
+    assert [e["event"] for e in events] == ["start"]
+
+
+def test_first_event_matches_kind_time_and_fields():
+    events = [
+        {"event": "step", "time": 1.0, "cycle": 0},
+        {"event": "step", "time": 2.0, "cycle": 0},
+        {"event": "step", "time": 3.0, "cycle": 1},
+    ]
+    assert timing.first_event(events, "step", after=1.0)["time"] == 2.0
+    assert timing.first_event(events, "step", cycle=1)["time"] == 3.0
+    assert timing.first_event(events, "start") is None
+
+
+def test_summary_and_ratio():
+    assert timing.summary([3.0, 1.0, 2.0]) == {"n": 3, "median_s": 2.0, "min_s": 1.0, "max_s": 3.0}
+    assert timing.summary([])["median_s"] is None
+    assert timing.ratio(3.0, 1.5) == 2.0
+    assert timing.ratio(3.0, None) is None
