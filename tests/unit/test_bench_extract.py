@@ -1,0 +1,175 @@
+"""Each scenario's figures, from the artefacts one sample leaves behind."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import extract
+from bench.timing import CtldEvent, Cycle, FileTimes, Task
+
+
+def task(array: str, task_id: int, start, end, *, node="node1", state="COMPLETED", code=0):
+    return Task(array, task_id, state, code, node if start is not None else "", start, end,
+                "slurmctld", "slurmctld")  # fmt: skip
+
+
+def test_floor_is_last_task_end_to_the_successors_task_0_start():
+    previous = [
+        task("10", 0, 100.0, 101.0),
+        task("10", 1, 100.0, 101.2),
+        task("10", 2, 101.3, 101.5),
+    ]
+    successor = [task("11", 0, 102.1, 103.0), task("11", 1, 102.1, 103.0)]
+    sample = extract.floor_sample(previous, successor)
+    assert sample["total_s"] == pytest.approx(0.6)
+    assert sample["phases"] == {"scheduler": pytest.approx(0.6)}
+
+
+def test_floor_refuses_a_generation_that_has_not_ended():
+    previous = [task("10", 0, 100.0, None)]
+    with pytest.raises(extract.Incomplete, match="previous_end"):
+        extract.floor_sample(previous, [task("11", 0, 102.0, 103.0)])
+
+
+def handoff_seen(**changes) -> extract.HandoffSeen:
+    values = dict(
+        killed_at=1000.0,
+        victim="node1",
+        generation=[
+            task("20", 0, 900.0, 1019.0, state="NODE_FAIL"),
+            task("20", 1, 900.0, 1011.5, node="node2", state="FAILED", code=71),
+        ],
+        successor=[task("21", 0, 1020.0, None, node="node3"), task("21", 1, 1020.0, None)],
+        record_written=1022.0,
+        cycle0=Cycle("21", 0, 1026.0, None, "node[3-4]"),
+        checkpoint=[FileTimes(1030.0, 990.0), FileTimes(1030.2, 990.0)],
+        resumed={"event": "start", "time": 1030.5, "iteration": 40},
+        first_step={"event": "step", "time": 1030.7, "iteration": 41},
+    )
+    return extract.HandoffSeen(**{**values, **changes})
+
+
+def test_handoff_phases_add_up_from_node_death_to_first_step():
+    sample = extract.handoff_sample(handoff_seen())
+    assert sample["total_s"] == pytest.approx(30.7)
+    assert sum(sample["phases"].values()) == pytest.approx(sample["total_s"])
+    assert sample["phases"] == {
+        "detection + teardown": pytest.approx(19.0),
+        "scheduler": pytest.approx(1.0),
+        "entrypoint start (task 0)": pytest.approx(2.0),
+        "ft_launcher start + gate + rendezvous": pytest.approx(4.0),
+        "worker start": pytest.approx(4.0),
+        extract.RESTORE: pytest.approx(0.5),
+        "first step": pytest.approx(0.2),
+    }
+    assert sample["resumed_iteration"] == 40
+
+
+def test_handoff_says_whether_slurm_or_the_peers_ended_the_dead_generation_last():
+    assert extract.handoff_sample(handoff_seen())["ended_last"] == "task 0 (Slurm: node failure)"
+    late_peer = handoff_seen(
+        generation=[
+            task("20", 0, 900.0, 1012.0, state="NODE_FAIL"),
+            task("20", 1, 900.0, 1019.0, node="node2", state="FAILED", code=71),
+        ]
+    )
+    sample = extract.handoff_sample(late_peer)
+    assert sample["ended_last"] == "peers (stale lease)"
+    assert sample["peer_exit_codes"] == [71]
+
+
+def test_a_handoff_sample_without_a_restore_reading_is_dropped_with_the_reason():
+    never_read = handoff_seen(checkpoint=[FileTimes(980.0, 990.0)])
+    with pytest.raises(extract.Incomplete, match="checkpoint_first_read"):
+        extract.handoff_sample(never_read)
+    with pytest.raises(extract.Incomplete, match="rendezvous_record, cycle0_start"):
+        extract.handoff_sample(handoff_seen(record_written=None, cycle0=None))
+
+
+def test_a_cold_spare_admitted_before_the_closed_flag_escaped():
+    generation = [
+        task("30", 0, 100.0, 120.0),
+        task("30", 1, 100.0, 118.0, node="node2"),
+        task("30", 2, 118.2, 121.0, node="node3", state="FAILED", code=76),
+    ]
+    seen = extract.SpareSeen(generation, closed_at=119.5, train_tasks=1, hot_spares=1)
+    [sample] = extract.spare_samples(seen)
+    assert sample["escaped"] is True
+    assert sample["held_s"] == pytest.approx(2.8)
+    assert sample["after_flag_s"] == pytest.approx(1.5)
+    assert sample["exit_code"] == 76
+
+
+def test_a_cold_spare_admitted_after_the_flag_did_not_escape_and_pending_ones_are_counted():
+    generation = [
+        task("30", 0, 100.0, 120.0),
+        task("30", 1, 100.0, 118.0, node="node2"),
+        task("30", 2, 120.3, 120.4, node="node3", state="FAILED", code=71),
+        task("30", 3, None, 120.1, state="CANCELLED"),
+    ]
+    seen = extract.SpareSeen(generation, closed_at=120.0, train_tasks=1, hot_spares=1)
+    assert [s["escaped"] for s in extract.spare_samples(seen)] == [False]
+    assert extract.spare_fates(generation, first_cold=2) == {"ran": 1, "cancelled": 1}
+
+
+def norestart_seen(**changes) -> extract.NoRestartSeen:
+    values = dict(
+        decided=200.0,
+        exited_93=205.0,
+        closed=205.3,
+        queued=["41", "42"],
+        queued_tasks=[task("41", 0, None, 205.0), task("42", 0, None, 205.0)],
+        kills=[
+            CtldEvent(205.6, "kill", "41", None),
+            CtldEvent(205.7, "kill", "42", None),
+            CtldEvent(209.0, "kill", "42", None),  # a later cancel of the same job
+        ],
+        ledger_written=205.8,
+        queue_empty=206.4,
+    )
+    return extract.NoRestartSeen(**{**values, **changes})
+
+
+def test_no_restart_from_exit_93_to_an_empty_queue():
+    sample = extract.norestart_sample(norestart_seen())
+    assert sample["exit93_to_empty_s"] == pytest.approx(1.4)
+    assert sample["exit93_to_cancelled_s"] == pytest.approx(0.7)
+    assert sample["total_s"] == pytest.approx(6.4)  # from NVRx giving up
+    assert sample["phases"]["ft_launcher shutdown"] == pytest.approx(5.0)
+    assert sum(sample["phases"].values()) == pytest.approx(sample["total_s"])
+
+
+def test_a_queued_generation_missing_from_the_log_takes_saccts_end():
+    seen = norestart_seen(
+        queued_tasks=[task("41", 0, None, 205.0), task("42", 0, None, 206.0)],
+        kills=[CtldEvent(205.6, "kill", "41", None)],
+    )
+    assert extract.cancelled_at(seen.queued, seen.queued_tasks, seen.kills) == (206.0, "sacct: End")
+    assert extract.cancelled_at(["43"], seen.queued_tasks, seen.kills) is None
+
+
+def test_no_restart_without_the_witness_file_is_dropped():
+    with pytest.raises(extract.Incomplete, match="no_restart_file"):
+        extract.norestart_sample(norestart_seen(exited_93=None))
+
+
+def test_in_job_restart_from_the_fault_to_the_next_cycles_first_step():
+    seen = extract.RestartSeen(
+        fault_at=500.0,
+        rank=1,
+        failed=Cycle("50", 2, 400.0, 501.0, "node1"),
+        next=Cycle("50", 3, 503.0, None, "node1"),
+        checkpoint=[FileTimes(506.0, 490.0)],
+        resumed={"event": "start", "time": 506.3, "iteration": 30},
+        first_step={"event": "step", "time": 506.4},
+    )
+    sample = extract.restart_sample(seen)
+    assert sample["total_s"] == pytest.approx(6.4)
+    assert list(sample["phases"]) == [
+        "detection",
+        "restart + rendezvous",
+        "worker start",
+        extract.RESTORE,
+        "first step",
+    ]
+    assert sample["cycle"] == 3

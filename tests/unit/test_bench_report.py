@@ -1,0 +1,90 @@
+"""The benchmark's table, JSON, README block and command line."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import readme, report
+from bench.__main__ import parse_args
+from bench.report import FLOOR_LABEL, Metric, Result
+
+
+def results() -> list[Result]:
+    return [
+        Result("floor", "1 scheduler floor", [Metric(FLOOR_LABEL, [1.0, 2.0, 1.5])]),
+        Result(
+            "norestart",
+            "4 no-restart",
+            [
+                Metric("exit 93 -> queue empty", [1.0, 3.0, 4.5], target_s=2.0),
+                Metric("a phase", [0.25, 0.5, 0.75], indent=True),
+            ],
+        ),
+        Result("spare", "3 escaped cold spare", error="Timeout: no spare escaped"),
+    ]
+
+
+def test_every_latency_is_reported_against_the_floor_of_the_same_run():
+    lines = report.table(results()).splitlines()
+    [row] = [line for line in lines if "exit 93" in line]
+    assert "| 3.00 |" in row  # the median
+    assert "| 2.0x |" in row  # 3.00 / floor median 1.5
+    assert "<= 2 s: MISSED" in row
+
+
+def test_the_table_shows_a_failed_scenario_and_indents_phases():
+    text = report.table(results())
+    assert "| 3 escaped cold spare | FAILED: Timeout: no spare escaped |" in text
+    assert "&nbsp;&nbsp;a phase" in text
+    assert "| 0.500 |" in text  # sub-second figures keep milliseconds
+
+
+def test_the_json_keeps_every_sample_and_the_verdicts():
+    doc = report.document(results(), {"cores": 2}, {"repeat": 3})
+    assert doc["floor_median_s"] == 1.5
+    [norestart] = [s for s in doc["scenarios"] if s["scenario"] == "norestart"]
+    metric = norestart["metrics"][0]
+    assert metric["samples_s"] == [1.0, 3.0, 4.5]
+    assert (metric["met"], metric["median_over_floor"]) == (False, 2.0)
+
+
+def test_figures_measured_elsewhere_are_reported_as_given():
+    given = {"n": 7, "median_s": 0.05, "min_s": 0.04, "max_s": 0.09}
+    metric = Metric("warm pass", [], target_s=0.1, given=given)
+    assert metric.figures() == given and metric.met() is True
+
+
+def test_readme_block_is_appended_once_then_replaced_in_place():
+    first = readme.with_results("# Project\n\nIntro.\n", readme.block("T1", "today", "m", "cmd"))
+    assert first.count(readme.HEADING) == 1 and "T1" in first
+    prose = first.replace(readme.BEGIN, "Hand-written prose.\n\n" + readme.BEGIN)
+    second = readme.with_results(prose, readme.block("T2", "later", "m", "cmd"))
+    assert "T2" in second and "T1" not in second
+    assert "Hand-written prose." in second and second.startswith("# Project")
+
+
+def test_readme_with_torn_markers_is_refused():
+    torn = f"# P\n\n{readme.HEADING}\n\n{readme.BEGIN}\nold table\n"
+    with pytest.raises(readme.ReadmeError, match="torn"):
+        readme.with_results(torn, readme.block("T", "w", "m", "c"))
+
+
+def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
+    assert parse_args(["--only", "restart,handoff"]).chosen == ["floor", "handoff", "restart"]
+    assert parse_args(["--only", "watcher"]).chosen == ["watcher"]
+    assert parse_args([]).chosen == ["floor", "handoff", "spare", "norestart", "restart", "watcher"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--only", "handof"], "--only: unknown scenario 'handof'"),
+        (["--repeat", "0"], "--repeat: at least 1"),
+        (["--readme", "--only", "floor"], "--readme: only a full run"),
+    ],
+)
+def test_cli_refuses_bad_options_naming_them(argv, message, capsys):
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
