@@ -1,0 +1,366 @@
+"""nvrx-watch against the local Slurm cluster: what it reports and what --act does when a
+generation's task 0 is killed so hard its teardown trap never runs, when a 93 was not
+honoured, when the chain ran out, and when slurmctld cannot be reached.
+
+Each test submits stand-in generations of a chain (a job array under
+--dependency=singleton and --no-requeue whose task 0 arms a teardown trap, like the
+appliance's sbatch; the spares only sleep) under its own job name and work dir, and
+cancels what it submitted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+WATCH = str(Path(sys.executable).parent / "nvrx-watch")
+GRACE = "3"  # seconds: short enough for a test, long enough that "before grace" is observable
+
+GENERATION = """#!/bin/bash
+#SBATCH --dependency=singleton
+#SBATCH --no-requeue
+#SBATCH --ntasks=1
+#SBATCH --cpus-per-task=1
+#SBATCH --output=/dev/null
+# Stand-in generation: task 0 arms the teardown trap first (it releases this array's
+# pending spares), then trains (sleeps); a SIGKILL of this shell means the trap never runs.
+if [[ $SLURM_ARRAY_TASK_ID == 0 ]]; then
+    trap 'scancel --state=PENDING --user="$SLURM_JOB_USER" "$SLURM_ARRAY_JOB_ID"' EXIT
+    [[ -n ${TASK0_EXIT:-} ]] && exit "$TASK0_EXIT"
+fi
+sleep 600
+"""
+
+
+class Chain:
+    """Generations of one test chain: submit, observe, clean up."""
+
+    def __init__(self, cluster, prefix: str, user: str | None = None) -> None:
+        self.cluster = cluster
+        self.name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+        self.user = user
+        self.work = cluster.workdir(prefix)
+        self.work.chmod(0o777)
+        self.script = self.work / "generation.sbatch"
+        self.script.write_text(GENERATION)
+        self.script.chmod(0o755)
+
+    def submit(
+        self, array: str, task0_exit: int | None = None, name: str | None = None, hold: bool = False
+    ) -> str:
+        argv = [
+            "sbatch", "--parsable", f"--job-name={name or self.name}", f"--array={array}",
+            *(["--hold"] if hold else []),
+            f"--chdir={self.work}", "--export=ALL" + (f",TASK0_EXIT={task0_exit}" if task0_exit is not None else ""),
+            str(self.script),
+        ]  # fmt: skip
+        if self.user:
+            argv = ["runuser", "-u", self.user, "--", *argv]
+        return self.cluster.slurm(*argv).stdout.strip().split(";")[0]
+
+    def tasks(self, array_id: str) -> dict[int, str]:
+        """Task id -> state of the array's tasks still in the queue."""
+        out = self.cluster.slurm(
+            "squeue", "-h", "-r", "-j", array_id, "-o", "%K|%T", check=False
+        ).stdout
+        return {int(k): s for k, s in (line.split("|") for line in out.split()) if k.isdigit()}
+
+    def wait_tasks(
+        self, array_id: str, predicate, what: str, timeout: float = 90
+    ) -> dict[int, str]:
+        def check():
+            tasks = self.tasks(array_id)
+            return [tasks] if predicate(tasks) else None  # a list: an empty queue is an answer
+
+        return self.cluster.wait_until(check, timeout, what, 0.5)[0]
+
+    def kill_task0(self, array_id: str) -> None:
+        """SIGKILL task 0's batch shell: the trap never runs, as on a hard node death."""
+        self.cluster.slurm("scancel", "--signal=KILL", "--batch", f"{array_id}_0")
+        self.cluster.wait_until(
+            lambda: self.task0_end(array_id), 90, f"sacct to record the end of {array_id}_0", 0.5
+        )
+
+    def task0_end(self, array_id: str) -> str | None:
+        for record in self.cluster.sacct(f"{array_id}_0"):
+            if record["State"].split()[0] not in ("PENDING", "RUNNING") and record["End"] not in (
+                "",
+                "Unknown",
+            ):
+                return record["End"]
+        return None
+
+    def cancel(self) -> None:
+        self.cluster.slurm("scancel", f"--name={self.name}", check=False)
+        self.cluster.slurm("scancel", f"--name={self.name}-other", check=False)
+
+
+@pytest.fixture
+def chains(cluster):
+    made: list[Chain] = []
+
+    def make(prefix: str, user: str | None = None) -> Chain:
+        made.append(Chain(cluster, prefix, user))
+        return made[-1]
+
+    yield make
+    for chain in made:
+        chain.cancel()
+
+
+def watch(cluster, state: Path, *args: str, **env: str) -> subprocess.CompletedProcess:
+    full_env = cluster.env(NVRX_WATCH_STATE_FILE=str(state / "state.json"), **env)
+    return subprocess.run([WATCH, *args], env=full_env, capture_output=True, text=True, timeout=180)
+
+
+def reported(result: subprocess.CompletedProcess, detector: str) -> bool:
+    return f"] {detector}:" in result.stderr
+
+
+def watch_until(cluster, state: Path, detector: str, *args: str) -> subprocess.CompletedProcess:
+    """Pass after pass (observe-only), until the detector reports: the grace period is a
+    condition the watcher itself decides, so the test polls it rather than sleeping."""
+    return cluster.wait_until(
+        lambda: (lambda r: r if reported(r, detector) else None)(watch(cluster, state, *args)),
+        90,
+        f"nvrx-watch to report {detector}",
+        1.0,
+    )
+
+
+def test_task0_sigkilled_is_an_orphaned_generation_and_act_releases_exactly_its_pending_spares(
+    cluster, chains, tmp_path
+):
+    chain = chains("watch-orphan")
+    first = chain.submit("0-4%2")
+    successor = chain.submit("0-4%2")
+    other_chain = chain.submit("0-2%1", name=f"{chain.name}-other")
+    chain.wait_tasks(first, lambda t: t.get(0) == "RUNNING", "task 0 to run")
+    chain.kill_task0(first)
+    chain.wait_tasks(
+        first,
+        lambda t: 0 not in t and sum(s == "RUNNING" for s in t.values()) == 2,
+        "the throttle to admit a spare",
+    )
+    only_orphans = ("--disable", "stranded_generation")
+
+    within_grace = watch(cluster, tmp_path, first, "--grace", "3600", *only_orphans)
+    assert not reported(within_grace, "orphaned_generation"), within_grace.stderr
+
+    observed = watch_until(
+        cluster, tmp_path, "orphaned_generation", first, "--grace", GRACE, *only_orphans
+    )
+    command = f"scancel --state=PENDING --user=root --name={chain.name} {first}"
+    assert command in observed.stderr
+    assert f"observe-only (pass --act to run it): {command}" in observed.stderr
+    assert observed.returncode == 0  # a warning, and every source observed
+    pending_before = {k for k, s in chain.tasks(first).items() if s == "PENDING"}
+    assert pending_before == {3, 4}  # observing changed nothing
+
+    acted = watch(cluster, tmp_path, first, "--grace", GRACE, "--act", *only_orphans)
+    assert f"acted on orphaned_generation: ran {command}" in acted.stderr
+    left = chain.wait_tasks(
+        first, lambda t: "PENDING" not in t.values(), "the pending spares to go"
+    )
+    assert sorted(left) == [1, 2] and set(left.values()) == {"RUNNING"}  # running spares untouched
+    assert len(chain.tasks(successor)) == 5  # the next generation is untouched
+    assert len(chain.tasks(other_chain)) == 3  # so is another chain of the same user
+
+
+def test_spares_stuck_after_task0_died_are_a_stranded_generation_and_act_frees_their_nodes(
+    cluster, chains, tmp_path
+):
+    chain = chains("watch-stranded")
+    first = chain.submit("0-2%2")
+    successor = chain.submit("0-1%2")
+    chain.wait_tasks(
+        first, lambda t: t.get(0) == "RUNNING" and t.get(1) == "RUNNING", "two tasks to run"
+    )
+    chain.kill_task0(first)
+    stuck = chain.wait_tasks(
+        first,
+        lambda t: set(t) == {1, 2} and set(t.values()) == {"RUNNING"},
+        "spares to be admitted",
+    )
+    assert chain.tasks(successor).get(0) == "PENDING"  # singleton: blocked behind the stuck spares
+
+    observed = watch_until(cluster, tmp_path, "stranded_generation", first, "--grace", GRACE)
+    assert observed.returncode == 2  # critical
+    assert (
+        "task 0 ended" in observed.stderr and f"{len(stuck)} task(s) still run" in observed.stderr
+    )
+    command = f"scancel --user=root --name={chain.name} {first}"
+    assert f"observe-only (pass --act to run it): {command}" in observed.stderr
+
+    acted = watch(cluster, tmp_path, first, "--grace", GRACE, "--act")
+    assert f"acted on stranded_generation: ran {command}" in acted.stderr
+    chain.wait_tasks(first, lambda t: not t, "the stranded generation to end")
+    chain.wait_tasks(
+        successor, lambda t: t.get(0) == "RUNNING", "the successor generation to start"
+    )
+
+
+def test_a_93_with_successors_still_queued_is_chain_not_cancelled(cluster, chains, tmp_path):
+    chain = chains("watch-93")
+    # The stand-in trap releases only its own spares: the chain cancel "failed".
+    verdict = chain.submit("0-1%1", task0_exit=93, hold=True)
+    successors = [chain.submit("0-1%1"), chain.submit("0-1%1")]
+    cluster.slurm("scontrol", "release", verdict)  # successors are queued before it ends
+    cluster.wait_until(lambda: chain.task0_end(verdict), 90, "the 93 generation to end", 0.5)
+    result = watch(cluster, tmp_path, verdict)
+    assert reported(result, "chain_not_cancelled"), result.stderr
+    assert result.returncode == 2
+    assert re.search(
+        rf"generation {verdict} of {chain.name} ended 93 .* {successors[0]}, {successors[1]}",
+        result.stderr,
+    )
+    assert f"scancel --state=PENDING --user=root --name={chain.name}" in result.stderr
+    assert all(chain.tasks(s) for s in successors)  # reported, never acted on
+
+
+def test_a_finished_chain_whose_marker_remains_is_exhausted(cluster, chains, tmp_path):
+    chain = chains("watch-exhausted")
+    (chain.work / "chain.active").write_text("")
+    only = chain.submit("0-0", task0_exit=0)
+    cluster.wait_until(lambda: chain.task0_end(only), 90, "the last generation to end", 0.5)
+    result = watch(cluster, tmp_path, only, "--work-dir", str(chain.work))
+    assert reported(result, "chain_exhausted") and result.returncode == 2, result.stderr
+    (chain.work / "chain.active").unlink()  # the run finished on purpose
+    assert watch(cluster, tmp_path, only, "--work-dir", str(chain.work)).returncode == 0
+
+
+class _Beats(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.server.beats.append(self.path)
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def heartbeat():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Beats)
+    server.beats = []
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def unreachable_conf(cluster, tmp_path: Path) -> Path:
+    """The cluster's slurm.conf with the controller's address wrong: slurmctld keeps
+    running for everyone else, this client cannot reach it."""
+    text = Path(cluster.slurm_env["SLURM_CONF"]).read_text()
+    text = re.sub(r"(?m)^SlurmctldHost=.*$", "SlurmctldHost=ctl(127.0.0.1)\nSlurmctldPort=9", text)
+    conf = tmp_path / "unreachable" / "slurm.conf"
+    conf.parent.mkdir()
+    conf.write_text(text)
+    return conf
+
+
+def test_an_unreachable_slurmctld_is_a_degraded_pass_with_no_heartbeat(
+    cluster, chains, tmp_path, heartbeat
+):
+    chain = chains("watch-blind")
+    job = chain.submit("0-1%1")
+    url = f"http://127.0.0.1:{heartbeat.server_address[1]}/beat"
+    healthy = watch(cluster, tmp_path, job, NVRX_WATCH_HEARTBEAT_URL=url)
+    assert healthy.returncode == 0, healthy.stderr
+    assert heartbeat.beats == ["/beat"]
+
+    conf = str(unreachable_conf(cluster, tmp_path))
+    for state in (tmp_path, tmp_path / "fresh"):  # job id remembered, and never seen before
+        blind = watch(
+            cluster,
+            state,
+            job,
+            "--command-timeout",
+            "30",
+            SLURM_CONF=conf,
+            NVRX_WATCH_HEARTBEAT_URL=url,
+        )
+        assert blind.returncode == 1, blind.stderr
+        assert "cannot observe slurm" in blind.stderr
+        assert "Unable to contact slurm controller" in blind.stderr
+    assert heartbeat.beats == ["/beat"]  # no beat from a watcher that could not see
+
+
+@pytest.fixture
+def other_user():
+    """A throwaway system user, removed with its jobs afterwards."""
+    name = f"nvrxw{uuid.uuid4().hex[:6]}"
+    subprocess.run(
+        ["useradd", "--no-create-home", "--shell", "/usr/sbin/nologin", name], check=True
+    )
+    yield name
+    subprocess.run(
+        ["scancel", "--user", name], env={**os.environ}, check=False, capture_output=True
+    )
+    subprocess.run(["userdel", name], check=False)
+
+
+def test_act_never_touches_another_users_job_or_another_chain(
+    cluster, chains, tmp_path, other_user
+):
+    cluster.slurm("scancel", "--user", other_user, check=False)
+    ours = chains("watch-owner")
+    theirs = Chain(cluster, "watch-owner", user=other_user)
+    theirs.name = ours.name  # the same chain name, another owner: another chain
+    our_gen = ours.submit("0-3%1")
+    their_gen = theirs.submit("0-3%1")
+    ours_other = ours.submit("0-2%1", name=f"{ours.name}-other")
+    try:
+        for chain, gen in ((ours, our_gen), (theirs, their_gen)):
+            chain.wait_tasks(gen, lambda t: t.get(0) == "RUNNING", f"task 0 of {gen} to run")
+            chain.kill_task0(gen)
+        only_orphans = ("--disable", "stranded_generation")
+
+        # Their chain: seen and reported, but root is not its owner, so nothing is done.
+        seen = watch_until(
+            cluster,
+            tmp_path / "theirs",
+            "orphaned_generation",
+            their_gen,
+            "--grace",
+            GRACE,
+            "--act",
+            *only_orphans,
+        )
+        assert (
+            f"not acting on orphaned_generation: chain {ours.name} belongs to {other_user}, not to root"
+            in seen.stderr
+        )
+        assert "PENDING" in theirs.tasks(their_gen).values()
+
+        # Our chain of the same name: only our generation's pending spares go.
+        acted = watch_until(
+            cluster,
+            tmp_path / "ours",
+            "orphaned_generation",
+            our_gen,
+            "--grace",
+            GRACE,
+            "--act",
+            *only_orphans,
+        )
+        assert (
+            f"acted on orphaned_generation: ran scancel --state=PENDING --user=root --name={ours.name} {our_gen}"
+            in acted.stderr
+        )
+        ours.wait_tasks(our_gen, lambda t: "PENDING" not in t.values(), "our pending spares to go")
+        assert "PENDING" in theirs.tasks(their_gen).values()
+        assert len(ours.tasks(ours_other)) == 3
+    finally:
+        cluster.slurm("scancel", "--user", other_user, check=False)
