@@ -105,6 +105,19 @@ def inside_cwd(cwd: str, mounts: list[tuple[str, str, bool]]) -> str:
     return "/"
 
 
+def private_dirs(home: str) -> dict[str, str]:
+    """Directories each task gets as its own tmpfs over the shared read-only root,
+    with their modes (/tmp world-writable as usual: jobs and apt drop privileges)."""
+    dirs = {"/tmp": "1777", "/var/tmp": "1777", "/run": "0755"}
+    if home.startswith("/") and home.rstrip("/") and not under(home, list(dirs)):
+        dirs[home] = "0700"
+    return dirs
+
+
+def under(path: str, dirs: list[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
 def bwrap_argv(
     root: str,
     mounts: list[tuple[str, str, bool]],
@@ -115,17 +128,9 @@ def bwrap_argv(
     info_fd: int,
     command: list[str],
 ) -> list[str]:
-    argv = [
-        "bwrap",
-        "--ro-bind", root, "/",
-        "--proc", "/proc",
-        "--dev", "/dev",
-        "--perms", "1777", "--tmpfs", "/tmp",
-        "--perms", "1777", "--tmpfs", "/var/tmp",
-        "--tmpfs", "/run",
-    ]  # fmt: skip
-    if home.startswith("/") and home != "/":
-        argv += ["--tmpfs", home]
+    argv = ["bwrap", "--ro-bind", root, "/", "--proc", "/proc", "--dev", "/dev"]
+    for directory, mode in private_dirs(home).items():
+        argv += ["--perms", mode, "--tmpfs", directory]
     for path in host_files:
         argv += ["--ro-bind", path, path]
     for src, dst, read_only in mounts:
@@ -280,14 +285,47 @@ def run(image: Path, mounts: list[tuple[str, str, bool]], command: list[str]) ->
         return _run_in(root, mounts, command)
 
 
+def _mount_point(root: Path, dst: str, *, is_file: bool) -> None:
+    """Create a missing mount point in the unpacked image, as enroot's x-create does.
+
+    bwrap cannot create it in a read-only root. Each step is made inside root by hand,
+    and a symlink on the way is refused: following one would create it on the host.
+    """
+    current = root
+    parts = [part for part in dst.split("/") if part]
+    for index, part in enumerate(parts):
+        current = current / part
+        if current.is_symlink():
+            raise StandinError(
+                f"--mounts: {dst} passes through a symlink in the image ({current.relative_to(root)}); "
+                "mount it at another path",
+                exitcodes.USAGE,
+            )
+        if current.exists():
+            continue
+        last = index == len(parts) - 1
+        with contextlib.suppress(FileExistsError):
+            if last and is_file:
+                current.touch(exist_ok=True)
+            else:
+                current.mkdir()
+
+
 def _run_in(root: Path, mounts: list[tuple[str, str, bool]], command: list[str]) -> int:
     environment = root / "etc" / "environment"
     path = image_path_variable(environment.read_text() if environment.is_file() else "")
     env = container_env(dict(os.environ), path)
+    home = os.environ.get("HOME", "")
     host_files = [p for p in HOST_FILES if os.path.isfile(p)]
     for src, _, _ in mounts:
         if not os.path.exists(src):
             raise StandinError(f"--mounts: source {src} does not exist on {os.uname().nodename}")
+    targets = [(dst, os.path.isfile(src)) for src, dst, _ in mounts] + [
+        (p, True) for p in host_files
+    ]
+    for dst, is_file in targets:
+        if not under(dst, private_dirs(home)):
+            _mount_point(root, dst, is_file=is_file)
 
     target: dict[str, int | None] = {"pid": None}
     pending: list[int] = []
@@ -307,7 +345,7 @@ def _run_in(root: Path, mounts: list[tuple[str, str, bool]], command: list[str])
         str(root),
         mounts,
         cwd=inside_cwd(os.getcwd(), mounts),
-        home=os.environ.get("HOME", ""),
+        home=home,
         host_files=host_files,
         info_fd=write_fd,
         command=command,

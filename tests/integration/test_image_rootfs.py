@@ -13,7 +13,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -40,25 +42,43 @@ def _needs_root_and_tools() -> None:
         pytest.skip(reason)
 
 
+# Other modules import the fixture below; each import is a fixture of its own to pytest,
+# so the built image is remembered here to build it once per session all the same.
+_BUILT: dict[str, Path] = {}
+left_by_build: list[str] = []  # the output directory right after the build
+
+
 @pytest.fixture(scope="session")
-def cpu_image(tmp_path_factory) -> Path:
-    """One CPU image per test session, built through the real CLI."""
+def cpu_image() -> Iterator[Path]:
+    """One CPU image per test session, built through the real CLI.
+
+    Not under pytest's tmp_path: other pytest sessions on this machine rotate those
+    directories away, and this image must outlive a cluster test of several minutes.
+    """
     _needs_root_and_tools()
-    out = tmp_path_factory.mktemp("images")
-    started = time.monotonic()
-    result = subprocess.run(
-        [*APPLIANCE, "image", "build", "--builder", "rootfs", "--output-dir", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=BUILD_DEADLINE_S,
-        check=False,
-    )
-    elapsed = time.monotonic() - started
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    image = out / image_filename(load(), "cpu", ".sqsh")
-    assert image.is_file(), result.stdout
-    print(f"rootfs CPU image built in {elapsed:.0f} s: {image.stat().st_size >> 20} MiB")
-    return image
+    if "cpu" in _BUILT:
+        yield _BUILT["cpu"]
+        return
+    out = Path(tempfile.mkdtemp(prefix="nvrx-image-test-", dir="/var/tmp"))
+    try:
+        started = time.monotonic()
+        result = subprocess.run(
+            [*APPLIANCE, "image", "build", "--builder", "rootfs", "--output-dir", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=BUILD_DEADLINE_S,
+            check=False,
+        )
+        elapsed = time.monotonic() - started
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        image = out / image_filename(load(), "cpu", ".sqsh")
+        assert image.is_file(), result.stdout
+        print(f"rootfs CPU image built in {elapsed:.0f} s: {image.stat().st_size >> 20} MiB")
+        _BUILT["cpu"] = image
+        left_by_build.extend(sorted(p.name for p in out.iterdir()))
+        yield image
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def _in_image(
@@ -75,7 +95,7 @@ def _in_image(
 
 
 def test_the_build_leaves_only_the_image_and_its_log(cpu_image):
-    assert sorted(p.name for p in cpu_image.parent.iterdir()) == [
+    assert left_by_build == [
         cpu_image.name,
         cpu_image.name + ".build.log",
     ]
@@ -138,12 +158,15 @@ def test_the_standin_passes_the_commands_exit_code_through(cpu_image, code):
 def test_the_standin_binds_the_mounts_on_the_nodes_own_hostname(cpu_image, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
+    # A destination the image lacks, outside its private tmpfs directories: the
+    # stand-in creates the mount point in the unpacked image, as enroot would.
+    inside = f"/srv/nvrx-test-{os.getpid()}/work"
     result = _in_image(
         cpu_image,
         "sh",
         "-c",
-        f"hostname > {work}/seen-host && echo from-image > {work}/written",
-        mounts=f"{work}:{work}",
+        f"hostname > {inside}/seen-host && echo from-image > {inside}/written",
+        mounts=f"{work}:{inside}",
     )
     assert result.returncode == 0, result.stderr
     assert (work / "written").read_text() == "from-image\n"

@@ -70,3 +70,33 @@ def test_exit_status_is_passed_through_and_signals_become_128_plus_n():
     assert standin.exit_status(93) == 93
     assert standin.exit_status(0) == 0
     assert standin.exit_status(-15) == 143
+
+
+def test_a_missing_mount_point_is_created_inside_the_unpacked_image(tmp_path):
+    root = tmp_path / "root"
+    (root / "var" / "lib").mkdir(parents=True)
+    standin._mount_point(root, "/var/lib/cluster/work", is_file=False)
+    standin._mount_point(root, "/etc/hosts", is_file=True)
+    assert (root / "var/lib/cluster/work").is_dir()
+    assert (root / "etc/hosts").is_file()
+
+
+def test_a_mount_point_through_a_symlink_in_the_image_is_refused(tmp_path):
+    root = tmp_path / "root"
+    root.mkdir()
+    outside = tmp_path / "host-side"
+    outside.mkdir()
+    (root / "data").symlink_to(outside)  # absolute: it would resolve on the host
+    with pytest.raises(StandinError, match="passes through a symlink"):
+        standin._mount_point(root, "/data/work", is_file=False)
+    assert not (outside / "work").exists()
+
+
+def test_each_task_gets_private_tmp_run_and_home():
+    assert standin.private_dirs("/root") == {
+        "/tmp": "1777",
+        "/var/tmp": "1777",
+        "/run": "0755",
+        "/root": "0700",
+    }
+    assert "/tmp/home" not in standin.private_dirs("/tmp/home")
