@@ -32,14 +32,12 @@ from nvrx_appliance.devcluster.plan import (
     parse_slurm_version,
 )
 from nvrx_appliance.devcluster.poll import Timeout, wait_until
-from nvrx_appliance.devcluster.report import in_service, parse_node_states, seen_dead
+from nvrx_appliance.devcluster.report import in_service, parse_node_states, status_document
 from nvrx_appliance.devcluster.state import (
-    CONTROL_DAEMONS,
     MARIADB,
     MUNGED,
     SLURMCTLD,
     SLURMDBD,
-    Daemon,
     Observed,
     State,
     StateError,
@@ -446,47 +444,5 @@ def status(root: Path = DEFAULT_ROOT) -> dict[str, Any]:
     except PlanError as exc:
         return {"up": False, "reason": f"unreadable state: {exc}", **base}
     seen = observe(plan, state)
-    verdict = assess(plan, state, seen)
     slurm_states = node_states(plan) if SLURMCTLD in seen.alive else {}
-
-    def daemon(key: str, name: str, host: str) -> dict[str, Any]:
-        recorded: Daemon | None = state.daemons.get(key)
-        return {
-            "name": name,
-            "host": host,
-            "pid": recorded.pid if recorded else None,
-            "running": key in seen.alive,
-        }
-
-    ctl = plan.controller.name
-    where = {MUNGED: "(root)", MARIADB: ctl, SLURMDBD: ctl, SLURMCTLD: ctl}
-    nodes_up = all(in_service(slurm_states.get(n.name, "")) for n in plan.nodes)
-    return {
-        "up": verdict.action == "none" and nodes_up,
-        "reason": verdict.reason
-        if verdict.action != "none" or nodes_up
-        else "not every node is in service",
-        **base,
-        "slurm_version": state.params.slurm_version,
-        "params": state.params.to_dict(),
-        "controller": {
-            "name": ctl,
-            "address": plan.controller.address,
-            "netns": plan.controller.netns,
-        },
-        "daemons": [daemon(k, k, where[k]) for k in CONTROL_DAEMONS]
-        + [daemon(slurmd_key(n.name), "slurmd", n.name) for n in plan.nodes],
-        "nodes": [
-            {
-                "name": n.name,
-                "address": n.address,
-                "netns": n.netns,
-                "link_up": n.link in seen.links_up,
-                "slurmd_pid": (state.daemons.get(slurmd_key(n.name)) or Daemon(0, 0)).pid or None,
-                "slurmd_running": slurmd_key(n.name) in seen.alive,
-                "slurm_state": slurm_states.get(n.name),
-                "seen_dead": seen_dead(slurm_states.get(n.name, "")),
-            }
-            for n in plan.nodes
-        ],
-    }
+    return {**base, **status_document(plan, state, seen, slurm_states)}

@@ -4,6 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from nvrx_appliance.devcluster.plan import Plan
+from nvrx_appliance.devcluster.state import (
+    CONTROL_DAEMONS,
+    MUNGED,
+    Observed,
+    State,
+    assess,
+    slurmd_key,
+)
+
 # Node state flags (scontrol's State=BASE+FLAG+...) that mean a node cannot run jobs.
 UNAVAILABLE = {"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "NOT_RESPONDING", "UNKNOWN", "INVAL"}
 
@@ -30,6 +40,53 @@ def in_service(state: str) -> bool:
 def seen_dead(state: str) -> bool:
     """Slurm has noticed the node is gone: not responding, or already DOWN."""
     return bool(flags(state) & {"DOWN", "NOT_RESPONDING"})
+
+
+def status_document(
+    plan: Plan, state: State, seen: Observed, slurm_states: dict[str, str]
+) -> dict[str, Any]:
+    """`cluster status --json` for a recorded cluster: each daemon, each node, and
+    whether all of it is up (every daemon running and every node in service)."""
+    verdict = assess(plan, state, seen)
+    nodes_in_service = all(in_service(slurm_states.get(n.name, "")) for n in plan.nodes)
+    if verdict.action != "none":
+        reason = verdict.reason
+    elif not nodes_in_service:
+        reason = "not every node is in service (see SLURM STATE)"
+    else:
+        reason = verdict.reason
+
+    def daemon(key: str, name: str, host: str) -> dict[str, Any]:
+        recorded = state.daemons.get(key)
+        return {
+            "name": name,
+            "host": host,
+            "pid": recorded.pid if recorded else None,
+            "running": key in seen.alive,
+        }
+
+    ctl = plan.controller
+    return {
+        "up": verdict.action == "none" and nodes_in_service,
+        "reason": reason,
+        "slurm_version": state.params.slurm_version,
+        "params": state.params.to_dict(),
+        "controller": {"name": ctl.name, "address": ctl.address, "netns": ctl.netns},
+        "daemons": [daemon(k, k, "(root)" if k == MUNGED else ctl.name) for k in CONTROL_DAEMONS]
+        + [daemon(slurmd_key(n.name), "slurmd", n.name) for n in plan.nodes],
+        "nodes": [
+            {
+                "name": n.name,
+                "address": n.address,
+                "netns": n.netns,
+                "link_up": n.link in seen.links_up,
+                "slurmd_running": slurmd_key(n.name) in seen.alive,
+                "slurm_state": slurm_states.get(n.name),
+                "seen_dead": seen_dead(slurm_states.get(n.name, "")),
+            }
+            for n in plan.nodes
+        ],
+    }
 
 
 def _yes(value: bool) -> str:

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.devcluster.report import in_service, parse_node_states, seen_dead, table
+from nvrx_appliance.devcluster.plan import Params, make_plan
+from nvrx_appliance.devcluster.report import (
+    in_service,
+    parse_node_states,
+    seen_dead,
+    status_document,
+    table,
+)
+from nvrx_appliance.devcluster.state import CONTROL_DAEMONS, Daemon, Observed, State
 
 # Two lines of `scontrol -o show nodes` from the local cluster (Slurm 22.05).
 SCONTROL = (
@@ -63,3 +71,37 @@ def test_table_shows_each_daemon_and_node_and_says_what_is_wrong():
     assert "slurmctld" in text and "42" in text
     assert "node2" in text and "DOWN+NOT_RESPONDING" in text
     assert table({"up": False, "reason": "no cluster"}) == "cluster: NOT UP (no cluster)\n"
+
+
+def _cluster(alive_slurmd: tuple[str, ...]):
+    plan = make_plan(Params(nodes=2))
+    keys = [*CONTROL_DAEMONS, "slurmd@node1", "slurmd@node2"]
+    state = State(plan.params, {k: Daemon(10 + i, 1) for i, k in enumerate(keys)})
+    seen = Observed(
+        alive=frozenset([*CONTROL_DAEMONS, *(f"slurmd@{n}" for n in alive_slurmd)]),
+        namespaces=frozenset(h.netns for h in plan.hosts),
+        links_up=frozenset(h.link for h in plan.hosts),
+        hosts_ok=True,
+        configs_ok=True,
+        leftovers=True,
+    )
+    return plan, state, seen
+
+
+def test_status_is_up_only_with_every_daemon_running_and_every_node_in_service():
+    plan, state, seen = _cluster(("node1", "node2"))
+    doc = status_document(plan, state, seen, {"node1": "IDLE", "node2": "MIXED"})
+    assert doc["up"] and [n["name"] for n in doc["nodes"]] == ["node1", "node2"]
+    assert [d["pid"] for d in doc["daemons"]] == [10, 11, 12, 13, 14, 15]
+    assert doc["controller"] == {"name": "ctl", "address": "172.29.41.2", "netns": "nvrxdc-ctl"}
+
+    drained = status_document(plan, state, seen, {"node1": "IDLE", "node2": "IDLE+DRAIN"})
+    assert not drained["up"] and "not every node is in service" in drained["reason"]
+
+
+def test_status_of_a_killed_node_names_it_and_shows_slurms_view():
+    plan, state, seen = _cluster(("node1",))
+    doc = status_document(plan, state, seen, {"node1": "IDLE", "node2": "DOWN+NOT_RESPONDING"})
+    assert not doc["up"] and "node2" in doc["reason"]
+    node2 = doc["nodes"][1]
+    assert (node2["slurmd_running"], node2["seen_dead"]) == (False, True)
