@@ -20,6 +20,7 @@ def cli() -> None:
 def main() -> None:
     cli()
 
+
 from nvrx_appliance.devcluster.cli import cluster_group  # noqa: E402
 
 cli.add_command(cluster_group)

@@ -19,7 +19,7 @@ CONTEXT_MOUNT = "/mnt"
 def import_uri(pins: Pins, flavor: str) -> str:
     """enroot's spelling of the base: docker://[REGISTRY#]IMAGE:TAG."""
     if flavor == "gpu":
-        return f"docker://{pins.gpu_registry}#{pins.gpu_image}:{pins.gpu_tag}"
+        return f"docker://{pins.registry()}#{pins.gpu_image}:{pins.gpu_tag}"
     return f"docker://{pins.cpu_base}"
 
 

@@ -7,6 +7,7 @@ reading the packaged pins.toml.
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from dataclasses import dataclass
@@ -50,7 +51,15 @@ class Pins:
 
     @property
     def gpu_base(self) -> str:
-        return f"{self.gpu_registry}/{self.gpu_image}:{self.gpu_tag}"
+        return f"{self.registry()}/{self.gpu_image}:{self.gpu_tag}"
+
+    def registry(self) -> str:
+        if not self.gpu_registry:
+            raise PinsError(
+                f"the GPU flavour's base {self.gpu_image}:{self.gpu_tag} needs its registry "
+                f"host: set {REGISTRY_ENV} (e.g. your site's NGC registry host or mirror)"
+            )
+        return self.gpu_registry
 
     @property
     def cpu_base(self) -> str:
@@ -60,7 +69,10 @@ class Pins:
         return self.gpu_base if flavor == "gpu" else self.cpu_base
 
 
-def parse(data: dict[str, Any], appliance_version: str = __version__) -> Pins:
+REGISTRY_ENV = "NVRX_BASE_REGISTRY"
+
+
+def parse(data: dict[str, Any], appliance_version: str = __version__, registry: str = "") -> Pins:
     def get(section: str, key: str) -> Any:
         try:
             value = data[section][key]
@@ -79,7 +91,7 @@ def parse(data: dict[str, Any], appliance_version: str = __version__) -> Pins:
         megatron_repository=str(get("megatron", "repository")),
         megatron_commit=commit,
         megatron_path=str(get("megatron", "path")),
-        gpu_registry=str(get("gpu", "registry")),
+        gpu_registry=registry,
         gpu_image=str(get("gpu", "image")),
         gpu_tag=str(get("gpu", "tag")),
         gpu_python=str(get("gpu", "python")),
@@ -92,7 +104,7 @@ def parse(data: dict[str, Any], appliance_version: str = __version__) -> Pins:
 
 def load() -> Pins:
     text = resources.files("nvrx_appliance.image").joinpath("pins.toml").read_text()
-    return parse(tomllib.loads(text))
+    return parse(tomllib.loads(text), registry=os.environ.get(REGISTRY_ENV, ""))
 
 
 def image_filename(pins: Pins, flavor: str, suffix: str) -> str:

@@ -98,7 +98,7 @@ def _image(spec: ChainSpec, facts: Facts) -> list[Problem]:
                 Problem(
                     option,
                     f"{spec.image!r} is neither an image file nor a registry reference; "
-                    "pass a .sqsh/.sif path or e.g. nvcr.io#nvidia/pytorch:25.01-py3",
+                    "pass a .sqsh/.sif path or e.g. registry.example#nvidia/pytorch:25.01-py3",
                 )
             ]
         return []

@@ -8,9 +8,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from nvrx_appliance import __version__
 from nvrx_appliance.image import apptainer, enroot
-from nvrx_appliance.image.pins import load
+from nvrx_appliance.image.pins import REGISTRY_ENV, load
+
+
+@pytest.fixture(autouse=True)
+def _site_registry(monkeypatch):
+    # The project names no registry host; a site sets it (pins.toml says why).
+    monkeypatch.setenv(REGISTRY_ENV, "registry.example")
+
 
 CONTEXT = Path("/scratch/build/context")
 PARTIAL = Path("/images/.x.sqsh.partial-7")

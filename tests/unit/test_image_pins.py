@@ -10,6 +10,7 @@ import pytest
 from nvrx_appliance import __version__
 from nvrx_appliance.image import pins as pins_mod
 from nvrx_appliance.image.pins import (
+    REGISTRY_ENV,
     PinsError,
     build_settings,
     image_filename,
@@ -25,6 +26,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 from importlib import resources
+
+
+@pytest.fixture(autouse=True)
+def _site_registry(monkeypatch):
+    # The project names no registry host; a site sets it (pins.toml says why).
+    monkeypatch.setenv(REGISTRY_ENV, "registry.example")
 
 
 def _raw() -> dict:
@@ -86,3 +93,9 @@ def test_cpu_settings_leave_megatron_empty_and_pin_torch():
 def test_settings_with_shell_metacharacters_stay_literal():
     settings = {"IMAGE_BASE": "a b; rm -rf / $(x)"}
     assert parse_settings(render_settings(settings)) == settings
+
+
+def test_the_gpu_base_without_a_site_registry_is_refused_with_the_variable_named(monkeypatch):
+    monkeypatch.delenv(REGISTRY_ENV)
+    with pytest.raises(PinsError, match=REGISTRY_ENV):
+        _ = load().gpu_base

@@ -68,12 +68,12 @@ def test_a_sane_spec_on_a_sane_cluster_passes():
             "--image: /img/missing.sqsh does not exist",
         ),
         (
-            {"image": "nvcr.io#Bad Image!!", "runtime": "pyxis"},
+            {"image": "registry.example#Bad Image!!", "runtime": "pyxis"},
             {},
-            "--image: 'nvcr.io#Bad Image!!' is neither an image file nor a registry reference",
+            "--image: 'registry.example#Bad Image!!' is neither an image file nor a registry reference",
         ),
         (
-            {"image": "nvcr.io#nvidia/pytorch:25.01-py3", "runtime": "bwrap-standin"},
+            {"image": "registry.example#nvidia/pytorch:25.01-py3", "runtime": "bwrap-standin"},
             {},
             "--image: the bwrap stand-in runs a local .sqsh file",
         ),
@@ -140,7 +140,7 @@ def test_every_problem_is_reported_at_once():
 @pytest.mark.parametrize(
     "image",
     [
-        "nvcr.io#nvidia/pytorch:25.01-py3",
+        "registry.example#nvidia/pytorch:25.01-py3",
         "docker://ubuntu:24.04",
         "alice@registry:5000#team/img:v1",
     ],
