@@ -364,3 +364,34 @@ def test_act_never_touches_another_users_job_or_another_chain(
         assert len(ours.tasks(ours_other)) == 3
     finally:
         cluster.slurm("scancel", "--user", other_user, check=False)
+
+
+def test_a_real_chain_resolves_through_its_run_json_and_its_real_cycle_infos(cluster, tmp_path):
+    """The no-restart demo, submitted by `nvrx-appliance submit`: ft_launcher exits 93, the
+    trap cancels the chain. Afterwards the watcher, given only the first job id, finds
+    run.json from Slurm, reads the cycle-info files ft_launcher wrote on the cluster and
+    the ledger, and has nothing to page: the chain ended on purpose."""
+    from .test_chain_support import submit, unique, wait_idle, wait_ledger
+
+    work = cluster.workdir("watch-real")
+    name = unique("watch-real")
+    first, *_ = submit(
+        cluster, work, name,
+        "--mode", "no-restart", "--train-tasks", "1", "--hot-spares", "0",
+        "--cold-spares", "1", "--depth", "2", "--fault-delay", "3",
+    )  # fmt: skip
+    [entry] = wait_ledger(work, 1, timeout=240)
+    wait_idle(cluster, name, timeout=60)
+    assert entry["exit_code"] == 93
+
+    metrics = tmp_path / "nvrx.prom"
+    result = watch(cluster, tmp_path, first, "--metrics-file", str(metrics))
+    assert result.returncode == 0, result.stderr
+    assert f"watching chain {name} of root; files from run.json ({work}/run.json)" in result.stderr
+    files = sorted(p.name for p in (work / "nvrx" / first / "cycle_infos").iterdir())
+    cycles = [f for f in files if not f.endswith(".current")]
+    assert cycles and all(f.startswith(f"cycle_info.{first}.") for f in cycles)
+    text = metrics.read_text()
+    assert f'nvrx_watch_cycles{{chain="{name}",owner="root"}} {len(cycles)}' in text
+    assert f'nvrx_watch_source_up{{chain="{name}",owner="root",source="cycles"}} 1' in text
+    assert "chain_not_cancelled" not in result.stderr and "chain_exhausted" not in result.stderr
