@@ -58,39 +58,8 @@ trap 'rm -f "$keep"' EXIT
   || fail "the base has no importable PyTorch ($py)"
 
 step "NVRx $NVRX_VERSION"
-if "$py" -c 'import sys; sys.exit(sys.version_info < (3, 12))'; then
-  "${pip[@]}" -c "$keep" "nvidia-resiliency-ext==$NVRX_VERSION"
-else
-  # NVRx 0.7.0 publishes cp312 / manylinux_2_39 wheels only, so on an older Python pip
-  # silently falls back to 0.4.1, which lacks cycle-info files, --ft-segment, the
-  # checkpoint-iteration tracker and exit 93. Its fault_tolerance package is pure
-  # Python: fetch the 0.7.0 wheel for its own tag, lay it into site-packages without
-  # dependencies, then install the dependencies its metadata declares.
-  staging=$(mktemp -d)
-  "${pip[@]}" --no-deps --target "$staging" --python-version 3.12 --implementation cp \
-    --platform "manylinux_2_39_$(uname -m)" --only-binary=:all: \
-    "nvidia-resiliency-ext==$NVRX_VERSION"
-  site=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-  bin=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["scripts"])')
-  cp -r "$staging"/nvidia_resiliency_ext "$staging"/nvidia_resiliency_ext-*.dist-info "$site"/
-  for script in "$staging"/bin/*; do
-    sed "1s|^#!.*|#!$py|" "$script" >"$bin/$(basename "$script")"
-    chmod 755 "$bin/$(basename "$script")"
-  done
-  mapfile -t requirements < <("$py" - "$staging" <<'PY'
-import pathlib
-import sys
-from email.parser import Parser
-
-metadata = next(pathlib.Path(sys.argv[1]).glob("nvidia_resiliency_ext-*.dist-info/METADATA"))
-for requirement in Parser().parsestr(metadata.read_text()).get_all("Requires-Dist") or []:
-    if "extra ==" not in requirement:
-        print(requirement)
-PY
-  )
-  "${pip[@]}" -c "$keep" "${requirements[@]}"
-  rm -rf "$staging"
-fi
+# install-nvrx.sh says why NVRx needs its own step on Python < 3.12.
+bash "$context/install-nvrx.sh" "$py" "$NVRX_VERSION" "$keep"
 
 step "nvrx-appliance $APPLIANCE_VERSION (in-container side)"
 wheels=("$context"/wheels/nvrx_appliance-*.whl)
