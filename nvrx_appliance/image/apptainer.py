@@ -21,7 +21,7 @@ CONTEXT_DIR = "/opt/nvrx-appliance-build"
 
 def definition(pins: Pins, flavor: str, context: Path) -> str:
     recipe = Recipe()
-    recipe.fromHeader = pins.gpu_base if flavor == "gpu" else pins.cpu_base
+    recipe.fromHeader = pins.gpu_pull_ref() if flavor == "gpu" else pins.cpu_base
     recipe.files = [[str(context), CONTEXT_DIR]]
     recipe.labels = [
         ["org.nvrx-appliance.version", pins.appliance_version],

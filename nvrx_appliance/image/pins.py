@@ -51,6 +51,12 @@ class Pins:
 
     @property
     def gpu_base(self) -> str:
+        """The base as records show it; qualified by the registry host when a site set one."""
+        name = f"{self.gpu_image}:{self.gpu_tag}"
+        return f"{self.gpu_registry}/{name}" if self.gpu_registry else name
+
+    def gpu_pull_ref(self) -> str:
+        """The base as a front end pulls it: the registry host is required here."""
         return f"{self.registry()}/{self.gpu_image}:{self.gpu_tag}"
 
     def registry(self) -> str:

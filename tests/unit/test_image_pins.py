@@ -98,4 +98,5 @@ def test_settings_with_shell_metacharacters_stay_literal():
 def test_the_gpu_base_without_a_site_registry_is_refused_with_the_variable_named(monkeypatch):
     monkeypatch.delenv(REGISTRY_ENV)
     with pytest.raises(PinsError, match=REGISTRY_ENV):
-        _ = load().gpu_base
+        load().gpu_pull_ref()
+    assert load().gpu_base == "nvidia/pytorch:25.12-py3"  # records still name the base
