@@ -23,7 +23,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.manifest import write_atomic
 from nvrx_appliance.watch.types import Checkpoint
 
 VERSION = 1
@@ -75,7 +74,7 @@ def save_chain(path: str, key: str, section: dict[str, Any], jobs: dict[str, Any
         state["version"] = VERSION
         state.setdefault("chains", {})[key] = section
         state.setdefault("jobs", {}).update(jobs)
-        write_atomic(Path(path), json.dumps(state, indent=1, sort_keys=True) + "\n", mode=0o600)
+        replace_file(Path(path), json.dumps(state, indent=1, sort_keys=True) + "\n", 0o600)
 
 
 # --- pure transitions ---------------------------------------------------------------------
@@ -134,7 +133,11 @@ def load_cycle_cache(cache_dir: str) -> dict[str, Any]:
         except (OSError, ValueError):
             continue
         if isinstance(data, dict) and isinstance(data.get("files"), dict):
-            cache[str(data.get("directory"))] = data["files"]
+            cache[str(data.get("directory"))] = {
+                "mtime_ns": data.get("mtime_ns"),
+                "settled": data.get("settled") is True,
+                "files": data["files"],
+            }
     return cache
 
 
@@ -144,21 +147,25 @@ def save_cycle_cache(cache_dir: str, cache: dict[str, Any], changed: set[str]) -
     for directory in changed:
         path = Path(cache_dir) / _cache_name(directory)
         if directory in cache:
-            text = json.dumps(
-                {"directory": directory, "files": cache[directory]}, separators=(",", ":")
-            )
-            _replace(path, text)
+            text = json.dumps({"directory": directory, **cache[directory]}, separators=(",", ":"))
+            replace_file(path, text, 0o600)
         else:
             path.unlink(missing_ok=True)
 
 
-def _replace(path: Path, text: str) -> None:
-    """Write by rename, without fsync: a cache lost in a crash only makes a pass slower."""
+def replace_file(path: Path, text: str, mode: int) -> None:
+    """Write by rename, so a reader (node_exporter, the next pass) never sees half a file.
+
+    No fsync: everything the watcher writes is allowed to be lost in a crash (the state
+    restarts its timers, the cache is re-read, the textfile is rewritten next pass), and
+    an fsync on a busy login node's disk can cost more than the whole pass.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
+        os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -13,6 +13,7 @@ import fnmatch
 import glob
 import os
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,52 +37,81 @@ class ReadError(Exception):
 # kept per directory (one generation's cycle_infos/), so a pass that sees one cycle
 # close rewrites one small cache file, not the run's whole history.
 CacheEntry = tuple[int, int, int, "tuple | None"]
-DirectoryCache = dict[str, CacheEntry]  # file name -> entry
+
+# A directory whose own mtime has not moved since it was last listed is not listed (or
+# its files stat'ed) again. Every write NVRx makes there moves it: a new cycle's file is
+# created and then the .current symlink is replaced by rename, a cycle's end is written
+# by rename, and a failed write unlinks. Only a stamp that was already this old when it
+# was recorded is trusted: file systems with one-second mtimes could otherwise hide a
+# second write made in the same second as the listing.
+SETTLE_S = 2.0
 
 
 @dataclass
 class CycleScan:
     cycles: tuple[Cycle, ...]
     parsed: int  # files opened and parsed this pass
-    reused: int  # files skipped because unchanged
+    reused: int  # files not opened because unchanged
     skipped: int  # files that were not (or not yet) a complete cycle info
+    listed: int  # directories listed this pass (the others had not changed)
 
 
 class CycleReader:
-    """Reads every cycle-info file matching a glob; keeps what it parsed between passes."""
+    """Reads every cycle-info file matching a glob; keeps what it parsed between passes.
 
-    def __init__(self, pattern: str, cache: dict[str, DirectoryCache] | None = None) -> None:
+    cache: directory -> {"mtime_ns": the directory's mtime when listed, "settled": whether
+    that stamp may be trusted, "files": file name -> CacheEntry}.
+    """
+
+    def __init__(self, pattern: str, cache: dict[str, dict] | None = None, clock=time.time) -> None:
         self.pattern = pattern
-        self.cache: dict[str, DirectoryCache] = dict(cache or {})  # directory -> its files
+        self.cache: dict[str, dict] = dict(cache or {})
         self.changed: set[str] = set()  # directories whose cache differs from the one saved
+        self.clock = clock
 
     def scan(self) -> CycleScan:
         directory_pattern, name_pattern = os.path.split(self.pattern)
-        fresh: dict[str, DirectoryCache] = {}
-        parsed = reused = skipped = 0
+        fresh: dict[str, dict] = {}
+        counts = {"parsed": 0, "reused": 0, "listed": 0}
         for directory in _directories(directory_pattern):
-            before = self.cache.get(directory, {})
-            now: DirectoryCache = {}
-            for name, stat in _files(directory, name_pattern):
-                key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-                entry = before.get(name)
-                if entry is None or tuple(entry[:3]) != key:
-                    path = os.path.join(directory, name)
-                    entry = (*key, _as_row(_parse_file(path, stat.st_size)))
-                    parsed += 1
-                    self.changed.add(directory)
-                else:
-                    reused += 1
-                skipped += entry[3] is None
-                now[name] = entry
-            if len(now) != len(before):
-                self.changed.add(directory)
-            fresh[directory] = now
+            try:
+                stamp = os.stat(directory).st_mtime_ns
+            except FileNotFoundError:
+                continue  # a generation directory that went away between glob and stat
+            before = self.cache.get(directory)
+            if before and before.get("settled") and before.get("mtime_ns") == stamp:
+                fresh[directory] = before
+                counts["reused"] += len(before["files"])
+                continue
+            fresh[directory] = self._list(directory, name_pattern, stamp, before, counts)
         self.changed |= set(self.cache) - set(fresh)
         self.cache = fresh
-        cycles = [_from_row(e[3]) for files in fresh.values() for e in files.values() if e[3]]
+        rows = [e[3] for d in fresh.values() for e in d["files"].values()]
+        cycles = [_from_row(row) for row in rows if row]
         cycles.sort(key=lambda c: (c.start, c.job_id, c.attempt, c.number))
-        return CycleScan(tuple(cycles), parsed, reused, skipped)
+        skipped = sum(1 for row in rows if not row)
+        return CycleScan(
+            tuple(cycles), counts["parsed"], counts["reused"], skipped, counts["listed"]
+        )
+
+    def _list(self, directory: str, name_pattern: str, stamp: int, before, counts) -> dict:
+        known = before["files"] if before else {}
+        files: dict[str, CacheEntry] = {}
+        for name, stat in _files(directory, name_pattern):
+            key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+            entry = known.get(name)
+            if entry is None or tuple(entry[:3]) != key:
+                entry = (*key, _as_row(_parse_file(os.path.join(directory, name), stat.st_size)))
+                counts["parsed"] += 1
+            else:
+                counts["reused"] += 1
+            files[name] = entry
+        counts["listed"] += 1
+        settled = self.clock() - stamp / 1e9 >= SETTLE_S
+        state = {"mtime_ns": stamp, "settled": settled, "files": files}
+        if before != state:
+            self.changed.add(directory)
+        return state
 
 
 def _files(directory: str, name_pattern: str) -> Iterator[tuple[str, os.stat_result]]:

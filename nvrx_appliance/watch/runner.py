@@ -20,7 +20,7 @@ from nvrx_appliance.manifest import Layout
 from nvrx_appliance.watch import detectors, gate, persistence, readers, sinks
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.readers import CycleReader, ReadError
+from nvrx_appliance.watch.readers import CycleReader, CycleScan, ReadError
 from nvrx_appliance.watch.types import (
     CHECKPOINT,
     CRITICAL,
@@ -75,6 +75,7 @@ class Watcher:
     )
     clock: Callable[[], float] = time.time
     blind: str = ""  # why Slurm could not even identify the job: every pass is blind
+    last_scan: CycleScan | None = None  # what the last cycle-info scan read (for the bench)
     _reader: CycleReader | None = None
 
     def __post_init__(self) -> None:
@@ -141,6 +142,7 @@ class Watcher:
             sources[CYCLES] = SourceStatus(UNAVAILABLE, str(exc))
             return ()
         sources[CYCLES] = SourceStatus(OBSERVED)
+        self.last_scan = scan
         return scan.cycles
 
     def _checkpoint(self, sources: dict[str, SourceStatus], now: float, state: dict) -> Checkpoint:

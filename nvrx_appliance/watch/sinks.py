@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import __version__
-from nvrx_appliance.manifest import write_atomic
+from nvrx_appliance.watch.persistence import replace_file
 from nvrx_appliance.watch.types import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes
@@ -241,6 +241,7 @@ def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
 def write_metrics(path: str, text: str) -> None:
     """node_exporter reads the directory at any moment: rename into place, never write in it."""
     try:
-        write_atomic(Path(path), text, mode=0o644)
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        replace_file(Path(path), text, 0o644)
     except OSError as exc:
         raise SinkError(f"metrics textfile {path}: {exc.strerror}") from None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -176,3 +177,45 @@ def test_a_generation_directory_removed_from_disk_leaves_the_cache(tmp_path):
     assert list(persistence.load_cycle_cache(cache_dir)) == [
         str(work / "nvrx" / "4343" / "cycle_infos")
     ]
+
+
+def nvrx_create(directory: Path, name: str, text: str) -> None:
+    """What NVRx's CycleInfoWriter does for a new cycle: write the file in place, then
+    point the .current symlink at it by rename."""
+    (directory / name).write_text(text)
+    job = name.split(".")[1]
+    tmp = directory / f"cycle_info.{job}.current.tmp"
+    os.symlink(name, tmp)
+    os.replace(tmp, directory / f"cycle_info.{job}.current")
+
+
+def test_a_directory_nvrx_has_not_touched_since_it_settled_is_not_listed_again(tmp_path):
+    work = work_dir(tmp_path)
+    later = time.time() + 60  # every stamp is old by then: trusted
+    reader = CycleReader(pattern(work), clock=lambda: later)
+    assert reader.scan().listed == 2
+    again = reader.scan()
+    assert (again.listed, again.parsed, len(again.cycles)) == (0, 0, 3)
+
+
+def test_a_stamp_too_fresh_to_trust_is_listed_again(tmp_path):
+    work = work_dir(tmp_path)
+    reader = CycleReader(pattern(work), clock=time.time)  # just written: not settled yet
+    reader.scan()
+    assert reader.scan().listed == 2
+
+
+def test_every_write_nvrx_makes_moves_the_directory_and_is_seen(tmp_path):
+    work = work_dir(tmp_path)
+    directory = work / "nvrx" / "4343" / "cycle_infos"
+    os.utime(directory, (1_700_000_000, 1_700_000_000))  # an old, settled generation
+    reader = CycleReader(pattern(work), clock=time.time)
+    reader.scan()
+    assert reader.scan().listed == 1  # only the freshly copied 4242 directory
+    # A rendezvous re-forming in that generation writes cycle 0 again, in place.
+    data = json.loads((directory / "cycle_info.4343.0.0").read_text())
+    data["cycle_start_time"] = "2026-12-01T09:30:00Z"
+    nvrx_create(directory, "cycle_info.4343.0.0", json.dumps(data, indent=2))
+    scan = reader.scan()
+    assert scan.parsed == 1
+    assert scan.cycles[-1].start == parse_time("2026-12-01T09:30:00Z")
