@@ -282,6 +282,7 @@ def _loop(request, settings, thresholds, logger, interval: int) -> int:
         stop["now"] = True
 
     signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     watcher: Watcher | None = None
     code = DEGRADED
     while not stop["now"]:

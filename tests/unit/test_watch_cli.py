@@ -114,12 +114,15 @@ def test_state_is_owner_only_and_a_corrupt_state_file_is_not_an_error(tmp_path):
     state = tmp_path / "state" / "state.json"
     state.parent.mkdir()
     state.write_text("{ not json")
-    result = invoke("--platform", "none", "--work-dir", str(work), "--state-file", str(state))
+    quiet = ("--stall-seconds", "1e9")  # the recorded open cycle must not age into a finding
+    result = invoke(
+        "--platform", "none", "--work-dir", str(work), "--state-file", str(state), *quiet
+    )
     assert result.exit_code == 0
     assert json.loads(state.read_text())["version"] == 1
     assert stat.S_IMODE(state.stat().st_mode) == 0o600
     fresh = tmp_path / "fresh" / "nested" / "state.json"
-    invoke("--platform", "none", "--work-dir", str(work), "--state-file", str(fresh))
+    invoke("--platform", "none", "--work-dir", str(work), "--state-file", str(fresh), *quiet)
     assert stat.S_IMODE(fresh.parent.stat().st_mode) == 0o700
 
 
@@ -229,3 +232,35 @@ def test_the_console_script_and_the_subcommand_are_the_same_command():
     assert cli.commands["watch"] is watch
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "nvrx-watch"]
     assert script.value == "nvrx_appliance.watch.cli:main"
+
+
+def test_interval_runs_pass_after_pass_until_sigterm(tmp_path):
+    import subprocess
+    import sys
+    import time
+
+    work = killed_run(tmp_path)
+    state = tmp_path / "state" / "state.json"
+    watcher = subprocess.Popen(
+        [sys.executable, "-c", "from nvrx_appliance.watch.cli import main; main()",
+         "--platform", "none", "--work-dir", str(work), "--state-file", str(state), "--interval", "1", "--stall-seconds", "1e9"],
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    passes: set[float] = set()
+    deadline = time.monotonic() + 30
+    while len(passes) < 2 and time.monotonic() < deadline and watcher.poll() is None:
+        if state.exists():
+            section = json.loads(state.read_text())["chains"][f"{_me()}/run"]
+            passes.add(section["last_pass"])
+        time.sleep(0.05)
+    watcher.terminate()
+    _, stderr = watcher.communicate(timeout=10)
+    assert len(passes) >= 2, stderr
+    assert watcher.returncode == 0, stderr
+    assert stderr.count("pass over run") >= 2
+
+
+def _me() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
