@@ -199,7 +199,7 @@ def cycle_file_name(name: str) -> bool:
     return _CYCLE_NAME.match(name) is not None
 
 
-def cycle_info(text: str) -> Cycle | None:
+def cycle_info(text: str | bytes) -> Cycle | None:
     """A cycle-info JSON document (NVRx's NVRxCycleInfo) -> Cycle, or None if it is not one.
 
     NVRx writes a new cycle's file in place, so a reader can see it half-written; that,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import operator
 import os
 import re
 import time
@@ -45,6 +46,7 @@ CacheEntry = tuple[int, int, int, "tuple | None"]
 # was recorded is trusted: file systems with one-second mtimes could otherwise hide a
 # second write made in the same second as the listing.
 SETTLE_S = 2.0
+_ORDER = operator.itemgetter(3, 0, 1, 2)  # Cycle fields start, job_id, attempt, number
 
 
 @dataclass
@@ -88,7 +90,7 @@ class CycleReader:
         self.cache = fresh
         rows = [e[3] for d in fresh.values() for e in d["files"].values()]
         cycles = [_from_row(row) for row in rows if row]
-        cycles.sort(key=lambda c: (c.start, c.job_id, c.attempt, c.number))
+        cycles.sort(key=_ORDER)
         skipped = sum(1 for row in rows if not row)
         return CycleScan(
             tuple(cycles), counts["parsed"], counts["reused"], skipped, counts["listed"]
@@ -159,7 +161,7 @@ def _parse_file(path: str, size: int) -> Cycle | None:
     if size > MAX_CYCLE_BYTES:
         return None
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
+        with open(path, "rb") as fh:
             return parsing.cycle_info(fh.read())
     except FileNotFoundError:
         return None
