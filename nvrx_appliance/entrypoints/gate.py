@@ -86,8 +86,9 @@ def _gone(closed: bool, lease_age: float | None, stale_after: float) -> str | No
         return "the closed flag is present: task 0 has ended this generation"
     if lease_age is not None and lease_age > stale_after:
         return (
-            f"task 0's liveness lease is {lease_age:.0f} s old (stale after "
-            f"{stale_after:.0f} s): task 0 died without closing the generation"
+            f"task 0's liveness lease is {lease_age:.1f} s old (stale after "
+            f"{stale_after:.0f} s): task 0's node died or hangs, and no trap closed "
+            "the generation"
         )
     return None
 

@@ -134,7 +134,7 @@ def test_a_control_dir_of_another_user_is_refused():
 def test_a_stale_lease_means_task_0_died_without_its_trap():
     _, decision = decide(seen(lease_age=61, text=control.encode(record())))
     assert decision.exit_code == exitcodes.TASK0_GONE
-    assert "lease is 61 s old" in decision.message
+    assert "lease is 61.0 s old" in decision.message
 
 
 def test_a_node_on_task_0s_old_host_refuses_to_host_the_rendezvous():
