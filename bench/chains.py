@@ -6,6 +6,7 @@ from __future__ import annotations
 # role (task 0, a hot spare NVRx keeps warm, a cold spare behind the throttle), on
 # 2 of the cluster's 4 nodes at a time. Array 0-2%2.
 TRAIN_TASKS, HOT_SPARES, COLD_SPARES = 1, 1, 1
+ARRAY_SIZE = TRAIN_TASKS + HOT_SPARES + COLD_SPARES
 WORKERS_PER_NODE = 2
 SHAPE = (
     "--train-tasks", str(TRAIN_TASKS), "--hot-spares", str(HOT_SPARES),

@@ -17,10 +17,12 @@ from bench.timing import (
     Cycle,
     FileTimes,
     Mark,
+    StepEnd,
     Task,
     first_read,
     generation_end,
     segments,
+    step_end,
     task0,
 )
 
@@ -134,14 +136,14 @@ def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
         *_resumed(reads, seen.resumed, seen.first_step),
     ]  # fmt: skip
     sample = timeline(marks)
-    sample.update(_who_ended_last(seen.generation, seen.victim))
+    sample.update(_who_ended_last(seen.generation, seen.victim, seen.killed_at))
     sample["resumed_iteration"] = seen.resumed.get("iteration")
     return sample
 
 
-def _who_ended_last(generation: Sequence[Task], victim: str) -> dict[str, Any]:
-    """Which ended the dead generation: Slurm declaring task 0's node dead, or a peer
-    noticing task 0's stale lease (the other must have come first)."""
+def _who_ended_last(generation: Sequence[Task], victim: str, killed: float) -> dict[str, Any]:
+    """Which ended the dead generation: Slurm declaring task 0's node dead, or its
+    peers leaving (the last to go is what the successor waited for)."""
     zero = task0(generation)
     peers = [t for t in generation if t.task_id != 0 and t.ran and t.end is not None]
     peers_end = max((t.end for t in peers if t.end is not None), default=None)
@@ -150,6 +152,8 @@ def _who_ended_last(generation: Sequence[Task], victim: str) -> dict[str, Any]:
         "task0_state": zero.state,
         "task0_end": zero.end,
         "peers_end": peers_end,
+        "kill_to_task0_end_s": _between(killed, zero.end),
+        "kill_to_peers_end_s": _between(killed, peers_end),
         "peer_exit_codes": sorted({t.exit_code for t in peers if t.exit_code is not None}),
         "ended_last": "task 0 (Slurm: node failure)"
         if peers_end is None or (zero.end or 0) >= peers_end
@@ -164,6 +168,7 @@ def _who_ended_last(generation: Sequence[Task], victim: str) -> dict[str, Any]:
 class SpareSeen:
     generation: list[Task]
     closed_at: float | None  # the closed flag's mtime
+    step_ends: list[StepEnd]  # slurmd: when each task's srun step ended
     train_tasks: int
     hot_spares: int
 
@@ -171,28 +176,35 @@ class SpareSeen:
 def spare_samples(seen: SpareSeen) -> list[dict[str, Any]]:
     """Every cold spare of a generation that ran: when it was admitted, against the
     closed flag, and how long it held its node. 'escaped' = admitted before the flag
-    (it passed the sbatch's own closed-flag check)."""
+    (it passed the sbatch's own closed-flag check and started the entrypoint)."""
     first_cold = seen.train_tasks + seen.hot_spares
     out = []
     for t in seen.generation:
         if t.task_id < first_cold or not t.ran or t.start is None or t.end is None:
             continue
-        escaped = seen.closed_at is not None and t.start < seen.closed_at
+        closed = seen.closed_at
+        srun_end = step_end(seen.step_ends, t.raw_id)
         out.append(
             {
                 "task": f"{t.array_job_id}_{t.task_id}",
                 "node": t.node,
                 "admitted": t.start,
-                "exit": t.end,
+                "srun_ended": srun_end,
+                "job_ended": t.end,
                 "exit_code": t.exit_code,
-                "closed_flag": seen.closed_at,
-                "escaped": escaped,
+                "closed_flag": closed,
+                "escaped": closed is not None and t.start < closed,
                 "held_s": t.end - t.start,
-                "after_flag_s": None if seen.closed_at is None else t.end - seen.closed_at,
-                "sources": f"{t.start_from}/{t.end_from}; closed flag mtime",
+                "flag_to_srun_end_s": _between(closed, srun_end),
+                "srun_end_to_job_end_s": _between(srun_end, t.end),
+                "sources": f"{t.start_from}/{t.end_from}; closed flag mtime; slurmd step end",
             }
         )
     return out
+
+
+def _between(earlier: float | None, later: float | None) -> float | None:
+    return None if earlier is None or later is None else later - earlier
 
 
 def spare_fates(generation: Sequence[Task], first_cold: int) -> dict[str, int]:
@@ -214,10 +226,12 @@ class NoRestartSeen:
     decided: float | None  # NVRx's last cycle end (cycle-info): the launcher gave up
     exited_93: float | None  # the entrypoint's no-restart file mtime: ft_launcher exited 93
     closed: float | None  # the closed flag's mtime: task 0's trap began
+    teardown_done: float | None  # chain.jsonl mtime: scancel returned, the ledger appended
+    generation: list[Task]  # the generation that exited 93
+    step_ends: list[StepEnd]
     queued: list[str]  # array job ids of the generations that were queued behind it
     queued_tasks: list[Task]
     kills: list[CtldEvent]  # scancel RPCs slurmctld logged
-    ledger_written: float | None  # chain.jsonl mtime: the teardown's scancel returned
     queue_empty: float  # the harness: first squeue without a job of the chain
 
 
@@ -239,13 +253,15 @@ def cancelled_at(queued: Sequence[str], tasks: Sequence[Task], kills: Sequence[C
 
 def norestart_sample(seen: NoRestartSeen) -> dict[str, Any]:
     cancelled = cancelled_at(seen.queued, seen.queued_tasks, seen.kills)
+    ended = generation_end(seen.generation)
     _need(
         no_restart_file=seen.exited_93,
         closed_flag=seen.closed,
+        ledger=seen.teardown_done,
         queued_cancelled=cancelled,
-        ledger=seen.ledger_written,
+        generation_end=ended,
     )
-    assert seen.exited_93 and seen.closed and cancelled and seen.ledger_written
+    assert seen.exited_93 and seen.closed and seen.teardown_done and cancelled and ended
     marks = []
     if seen.decided is not None:
         marks.append(Mark("NVRx gave up", seen.decided, "cycle-info: last cycle end"))
@@ -254,20 +270,28 @@ def norestart_sample(seen: NoRestartSeen) -> dict[str, Any]:
             "ft_launcher exited 93", seen.exited_93, "no_restart file mtime",
             phase="ft_launcher shutdown",
         ),
-        Mark("closed flag written", seen.closed, "closed mtime", phase="srun + trap start"),
+        Mark("closed flag written", seen.closed, "closed mtime", phase="srun return + trap"),
         Mark(
-            "queued generations cancelled", cancelled[0], cancelled[1],
-            phase="teardown to scancel",
+            "teardown done", seen.teardown_done, "chain.jsonl mtime",
+            phase="teardown: scancel + ledger",
         ),
-        Mark("ledger written", seen.ledger_written, "chain.jsonl mtime", phase="ledger"),
+        Mark(
+            "generation ended", ended[0], f"{ended[1]}: last task of the generation",
+            phase="Slurm ends the generation's jobs",
+        ),
         Mark(
             "queue empty", seen.queue_empty, "harness: squeue polled every 0.1 s",
-            phase="generation's own tasks end",
+            phase="squeue reflects it",
         ),
     ]  # fmt: skip
     sample = timeline(marks)
-    sample["exit93_to_empty_s"] = seen.queue_empty - seen.exited_93
-    sample["exit93_to_cancelled_s"] = cancelled[0] - seen.exited_93
+    last = max((t for t in seen.generation if t.ran), key=lambda t: t.end or 0.0)
+    sample.update(
+        exit93_to_empty_s=seen.queue_empty - seen.exited_93,
+        exit93_to_cancelled_s=cancelled[0] - seen.exited_93,
+        last_task=f"{last.array_job_id}_{last.task_id}",
+        last_task_srun_end_to_job_end_s=_between(step_end(seen.step_ends, last.raw_id), last.end),
+    )
     return sample
 
 

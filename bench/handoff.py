@@ -76,6 +76,13 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
 def metrics(samples: list[dict], floor: float | None) -> list[Metric]:
     out = [Metric("node death -> successor's first step", [s["total_s"] for s in samples])]
     out += phase_metrics(samples)
+    # Not phases: they overlap inside detection + teardown, and the later one ends it.
+    for key, label in (
+        ("kill_to_task0_end_s", "within detection: Slurm ends task 0 (NODE_FAIL)"),
+        ("kill_to_peers_end_s", "within detection: the peers' jobs end"),
+    ):
+        values = [s[key] for s in samples if s.get(key) is not None]
+        out.append(Metric(label, values, indent=True))
     if floor is not None:
         overhead = [s["total_s"] - s["phases"][RESTORE] - floor for s in samples]
         out.append(

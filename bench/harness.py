@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from bench import timing
-from bench.chains import START_TIMEOUT_S
+from bench.chains import ARRAY_SIZE, START_TIMEOUT_S
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
 from nvrx_appliance.manifest import Layout
@@ -56,7 +56,7 @@ class Harness:
         self.status = json.loads(self.appliance("cluster", "status", "--json").stdout)
         if not self.status.get("up"):
             raise BenchError(f"the cluster is not up: {self.status.get('reason')}")
-        self._ctld_offset = self.ctld_log.stat().st_size
+        self._offsets = {path: path.stat().st_size for path in self.daemon_logs()}
 
     @property
     def env(self) -> dict[str, str]:
@@ -73,6 +73,20 @@ class Harness:
     @property
     def ctld_log(self) -> Path:
         return Path(self.status["root"]) / "log" / "slurmctld.log"
+
+    def slurmd_logs(self) -> list[Path]:
+        return [Path(self.status["root"]) / "log" / f"slurmd-{n}.log" for n in self.nodes]
+
+    def daemon_logs(self) -> list[Path]:
+        return [self.ctld_log, *self.slurmd_logs()]
+
+    def _since_up(self, path: Path) -> str:
+        """What a daemon wrote to its log since this run brought the cluster up."""
+        with path.open("rb") as fh:
+            offset = self._offsets.get(path, 0)
+            # A log that shrank was started afresh (a node revived into a new file).
+            fh.seek(offset if os.fstat(fh.fileno()).st_size >= offset else 0)
+            return fh.read().decode(errors="replace")
 
     def appliance(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         env = {**os.environ, **self.status["env"]} if self.status else None
@@ -114,23 +128,25 @@ class Harness:
         return parse.sacct_rows(out)
 
     def ctld_events(self) -> list[timing.CtldEvent]:
-        """slurmctld's log since this run brought the cluster up (or found it up)."""
-        with self.ctld_log.open("rb") as fh:
-            fh.seek(self._ctld_offset)
-            text = fh.read().decode(errors="replace")
-        return timing.ctld_events(text)
+        return timing.ctld_events(self._since_up(self.ctld_log))
+
+    def step_ends(self) -> list[timing.StepEnd]:
+        return [e for path in self.slurmd_logs() for e in timing.step_ends(self._since_up(path))]
 
     def tasks(self, job_ids: Sequence[str]) -> list[timing.Task]:
         return timing.tasks(self.sacct(job_ids), self.ctld_events())
 
-    def wait_final(self, job_ids: Sequence[str], timeout: float) -> list[timing.Task]:
-        """Until every task of these jobs has ended (or never ran and was cancelled)."""
+    def wait_final(
+        self, job_ids: Sequence[str], timeout: float, array_size: int = ARRAY_SIZE
+    ) -> list[timing.Task]:
+        """Until accounting holds every task of these jobs, each ended (or cancelled
+        before it ran); slurmdbd lags slurmctld, so a partial answer comes first."""
+        expected = {(j, t) for j in job_ids for t in range(array_size)}
 
         def final() -> list[timing.Task] | None:
             found = self.tasks(job_ids)
-            seen = {t.array_job_id for t in found}
-            done = all(t.end is not None for t in found) and seen >= set(job_ids)
-            return found if found and done else None
+            ended = {(t.array_job_id, t.task_id) for t in found if t.end is not None}
+            return found if ended >= expected else None
 
         return self.wait(final, timeout, f"jobs {', '.join(job_ids)} to end")
 

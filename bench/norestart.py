@@ -9,6 +9,7 @@ from the fault on and notes the first poll that finds nothing of the chain.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from bench import chains, extract
 from bench.extract import NoRestartSeen
@@ -46,27 +47,36 @@ def _last_cycle_end(h: Harness, work, gen: str) -> float | None:
     return ends[-1] if ends and ends[-1] is not None else None
 
 
-def one(h: Harness) -> dict:
-    work, name = h.workdir(NAME), h.job_name(NAME)
-    layout = Layout(work)
-    first, *queued = h.submit(
+def exit93_chain(h: Harness, scenario: str, depth: int) -> tuple[Path, list[str], float]:
+    """Submit a chain that ends in exit 93 and wait until nothing of it is queued.
+    Returns its work dir, its generations, and when the queue was first seen empty."""
+    work, name = h.workdir(scenario), h.job_name(scenario)
+    ids = h.submit(
         work, name, *chains.FAST, *chains.SHAPE, "--mode", "no-restart",
-        "--depth", str(DEPTH), "--fault-delay", "1",
+        "--depth", str(depth), "--fault-delay", "1",
     )  # fmt: skip
     try:
-        h.wait_event(work, f"the fault of {first}", chains.START_TIMEOUT_S, "fault")
+        h.wait_event(work, f"the fault of {ids[0]}", chains.START_TIMEOUT_S, "fault")
         empty = _first_empty_poll(h, name)
     finally:
         h.drain(name)
+    return work, ids, empty
+
+
+def one(h: Harness) -> dict:
+    work, (first, *queued), empty = exit93_chain(h, NAME, DEPTH)
+    layout = Layout(work)
     directory = layout.control(first)
     seen = NoRestartSeen(
         decided=_last_cycle_end(h, work, first),
         exited_93=h.mtime(directory / control.NO_RESTART),
         closed=h.mtime(directory / control.CLOSED),
+        teardown_done=h.mtime(layout.ledger),
+        generation=h.wait_final([first], 60),
+        step_ends=h.step_ends(),
         queued=queued,
         queued_tasks=h.wait_final(queued, 60),
         kills=h.ctld_events(),
-        ledger_written=h.mtime(layout.ledger),
         queue_empty=empty,
     )
     return extract.norestart_sample(seen)
@@ -81,12 +91,15 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
             result.notes.append(f"sample dropped: {exc}")
         h.say(f"norestart: {len(result.samples)}/{repeat} samples")
     s = result.samples
+    given_up = [x["total_s"] for x in s if x["marks"][0]["name"] == "NVRx gave up"]
+    batch = [x["last_task_srun_end_to_job_end_s"] for x in s]
     result.metrics = [
         Metric("exit 93 -> queue empty for the chain", [x["exit93_to_empty_s"] for x in s],
                target_s=TARGET_S),
         Metric("exit 93 -> queued generations cancelled", [x["exit93_to_cancelled_s"] for x in s]),
-        Metric("NVRx gave up -> queue empty", [x["total_s"] for x in s if "NVRx gave up" in
-                                               x["marks"][0]["name"]]),
+        Metric("NVRx gave up -> queue empty", given_up),
         *phase_metrics(s),
+        Metric("within: last task's srun ended -> its job ended", [b for b in batch if b is not None],
+               indent=True),
     ]  # fmt: skip
     return result

@@ -54,6 +54,9 @@ _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] (.*)$")
 _STARTED = re.compile(r"(?:Started|Allocate) JobId=(\d+)_(\d+)\(\d+\)")
 _DONE = re.compile(r"_job_complete: JobId=(\d+)_(\d+)\(\d+\) done")
 _KILL = re.compile(r"REQUEST_KILL_JOB JobId=(\d+)(?:_(\S+))? uid")
+# slurmd's log, per node: "[2026-11-30T18:41:16.399] [41.0] done with job" (a job's step
+# 0, i.e. its srun, ended) and "[41.batch] done with job" (the batch script's step).
+_STEP_DONE = re.compile(r"^\[(\d+)\.(\w+)\] done with job")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,29 @@ def ctld_events(text: str) -> list[CtldEvent]:
     return events
 
 
+@dataclass(frozen=True)
+class StepEnd:
+    time: float
+    raw_id: str  # the task's own job id (sacct's JobIDRaw)
+    step: str  # "batch", or a step number ("0": the generation's srun)
+
+
+def step_ends(text: str) -> list[StepEnd]:
+    """When each job step ended on a node, from that node's slurmd log."""
+    ends = []
+    for line in text.splitlines():
+        stamped = _STAMP.match(line)
+        found = stamped and _STEP_DONE.match(stamped.group(2))
+        if found:
+            ends.append(StepEnd(local_epoch(stamped.group(1)), found.group(1), found.group(2)))
+    return ends
+
+
+def step_end(ends: Iterable[StepEnd], raw_id: str, step: str = "0") -> float | None:
+    times = [e.time for e in ends if e.raw_id == raw_id and e.step == step]
+    return max(times) if times else None
+
+
 # --- array tasks ---------------------------------------------------------------------------
 
 
@@ -102,6 +128,7 @@ class Task:
     end: float | None
     start_from: str  # "slurmctld" (ms) or "sacct" (s)
     end_from: str
+    raw_id: str = ""  # the task's own job id, which slurmd's log names
 
     @property
     def ran(self) -> bool:
@@ -132,6 +159,7 @@ def tasks(rows: Iterable[AcctRow], events: Sequence[CtldEvent] = ()) -> list[Tas
                     end=end,
                     start_from=start_from,
                     end_from=end_from,
+                    raw_id=row.job_id if len(row.task_ids) == 1 else "",
                 )
             )
     return sorted(out, key=lambda t: (int(t.array_job_id), t.task_id))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import pytest
 
 from bench import extract
-from bench.timing import CtldEvent, Cycle, FileTimes, Task
+from bench.timing import CtldEvent, Cycle, FileTimes, StepEnd, Task
 
 
 def task(array: str, task_id: int, start, end, *, node="node1", state="COMPLETED", code=0):
-    return Task(array, task_id, state, code, node if start is not None else "", start, end,
-                "slurmctld", "slurmctld")  # fmt: skip
+    """A task as timing.tasks makes it; its raw job id is array + task, e.g. "302"."""
+    ran = start is not None
+    return Task(array, task_id, state, code, node if ran else "", start, end, "slurmctld",
+                "slurmctld", raw_id=f"{array}{task_id}" if ran else "")  # fmt: skip
 
 
 def test_floor_is_last_task_end_to_the_successors_task_0_start():
@@ -90,13 +92,16 @@ def test_a_cold_spare_admitted_before_the_closed_flag_escaped():
     generation = [
         task("30", 0, 100.0, 120.0),
         task("30", 1, 100.0, 118.0, node="node2"),
-        task("30", 2, 118.2, 121.0, node="node3", state="FAILED", code=76),
+        task("30", 2, 118.2, 123.5, node="node3", state="FAILED", code=76),
     ]
-    seen = extract.SpareSeen(generation, closed_at=119.5, train_tasks=1, hot_spares=1)
+    steps = [StepEnd(120.5, "302", "0"), StepEnd(123.5, "302", "batch")]
+    seen = extract.SpareSeen(generation, closed_at=119.5, step_ends=steps, train_tasks=1,
+                             hot_spares=1)  # fmt: skip
     [sample] = extract.spare_samples(seen)
     assert sample["escaped"] is True
-    assert sample["held_s"] == pytest.approx(2.8)
-    assert sample["after_flag_s"] == pytest.approx(1.5)
+    assert sample["held_s"] == pytest.approx(5.3)
+    assert sample["flag_to_srun_end_s"] == pytest.approx(1.0)
+    assert sample["srun_end_to_job_end_s"] == pytest.approx(3.0)
     assert sample["exit_code"] == 76
 
 
@@ -107,8 +112,10 @@ def test_a_cold_spare_admitted_after_the_flag_did_not_escape_and_pending_ones_ar
         task("30", 2, 120.3, 120.4, node="node3", state="FAILED", code=71),
         task("30", 3, None, 120.1, state="CANCELLED"),
     ]
-    seen = extract.SpareSeen(generation, closed_at=120.0, train_tasks=1, hot_spares=1)
-    assert [s["escaped"] for s in extract.spare_samples(seen)] == [False]
+    seen = extract.SpareSeen(generation, closed_at=120.0, step_ends=[], train_tasks=1,
+                             hot_spares=1)  # fmt: skip
+    [sample] = extract.spare_samples(seen)
+    assert sample["escaped"] is False and sample["flag_to_srun_end_s"] is None
     assert extract.spare_fates(generation, first_cold=2) == {"ran": 1, "cancelled": 1}
 
 
@@ -117,6 +124,13 @@ def norestart_seen(**changes) -> extract.NoRestartSeen:
         decided=200.0,
         exited_93=205.0,
         closed=205.3,
+        teardown_done=205.8,
+        generation=[
+            task("40", 0, 190.0, 208.9, code=93),
+            task("40", 1, 190.0, 203.0, node="node2", code=93),
+            task("40", 2, 203.5, 209.2, node="node2", code=76),
+        ],
+        step_ends=[StepEnd(206.2, "402", "0"), StepEnd(209.2, "402", "batch")],
         queued=["41", "42"],
         queued_tasks=[task("41", 0, None, 205.0), task("42", 0, None, 205.0)],
         kills=[
@@ -124,19 +138,26 @@ def norestart_seen(**changes) -> extract.NoRestartSeen:
             CtldEvent(205.7, "kill", "42", None),
             CtldEvent(209.0, "kill", "42", None),  # a later cancel of the same job
         ],
-        ledger_written=205.8,
-        queue_empty=206.4,
+        queue_empty=209.4,
     )
     return extract.NoRestartSeen(**{**values, **changes})
 
 
 def test_no_restart_from_exit_93_to_an_empty_queue():
     sample = extract.norestart_sample(norestart_seen())
-    assert sample["exit93_to_empty_s"] == pytest.approx(1.4)
+    assert sample["exit93_to_empty_s"] == pytest.approx(4.4)
     assert sample["exit93_to_cancelled_s"] == pytest.approx(0.7)
-    assert sample["total_s"] == pytest.approx(6.4)  # from NVRx giving up
-    assert sample["phases"]["ft_launcher shutdown"] == pytest.approx(5.0)
-    assert sum(sample["phases"].values()) == pytest.approx(sample["total_s"])
+    assert sample["total_s"] == pytest.approx(9.4)  # from NVRx giving up
+    assert sample["phases"] == {
+        "ft_launcher shutdown": pytest.approx(5.0),
+        "srun return + trap": pytest.approx(0.3),
+        "teardown: scancel + ledger": pytest.approx(0.5),
+        "Slurm ends the generation's jobs": pytest.approx(3.4),
+        "squeue reflects it": pytest.approx(0.2),
+    }
+    # The escaped spare ended last, 3 s after its srun: Slurm's share, not ours.
+    assert sample["last_task"] == "40_2"
+    assert sample["last_task_srun_end_to_job_end_s"] == pytest.approx(3.0)
 
 
 def test_a_queued_generation_missing_from_the_log_takes_saccts_end():

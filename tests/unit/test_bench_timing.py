@@ -46,6 +46,20 @@ def test_slurmctld_log_gives_task_starts_ends_and_cancels_to_the_millisecond():
     assert events[2].time - events[0].time == pytest.approx(3.116)
 
 
+def test_slurmd_log_gives_when_a_jobs_srun_and_batch_script_ended():
+    text = (
+        "[2026-11-30T18:41:15.323] Launching batch job 38 for UID 0\n"
+        "[2026-11-30T18:41:16.492] [38.0] done with job\n"
+        "[2026-11-30T18:41:19.497] [38.batch] done with job\n"
+    )
+    ends = timing.step_ends(text)
+    assert [(e.raw_id, e.step) for e in ends] == [("38", "0"), ("38", "batch")]
+    assert timing.step_end(ends, "38", "batch") - timing.step_end(ends, "38") == pytest.approx(
+        3.005
+    )
+    assert timing.step_end(ends, "39") is None
+
+
 def test_a_task_takes_the_logs_millisecond_stamp_and_falls_back_to_sacct():
     tasks = timing.tasks(sacct_rows(SACCT), timing.ctld_events(CTLD_LOG))
     zero, one = tasks[0], tasks[1]
@@ -54,6 +68,7 @@ def test_a_task_takes_the_logs_millisecond_stamp_and_falls_back_to_sacct():
     # task 1's end is not in the log: sacct's whole second
     assert (one.end, one.end_from) == (at("2026-11-30T18:28:41"), "sacct")
     assert one.exit_code == 71
+    assert (zero.raw_id, one.raw_id) == ("4", "5")  # the ids slurmd's log uses
 
 
 def test_pending_tasks_that_never_ran_are_expanded_and_have_no_start():
