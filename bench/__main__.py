@@ -114,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     say = _sayer()
     started = datetime.datetime.now(datetime.timezone.utc)
     results, facts = run_all(args, say)
+    results = [report.process_start(facts), *results]
     when = started.strftime("%Y-%m-%d %H:%M UTC")
     command = (
         "python -m bench"

@@ -6,6 +6,8 @@ import importlib.metadata
 import os
 import platform
 import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,28 @@ def _command(argv: list[str], env: dict[str, str] | None = None) -> str:
     return done.stdout.strip()
 
 
+# What a fresh process of each kind imports before it can do anything: the floor under
+# every process a recovery starts (the entrypoint, ft_launcher, each worker).
+IMPORTS = {
+    "python": "sys",
+    "entrypoint": "nvrx_appliance.entrypoints.main",
+    "ft_launcher": "nvidia_resiliency_ext.fault_tolerance.launcher",
+    "worker (torch)": "torch, torch.distributed",
+}
+
+
+def import_seconds(module: str, runs: int = 5) -> list[float]:
+    """Wall time of a fresh Python importing `module`, once per run."""
+    times = []
+    for _ in range(runs):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+        if done.returncode != 0:
+            return []
+        times.append(time.perf_counter() - started)
+    return times
+
+
 def facts(cluster_status: dict[str, Any] | None = None) -> dict[str, Any]:
     env = {**os.environ, **(cluster_status or {}).get("env", {})}
     repo = Path(__file__).resolve().parent.parent
@@ -64,6 +88,7 @@ def facts(cluster_status: dict[str, Any] | None = None) -> dict[str, Any]:
         "nvrx_appliance": __version__,
         "commit": _command(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]),
     }
+    facts["import_s"] = {name: import_seconds(module) for name, module in IMPORTS.items()}
     if cluster_status:
         facts["cluster"] = {
             k: cluster_status.get("params", {}).get(k)

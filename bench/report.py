@@ -54,6 +54,20 @@ def phase_metrics(samples: Sequence[dict[str, Any]]) -> list[Metric]:
     ]
 
 
+def process_start(machine: dict[str, Any]) -> Result:
+    """What starting one process of each kind costs here: where much of a recovery's
+    time goes on a small machine."""
+    return Result(
+        "reference",
+        "0 process start",
+        metrics=[
+            Metric(f"fresh Python: import {name}", samples)
+            for name, samples in machine.get("import_s", {}).items()
+        ],
+        notes=["measured at the start of the run, the cluster idle"],
+    )
+
+
 def floor_median(results: Sequence[Result]) -> float | None:
     for result in results:
         for metric in result.metrics:

@@ -88,3 +88,13 @@ def test_cli_refuses_bad_options_naming_them(argv, message, capsys):
         parse_args(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_process_start_costs_come_from_the_machine_facts():
+    machine = {"import_s": {"worker (torch)": [2.0, 3.0, 2.5], "python": [0.05]}}
+    result = report.process_start(machine)
+    assert [m.label for m in result.metrics] == [
+        "fresh Python: import worker (torch)",
+        "fresh Python: import python",
+    ]
+    assert result.metrics[0].figures()["median_s"] == 2.5
