@@ -347,6 +347,13 @@ def check(spec: ChainSpec) -> list[Problem]:
             f"size = {spec.micro_batch} x {shape.data_parallel}; use a multiple of "
             f"{spec.micro_batch * shape.data_parallel}",
         )
+    if spec.segment.isdigit() and shape.min_nodes % int(spec.segment):
+        # NVRx selects whole segments: its rendezvous raises on every cycle otherwise.
+        bad(
+            "segment",
+            f"NVRx needs the minimum world of {shape.min_nodes} nodes to be a multiple of "
+            f"the segment {spec.segment}; pick a segment that divides it, or auto",
+        )
     return problems
 
 

@@ -295,3 +295,11 @@ def test_the_dry_run_sizes_max_nodes_from_the_array_throttle(tmp_path):
         entrypoint("--manifest", str(run_json), "--dry-run", "--json", env=env).stdout
     )
     assert plan["ft_launcher"][plan["ft_launcher"].index("--nnodes") + 1] == "2:4"
+
+
+def test_a_segment_that_does_not_divide_the_world_is_an_inconsistent_manifest(tmp_path):
+    run_json = write_manifest(tmp_path, train_tasks=2, segment="3")
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in())
+    assert result.returncode == exitcodes.MANIFEST_INVALID
+    assert "multiple of the segment 3" in result.stderr
+    assert not (run_json.parent / "nvrx").exists()
