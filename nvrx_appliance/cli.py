@@ -32,6 +32,10 @@ cli.add_command(submit_command)
 cli.add_command(status_command)
 cli.add_command(cancel_command)
 
+from nvrx_appliance.slurm.demo import demo_command  # noqa: E402
+
+cli.add_command(demo_command)
+
 from nvrx_appliance.image.cli import image  # noqa: E402
 
 cli.add_command(image)

@@ -15,20 +15,15 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.slurm.demo import QUICK, cli_flags
 
 from .conftest import Cluster
 
 CLI = str(Path(sys.executable).parent / "nvrx-appliance")
 
-# Small and quick: 2 worker processes per node, checkpoints every 5 iterations, timeouts
-# short enough that a lost node costs seconds, not the production minutes.
-FAST = (
-    "--workload", "cpu", "--runtime", "bare", "--gpus-per-node", "2", "--segment", "off",
-    "--save-interval", "5", "--time", "00:10:00",
-    "--setup-timeout", "120", "--step-timeout", "30", "--checkpointing-timeout", "60",
-    "--out-of-section-timeout", "60", "--join-timeout", "90", "--store-connect-wait", "30",
-    "--rdzv-host-wait", "60", "--lease-stale-after", "15",
-)  # fmt: skip
+# Small and quick (the demo's settings): 2 worker processes per node, checkpoints every 5
+# iterations, timeouts short enough that a lost node costs seconds, not minutes.
+FAST = tuple(cli_flags(QUICK))
 
 
 def unique(name: str) -> str:

@@ -1,0 +1,172 @@
+"""`nvrx-appliance demo` (`make demo`): the hand-off demo on the local Slurm cluster.
+
+Brings the cluster up, submits the seeds' hand-off demo with the cpu trainer on bare
+metal (a workload fault -> in-job restart; the GPU-failure injector on task 0's node ->
+the next generation takes over), follows it, and ends with a recovery report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nvrx_appliance.chain import flag
+from nvrx_appliance.manifest import Layout
+from nvrx_appliance.slurm import demo_report, resolve, slurmcli, sources
+from nvrx_appliance.slurm import submit as submitting
+from nvrx_appliance.slurm.teardown import parse_ledger
+
+# Timeouts sized for a local cluster on a couple of cores, where a lost node should cost
+# seconds: the production defaults (minutes) suit real clusters and container starts.
+QUICK: dict[str, Any] = {
+    "workload": "cpu",
+    "runtime": "bare",
+    "gpus_per_node": 2,  # two trainer processes per node
+    "segment": "off",  # no GPUs, so no ClusterUUID: NVRx's simple hot-spare mode
+    "save_interval": 5,
+    "time_limit": "00:10:00",
+    "setup_timeout": 120,
+    "step_timeout": 30,
+    "checkpointing_timeout": 60,
+    "out_of_section_timeout": 60,
+    "join_timeout": 90,
+    "store_connect_wait": 30,
+    "rdzv_host_wait": 60,
+    "lease_stale_after": 15,
+}
+DEMO: dict[str, Any] = {
+    **QUICK,
+    "mode": "handoff",
+    "train_tasks": 1,
+    "hot_spares": 1,
+    "cold_spares": 1,
+    "depth": 2,
+    "fault_delay": 5.0,
+}
+DEADLINE_S = 480  # the whole run takes about two minutes; this is "something is wrong"
+POLL_S = 1.0
+HEARTBEAT_S = 15.0
+
+
+def cli_flags(settings: dict[str, Any]) -> list[str]:
+    """The same settings as `submit` flags (for tests and for the printed command)."""
+    return [part for name, value in settings.items() for part in (flag(name), str(value))]
+
+
+def _cli() -> str:
+    return str(Path(sys.executable).parent / "nvrx-appliance")
+
+
+def _cluster_up(say) -> dict[str, Any]:
+    say("[1/4] the local Slurm cluster (the first time installs its Debian packages)")
+    if subprocess.run([_cli(), "cluster", "up"]).returncode != 0:
+        raise click.ClickException("the local cluster did not come up; see the lines above")
+    status = subprocess.run([_cli(), "cluster", "status", "--json"], capture_output=True, text=True)
+    return json.loads(status.stdout)
+
+
+def _submit(work: Path, name: str, user: str, say) -> list[str]:
+    settings = {**DEMO, "work_dir": str(work), "job_name": name}
+    say("[2/4] nvrx-appliance submit " + " ".join(cli_flags(settings)))
+    resolved = resolve.resolve(settings, os.environ, {}, cwd=os.getcwd(), python=sys.executable)
+    try:
+        plan = submitting.plan(resolved, dry_run=False, force=False, user=user)
+        done = submitting.submit(plan)
+    except submitting.Refused as exc:
+        raise click.ClickException(f"submit refused: {exc}") from None
+    except submitting.SubmitFailed as exc:
+        raise click.ClickException(str(exc)) from None
+    say(f"      queued generations {', '.join(done.job_ids)}; work dir {work}")
+    return done.job_ids
+
+
+def _read_events(layout: Layout) -> list[dict[str, Any]]:
+    try:
+        text = layout.progress_log.read_text()
+    except OSError:
+        return []
+    events = []
+    for line in text.splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # the line being appended right now
+    return events
+
+
+def _ledger(layout: Layout) -> list[dict[str, Any]]:
+    try:
+        return parse_ledger(layout.ledger.read_text())
+    except OSError:
+        return []
+
+
+def _follow(work: Path, name: str, user: str, say) -> None:
+    say("[3/4] following the chain (Ctrl-C stops following; the chain keeps running)")
+    layout = Layout(work)
+    shown_events = shown_ledger = 0
+    running: set[str] = set()
+    deadline = time.monotonic() + DEADLINE_S
+    beat = time.monotonic()
+    while time.monotonic() < deadline:
+        events, ledger = _read_events(layout), _ledger(layout)
+        for event in events[shown_events:]:
+            line = demo_report.event_line(event)
+            if line:
+                say("      " + line)
+        for entry in ledger[shown_ledger:]:
+            say("      " + demo_report.ledger_line(entry))
+        shown_events, shown_ledger = len(events), len(ledger)
+        rows = slurmcli.squeue(user=user, name=name)
+        for row in rows:
+            if row.task_id == 0 and row.state == "RUNNING" and row.array_job_id not in running:
+                running.add(row.array_job_id)
+                say(f"      generation {row.array_job_id} is running: task 0 on {row.nodes}")
+        if not rows and ledger:
+            return
+        if time.monotonic() - beat >= HEARTBEAT_S:
+            beat = time.monotonic()
+            say("      " + _heartbeat(events))
+        time.sleep(POLL_S)
+    say(f"      still running after {DEADLINE_S} s: cancelling the demo chain")
+    subprocess.run([_cli(), "cancel", name], env=os.environ)
+
+
+def _heartbeat(events: list[dict[str, Any]]) -> str:
+    steps = [e["iteration"] for e in events if e.get("event") == "step"]
+    saved = [e["iteration"] for e in events if e.get("event") == "checkpoint"]
+    return (
+        f"{demo_report.clock(time.time())}  ... iteration {steps[-1] if steps else '-'}, "
+        f"last checkpoint {saved[-1] if saved else '-'}"
+    )
+
+
+def run(say=click.echo) -> int:
+    status = _cluster_up(say)
+    os.environ.update(status["env"])  # this process and every Slurm command it runs
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name, work = f"nvrx-demo-{stamp}", Path(status["work_root"]) / f"demo-{stamp}"
+    user = slurmcli.current_user()
+    _submit(work, name, user, say)
+    _follow(work, name, user, say)
+    say("[4/4] recovery report")
+    view = sources.read_chain(work, user=user)
+    layout = Layout(work)
+    result = demo_report.report(view, _read_events(layout), _ledger(layout))
+    for line in result.lines:
+        say("      " + line if line else "")
+    say(f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again.")
+    return 0 if result.resumed_ok else 1
+
+
+@click.command("demo")
+def demo_command() -> None:
+    """Run the hand-off demo on the local Slurm cluster and report how it recovered."""
+    sys.exit(run())

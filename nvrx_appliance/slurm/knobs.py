@@ -1,0 +1,77 @@
+"""docs/knobs.md, generated from ChainSpec so the reference cannot drift from the code.
+
+    python -m nvrx_appliance.slurm.knobs > docs/knobs.md
+
+Pure apart from the print in __main__; a unit test compares the committed file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from nvrx_appliance.chain import flag, spec_fields
+
+# The first setting of each group in chain.py, and the group's heading.
+_GROUPS = {
+    "train_tasks": "Shape of a generation and of the chain",
+    "work_dir": "Where and how it runs",
+    "mode": "What it runs",
+    "setup_timeout": "NVRx ft_launcher",
+    "fault_inject": "Fault injection (the demo modes)",
+    "burn_guard": "The chain's own guards",
+}
+
+_HEAD = """# Every knob of `nvrx-appliance submit`
+
+Generated from `nvrx_appliance/chain.py` by `python -m nvrx_appliance.slurm.knobs`;
+do not edit by hand.
+
+Each setting is read from the flag, else the environment variable (the seeds' names),
+else the `--config FILE.toml` key (the setting's name, `train_tasks = 4` or
+`train-tasks = 4`), else the default. `nvrx-appliance submit --print-config` shows
+every resolved value and where it came from. Two settings tell unset from empty, as in
+the seeds: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
+value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the seeds'
+`NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`.
+"""
+
+
+def _default(field: dataclasses.Field) -> str:
+    value = field.default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    if value == "":
+        return "empty"
+    return f"`{value}`"
+
+
+def _flag(field: dataclasses.Field) -> str:
+    name = flag(field.name)
+    if str(field.type) == "bool":
+        return f"`{name}` / `--no-{name[2:]}`"
+    return f"`{name}`"
+
+
+def markdown() -> str:
+    lines = [_HEAD.rstrip("\n")]
+    for field in spec_fields():
+        if field.name in _GROUPS:
+            lines += [
+                "",
+                f"## {_GROUPS[field.name]}",
+                "",
+                "| flag | environment | default | meaning |",
+                "| --- | --- | --- | --- |",
+            ]
+        env = field.metadata.get("env")
+        meaning = field.metadata["help"].replace("|", "\\|")
+        lines.append(
+            f"| {_flag(field)} | {f'`{env}`' if env else ''} | {_default(field)} | {meaning} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
