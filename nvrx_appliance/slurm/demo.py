@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -148,13 +149,21 @@ def _heartbeat(events: list[dict[str, Any]]) -> str:
     )
 
 
-def run(say=click.echo) -> int:
+@dataclass(frozen=True)
+class Outcome:
+    job_name: str
+    work_dir: Path
+    job_ids: list[str]
+    report: demo_report.Report
+
+
+def run(say=click.echo) -> Outcome:
     status = _cluster_up(say)
     os.environ.update(status["env"])  # this process and every Slurm command it runs
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name, work = f"nvrx-demo-{stamp}", Path(status["work_root"]) / f"demo-{stamp}"
     user = slurmcli.current_user()
-    _submit(work, name, user, say)
+    job_ids = _submit(work, name, user, say)
     _follow(work, name, user, say)
     say("[4/4] recovery report")
     view = sources.read_chain(work, user=user)
@@ -163,10 +172,10 @@ def run(say=click.echo) -> int:
     for line in result.lines:
         say("      " + line if line else "")
     say(f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again.")
-    return 0 if result.resumed_ok else 1
+    return Outcome(job_name=name, work_dir=work, job_ids=job_ids, report=result)
 
 
 @click.command("demo")
 def demo_command() -> None:
     """Run the hand-off demo on the local Slurm cluster and report how it recovered."""
-    sys.exit(run())
+    sys.exit(0 if run().report.resumed_ok else 1)
