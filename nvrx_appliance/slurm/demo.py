@@ -22,7 +22,6 @@ from nvrx_appliance.chain import flag
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import demo_report, resolve, slurmcli, sources
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.teardown import parse_ledger
 
 # Timeouts sized for a local cluster on a couple of cores, where a lost node should cost
 # seconds: the production defaults (minutes) suit real clusters and container starts.
@@ -89,24 +88,11 @@ def _submit(work: Path, name: str, user: str, say) -> list[str]:
 
 
 def _read_events(layout: Layout) -> list[dict[str, Any]]:
-    try:
-        text = layout.progress_log.read_text()
-    except OSError:
-        return []
-    events = []
-    for line in text.splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue  # the line being appended right now
-    return events
+    return sources.read_jsonl(layout.progress_log)
 
 
 def _ledger(layout: Layout) -> list[dict[str, Any]]:
-    try:
-        return parse_ledger(layout.ledger.read_text())
-    except OSError:
-        return []
+    return [e for e in sources.read_jsonl(layout.ledger) if "array_job_id" in e]
 
 
 def _follow(work: Path, name: str, user: str, say) -> None:

@@ -99,6 +99,19 @@ def slurm_time(iso_utc: str) -> str:
     return moment.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines file (progress log, ledger); a line being appended is skipped."""
+    rows = []
+    for line in _read(path).splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(row, dict):
+            rows.append(row)
+    return rows
+
+
 def _read(path: Path) -> str:
     try:
         return path.read_text()

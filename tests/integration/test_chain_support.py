@@ -16,6 +16,7 @@ from typing import Any
 
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.slurm.demo import QUICK, cli_flags
+from nvrx_appliance.slurm.sources import read_jsonl
 
 from .conftest import Cluster
 
@@ -78,18 +79,6 @@ def ran(record: dict[str, str]) -> bool:
 
 def state(record: dict[str, str]) -> str:
     return record["State"].split()[0]
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line being appended right now
-    return rows
 
 
 def ledger(work: Path) -> list[dict[str, Any]]:
