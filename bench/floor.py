@@ -61,5 +61,9 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
         TITLE,
         metrics=[Metric(FLOOR_LABEL, [s["total_s"] for s in samples])],
         samples=samples,
-        notes=[f"sbatch options: {' '.join(args)}", f"generations: {', '.join(ids)}"],
+        notes=[
+            # The work dir is this machine's: the committed results name it <work>.
+            f"sbatch options: {' '.join(args).replace(str(work), '<work>')}",
+            f"generations: {', '.join(ids)}",
+        ],
     )

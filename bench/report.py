@@ -109,7 +109,7 @@ def table(results: Sequence[Result]) -> str:
             continue
         for i, metric in enumerate(result.metrics):
             f = metric.figures()
-            label = ("&nbsp;&nbsp;" + metric.label) if metric.indent else metric.label
+            label = f"- {metric.label}" if metric.indent else metric.label
             lines.append(
                 f"| {result.title if i == 0 else ''} | {label} | {f['n']} | "
                 f"{_seconds(f['median_s'])} | {_seconds(f['min_s'])} | {_seconds(f['max_s'])} | "

@@ -35,7 +35,7 @@ def test_every_latency_is_reported_against_the_floor_of_the_same_run():
 def test_the_table_shows_a_failed_scenario_and_indents_phases():
     text = report.table(results())
     assert "| 3 escaped cold spare | FAILED: Timeout: no spare escaped |" in text
-    assert "&nbsp;&nbsp;a phase" in text
+    assert "| - a phase |" in text
     assert "| 0.500 |" in text  # sub-second figures keep milliseconds
 
 
