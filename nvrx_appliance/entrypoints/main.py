@@ -74,7 +74,16 @@ def _refuse(exc: Refused) -> None:
     sys.exit(exc.exit_code)
 
 
-@click.group(invoke_without_command=True, context_settings={"help_option_names": ["-h", "--help"]})
+OWN_CODES = "\b\nOwn exit codes:\n" + "\n".join(
+    f"  {code}  {meaning}" for code, meaning in sorted(exitcodes.ENTRYPOINT_CODES.items())
+)
+
+
+@click.group(
+    invoke_without_command=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=OWN_CODES,
+)
 @click.option(
     "--manifest",
     "manifest_path",
@@ -91,9 +100,8 @@ def _refuse(exc: Refused) -> None:
 def cli(ctx: click.Context, manifest_path: Path | None, dry_run: bool, as_json: bool) -> None:
     """Run one node of a generation: gate on task 0, then a supervised ft_launcher.
 
-    Exits with ft_launcher's exit code unchanged (93: NVRx says do not restart).
-    Own failures: 70 manifest, 71 task 0 gone, 72 record refused, 73 segment
-    mismatch, 74 record timeout, 75 launch failed, 76 stopped by the closed flag.
+    Exits with ft_launcher's exit code unchanged (93: NVRx says do not restart);
+    its own failures have codes of their own, listed below.
     """
     if ctx.invoked_subcommand is not None:
         return
