@@ -97,6 +97,7 @@ class HandoffSeen:
     checkpoint: list[FileTimes]  # the files of the checkpoint N+1 restored
     resumed: dict | None  # N+1's "start" progress event
     first_step: dict | None  # the first "step" event after it
+    first_cold: int  # task ids from here on are cold spares
 
 
 def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
@@ -138,6 +139,13 @@ def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
     sample = timeline(marks)
     sample.update(_who_ended_last(seen.generation, seen.victim, seen.killed_at))
     sample["resumed_iteration"] = seen.resumed.get("iteration")
+    # A cold spare the throttle admitted once a peer left: task 0 is dead, so no closed
+    # flag will ever come; the stale lease is what must send it away.
+    sample["cold_spares_held_s"] = [
+        t.end - t.start
+        for t in seen.generation
+        if t.task_id >= seen.first_cold and t.ran and t.start is not None and t.end is not None
+    ]
     return sample
 
 

@@ -46,6 +46,7 @@ def one(h: Harness, work, gen: str, successor: str) -> dict:
         checkpoint=h.restored(work, resumed),
         resumed=resumed,
         first_step=step,
+        first_cold=chains.TRAIN_TASKS + chains.HOT_SPARES,
     )
     return extract.handoff_sample(seen)
 
@@ -83,6 +84,8 @@ def metrics(samples: list[dict], floor: float | None) -> list[Metric]:
     ):
         values = [s[key] for s in samples if s.get(key) is not None]
         out.append(Metric(label, values, indent=True))
+    spares = [held for s in samples for held in s["cold_spares_held_s"]]
+    out.append(Metric("cold spare admitted after task 0 died: admitted -> its job ended", spares))
     if floor is not None:
         overhead = [s["total_s"] - s["phases"][RESTORE] - floor for s in samples]
         out.append(

@@ -40,6 +40,7 @@ def handoff_seen(**changes) -> extract.HandoffSeen:
         generation=[
             task("20", 0, 900.0, 1019.0, state="NODE_FAIL"),
             task("20", 1, 900.0, 1011.5, node="node2", state="FAILED", code=71),
+            task("20", 2, 1012.0, 1016.0, node="node2", state="FAILED", code=71),
         ],
         successor=[task("21", 0, 1020.0, None, node="node3"), task("21", 1, 1020.0, None)],
         record_written=1022.0,
@@ -47,6 +48,7 @@ def handoff_seen(**changes) -> extract.HandoffSeen:
         checkpoint=[FileTimes(1030.0, 990.0), FileTimes(1030.2, 990.0)],
         resumed={"event": "start", "time": 1030.5, "iteration": 40},
         first_step={"event": "step", "time": 1030.7, "iteration": 41},
+        first_cold=2,
     )
     return extract.HandoffSeen(**{**values, **changes})
 
@@ -65,6 +67,8 @@ def test_handoff_phases_add_up_from_node_death_to_first_step():
         "first step": pytest.approx(0.2),
     }
     assert sample["resumed_iteration"] == 40
+    # the cold spare admitted when the hot spare left, sent away by the stale lease
+    assert sample["cold_spares_held_s"] == [pytest.approx(4.0)]
 
 
 def test_handoff_says_whether_slurm_or_the_peers_ended_the_dead_generation_last():
