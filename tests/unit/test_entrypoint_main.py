@@ -267,15 +267,22 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp
 
 
 def test_a_peer_whose_task_0_died_without_a_trap_leaves_when_the_lease_goes_stale(tmp_path):
-    run_json = write_manifest(tmp_path, closed_flag_grace=1, lease_stale_after=3)
-    publish_as_task_0(run_json, DEAD_HOST)  # nobody refreshes the lease: task 0 is dead
+    grace, stale = 1, 3
+    run_json = write_manifest(tmp_path, closed_flag_grace=grace, lease_stale_after=stale)
+    directory = publish_as_task_0(run_json, DEAD_HOST)
+    task0 = controldir.LeaseKeeper(directory, 0.5, holder={}, warn=print)
+    task0.start()
     proc = start_peer(run_json)
     try:
         launcher = ft_launcher_of(proc)
+        task0.stop()  # task 0 dies: no trap, no flag, its lease just stops moving
+        died = time.monotonic()
         assert proc.wait(timeout=30) == exitcodes.TASK0_GONE
+        assert time.monotonic() - died <= stale + 1 + grace + 2
         assert "lease" in proc.stderr.read()
         assert not launcher.is_running()
     finally:
+        task0.stop()
         stop(proc)
 
 
