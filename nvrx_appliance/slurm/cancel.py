@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import slurmcli
-from nvrx_appliance.slurm.sources import NotFound, load_manifest
+from nvrx_appliance.slurm.sources import load_manifest
 from nvrx_appliance.slurm.status import LIVE, QUEUED
 
 
@@ -21,22 +22,22 @@ class Cancelled:
 def cancel_chain(work_dir: Path, *, user: str) -> Cancelled:
     spec = load_manifest(work_dir)["spec"]
     name = spec["job_name"]
+    here = os.path.realpath(work_dir)
     rows = [
         r
         for r in slurmcli.squeue(user=user, name=name)
         # By array id, not by name: a chain forced onto the same name elsewhere is not ours.
-        if r.work_dir.rstrip("/") == str(work_dir).rstrip("/")
+        if os.path.realpath(r.work_dir) == here
     ]
     running = sorted({r.array_job_id for r in rows if r.state in LIVE}, key=int)
     queued = sorted({r.array_job_id for r in rows if r.state in QUEUED} - set(running), key=int)
-    if not rows:
-        raise NotFound(f"nothing of chain {name!r} is queued or running for user {user}")
     # Queued generations first: once the running one ends, the singleton dependency
     # would otherwise let the next one start before our second call reached it.
     if queued:
         slurmcli.scancel(["--user", user, *queued])
     if running:
         slurmcli.scancel(["--user", user, *running])
-    # Ended on purpose: the watcher must not page "chain exhausted" for it.
+    # Ended on purpose (also when nothing was left to cancel): the watcher must not page
+    # "chain exhausted" for it.
     Layout(work_dir).chain_marker.unlink(missing_ok=True)
     return Cancelled(job_name=name, queued=tuple(queued), running=tuple(running))

@@ -232,6 +232,9 @@ def cancel_command(target: str, work_dir: str | None) -> None:
     except slurmcli.SlurmUnavailable as exc:
         click.echo(f"nvrx-appliance cancel: scancel failed: {exc}; nothing more was done", err=True)
         sys.exit(1)
+    if not done.running and not done.queued:
+        click.echo(f"Nothing of chain {done.job_name!r} was queued or running; marked it ended")
+        return
     click.echo(
         f"Cancelled chain {done.job_name!r}: running {', '.join(done.running) or 'none'}; "
         f"queued {', '.join(done.queued) or 'none'}"
