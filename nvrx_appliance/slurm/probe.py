@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.image.inspect import ImageError, read_image_manifest
 from nvrx_appliance.slurm import parse, slurmcli
 from nvrx_appliance.slurm.resolve import HOST_PYTHON_RUNTIMES
 from nvrx_appliance.slurm.validate import Facts, is_image_file
@@ -64,12 +65,6 @@ def _image(image: str) -> dict:
 
 
 def _image_manifest(path: Path) -> dict:
-    try:
-        from nvrx_appliance.image.inspect import ImageError, read_image_manifest
-    except ImportError:
-        # The image helper's reader is not there yet: existence and readability are all
-        # this check can say. Everything else degrades to "image manifest unknown".
-        return {}
     try:
         return {"image_manifest": read_image_manifest(path)}
     except ImageError as exc:

@@ -193,3 +193,17 @@ def test_a_dry_run_works_without_slurm_and_writes_nothing(tmp_path):
     assert len(doc["commands"]) == 3 and doc["commands"][0][0] == "sbatch"
     assert "skipped MaxArraySize and job-name checks" in doc["warnings"][0]
     assert not work.exists() and not os.path.exists("/shared/x")
+
+
+def test_a_file_that_is_not_an_image_is_refused_with_the_image_readers_words(tmp_path):
+    junk = tmp_path / "model.sqsh"
+    junk.write_bytes(b"not a squashfs image at all")
+    spec = _spec(image=str(junk), runtime="pyxis")
+    facts = dataclasses.replace(GOOD_FACTS, **_image_facts(spec))
+    [message] = _messages(spec, facts)
+    assert message.startswith(f"--image: {junk}")
+
+
+def _image_facts(spec):
+    gathered = probe.gather(spec, with_slurm=False, user="a")
+    return {"image_error": gathered.image_error, "image_manifest": gathered.image_manifest}
