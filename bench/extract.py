@@ -17,10 +17,12 @@ from bench.timing import (
     Cycle,
     FileTimes,
     Mark,
+    NvrxEvent,
     StepEnd,
     Task,
     first_read,
     generation_end,
+    nvrx_event,
     segments,
     step_end,
     task0,
@@ -98,23 +100,27 @@ class HandoffSeen:
     resumed: dict | None  # N+1's "start" progress event
     first_step: dict | None  # the first "step" event after it
     first_cold: int  # task ids from here on are cold spares
+    nvrx: list[NvrxEvent]  # N+1's ft_launcher log
 
 
 def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
     ended = generation_end(seen.generation)
     successor0 = task0(seen.successor) if seen.successor else None
     reads = first_read(seen.checkpoint)
+    host = seen.resumed.get("host", "") if seen.resumed else ""
+    launcher_up = nvrx_event(seen.nvrx, "rendezvous_started", 0, host)
     _need(
         generation_end=ended,
         successor_task0_start=successor0 and successor0.start,
         rendezvous_record=seen.record_written,
+        task0_rendezvous_started=launcher_up,
         cycle0_start=seen.cycle0 and seen.cycle0.start,
         checkpoint_first_read=reads,
         start_event=seen.resumed,
         first_step_event=seen.first_step,
     )
     assert ended and successor0 and successor0.start and seen.cycle0 and seen.cycle0.start
-    assert reads and seen.resumed and seen.first_step and seen.record_written
+    assert reads and seen.resumed and seen.first_step and seen.record_written and launcher_up
     gen_id, next_id = seen.generation[0].array_job_id, successor0.array_job_id
     marks = [
         Mark("node killed", seen.killed_at, f"harness clock, kill-node {seen.victim}"),
@@ -131,8 +137,12 @@ def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
             phase="entrypoint start (task 0)",
         ),
         Mark(
+            "task 0's ft_launcher joins", launcher_up, "NVRx log: rendezvous_started",
+            phase="ft_launcher start (task 0)",
+        ),
+        Mark(
             "rendezvous closed", seen.cycle0.start, "cycle-info cycle 0 start",
-            phase="ft_launcher start + gate + rendezvous",
+            phase="rendezvous",
         ),
         *_resumed(reads, seen.resumed, seen.first_step),
     ]  # fmt: skip
@@ -310,33 +320,49 @@ def norestart_sample(seen: NoRestartSeen) -> dict[str, Any]:
 class RestartSeen:
     fault_at: float  # the harness's clock, just before SIGKILL of the rank's process
     rank: int
-    failed: Cycle | None  # the cycle the fault hit
     next: Cycle | None  # the cycle after it
     checkpoint: list[FileTimes]
     resumed: dict | None  # the "start" event of the next cycle
     first_step: dict | None
+    nvrx: list[NvrxEvent]  # the generation's ft_launcher log
 
 
 def restart_sample(seen: RestartSeen) -> dict[str, Any]:
     reads = first_read(seen.checkpoint)
+    host = seen.resumed.get("host", "") if seen.resumed else ""
+    cycle = seen.next.number if seen.next else -1
+
+    def logged(event: str) -> float | None:
+        return nvrx_event(seen.nvrx, event, cycle, host)
+
+    detected, stopped, rejoined = (
+        logged(e) for e in ("failure_detected", "worker_terminated", "rendezvous_started")
+    )
     _need(
-        failed_cycle_end=seen.failed and seen.failed.end,
+        failure_detected=detected,
+        worker_terminated=stopped,
+        rendezvous_started=rejoined,
         next_cycle_start=seen.next and seen.next.start,
         checkpoint_first_read=reads,
         start_event=seen.resumed,
         first_step_event=seen.first_step,
     )
-    assert seen.failed and seen.failed.end and seen.next and seen.next.start
+    assert detected and stopped and rejoined and seen.next and seen.next.start
     assert reads and seen.resumed and seen.first_step
     marks = [
         Mark("rank killed", seen.fault_at, f"harness clock, SIGKILL of rank {seen.rank}"),
+        Mark("failure detected", detected, "NVRx log: failure_detected", phase="detection"),
         Mark(
-            "cycle ended", seen.failed.end, f"cycle-info cycle {seen.failed.number} end",
-            phase="detection",
+            "surviving workers stopped", stopped, "NVRx log: worker_terminated",
+            phase="stop the surviving workers",
         ),
         Mark(
-            "next cycle started", seen.next.start, f"cycle-info cycle {seen.next.number} start",
-            phase="restart + rendezvous",
+            "rendezvous started", rejoined, "NVRx log: rendezvous_started",
+            phase="wait for the next round",
+        ),
+        Mark(
+            "next cycle started", seen.next.start, f"cycle-info cycle {cycle} start",
+            phase="rendezvous",
         ),
         *_resumed(reads, seen.resumed, seen.first_step),
     ]  # fmt: skip

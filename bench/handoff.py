@@ -47,6 +47,7 @@ def one(h: Harness, work, gen: str, successor: str) -> dict:
         resumed=resumed,
         first_step=step,
         first_cold=chains.TRAIN_TASKS + chains.HOT_SPARES,
+        nvrx=h.nvrx_events(work, successor),
     )
     return extract.handoff_sample(seen)
 

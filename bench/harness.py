@@ -22,7 +22,9 @@ from typing import Any, TypeVar
 
 from bench import timing
 from bench.chains import ARRAY_SIZE, START_TIMEOUT_S
+from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.entrypoints.launch import nvrx_logfile
 from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import parse, slurmcli
@@ -242,6 +244,12 @@ class Harness:
                 st = path.stat()
                 out.append(timing.FileTimes(atime=st.st_atime, mtime=st.st_mtime))
         return out
+
+    @staticmethod
+    def nvrx_events(work: Path, array_job_id: str) -> list[timing.NvrxEvent]:
+        """NVRx's profiling events from a generation's ft_launcher log."""
+        path = nvrx_logfile(run_manifest.load(Layout(work).run_json), array_job_id)
+        return timing.nvrx_events(path.read_text(errors="replace")) if path.exists() else []
 
     @staticmethod
     def cycle(work: Path, array_job_id: str, number: int) -> timing.Cycle | None:

@@ -32,11 +32,11 @@ def one(h: Harness, work, gen: str, cycle: int) -> dict:
     seen = RestartSeen(
         fault_at=fault_at,
         rank=RANK,
-        failed=h.cycle(work, gen, cycle),
         next=h.cycle(work, gen, cycle + 1),
         checkpoint=h.restored(work, resumed),
         resumed=resumed,
         first_step=step,
+        nvrx=h.nvrx_events(work, gen),
     )
     return extract.restart_sample(seen)
 

@@ -112,6 +112,41 @@ def step_end(ends: Iterable[StepEnd], raw_id: str, step: str = "0") -> float | N
     return max(times) if times else None
 
 
+# --- NVRx's own log (ft_launcher --ft-nvrx-logfile) -----------------------------------------
+
+# "... profiling.py:93   - Cycle: 2 Event: failure_detected Node: node1_16270_0 Rank: 0
+#  Time: 2026-11-30 19:14:31.779 UTC". The cycle is the one being entered: a failure of
+# cycle 1 is logged as cycle 2's failure_detected.
+_PROFILE = re.compile(
+    r"Cycle: (\d+) Event: (\w+) Node: (\S+) Rank: \S+ Time: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+) UTC"
+)
+
+
+@dataclass(frozen=True)
+class NvrxEvent:
+    cycle: int
+    event: str  # failure_detected, worker_terminated, rendezvous_started, ...
+    host: str
+    time: float
+
+
+def nvrx_events(text: str) -> list[NvrxEvent]:
+    events = []
+    for line in text.splitlines():
+        found = _PROFILE.search(line)
+        if found:
+            cycle, event, node, when = found.groups()
+            host = node.rsplit("_", 2)[0]  # node1_16270_0: host, launcher pid, local id
+            events.append(NvrxEvent(int(cycle), event, host, utc_epoch(when.replace(" ", "T"))))
+    return events
+
+
+def nvrx_event(events: Iterable[NvrxEvent], event: str, cycle: int, host: str) -> float | None:
+    """When one node's launcher logged an event while entering a cycle (the first time)."""
+    times = [e.time for e in events if (e.event, e.cycle, e.host) == (event, cycle, host)]
+    return min(times) if times else None
+
+
 # --- array tasks ---------------------------------------------------------------------------
 
 

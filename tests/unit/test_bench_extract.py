@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import extract
-from bench.timing import CtldEvent, Cycle, FileTimes, StepEnd, Task
+from bench.timing import CtldEvent, Cycle, FileTimes, NvrxEvent, StepEnd, Task
 
 
 def task(array: str, task_id: int, start, end, *, node="node1", state="COMPLETED", code=0):
@@ -46,9 +46,13 @@ def handoff_seen(**changes) -> extract.HandoffSeen:
         record_written=1022.0,
         cycle0=Cycle("21", 0, 1026.0, None, "node[3-4]"),
         checkpoint=[FileTimes(1030.0, 990.0), FileTimes(1030.2, 990.0)],
-        resumed={"event": "start", "time": 1030.5, "iteration": 40},
+        resumed={"event": "start", "time": 1030.5, "iteration": 40, "host": "node3"},
         first_step={"event": "step", "time": 1030.7, "iteration": 41},
         first_cold=2,
+        nvrx=[
+            NvrxEvent(0, "rendezvous_started", "node4", 1024.0),  # a peer, not task 0
+            NvrxEvent(0, "rendezvous_started", "node3", 1025.0),
+        ],
     )
     return extract.HandoffSeen(**{**values, **changes})
 
@@ -61,7 +65,8 @@ def test_handoff_phases_add_up_from_node_death_to_first_step():
         "detection + teardown": pytest.approx(19.0),
         "scheduler": pytest.approx(1.0),
         "entrypoint start (task 0)": pytest.approx(2.0),
-        "ft_launcher start + gate + rendezvous": pytest.approx(4.0),
+        "ft_launcher start (task 0)": pytest.approx(3.0),
+        "rendezvous": pytest.approx(1.0),
         "worker start": pytest.approx(4.0),
         extract.RESTORE: pytest.approx(0.5),
         "first step": pytest.approx(0.2),
@@ -178,23 +183,41 @@ def test_no_restart_without_the_witness_file_is_dropped():
         extract.norestart_sample(norestart_seen(exited_93=None))
 
 
-def test_in_job_restart_from_the_fault_to_the_next_cycles_first_step():
-    seen = extract.RestartSeen(
+def restart_seen(**changes) -> extract.RestartSeen:
+    values = dict(
         fault_at=500.0,
         rank=1,
-        failed=Cycle("50", 2, 400.0, 501.0, "node1"),
         next=Cycle("50", 3, 503.0, None, "node1"),
         checkpoint=[FileTimes(506.0, 490.0)],
-        resumed={"event": "start", "time": 506.3, "iteration": 30},
+        resumed={"event": "start", "time": 506.3, "iteration": 30, "host": "node1"},
         first_step={"event": "step", "time": 506.4},
+        nvrx=[
+            # NVRx names the cycle being entered: cycle 2 failed, cycle 3 follows
+            NvrxEvent(3, "failure_detected", "node1", 500.1),
+            NvrxEvent(3, "worker_terminated", "node1", 501.4),
+            NvrxEvent(3, "rendezvous_started", "node2", 501.5),
+            NvrxEvent(3, "rendezvous_started", "node1", 502.4),
+            NvrxEvent(2, "rendezvous_started", "node1", 400.0),
+        ],
     )
-    sample = extract.restart_sample(seen)
+    return extract.RestartSeen(**{**values, **changes})
+
+
+def test_in_job_restart_from_the_fault_to_the_next_cycles_first_step():
+    sample = extract.restart_sample(restart_seen())
     assert sample["total_s"] == pytest.approx(6.4)
-    assert list(sample["phases"]) == [
-        "detection",
-        "restart + rendezvous",
-        "worker start",
-        extract.RESTORE,
-        "first step",
-    ]
+    assert sample["phases"] == {
+        "detection": pytest.approx(0.1),
+        "stop the surviving workers": pytest.approx(1.3),
+        "wait for the next round": pytest.approx(1.0),
+        "rendezvous": pytest.approx(0.6),
+        "worker start": pytest.approx(3.0),
+        extract.RESTORE: pytest.approx(0.3),
+        "first step": pytest.approx(0.1),
+    }
     assert sample["cycle"] == 3
+
+
+def test_an_in_job_restart_without_nvrxs_log_is_dropped_naming_it():
+    with pytest.raises(extract.Incomplete, match="failure_detected, worker_terminated"):
+        extract.restart_sample(restart_seen(nvrx=[]))

@@ -60,6 +60,26 @@ def test_slurmd_log_gives_when_a_jobs_srun_and_batch_script_ended():
     assert timing.step_end(ends, "39") is None
 
 
+def test_nvrx_profiling_events_name_the_host_and_the_cycle_entered():
+    text = (
+        "2026-11-30 19:14:31,779 [INFO] [node1] [workload:?(?) infra:0(0)] profiling.py:93   "
+        "- Cycle: 2 Event: failure_detected Node: node1_16270_0 Rank: 0 "
+        "Time: 2026-11-30 19:14:31.779 UTC\n"
+        "2026-11-30 19:14:32,101 [INFO] [node2] [workload:?(?) infra:1(0)] profiling.py:93   "
+        "- Cycle: 2 Event: rendezvous_started Node: node2_16272_0 Rank: None "
+        "Time: 2026-11-30 19:14:32.101 UTC\n"
+        "2026-11-30 19:14:31,780 [INFO] [node1] launcher.py:636 Worker group UNHEALTHY\n"
+    )
+    events = timing.nvrx_events(text)
+    assert [(e.cycle, e.event, e.host) for e in events] == [
+        (2, "failure_detected", "node1"),
+        (2, "rendezvous_started", "node2"),
+    ]
+    assert events[0].time == timing.utc_epoch("2026-11-30T19:14:31.779Z")
+    assert timing.nvrx_event(events, "rendezvous_started", 2, "node2") == events[1].time
+    assert timing.nvrx_event(events, "rendezvous_started", 2, "node1") is None
+
+
 def test_a_task_takes_the_logs_millisecond_stamp_and_falls_back_to_sacct():
     tasks = timing.tasks(sacct_rows(SACCT), timing.ctld_events(CTLD_LOG))
     zero, one = tasks[0], tasks[1]
