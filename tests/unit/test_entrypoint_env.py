@@ -2,15 +2,11 @@
 
 import pytest
 
-from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints import env
 from nvrx_appliance.entrypoints.node import Node
+from tests.unit import test_entrypoint_support as support
 
-
-def run_manifest(tmp_path, **settings):
-    spec = ChainSpec(work_dir=str(tmp_path), **settings)
-    return manifest.build(spec, created="2026-01-01T00:00:00Z", user="alice")
+run_manifest = support.run_manifest
 
 
 def node(task_id=3):

@@ -7,6 +7,7 @@ import pytest
 from nvrx_appliance import exitcodes
 from nvrx_appliance.entrypoints import control, controldir, detect, gate
 from nvrx_appliance.entrypoints.node import Node
+from tests.unit import test_entrypoint_support as support
 
 UID = 1000
 LIMITS = gate.Limits(record_wait=300, lease_stale_after=60)
@@ -19,19 +20,7 @@ def peer(fabric=NO_FABRIC, names=("node2", "10.0.0.2")) -> gate.Peer:
     return gate.Peer(node=node, uid=UID, own_names=frozenset(names), fabric=fabric)
 
 
-def record(**changes) -> control.Record:
-    fields = dict(
-        host="node1",
-        port=29500,
-        segment=None,
-        cluster_uuid=None,
-        started="2026-01-02T03:04:05+00:00",
-        array_job_id="4242",
-        task_id=0,
-        job_id="4242",
-    )
-    return control.Record(**(fields | changes))
-
+record = support.record
 
 OK_DIR = gate.DirSeen(mode=0o40700, owner=UID, is_dir=True)
 

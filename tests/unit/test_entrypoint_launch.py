@@ -3,34 +3,18 @@
 import pytest
 from nvidia_resiliency_ext.fault_tolerance import launcher
 
-from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.entrypoints import control, launch
+from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.entrypoints.workloads import cpu, megatron
+from tests.unit import test_entrypoint_support as support
 
 
 def run_manifest(tmp_path, **settings):
-    spec = ChainSpec(work_dir=str(tmp_path / "work"), **settings)
-    return manifest.build(spec, created="2026-01-01T00:00:00Z", user="alice")
-
-
-def record(**changes):
-    fields = dict(
-        host="node1",
-        port=29500,
-        segment=None,
-        cluster_uuid=None,
-        started="2026-01-01T00:00:01+00:00",
-        array_job_id="4242",
-        task_id=0,
-        job_id="4242",
-    )
-    return control.Record(**(fields | changes))
+    return support.run_manifest(tmp_path / "work", **settings)
 
 
 def parsed(m, rec=None, *, hosts=True, workload=("python3", "-m", "train", "--lr", "1")):
     argv = launch.command(
-        m, rec or record(), list(workload), hosts_rendezvous=hosts, launcher=["ft_launcher"]
+        m, rec or support.record(), list(workload), hosts_rendezvous=hosts, launcher=["ft_launcher"]
     )
     assert argv[0] == "ft_launcher"
     return launcher.get_args_parser().parse_args(argv[1:])
@@ -101,8 +85,8 @@ def test_each_mode_tracks_progress_on_its_own_file(tmp_path, mode, tracker, cycl
 
 def test_segment_is_passed_only_when_task_0_decided_it(tmp_path):
     m = run_manifest(tmp_path)
-    assert parsed(m, record(segment=None)).ft_segment is None
-    assert parsed(m, record(segment=2)).ft_segment == 2
+    assert parsed(m, support.record(segment=None)).ft_segment is None
+    assert parsed(m, support.record(segment=2)).ft_segment == 2
 
 
 def test_the_health_check_endpoint_is_passed_when_set(tmp_path):

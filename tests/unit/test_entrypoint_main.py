@@ -20,6 +20,7 @@ import pytest
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints import control, controldir
+from tests.unit import test_entrypoint_support as support
 
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
@@ -198,15 +199,8 @@ def publish_as_task_0(run_json: Path, host: str, array_job_id="700") -> Path:
     (directory / control.LEASE).write_text("{}\n")
     controldir.publish(
         directory,
-        control.Record(
-            host=host,
-            port=m.spec.rdzv_port,
-            segment=None,
-            cluster_uuid=None,
-            started="2026-01-01T00:00:00+00:00",
-            array_job_id=array_job_id,
-            task_id=0,
-            job_id=array_job_id,
+        support.record(
+            host=host, port=m.spec.rdzv_port, array_job_id=array_job_id, job_id=array_job_id
         ),
     )
     return directory
