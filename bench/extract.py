@@ -251,6 +251,7 @@ class NoRestartSeen:
     queued_tasks: list[Task]
     kills: list[CtldEvent]  # scancel RPCs slurmctld logged
     queue_empty: float  # the harness: first squeue without a job of the chain
+    nvrx: list[NvrxEvent]  # the generation's ft_launcher log
 
 
 def cancelled_at(queued: Sequence[str], tasks: Sequence[Task], kills: Sequence[CtldEvent]):
@@ -283,6 +284,15 @@ def norestart_sample(seen: NoRestartSeen) -> dict[str, Any]:
     marks = []
     if seen.decided is not None:
         marks.append(Mark("NVRx gave up", seen.decided, "cycle-info: last cycle end"))
+        zero = task0(seen.generation).node
+        stopped = [e.time for e in seen.nvrx if e.event == "worker_terminated" and e.host == zero]
+        if stopped:
+            marks.append(
+                Mark(
+                    "surviving workers stopped", max(stopped), "NVRx log: worker_terminated",
+                    phase="stop the surviving workers",
+                )
+            )  # fmt: skip
     marks += [
         Mark(
             "ft_launcher exited 93", seen.exited_93, "no_restart file mtime",

@@ -78,6 +78,7 @@ def one(h: Harness) -> dict:
         queued_tasks=h.wait_final(queued, 60),
         kills=h.ctld_events(),
         queue_empty=empty,
+        nvrx=h.nvrx_events(work, first),
     )
     return extract.norestart_sample(seen)
 

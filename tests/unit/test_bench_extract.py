@@ -148,6 +148,10 @@ def norestart_seen(**changes) -> extract.NoRestartSeen:
             CtldEvent(209.0, "kill", "42", None),  # a later cancel of the same job
         ],
         queue_empty=209.4,
+        nvrx=[
+            NvrxEvent(1, "worker_terminated", "node2", 200.5),  # the hot spare's
+            NvrxEvent(1, "worker_terminated", "node1", 201.3),
+        ],
     )
     return extract.NoRestartSeen(**{**values, **changes})
 
@@ -158,7 +162,8 @@ def test_no_restart_from_exit_93_to_an_empty_queue():
     assert sample["exit93_to_cancelled_s"] == pytest.approx(0.7)
     assert sample["total_s"] == pytest.approx(9.4)  # from NVRx giving up
     assert sample["phases"] == {
-        "ft_launcher shutdown": pytest.approx(5.0),
+        "stop the surviving workers": pytest.approx(1.3),
+        "ft_launcher shutdown": pytest.approx(3.7),
         "srun return + trap": pytest.approx(0.3),
         "teardown: scancel + ledger": pytest.approx(0.5),
         "Slurm ends the generation's jobs": pytest.approx(3.4),
