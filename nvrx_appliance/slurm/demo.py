@@ -18,7 +18,9 @@ from typing import Any
 
 import click
 
+from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.chain import flag
+from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import demo_report, resolve, slurmcli, sources
 from nvrx_appliance.slurm import submit as submitting
@@ -126,6 +128,15 @@ def _follow(work: Path, name: str, user: str, say) -> None:
     subprocess.run([_cli(), "cancel", name], env=os.environ)
 
 
+def _nvrx_log(view, array_job_id: str) -> demo_report.NvrxLog:
+    manifest = run_manifest.load(Layout(Path(view.work_dir)).run_json)
+    try:
+        text = launch.nvrx_logfile(manifest, array_job_id).read_text(errors="replace")
+    except OSError:
+        text = ""
+    return demo_report.nvrx_log(text)
+
+
 def _heartbeat(events: list[dict[str, Any]]) -> str:
     steps = [e["iteration"] for e in events if e.get("event") == "step"]
     saved = [e["iteration"] for e in events if e.get("event") == "checkpoint"]
@@ -154,7 +165,8 @@ def run(say=click.echo) -> Outcome:
     say("[4/4] recovery report")
     view = sources.read_chain(work, user=user)
     layout = Layout(work)
-    result = demo_report.report(view, _read_events(layout), _ledger(layout))
+    logs = {g.array_job_id: _nvrx_log(view, g.array_job_id) for g in view.generations}
+    result = demo_report.report(view, _read_events(layout), _ledger(layout), logs)
     for line in result.lines:
         say("      " + line if line else "")
     say(f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again.")

@@ -7,6 +7,7 @@ status view (Slurm, cycle-info files). Outputs are lines for a person.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
@@ -61,6 +62,23 @@ def ledger_line(entry: dict[str, Any]) -> str:
     )
 
 
+_RESTART = "will restart worker group"
+_INJECTED = re.compile(r"INJECTING FAILURE: node=(\S+), infra_rank=(\d+), cycle=(\d+)")
+
+
+@dataclass(frozen=True)
+class NvrxLog:
+    """What NVRx 0.7.0's own log says about one generation's cycles."""
+
+    restarts: int  # "Worker group UNHEALTHY ... will restart worker group"
+    injected: tuple[tuple[str, int], ...]  # (node, cycle) failed by the health-check injector
+
+
+def nvrx_log(text: str) -> NvrxLog:
+    injected = tuple((m.group(1), int(m.group(3))) for m in _INJECTED.finditer(text))
+    return NvrxLog(restarts=text.count(_RESTART), injected=injected)
+
+
 @dataclass(frozen=True)
 class Report:
     lines: list[str]
@@ -78,7 +96,12 @@ def _first_start(events: Sequence[dict[str, Any]], generation: str) -> dict[str,
     )
 
 
-def report(view: ChainView, events: Sequence[dict[str, Any]], ledger: Sequence[dict]) -> Report:
+def report(
+    view: ChainView,
+    events: Sequence[dict[str, Any]],
+    ledger: Sequence[dict],
+    logs: dict[str, NvrxLog] | None = None,
+) -> Report:
     lines = [f"Recovery report: chain {view.job_name} ({view.work_dir})", "", "Generation timeline"]
     by_array = {str(e.get("array_job_id")): e for e in ledger}
     for g in view.generations:
@@ -98,17 +121,22 @@ def report(view: ChainView, events: Sequence[dict[str, Any]], ledger: Sequence[d
     lines += ["", "In-job restarts"]
     for g in view.generations:
         faults = [
-            e for e in events
+            f"{e.get('kind')} on rank {e.get('rank')} in cycle {e.get('cycle')}"
+            for e in events
             if e.get("event") == "fault" and _generation_of(events, e) == g.array_job_id
-        ]  # fmt: skip
-        cycles = {e.get("cycle", 0) for e in events if e.get("event") == "start"
-                  and e.get("slurm_array_job_id") == g.array_job_id}  # fmt: skip
-        cycles |= {c.number for c in g.cycles}
-        if faults or len(cycles) > 1:
-            what = ", ".join(f"{f.get('kind')} on rank {f.get('rank')} in cycle {f.get('cycle')}"
-                             for f in faults) or "none injected"  # fmt: skip
-            lines.append(f"  generation {g.array_job_id}: faults: {what}; cycles seen: "
-                         f"{', '.join(map(str, sorted(cycles)))}")  # fmt: skip
+        ]
+        log = (logs or {}).get(g.array_job_id, NvrxLog(0, ()))
+        if not faults and not log.restarts and not log.injected:
+            continue
+        lines.append(
+            f"  generation {g.array_job_id}: {log.restarts} in-job restart(s) by NVRx; "
+            f"workload faults: {', '.join(faults) or 'none'}"
+        )
+        for node, cycle in log.injected:
+            lines.append(
+                f"    cycle {cycle}: the GPU-failure injector failed {node}'s health check"
+                + (" (task 0's node: the generation cannot go on)" if node == g.task0_node else "")
+            )
     lines += ["", "Hand-off"]
     resumed_ok = False
     for before, after in pairwise(view.generations):

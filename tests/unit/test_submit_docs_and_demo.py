@@ -55,13 +55,26 @@ LEDGER = [
 ]
 
 
+# Lines as NVRx 0.7.0's ft_launcher writes them (recorded from the demo).
+NVRX_LOG = """\
+2026-11-30 19:26:03,816 [INFO] [node1] [workload:?(?) infra:0(0)] launcher.py:636 [default] \
+Worker group UNHEALTHY. 8/8 attempts left; will restart worker group
+2026-11-30 19:26:06,156 [WARNING] [node1] [workload:?(?) infra:0(0)] \
+health_check_injector.py:142 INJECTING FAILURE: node=node1, infra_rank=0, cycle=1
+"""
+
+
 def test_the_report_confirms_the_resume_point_against_the_predecessors_checkpoint():
-    result = demo_report.report(VIEW, EVENTS, LEDGER)
+    logs = {"12": demo_report.nvrx_log(NVRX_LOG)}
+    result = demo_report.report(VIEW, EVENTS, LEDGER, logs)
     text = "\n".join(result.lines)
     assert result.resumed_ok
     assert "resumed at iteration 105 = last completed checkpoint of the previous generation" in text
     assert "generation 13 started training 10 s later on node2" in text
-    assert "generation 12: faults: exception on rank 1 in cycle 0" in text
+    assert (
+        "generation 12: 1 in-job restart(s) by NVRx; workload faults: exception on rank 1" in text
+    )
+    assert "cycle 1: the GPU-failure injector failed node1's health check (task 0's node" in text
 
 
 def test_a_resume_from_the_wrong_iteration_is_called_out():
