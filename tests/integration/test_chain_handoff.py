@@ -100,10 +100,17 @@ def test_losing_task_0s_node_hands_off_after_an_in_job_restart(cluster: Cluster)
         assert tasks(cluster, second)[0]["NodeList"] != victim
         # g) the dead task 0 left its record and no closed flag; neither stopped gen 2.
         assert _stale_control_files(work, first) == (False, True)
+        # `cancel` by the first generation's id finds the chain and ends what runs now.
+        cancelled = cli(cluster, "cancel", first)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert f"Cancelled chain {name!r}: running {second}" in cancelled.stdout
+        assert not (work / "chain.active").exists()
     finally:
         cli(cluster, "cancel", name)
         if victim:
             assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
         wait_idle(cluster, name, timeout=90)
-    status = json.loads(cli(cluster, "status", first, "--json").stdout)
+    status = json.loads(cli(cluster, "status", name, "--json").stdout)
     assert [g["array_job_id"] for g in status["generations"]] == [first, second]
+    assert status["generations"][1]["task0_state"] == "CANCELLED"
+    assert status["queued"] == [] and not status["chain_marker"]
