@@ -29,6 +29,7 @@ from bench.timing import (
 )
 
 RESTORE = "checkpoint restore"  # the workload's own restore, the phase a target leaves out
+DETECTION = "detection + teardown"  # a dead node's generation ending, which Slurm decides
 
 
 class Incomplete(ValueError):
@@ -126,7 +127,7 @@ def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
         Mark("node killed", seen.killed_at, f"harness clock, kill-node {seen.victim}"),
         Mark(
             "generation ended", ended[0], f"{ended[1]}: last task of {gen_id}",
-            phase="detection + teardown",
+            phase=DETECTION,
         ),
         Mark(
             "successor task 0 started", successor0.start, f"{successor0.start_from}: {next_id}_0",
@@ -308,7 +309,7 @@ def norestart_sample(seen: NoRestartSeen) -> dict[str, Any]:
             phase="Slurm ends the generation's jobs",
         ),
         Mark(
-            "queue empty", seen.queue_empty, "harness: squeue polled every 0.1 s",
+            "queue empty", seen.queue_empty, "harness: first empty squeue answered (0.1 s polls)",
             phase="squeue reflects it",
         ),
     ]  # fmt: skip

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 
 from bench import chains, extract
-from bench.extract import RESTORE, HandoffSeen
+from bench.extract import DETECTION, RESTORE, HandoffSeen
 from bench.harness import Harness
 from bench.report import Metric, Result, phase_metrics
 from bench.timing import task0
@@ -92,4 +92,7 @@ def metrics(samples: list[dict], floor: float | None) -> list[Metric]:
         out.append(
             Metric("overhead beyond floor and restore", overhead, target_s=TARGET_OVERHEAD_S)
         )
+        # Slurm alone can end a job on a dead node (SlurmdTimeout): what is left is ours.
+        ours = [o - s["phases"][DETECTION] for o, s in zip(overhead, samples, strict=True)]
+        out.append(Metric("of which not Slurm's node-failure detection", ours, indent=True))
     return out

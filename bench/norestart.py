@@ -26,13 +26,13 @@ EMPTY_TIMEOUT_S = 180
 
 
 def _first_empty_poll(h: Harness, name: str) -> float:
-    """The moment of the first squeue that found nothing of the chain (its issue time:
-    the queue was empty by then at the latest)."""
+    """When the first squeue that found nothing of the chain answered: the queue was
+    empty by then (an upper bound, by one squeue's latency at most)."""
     deadline = time.monotonic() + EMPTY_TIMEOUT_S
     while time.monotonic() < deadline:
-        asked = time.time()
-        if not h.squeue_ids(name):
-            return asked
+        ids = h.squeue_ids(name)
+        if not ids:
+            return time.time()
         time.sleep(POLL_S)
     raise TimeoutError(f"chain {name} still queued {EMPTY_TIMEOUT_S} s after its fault")
 

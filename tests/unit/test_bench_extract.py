@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench import extract
+from bench import extract, handoff
 from bench.timing import CtldEvent, Cycle, FileTimes, NvrxEvent, StepEnd, Task
 
 
@@ -226,3 +226,12 @@ def test_in_job_restart_from_the_fault_to_the_next_cycles_first_step():
 def test_an_in_job_restart_without_nvrxs_log_is_dropped_naming_it():
     with pytest.raises(extract.Incomplete, match="failure_detected, worker_terminated"):
         extract.restart_sample(restart_seen(nvrx=[]))
+
+
+def test_handoff_overhead_leaves_out_the_floor_and_the_workloads_restore():
+    sample = extract.handoff_sample(handoff_seen())  # 30.7 s, of it 0.5 s restore, 19 s detection
+    metrics = {m.label: m for m in handoff.metrics([sample], floor=1.2)}
+    overhead = metrics["overhead beyond floor and restore"]
+    assert overhead.samples == [pytest.approx(29.0)]
+    assert overhead.met() is False  # 3 s target
+    assert metrics["of which not Slurm's node-failure detection"].samples == [pytest.approx(10.0)]
