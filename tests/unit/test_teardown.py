@@ -6,12 +6,15 @@ the real ones are exercised on the local cluster by tests/integration/test_chain
 """
 
 import json
+import os
+import signal
 import subprocess
 
 import pytest
 
 from nvrx_appliance import manifest
 from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.slurm import render, submit, teardown
 
 
@@ -93,15 +96,15 @@ def test_cancelling_the_chain_is_by_name_and_user_and_pending_only():
 
 STANDIN = """#!/bin/sh
 # stand-in for {name}: records its argv, says ${{STANDIN_STDERR}}, exits with ${{{var}:-0}}
+# (srun first sleeps ${{SRUN_SLEEP:-0}} s, like a generation that is still training)
 echo "{name} $*" >> "$STANDIN_LOG"
+[ "{name}" = srun ] && sleep "${{SRUN_SLEEP:-0}}"
 [ -n "$STANDIN_STDERR" ] && echo "$STANDIN_STDERR" >&2
 exit ${{{var}:-0}}
 """
 
 
-def _run_generation(
-    tmp_path, *, srun_exit, scancel_exit=0, python=None, ledger_lines=(), scancel_says=""
-):
+def _prepare(tmp_path, *, srun_exit, scancel_exit=0, python=None, ledger_lines=(), scancel_says=""):
     work = tmp_path / "work"
     spec = ChainSpec(
         work_dir=str(work), workload="cpu", runtime="bare", python=python or "python3",
@@ -133,10 +136,39 @@ def _run_generation(
         "SLURM_JOB_USER": "alice",
         "SLURMD_NODENAME": "node1",
     }
-    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    return script, work, env
+
+
+def _outcome(tmp_path, work):
     calls = (tmp_path / "calls").read_text().splitlines()
     ledger = [json.loads(x) for x in (work / "chain.jsonl").read_text().splitlines()]
-    return done, work, calls, ledger
+    return calls, ledger
+
+
+def _run_generation(tmp_path, **kwargs):
+    script, work, env = _prepare(tmp_path, **kwargs)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    return (done, work, *_outcome(tmp_path, work))
+
+
+def test_slurms_term_at_the_time_limit_runs_the_teardown_at_once_with_143(tmp_path):
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    env["SRUN_SLEEP"] = "60"
+    # Its own process group, so the stand-in srun left sleeping can be cleaned up after.
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    calls = tmp_path / "calls"
+    try:
+        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
+        proc.send_signal(signal.SIGTERM)
+        # Well before the stand-in's 60 s: the trap does not wait for srun to return.
+        assert proc.wait(timeout=20) == 143
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+    _, ledger = _outcome(tmp_path, work)
+    assert (ledger[-1]["exit_code"], ledger[-1]["action"]) == (143, "released_spares")
+    assert json.loads((work / "nvrx/500/control/closed").read_text())["exit_code"] == 143
 
 
 def test_exit_93_passes_through_the_trap_untouched_and_cancels_the_chain(tmp_path):
