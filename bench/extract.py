@@ -102,6 +102,9 @@ class HandoffSeen:
     first_step: dict | None  # the first "step" event after it
     first_cold: int  # task ids from here on are cold spares
     nvrx: list[NvrxEvent]  # N+1's ft_launcher log
+    # N's closed flag: a node that dies hard leaves none; one here means task 0's batch
+    # script outlived its srun long enough to run the trap.
+    dead_closed: float | None
 
 
 def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
@@ -150,6 +153,7 @@ def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
     sample = timeline(marks)
     sample.update(_who_ended_last(seen.generation, seen.victim, seen.killed_at))
     sample["resumed_iteration"] = seen.resumed.get("iteration")
+    sample["dead_generation_closed_s"] = _between(seen.killed_at, seen.dead_closed)
     # A cold spare the throttle admitted once a peer left: task 0 is dead, so no closed
     # flag will ever come; the stale lease is what must send it away.
     sample["cold_spares_held_s"] = [

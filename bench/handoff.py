@@ -48,6 +48,7 @@ def one(h: Harness, work, gen: str, successor: str) -> dict:
         first_step=step,
         first_cold=chains.TRAIN_TASKS + chains.HOT_SPARES,
         nvrx=h.nvrx_events(work, successor),
+        dead_closed=h.mtime(layout.control(gen) / control.CLOSED),
     )
     return extract.handoff_sample(seen)
 
@@ -68,6 +69,11 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
         h.drain(name)
     result.metrics = metrics(result.samples, floor)
     last = [s["ended_last"] for s in result.samples]
+    trapped = sum(s["dead_generation_closed_s"] is not None for s in result.samples)
+    result.notes.append(
+        f"samples where the dead task 0's trap still wrote the closed flag: {trapped} "
+        "(kill-node let its batch script outlive its srun)"
+    )
     result.notes.append(
         "what ended the dead generation last: "
         + ", ".join(f"{k} x{last.count(k)}" for k in sorted(set(last)))

@@ -49,6 +49,7 @@ def handoff_seen(**changes) -> extract.HandoffSeen:
         resumed={"event": "start", "time": 1030.5, "iteration": 40, "host": "node3"},
         first_step={"event": "step", "time": 1030.7, "iteration": 41},
         first_cold=2,
+        dead_closed=None,
         nvrx=[
             NvrxEvent(0, "rendezvous_started", "node4", 1024.0),  # a peer, not task 0
             NvrxEvent(0, "rendezvous_started", "node3", 1025.0),
@@ -72,6 +73,7 @@ def test_handoff_phases_add_up_from_node_death_to_first_step():
         "first step": pytest.approx(0.2),
     }
     assert sample["resumed_iteration"] == 40
+    assert sample["dead_generation_closed_s"] is None  # a hard death runs no trap
     # the cold spare admitted when the hot spare left, sent away by the stale lease
     assert sample["cold_spares_held_s"] == [pytest.approx(4.0)]
 
