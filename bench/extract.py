@@ -71,7 +71,7 @@ def _resumed(reads: tuple[float, float], resumed: dict, first_step: dict) -> lis
 def floor_sample(previous: Sequence[Task], successor: Sequence[Task]) -> dict[str, Any]:
     """Last task of generation N ended -> task 0 of N+1 started."""
     ended = generation_end(previous)
-    first = task0(successor) if successor else None
+    first = task0(successor)
     _need(previous_end=ended, successor_task0_start=first and first.start)
     assert ended is not None and first is not None and first.start is not None
     marks = [
@@ -109,7 +109,7 @@ class HandoffSeen:
 
 def handoff_sample(seen: HandoffSeen) -> dict[str, Any]:
     ended = generation_end(seen.generation)
-    successor0 = task0(seen.successor) if seen.successor else None
+    successor0 = task0(seen.successor)
     reads = first_read(seen.checkpoint)
     host = seen.resumed.get("host", "") if seen.resumed else ""
     launcher_up = nvrx_event(seen.nvrx, "rendezvous_started", 0, host)
@@ -168,18 +168,19 @@ def _who_ended_last(generation: Sequence[Task], victim: str, killed: float) -> d
     """Which ended the dead generation: Slurm declaring task 0's node dead, or its
     peers leaving (the last to go is what the successor waited for)."""
     zero = task0(generation)
+    zero_end = zero.end if zero else None
     peers = [t for t in generation if t.task_id != 0 and t.ran and t.end is not None]
     peers_end = max((t.end for t in peers if t.end is not None), default=None)
     return {
         "victim": victim,
-        "task0_state": zero.state,
-        "task0_end": zero.end,
+        "task0_state": zero.state if zero else None,
+        "task0_end": zero_end,
         "peers_end": peers_end,
-        "kill_to_task0_end_s": _between(killed, zero.end),
+        "kill_to_task0_end_s": _between(killed, zero_end),
         "kill_to_peers_end_s": _between(killed, peers_end),
         "peer_exit_codes": sorted({t.exit_code for t in peers if t.exit_code is not None}),
         "ended_last": "task 0 (Slurm: node failure)"
-        if peers_end is None or (zero.end or 0) >= peers_end
+        if peers_end is None or (zero_end or 0) >= peers_end
         else "peers (stale lease)",
     }
 
@@ -289,8 +290,9 @@ def norestart_sample(seen: NoRestartSeen) -> dict[str, Any]:
     marks = []
     if seen.decided is not None:
         marks.append(Mark("NVRx gave up", seen.decided, "cycle-info: last cycle end"))
-        zero = task0(seen.generation).node
-        stopped = [e.time for e in seen.nvrx if e.event == "worker_terminated" and e.host == zero]
+        zero = task0(seen.generation)
+        host = zero.node if zero else None
+        stopped = [e.time for e in seen.nvrx if e.event == "worker_terminated" and e.host == host]
         if stopped:
             marks.append(
                 Mark(

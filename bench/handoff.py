@@ -13,7 +13,7 @@ import itertools
 
 from bench import chains, extract
 from bench.extract import DETECTION, RESTORE, HandoffSeen
-from bench.harness import Harness
+from bench.harness import BenchError, Harness
 from bench.report import Metric, Result, phase_metrics
 from bench.timing import task0
 from nvrx_appliance.entrypoints import control
@@ -28,7 +28,10 @@ HANDOFF_TIMEOUT_S = 240  # node-failure detection (~20 s here) and a generation'
 def one(h: Harness, work, gen: str, successor: str) -> dict:
     layout = Layout(work)
     h.wait_checkpointed(work, f"generation {gen}", slurm_array_job_id=gen)
-    victim = task0(h.tasks([gen])).node
+    zero = task0(h.tasks([gen]))
+    if zero is None or not zero.node:
+        raise BenchError(f"accounting does not show where task 0 of {gen} runs")
+    victim = zero.node
     killed_at = h.kill_node(victim)
     try:
         resumed, step = h.wait_resumed(

@@ -213,8 +213,8 @@ def generation(all_tasks: Iterable[Task], array_job_id: str) -> list[Task]:
     return [t for t in all_tasks if t.array_job_id == array_job_id]
 
 
-def task0(gen: Sequence[Task]) -> Task:
-    return next(t for t in gen if t.task_id == 0)
+def task0(gen: Sequence[Task]) -> Task | None:
+    return next((t for t in gen if t.task_id == 0), None)
 
 
 def generation_end(gen: Sequence[Task]) -> tuple[float, str] | None:

@@ -31,6 +31,10 @@ def test_floor_refuses_a_generation_that_has_not_ended():
     previous = [task("10", 0, 100.0, None)]
     with pytest.raises(extract.Incomplete, match="previous_end"):
         extract.floor_sample(previous, [task("11", 0, 102.0, 103.0)])
+    # accounting that lags: the successor's task 0 not recorded yet
+    ended = [task("10", 0, 100.0, 101.0)]
+    with pytest.raises(extract.Incomplete, match="successor_task0_start"):
+        extract.floor_sample(ended, [task("11", 1, 102.0, 103.0)])
 
 
 def handoff_seen(**changes) -> extract.HandoffSeen:
