@@ -71,11 +71,13 @@ def _sayer():
 def _one(module, h: Harness | None, repeat: int, floor_s: float | None, say) -> Result:
     say(f"{module.TITLE}: {repeat} samples")
     started = time.monotonic()
+    result = Result(module.NAME, module.TITLE)
     try:
-        result = module.run(h, repeat, floor_s)
+        module.collect(h, repeat, result)
     except Exception as exc:  # one scenario's failure must not lose the others' figures
         say(f"{module.TITLE} FAILED: {exc}\n{traceback.format_exc()}")
-        result = Result(module.NAME, module.TITLE, error=f"{type(exc).__name__}: {exc}")
+        result.error = f"{type(exc).__name__}: {exc}"
+    module.finish(result, floor_s)  # what was measured before a failure still counts
     say(f"{module.TITLE}: done in {time.monotonic() - started:.0f} s")
     return result
 

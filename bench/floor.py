@@ -33,7 +33,7 @@ def sbatch_args(spec: ChainSpec) -> list[str]:
     return render.sbatch_args(manifest)
 
 
-def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
+def collect(h: Harness, repeat: int, result: Result) -> None:
     work, name = h.workdir(NAME), h.job_name(NAME)
     spec = ChainSpec(
         train_tasks=chains.TRAIN_TASKS,
@@ -52,18 +52,15 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
     script = work / "trivial.sbatch"
     script.write_text(TRIVIAL)
     args = sbatch_args(spec)
+    # The work dir is this machine's: the committed results name it <work>.
+    result.notes.append(f"sbatch options: {' '.join(args).replace(str(work), '<work>')}")
     ids = [h.sbatch(args, script) for _ in range(spec.depth)]
+    result.notes.append(f"generations: {', '.join(ids)}")
     all_tasks = h.wait_final(ids, timeout=60 + 15 * spec.depth)
     by_generation = [[t for t in all_tasks if t.array_job_id == i] for i in ids]
-    samples = [extract.floor_sample(a, b) for a, b in itertools.pairwise(by_generation)]
-    return Result(
-        NAME,
-        TITLE,
-        metrics=[Metric(FLOOR_LABEL, [s["total_s"] for s in samples])],
-        samples=samples,
-        notes=[
-            # The work dir is this machine's: the committed results name it <work>.
-            f"sbatch options: {' '.join(args).replace(str(work), '<work>')}",
-            f"generations: {', '.join(ids)}",
-        ],
-    )
+    for previous, successor in itertools.pairwise(by_generation):
+        result.samples.append(extract.floor_sample(previous, successor))
+
+
+def finish(result: Result, floor: float | None) -> None:
+    result.metrics = [Metric(FLOOR_LABEL, [s["total_s"] for s in result.samples])]

@@ -13,9 +13,8 @@ import itertools
 
 from bench import chains, extract
 from bench.extract import DETECTION, RESTORE, HandoffSeen
-from bench.harness import BenchError, Harness
+from bench.harness import Harness
 from bench.report import Metric, Result, phase_metrics
-from bench.timing import task0
 from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Layout
 
@@ -27,11 +26,10 @@ HANDOFF_TIMEOUT_S = 240  # node-failure detection (~20 s here) and a generation'
 
 def one(h: Harness, work, gen: str, successor: str) -> dict:
     layout = Layout(work)
-    h.wait_checkpointed(work, f"generation {gen}", slurm_array_job_id=gen)
-    zero = task0(h.tasks([gen]))
-    if zero is None or not zero.node:
-        raise BenchError(f"accounting does not show where task 0 of {gen} runs")
-    victim = zero.node
+    started = h.wait_checkpointed(work, f"generation {gen}", slurm_array_job_id=gen)
+    # Rank 0 trains on task 0's node, whose host name is its Slurm node name; the
+    # progress log has it at once, where accounting may still lag.
+    victim = started["host"]
     killed_at = h.kill_node(victim)
     try:
         resumed, step = h.wait_resumed(
@@ -43,7 +41,7 @@ def one(h: Harness, work, gen: str, successor: str) -> dict:
         killed_at=killed_at,
         victim=victim,
         generation=h.wait_final([gen], 120),
-        successor=h.tasks([successor]),
+        successor=h.wait_started(successor),
         record_written=h.mtime(layout.control(successor) / control.RECORD),
         cycle0=h.cycle(work, successor, 0),
         checkpoint=h.restored(work, resumed),
@@ -56,11 +54,11 @@ def one(h: Harness, work, gen: str, successor: str) -> dict:
     return extract.handoff_sample(seen)
 
 
-def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
+def collect(h: Harness, repeat: int, result: Result) -> None:
     work, name = h.workdir(NAME), h.job_name(NAME)
     ids = h.submit(work, name, *chains.FAST, *chains.SHAPE, "--mode", "train",
                    "--depth", str(repeat + 1))  # fmt: skip
-    result = Result(NAME, TITLE, notes=[f"generations: {', '.join(ids)}"])
+    result.notes.append(f"generations: {', '.join(ids)}")
     try:
         for gen, successor in itertools.pairwise(ids):
             try:
@@ -70,9 +68,13 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
             h.say(f"handoff: {len(result.samples)}/{repeat} samples")
     finally:
         h.drain(name)
-    result.metrics = metrics(result.samples, floor)
-    last = [s["ended_last"] for s in result.samples]
-    trapped = sum(s["dead_generation_closed_s"] is not None for s in result.samples)
+
+
+def finish(result: Result, floor: float | None) -> None:
+    samples = result.samples
+    result.metrics = metrics(samples, floor)
+    last = [s["ended_last"] for s in samples]
+    trapped = sum(s["dead_generation_closed_s"] is not None for s in samples)
     result.notes.append(
         f"samples where the dead task 0's trap still wrote the closed flag: {trapped} "
         "(kill-node let its batch script outlive its srun)"
@@ -81,7 +83,6 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
         "what ended the dead generation last: "
         + ", ".join(f"{k} x{last.count(k)}" for k in sorted(set(last)))
     )
-    return result
 
 
 def metrics(samples: list[dict], floor: float | None) -> list[Metric]:

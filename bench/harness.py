@@ -152,6 +152,16 @@ class Harness:
 
         return self.wait(final, timeout, f"jobs {', '.join(job_ids)} to end")
 
+    def wait_started(self, array_job_id: str, timeout: float = 60) -> list[timing.Task]:
+        """Until accounting has recorded task 0 of a generation as started."""
+
+        def started() -> list[timing.Task] | None:
+            found = self.tasks([array_job_id])
+            zero = timing.task0(found)
+            return found if zero is not None and zero.start is not None else None
+
+        return self.wait(started, timeout, f"accounting to record {array_job_id}_0's start")
+
     # --- chains ---------------------------------------------------------------------------
 
     def job_name(self, scenario: str) -> str:

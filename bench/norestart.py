@@ -83,14 +83,16 @@ def one(h: Harness) -> dict:
     return extract.norestart_sample(seen)
 
 
-def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
-    result = Result(NAME, TITLE)
+def collect(h: Harness, repeat: int, result: Result) -> None:
     for _ in range(repeat):
         try:
             result.samples.append(one(h))
         except extract.Incomplete as exc:
             result.notes.append(f"sample dropped: {exc}")
         h.say(f"norestart: {len(result.samples)}/{repeat} samples")
+
+
+def finish(result: Result, floor: float | None) -> None:
     s = result.samples
     given_up = [x["total_s"] for x in s if x["marks"][0]["name"] == "NVRx gave up"]
     batch = [x["last_task_srun_end_to_job_end_s"] for x in s]
@@ -103,4 +105,3 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
         Metric("within: last task's srun ended -> its job ended", [b for b in batch if b is not None],
                indent=True),
     ]  # fmt: skip
-    return result

@@ -106,12 +106,11 @@ def table(results: Sequence[Result]) -> str:
     for result in results:
         if result.error:
             lines.append(f"| {result.title} | FAILED: {result.error} | | | | | | |")
-            continue
         for i, metric in enumerate(result.metrics):
             f = metric.figures()
             label = f"- {metric.label}" if metric.indent else metric.label
             lines.append(
-                f"| {result.title if i == 0 else ''} | {label} | {f['n']} | "
+                f"| {result.title if i == 0 and not result.error else ''} | {label} | {f['n']} | "
                 f"{_seconds(f['median_s'])} | {_seconds(f['min_s'])} | {_seconds(f['max_s'])} | "
                 f"{_ratio(ratio(f['median_s'], floor))} | {_verdict(metric)} |"
             )

@@ -41,11 +41,11 @@ def one(h: Harness, work, gen: str, cycle: int) -> dict:
     return extract.restart_sample(seen)
 
 
-def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
+def collect(h: Harness, repeat: int, result: Result) -> None:
     work, name = h.workdir(NAME), h.job_name(NAME)
     [gen] = h.submit(work, name, *chains.FAST, *chains.SHAPE, "--mode", "train", "--depth", "1",
                      "--max-restarts", str(repeat + 2))  # fmt: skip
-    result = Result(NAME, TITLE, notes=[f"generation: {gen}"])
+    result.notes.append(f"generation: {gen}")
     try:
         for cycle in range(repeat):
             try:
@@ -55,10 +55,11 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
             h.say(f"restart: {len(result.samples)}/{repeat} samples")
     finally:
         h.drain(name)
+
+
+def finish(result: Result, floor: float | None) -> None:
+    samples = result.samples
     result.metrics = [
-        Metric(
-            "rank fault -> first step of the next cycle", [s["total_s"] for s in result.samples]
-        ),
-        *phase_metrics(result.samples),
+        Metric("rank fault -> first step of the next cycle", [s["total_s"] for s in samples]),
+        *phase_metrics(samples),
     ]
-    return result

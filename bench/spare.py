@@ -40,24 +40,32 @@ def _attempt(h: Harness) -> tuple[list[dict], dict[str, int]]:
     return extract.spare_samples(seen), extract.spare_fates(tasks, TRAIN_TASKS + HOT_SPARES)
 
 
-def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
+def _escaped(samples: list[dict]) -> list[dict]:
+    return [s for s in samples if s["escaped"]]
+
+
+def collect(h: Harness, repeat: int, result: Result) -> None:
     """Chains until `repeat` spares escaped, or 3 x repeat chains."""
-    result = Result(NAME, TITLE, notes=[f"cold spares per generation: {COLD_SPARES}"])
     fates: dict[str, int] = {}
-    for _ in range(ATTEMPTS_PER_SAMPLE * repeat):
-        samples, seen = _attempt(h)
-        result.samples += samples
-        for key, count in seen.items():
-            fates[key] = fates.get(key, 0) + count
-        escaped = [s for s in result.samples if s["escaped"]]
-        h.say(f"spare: {len(escaped)}/{repeat} escaped spares")
-        if len(escaped) >= repeat:
-            break
-    escaped = [s for s in result.samples if s["escaped"]]
-    result.notes.append(
-        "cold spares: " + ", ".join(f"{k} x{v}" for k, v in sorted(fates.items()))
-        + f"; of those that ran, {len(escaped)} were admitted before the closed flag"
-    )  # fmt: skip
+    attempts = 0
+    try:
+        while attempts < ATTEMPTS_PER_SAMPLE * repeat and len(_escaped(result.samples)) < repeat:
+            samples, seen = _attempt(h)
+            attempts += 1
+            result.samples += samples
+            for key, count in seen.items():
+                fates[key] = fates.get(key, 0) + count
+            h.say(f"spare: {len(_escaped(result.samples))}/{repeat} escaped spares")
+    finally:
+        result.notes.append(
+            f"{attempts} generations, {COLD_SPARES} cold spare each: "
+            + ", ".join(f"{k} x{v}" for k, v in sorted(fates.items()))
+            + f"; admitted before the closed flag: {len(_escaped(result.samples))}"
+        )
+
+
+def finish(result: Result, floor: float | None) -> None:
+    escaped = _escaped(result.samples)
     codes = sorted({s["exit_code"] for s in escaped if s["exit_code"] is not None})
     result.notes.append(f"escaped spares' exit codes: {codes}")
 
@@ -70,4 +78,3 @@ def run(h: Harness, repeat: int, floor: float | None = None) -> Result:
         Metric("its srun ended -> its job ended (Slurm)", values("srun_end_to_job_end_s"),
                indent=True),
     ]  # fmt: skip
-    return result

@@ -50,9 +50,12 @@ def utc_epoch(text: str) -> float | None:
 # "[2026-11-30T18:28:44.774] sched: Allocate JobId=8_0(10) NodeList=node2 #CPUs=1 ..."
 # "[2026-11-30T18:28:40.042] _job_complete: JobId=1_0(4) done"
 # "[2026-11-30T18:28:44.641] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=2_[0-4%2] uid 0"
+# "[2026-11-30T19:36:58.111] Killing JobId=354_0(360) on failed node node1" (NODE_FAIL)
 _STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?)\] (.*)$")
 _STARTED = re.compile(r"(?:Started|Allocate) JobId=(\d+)_(\d+)\(\d+\)")
-_DONE = re.compile(r"_job_complete: JobId=(\d+)_(\d+)\(\d+\) done")
+_DONE = re.compile(
+    r"(?:_job_complete: JobId=(\d+)_(\d+)\(\d+\) done|Killing JobId=(\d+)_(\d+)\(\d+\) on failed node)"
+)
 _KILL = re.compile(r"REQUEST_KILL_JOB JobId=(\d+)(?:_(\S+))? uid")
 # slurmd's log, per node: "[2026-11-30T18:41:16.399] [41.0] done with job" (a job's step
 # 0, i.e. its srun, ended) and "[41.batch] done with job" (the batch script's step).
@@ -78,7 +81,8 @@ def ctld_events(text: str) -> list[CtldEvent]:
         for kind, pattern in (("start", _STARTED), ("end", _DONE)):
             found = pattern.search(body)
             if found:
-                events.append(CtldEvent(when, kind, found.group(1), int(found.group(2))))
+                array_job_id, task = [g for g in found.groups() if g is not None]
+                events.append(CtldEvent(when, kind, array_job_id, int(task)))
                 break
         else:
             found = _KILL.search(body)

@@ -33,7 +33,7 @@ def _figures(found: dict) -> dict:
     }
 
 
-def run(h: Harness | None, repeat: int, floor: float | None = None) -> Result:
+def collect(h: Harness | None, repeat: int, result: Result) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-watcher-") as scratch:
         out = Path(scratch) / "watch_pass.json"
         done = subprocess.run(
@@ -45,17 +45,18 @@ def run(h: Harness | None, repeat: int, floor: float | None = None) -> Result:
         if done.returncode != 0:
             raise BenchError(f"bench/watch_pass.py exited {done.returncode}: {done.stderr[-800:]}")
         report = json.loads(out.read_text())
-    found = report["results"]
-    return Result(
-        NAME,
-        TITLE,
-        metrics=[
-            Metric(LABELS[key], [], target_s=TARGETS_S[key], given=_figures(found[key]))
-            for key in LABELS
-        ],
-        samples=[report],
-        notes=[
-            f"{report['cycle_info_files']} cycle-info files, {report['array_tasks']} array tasks",
-            f"Slurm: {report['slurm']}",
-        ],
-    )
+    result.samples.append(report)
+    result.notes += [
+        f"{report['cycle_info_files']} cycle-info files, {report['array_tasks']} array tasks",
+        f"Slurm: {report['slurm']}",
+    ]
+
+
+def finish(result: Result, floor: float | None) -> None:
+    if not result.samples:
+        return
+    found = result.samples[0]["results"]
+    result.metrics = [
+        Metric(LABELS[key], [], target_s=TARGETS_S[key], given=_figures(found[key]))
+        for key in LABELS
+    ]

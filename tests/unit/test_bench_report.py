@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench import readme, report
-from bench.__main__ import parse_args
+from bench.__main__ import _one, parse_args
 from bench.report import FLOOR_LABEL, Metric, Result
 
 
@@ -98,3 +98,23 @@ def test_process_start_costs_come_from_the_machine_facts():
         "fresh Python: import python",
     ]
     assert result.metrics[0].figures()["median_s"] == 2.5
+
+
+def test_a_scenario_that_fails_midway_keeps_what_it_measured():
+    class Scenario:
+        NAME, TITLE = "handoff", "2 hand-off"
+
+        @staticmethod
+        def collect(h, repeat, result):
+            result.samples.append({"total_s": 21.0})
+            raise TimeoutError("timed out after 240 s waiting for generation 12 to resume")
+
+        @staticmethod
+        def finish(result, floor):
+            result.metrics = [Metric("total", [s["total_s"] for s in result.samples])]
+
+    result = _one(Scenario, None, 5, None, say=lambda line: None)
+    assert result.error == "TimeoutError: timed out after 240 s waiting for generation 12 to resume"
+    text = report.table([result])
+    assert "| 2 hand-off | FAILED: TimeoutError" in text
+    assert "| total | 1 | 21.00 |" in text

@@ -18,6 +18,8 @@ CTLD_LOG = """\
 [2026-11-30T18:28:44.641] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=2_[0-4%2] uid 0
 [2026-11-30T18:28:44.646] _slurm_rpc_kill_job: REQUEST_KILL_JOB JobId=1_1 uid 0
 [2026-11-30T18:28:44.774] sched: Allocate JobId=8_0(10) NodeList=node2 #CPUs=1 Partition=main
+[2026-11-30T18:28:58.111] Killing JobId=8_0(10) on failed node node2
+[2026-11-30T18:28:58.111] error: Nodes node2 not responding, setting DOWN
 a line without a stamp JobId=9_0(11) done
 """
 
@@ -42,6 +44,7 @@ def test_slurmctld_log_gives_task_starts_ends_and_cancels_to_the_millisecond():
         ("kill", "2", None),  # a pending range: the whole array
         ("kill", "1", 1),
         ("start", "8", 0),
+        ("end", "8", 0),  # NODE_FAIL: slurmctld gave up on the node
     ]
     assert events[2].time - events[0].time == pytest.approx(3.116)
 
