@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 from nvrx_appliance.image import qualification as q
-from nvrx_appliance.image.pins import build_settings, load
-from nvrx_appliance.image.probe import compose
+from tests.unit.images import cpu_manifest
 
 FIRST, SECOND = "101", "102"
 
@@ -101,17 +100,10 @@ def test_megatron_is_judged_from_its_own_loaded_checkpoint_line():
     assert q.verdict(checks) == "passed"
 
 
-def _manifest(**probed):
-    base = {"python": "3.11.2", "pytorch": "2.13.0+cpu", "nvrx": "0.7.0"}
-    return compose(
-        build_settings(load(), "cpu", "rootfs"), {**base, **probed}, protocol=1, built="t"
-    )
-
-
 def test_a_passed_record_vouches_only_for_the_same_combination():
     record = q.record(
         image="/images/x.sqsh",
-        manifest=_manifest(),
+        manifest=cpu_manifest(),
         checks=q.judge(_evidence()),
         cluster={},
         chain={},
@@ -120,11 +112,11 @@ def test_a_passed_record_vouches_only_for_the_same_combination():
         tool_version="0.1.0",
     )
     assert record["result"] == "passed"
-    assert q.matches(record, _manifest())
+    assert q.matches(record, cpu_manifest())
     # Rebuilt with another PyTorch: the same file name may hold another combination.
-    assert not q.matches(record, _manifest(pytorch="2.14.0+cpu"))
+    assert not q.matches(record, cpu_manifest(pytorch="2.14.0+cpu"))
     # A rebuild at another time is still the same combination.
-    assert q.matches(record, {**_manifest(), "built": "later"})
+    assert q.matches(record, {**cpu_manifest(), "built": "later"})
 
 
 def test_the_record_sits_next_to_the_image():
