@@ -3,8 +3,9 @@
 Submits the hand-off demo with the image through submit's own code, watches the
 evidence until the checks in qualification.py are decided (or the deadline passes),
 cancels what is left of the chain, and writes the qualification record next to the
-image and into the work directory. Submit and status read it back with
-load_qualification().
+image and into the work directory. Later submits judge the record next to the image
+(standing.py) and record the outcome in run.json; status shows it, and the work
+directory's record too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import click
 
 from nvrx_appliance import __version__, exitcodes
 from nvrx_appliance.image import qualification as q
+from nvrx_appliance.image import standing
 from nvrx_appliance.manifest import Layout, write_atomic
 from nvrx_appliance.slurm import cancel, resolve, slurmcli
 from nvrx_appliance.slurm import submit as submitting
@@ -37,15 +39,6 @@ DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluste
 def _fail(message: str) -> NoReturn:
     click.echo(f"nvrx-appliance qualify: {message}", err=True)
     sys.exit(exitcodes.USAGE)
-
-
-def load_qualification(image: str | Path, manifest: dict[str, Any]) -> dict[str, Any] | None:
-    """The passed qualification record next to the image for its combination, if any."""
-    try:
-        data = json.loads(q.record_path(image).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) and q.matches(data, manifest) else None
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -195,11 +188,12 @@ def qualify_command(deadline: float, **params: Any) -> None:
         for problem in exc.problems:
             click.echo(f"nvrx-appliance qualify: {problem}", err=True)
         sys.exit(exitcodes.USAGE)
-    image_manifest = plan.manifest.image
-    if not image_manifest:
+    if not plan.manifest.image:
         _fail(
             "--image: qualify needs an image file whose manifest it can record, not a registry reference"
         )
+    # The record holds the image's own manifest, not what submit thought of it.
+    image_manifest = standing.image_manifest(plan.manifest.image)
     spec, layout = plan.manifest.spec, plan.manifest.layout
     started = _now()
     try:

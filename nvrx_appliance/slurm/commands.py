@@ -127,6 +127,9 @@ def submit_command(
         sys.exit(exitcodes.USAGE)
     for warning in plan.warnings:
         click.echo(f"warning: {warning}", err=True)
+    if plan.image_note:
+        # stderr, so that --json and the dry run's script stay clean on stdout.
+        click.echo(plan.image_note, err=True)
     if dry_run:
         _print_dry_run(plan, as_json)
         return
@@ -145,6 +148,7 @@ def _print_dry_run(plan: submitting.Plan, as_json: bool) -> None:
             "script_path": str(plan.script_path),
             "script": plan.script,
             "warnings": list(plan.warnings),
+            "image_qualification": plan.image_standing and plan.image_standing.to_json(),
         }
         click.echo(json.dumps(doc, indent=2))
         return

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
 from nvrx_appliance.slurm import parse, slurmcli
 from nvrx_appliance.slurm.resolve import HOST_PYTHON_RUNTIMES
@@ -66,9 +67,19 @@ def _image(image: str) -> dict:
 
 def _image_manifest(path: Path) -> dict:
     try:
-        return {"image_manifest": read_image_manifest(path)}
+        manifest = read_image_manifest(path)
     except ImageError as exc:
         return {"image_error": str(exc)}
+    return {"image_manifest": manifest, "image_qualification": _record(path)}
+
+
+def _record(image: Path) -> object:
+    """The qualification record next to the image; None when absent or unreadable, which
+    submit reports the same way: nothing vouches for the image."""
+    try:
+        return json.loads(qualification.record_path(image).read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def _python(spec: ChainSpec) -> dict:
@@ -110,6 +121,7 @@ def _slurm(job_name: str, existing_chain: str, user: str) -> dict:
 
     return {
         "max_array_size": parse.max_array_size(config),
+        "cluster_name": str(config.get("ClusterName", "")),
         "name_in_use": live(job_name),
         "work_dir_chain": existing_chain,
         "work_dir_chain_live": live(existing_chain) if existing_chain else (),

@@ -16,7 +16,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.chain import Problem
+from nvrx_appliance.chain import ChainSpec, Problem
+from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.slurm import probe, render, slurmcli
 from nvrx_appliance.slurm.resolve import Resolved
@@ -42,6 +43,17 @@ class Plan:
     script_path: Path
     sbatch_args: list[str]  # per generation, before the script path
     warnings: tuple[str, ...]
+    image_standing: standing.Standing | None = None  # when the image file has a manifest
+
+    @property
+    def image_note(self) -> str:
+        """What to say about the image once per submit ("" when there is no image file)."""
+        image = self.manifest.image
+        if self.image_standing is None or image is None:
+            return ""
+        return standing.message(
+            self.manifest.spec.image, standing.image_manifest(image), self.image_standing
+        )
 
     @property
     def command_lines(self) -> list[list[str]]:
@@ -100,7 +112,9 @@ def plan(
     problems = judge(spec, facts, force=force)
     if problems:
         raise Refused(problems)
-    manifest = run_manifest.build(spec, created=now_iso(), user=user, image=facts.image_manifest)
+    found = _standing(spec, facts)
+    image = None if found is None else {**facts.image_manifest, standing.KEY: found.to_json()}
+    manifest = run_manifest.build(spec, created=now_iso(), user=user, image=image)
     script = render.render(
         manifest, template=template_text(), teardown_py=teardown_source(), extra=extra
     )
@@ -110,6 +124,19 @@ def plan(
         script_path=manifest.layout.sbatch(spec.job_name),
         sbatch_args=render.sbatch_args(manifest, extra),
         warnings=tuple(warnings),
+        image_standing=found,
+    )
+
+
+def _standing(spec: ChainSpec, facts: Facts) -> standing.Standing | None:
+    """The image's standing; None without an image file (bare metal, a registry image)."""
+    if facts.image_manifest is None:
+        return None
+    return standing.assess(
+        facts.image_manifest,
+        facts.image_qualification,
+        record_path=str(qualification.record_path(Path(spec.image).resolve())),
+        cluster=facts.cluster_name,
     )
 
 

@@ -37,10 +37,12 @@ class Facts:
     work_dir_error: str | None = None  # why it cannot be created or written
     image_error: str | None = None  # file missing, unreadable, or not an appliance image
     image_manifest: dict[str, Any] | None = None
+    image_qualification: Any = None  # the record next to the image, as decoded, if any
     megatron_has_pretrain: bool | None = None
     python_error: str | None = None  # the host Python the nodes run cannot start the entrypoint
     slurm_error: str | None = None  # Slurm unreachable
     max_array_size: int | None = None
+    cluster_name: str = ""  # Slurm's ClusterName ("" when not asked)
     name_in_use: tuple[str, ...] = field(default_factory=tuple)  # job ids holding the name
     # The chain whose run.json is already in the work dir, and its live job ids.
     work_dir_chain: str = ""
