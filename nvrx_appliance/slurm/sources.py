@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.image import qualification
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import parse, slurmcli
 from nvrx_appliance.slurm.status import ChainView, assemble
@@ -119,6 +120,14 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _json(path: Path) -> Any:
+    """A whole JSON file; None when absent or unreadable (a record being replaced)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _cycles(layout: Layout, array_job_ids: list[str]) -> dict[str, list]:
     found: dict[str, list] = {}
     for array_job_id in array_job_ids:
@@ -179,5 +188,6 @@ def read_chain(work_dir: Path, *, user: str) -> ChainView:
         cycles=_cycles(layout, sorted(ids)),
         checkpoint_now=parse_iteration(_read(layout.tracker)),
         chain_marker=layout.chain_marker.exists(),
+        qualify_record=_json(layout.work_dir / qualification.WORK_DIR_RECORD),
         blind=blind,
     )

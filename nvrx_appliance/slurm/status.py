@@ -1,9 +1,11 @@
 """`nvrx-appliance status`: the chain at a glance, assembled from what was read. Pure.
 
 Inputs: Slurm's view (squeue for live tasks, sacct for every task since the chain was
-submitted), run.json, the ledger task 0's teardown appends, the NVRx cycle-info files of
-each generation, and the checkpoint tracker. A source that could not be read is passed
-as None and named in `blind`; the rest of the picture is still assembled.
+submitted), run.json (with the image's manifest and the qualification standing submit
+found for it), the ledger task 0's teardown appends, the NVRx cycle-info files of each
+generation, the checkpoint tracker, and the work dir's qualification record when the
+chain was a qualify run. A source that could not be read is passed as None and named in
+`blind`; the rest of the picture is still assembled.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.slurm.parse import AcctRow, QueueRow
 from nvrx_appliance.watch.types import Cycle
 
 LIVE = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
 QUEUED = frozenset({"PENDING", "REQUEUED"})
+IMAGE_FILE, REGISTRY, BARE_METAL = "image file", "registry image", "bare metal"
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,32 @@ class GenerationView:
 
 
 @dataclass(frozen=True)
+class ImageView:
+    kind: str  # image file, registry image, bare metal
+    name: str  # the file name or the registry reference; "" on bare metal
+    versions: dict[str, str]  # from the image's manifest: NVRx, Megatron-LM, PyTorch, ...
+    qualification: str  # passed, failed, none; unknown when submit recorded none
+    qualified_on: str = ""
+    qualified_cluster: str = ""
+    why: str = ""
+
+
+def bare_metal() -> ImageView:
+    return ImageView(BARE_METAL, "", {}, qualification="none", why="no image")
+
+
+@dataclass(frozen=True)
+class QualifyRunView:
+    """<work>/qualification.json: this chain was a qualify run, and what it found."""
+
+    result: str  # passed, failed, pending
+    image: str
+    finished: str
+    cluster: str
+    checks: tuple[qualification.Check, ...]
+
+
+@dataclass(frozen=True)
 class ChainView:
     job_name: str
     user: str
@@ -57,6 +87,8 @@ class ChainView:
     generations: tuple[GenerationView, ...]
     queued: tuple[str, ...]  # generations not started yet, oldest first
     chain_marker: bool
+    image: ImageView = field(default_factory=bare_metal)
+    qualify_run: QualifyRunView | None = None
     blind: tuple[str, ...] = field(default_factory=tuple)  # sources that could not be read
 
     def to_json(self) -> dict[str, Any]:
@@ -121,6 +153,50 @@ def _cycles(cycles: Sequence[Cycle]) -> tuple[CycleView, ...]:
     )
 
 
+def image_view(manifest: dict[str, Any]) -> ImageView:
+    """The image a chain runs, from run.json alone: what submit saw is what ran."""
+    name = str(manifest["spec"].get("image") or "")
+    recorded = manifest.get("image")
+    if not name:
+        return bare_metal()
+    if not isinstance(recorded, dict):
+        # A registry reference: no manifest to read, so nothing a record could vouch for.
+        return ImageView(REGISTRY, name, {}, qualification="none", why="a registry image")
+    found = recorded.get(standing.KEY)
+    versions = standing.versions(standing.image_manifest(recorded))
+    file_name = name.rsplit("/", 1)[-1]
+    if not isinstance(found, dict):
+        why = "submitted by an nvrx-appliance that did not record it"
+        return ImageView(IMAGE_FILE, file_name, versions, qualification="unknown", why=why)
+    return ImageView(
+        IMAGE_FILE,
+        file_name,
+        versions,
+        qualification=str(found.get("status", "unknown")),
+        qualified_on=str(found.get("date", "")),
+        qualified_cluster=str(found.get("cluster", "")),
+        why=str(found.get("why", "")),
+    )
+
+
+def qualify_run_view(record: Any) -> QualifyRunView | None:
+    if not isinstance(record, dict) or record.get("schema") != qualification.SCHEMA:
+        return None
+    cluster = record.get("cluster") if isinstance(record.get("cluster"), dict) else {}
+    checks = tuple(
+        qualification.Check(str(c.get("name")), c.get("passed"), str(c.get("detail", "")))
+        for c in record.get("checks") or ()
+        if isinstance(c, dict)
+    )
+    return QualifyRunView(
+        result=str(record.get("result", "")),
+        image=str(record.get("image", "")),
+        finished=str(record.get("finished", "")),
+        cluster=str(cluster.get("cluster_name", standing.UNKNOWN_CLUSTER)),
+        checks=checks,
+    )
+
+
 def assemble(
     *,
     manifest: dict[str, Any],
@@ -130,6 +206,7 @@ def assemble(
     cycles: dict[str, Sequence[Cycle]],
     checkpoint_now: int | None,
     chain_marker: bool,
+    qualify_record: Any = None,
     blind: Sequence[str] = (),
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
@@ -174,5 +251,7 @@ def assemble(
         generations=tuple(generations),
         queued=tuple(g.array_job_id for g in generations if g.state == "queued"),
         chain_marker=chain_marker,
+        image=image_view(manifest),
+        qualify_run=qualify_run_view(qualify_record),
         blind=tuple(blind),
     )

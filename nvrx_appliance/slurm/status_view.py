@@ -8,7 +8,13 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from nvrx_appliance.slurm.status import ChainView, GenerationView
+from nvrx_appliance.slurm.status import (
+    BARE_METAL,
+    ChainView,
+    GenerationView,
+    ImageView,
+    QualifyRunView,
+)
 
 _ACTIONS = {
     "released_spares": "released spares",
@@ -73,6 +79,45 @@ def cycles_table(view: ChainView) -> Table:
     return table
 
 
+_VERSIONS_SHOWN = ("NVRx", "Megatron-LM", "PyTorch")
+_CHECK_MARKS = {True: "ok", False: "FAIL", None: "pending"}
+
+
+def _qualification(image: ImageView) -> tuple[str, str]:
+    """(text, style): quiet when a record vouches for the image, loud otherwise."""
+    if image.qualification == "passed":
+        return f"passed on {image.qualified_on} on cluster {image.qualified_cluster}", "green"
+    if image.qualification == "failed":
+        failed = f"FAILED on {image.qualified_on} on cluster {image.qualified_cluster}"
+        return f"{failed} ({image.why})", "bold red"
+    return f"not qualified ({image.why})", "bold yellow"
+
+
+def image_line(image: ImageView) -> Text:
+    if image.kind == BARE_METAL:
+        return Text("image: bare metal (no image)")
+    versions = ", ".join(f"{k} {image.versions[k]}" for k in _VERSIONS_SHOWN if k in image.versions)
+    text, style = _qualification(image)
+    return Text.assemble(
+        f"image: {image.name}" + (f" ({versions})" if versions else ""),
+        "   qualification at submit: ",
+        (text, style),
+    )
+
+
+def qualify_run_table(run: QualifyRunView) -> Table:
+    title = (
+        f"this chain's qualification run: {run.result}, "
+        f"finished {run.finished or '-'} on cluster {run.cluster}"
+    )
+    table = Table(title=title, title_justify="left")
+    for column in ("check", "result", "detail"):
+        table.add_column(column)
+    for check in run.checks:
+        table.add_row(check.name, _CHECK_MARKS.get(check.passed, "?"), check.detail)
+    return table
+
+
 def render(view: ChainView) -> Group:
     head = Text.assemble(
         (f"chain {view.job_name}", "bold"),
@@ -81,7 +126,9 @@ def render(view: ChainView) -> Group:
         f"queued generations: {', '.join(view.queued) or 'none'}   ",
         f"chain marker: {'present' if view.chain_marker else 'absent'}",
     )
-    parts: list = [head, generations_table(view)]
+    parts: list = [head, image_line(view.image), generations_table(view)]
+    if view.qualify_run is not None:
+        parts.append(qualify_run_table(view.qualify_run))
     if any(g.cycles for g in view.generations):
         parts.append(cycles_table(view))
     for source in view.blind:

@@ -7,8 +7,11 @@ from pathlib import Path
 from click.testing import CliRunner
 from rich.console import Console
 
+from nvrx_appliance.image import qualification as q
+from nvrx_appliance.image import standing
 from nvrx_appliance.slurm import parse, status, status_view
 from nvrx_appliance.watch.parsing import cycle_info
+from tests.unit.images import cpu_manifest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
 WORK = "/shared/run"
@@ -136,3 +139,122 @@ def test_status_of_a_work_dir_without_a_chain_says_so(tmp_path):
     result = CliRunner().invoke(cli, ["status", "x", "--work-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "holds no nvrx-appliance chain" in result.output
+
+
+# --- the image and its qualification -------------------------------------------------------
+
+IMAGE = "/images/appliance.sqsh"
+PASSED = {"status": "passed", "record": IMAGE + ".qualification.json",
+          "date": "2026-12-01T09:30:00Z", "cluster": "alps", "why": ""}  # fmt: skip
+
+
+def _image_manifest(standing_json=None):
+    image = {**cpu_manifest(), standing.KEY: standing_json} if standing_json else cpu_manifest()
+    return {**MANIFEST, "spec": {**MANIFEST["spec"], "image": IMAGE}, "image": image}
+
+
+def _image_view(manifest, qualify_record=None):
+    return status.assemble(
+        manifest=manifest,
+        queue=[],
+        acct=[],
+        ledger=[],
+        cycles={},
+        checkpoint_now=None,
+        chain_marker=False,
+        qualify_record=qualify_record,
+    )
+
+
+def test_a_bare_metal_chain_says_it_runs_no_image():
+    view = _view()
+    assert view.image.kind == "bare metal"
+    assert "image: bare metal (no image)" in _rendered(view)
+    assert json.loads(json.dumps(view.to_json()))["image"]["kind"] == "bare metal"
+
+
+def test_an_image_shows_its_versions_and_when_and_where_it_was_qualified():
+    view = _image_view(_image_manifest(PASSED))
+    text = _rendered(view)
+    assert "image: appliance.sqsh (NVRx 0.7.0, Megatron-LM unknown, PyTorch 2.13.0+cpu)" in text
+    assert "qualification at submit: passed on 2026-12-01T09:30:00Z on cluster alps" in text
+    doc = json.loads(json.dumps(view.to_json()))["image"]
+    assert doc["versions"]["PyTorch"] == "2.13.0+cpu"
+    assert (doc["qualification"], doc["qualified_on"], doc["qualified_cluster"]) == (
+        "passed", "2026-12-01T09:30:00Z", "alps",
+    )  # fmt: skip
+
+
+def test_an_image_nothing_vouched_for_at_submit_says_not_qualified_and_why():
+    none = {"status": "none", "record": "r", "date": "", "cluster": "", "why": "none at r"}
+    assert "qualification at submit: not qualified (none at r)" in _rendered(
+        _image_view(_image_manifest(none))
+    )
+    # A run.json from before submit recorded the standing does not claim either way.
+    view = _image_view(_image_manifest())
+    assert view.image.qualification == "unknown"
+    assert "not qualified (submitted by an nvrx-appliance that did not record it)" in (
+        _rendered(view)
+    )
+
+
+def test_a_registry_image_has_no_manifest_to_qualify():
+    manifest = {
+        **MANIFEST,
+        "spec": {**MANIFEST["spec"], "image": "nvcr.io#nvidia/pytorch:25.01-py3"},
+    }
+    text = _rendered(_image_view(manifest))
+    assert (
+        "image: nvcr.io#nvidia/pytorch:25.01-py3   qualification at submit: not qualified" in text
+    )
+
+
+def _qualify_record(checks):
+    return q.record(
+        image=IMAGE, manifest=cpu_manifest(), checks=checks, cluster={"cluster_name": "alps"},
+        chain={}, started="s", finished="2026-12-01T09:30:00Z", tool_version="0.1.0",
+    )  # fmt: skip
+
+
+def test_a_qualify_runs_own_record_is_shown_check_by_check():
+    checks = [
+        q.Check(q.CHECKPOINT_BEFORE_FAULT, True, "lost task 0 after checkpoint iteration 10"),
+        q.Check(q.RESUMED_EXACTLY, False, "generation 102 resumed at 5, not 10"),
+        q.Check(q.TRAINING_WENT_ON, None, "waiting for the checks before it"),
+    ]
+    view = _image_view(_image_manifest(PASSED), _qualify_record(checks))
+    text = _rendered(view)
+    assert (
+        "this chain's qualification run: failed, finished 2026-12-01T09:30:00Z on cluster alps"
+        in text
+    )
+    assert "FAIL" in text and "generation 102 resumed at 5, not 10" in text
+    doc = json.loads(json.dumps(view.to_json()))["qualify_run"]
+    assert [c["passed"] for c in doc["checks"]] == [True, False, None]
+    assert _image_view(_image_manifest(PASSED)).qualify_run is None
+
+
+def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_record(tmp_path):
+    from nvrx_appliance import manifest as run_manifest
+    from nvrx_appliance.chain import ChainSpec
+    from nvrx_appliance.cli import cli
+
+    spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", image=IMAGE, runtime="pyxis",
+                     job_name="qual")  # fmt: skip
+    image = {**cpu_manifest(), standing.KEY: PASSED}
+    run_manifest.save(
+        run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="a", image=image)
+    )
+    checks = [q.Check(name, True, "seen") for name in (q.CHECKPOINT_BEFORE_FAULT,
+              q.RESUMED_EXACTLY, q.TRAINING_WENT_ON)]  # fmt: skip
+    (tmp_path / q.WORK_DIR_RECORD).write_text(json.dumps(_qualify_record(checks)))
+    env = {"SLURM_CONF": str(tmp_path / "none.conf")}  # no Slurm: status is blind, not dead
+    result = CliRunner().invoke(
+        cli, ["status", "qual", "--work-dir", str(tmp_path), "--json"], env=env
+    )
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["image"]["name"] == "appliance.sqsh"
+    assert doc["image"]["qualification"] == "passed"
+    assert doc["qualify_run"]["result"] == "passed"
+    assert doc["blind"]  # squeue and sacct are named as unread
