@@ -100,3 +100,14 @@ def test_qualify_runs_the_hand_off_in_container_mode_and_records_the_result(
     )
     assert start["iteration"] == handed["checkpoint_iteration"] > 0
     assert start["host"] in cluster.nodes
+
+    # The record now vouches for this image on this cluster: a later submit says so in one
+    # line and raises no warning (issue 6: the image meets submit).
+    later = subprocess.run(
+        [CLI, "submit", "--dry-run", *FAST, "--runtime", "bwrap-standin", "--image",
+         str(cpu_image), "--work-dir", str(cluster.workdir("qualified-later")),
+         "--train-tasks", "1", "--hot-spares", "1"],
+        env=cluster.env(), capture_output=True, text=True,
+    )  # fmt: skip
+    assert later.returncode == 0, later.stderr
+    assert "qualified on" in later.stderr and "WARNING" not in later.stderr, later.stderr
