@@ -15,13 +15,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvrx_appliance import workload_args
+
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).
 RUNTIMES = ("pyxis", "apptainer", "bare", "bwrap-standin")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "bwrap-standin")
-MODES = ("no-restart", "handoff", "train")
-WORKLOADS = ("megatron", "cpu")
-PROFILES = ("small", "8b")
+# train is the default: a real run. The two demo modes switch the fault injectors on.
+MODES = ("train", "no-restart", "handoff")
+DEMO_MODES = ("no-restart", "handoff")
+WORKLOADS = ("megatron", "cpu", "script")
+# small and 8b are demo presets on mock data; none passes only the user's arguments.
+PROFILES = ("small", "8b", "none")
 FAULT_TYPES = ("exception", "exit", "hang")
 
 
@@ -80,11 +85,39 @@ class ChainSpec:
         "MEGATRON_PATH",
     )
     # --- what it runs ------------------------------------------------------------------
-    mode: str = _opt("no-restart", "Demo mode: no-restart, handoff, or train.", "NVRX_MODE")
-    workload: str = _opt(
-        "megatron", "megatron (GPUs) or cpu (built-in PyTorch trainer).", "NVRX_WORKLOAD"
+    mode: str = _opt(
+        "train",
+        "train (no injected faults), or a demo: no-restart or handoff (they inject faults).",
+        "NVRX_MODE",
     )
-    profile: str = _opt("small", "Model profile: small or 8b.", "NVRX_MODEL_PROFILE")
+    workload: str = _opt(
+        "megatron",
+        "megatron (pretrain_gpt.py), script (your own PyTorch script), or cpu (built-in trainer).",
+        "NVRX_WORKLOAD",
+    )
+    profile: str = _opt(
+        "",
+        "Megatron preset: small or 8b (demo models on mock data), or none (only your "
+        "--megatron-args). Empty: none when --megatron-args is given, else small.",
+        "NVRX_MODEL_PROFILE",
+    )
+    # _opt gives list settings a default_factory, which RUF009 cannot see.
+    megatron_args: list[str] = _opt(  # noqa: RUF009
+        [],
+        "File of your pretrain_gpt.py arguments, one argument or '--flag value' per line, "
+        "# comments; they follow the preset's, so they override it.",
+        "NVRX_MEGATRON_ARGS",
+    )
+    script: str = _opt(
+        "",
+        "--workload script: your training script's path (inside the image, or on every node).",
+        "NVRX_SCRIPT",
+    )
+    script_args: list[str] = _opt(  # noqa: RUF009
+        [],
+        "File of your script's arguments, in the --megatron-args file format.",
+        "NVRX_SCRIPT_ARGS",
+    )
     micro_batch: int = _opt(1, "Micro batch size per rank.", "NVRX_MICRO_BATCH")
     global_batch: int = _opt(
         0, "Global batch size (0: micro batch x data-parallel size).", "NVRX_GLOBAL_BATCH"
@@ -144,7 +177,9 @@ class ChainSpec:
     )
     # --- fault injection -----------------------------------------------------------------
     fault_inject: bool = _opt(
-        True, "Inject a workload fault (no-restart and handoff modes).", "NVRX_FAULT_INJECT"
+        True,
+        "Demo modes: inject a workload fault (train mode never injects).",
+        "NVRX_FAULT_INJECT",
     )
     fault_ranks: str = _opt(
         "1", "Global ranks a workload fault may hit (comma list).", "NVRX_FAULT_RANKS"
@@ -228,6 +263,18 @@ _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
 _GPU_FAILURE = re.compile(r"^\d+:\d+(,\d+:\d+)*$")
 
 
+def effective_profile(spec: ChainSpec) -> str:
+    """An unset profile is none when the user brought arguments, else the small demo."""
+    if spec.profile:
+        return spec.profile
+    return "none" if spec.megatron_args else "small"
+
+
+def faults_active(spec: ChainSpec) -> bool:
+    """Only a demo mode ever injects a workload fault, and only when asked to."""
+    return spec.mode in DEMO_MODES and spec.fault_inject
+
+
 def effective_runtime(spec: ChainSpec) -> str:
     if spec.runtime:
         return spec.runtime
@@ -309,17 +356,18 @@ def check(spec: ChainSpec) -> list[Problem]:
         bad("mode", f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.workload not in WORKLOADS:
         bad("workload", f"unknown workload {spec.workload!r}; choose one of {', '.join(WORKLOADS)}")
-    if spec.profile not in PROFILES:
+    if spec.profile and spec.profile not in PROFILES:
         bad("profile", f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
+    problems += _workload_problems(spec)
     if spec.segment not in ("auto", "off") and not (
         spec.segment.isdigit() and int(spec.segment) >= 1
     ):
         bad("segment", f"{spec.segment!r} is not auto, off, or a node count >= 1")
     types = [t for t in spec.fault_types.split(",") if t]
-    if spec.fault_inject and (not types or any(t not in FAULT_TYPES for t in types)):
+    if faults_active(spec) and (not types or any(t not in FAULT_TYPES for t in types)):
         bad("fault_types", f"{spec.fault_types!r}: use a comma list of {', '.join(FAULT_TYPES)}")
     ranks = [r for r in spec.fault_ranks.split(",") if r]
-    if spec.fault_inject and (not ranks or not all(r.isdigit() for r in ranks)):
+    if faults_active(spec) and (not ranks or not all(r.isdigit() for r in ranks)):
         bad("fault_ranks", f"{spec.fault_ranks!r}: use a comma list of global rank numbers")
     if spec.fault_delay < 0:
         bad("fault_delay", "cannot be negative")
@@ -354,6 +402,71 @@ def check(spec: ChainSpec) -> list[Problem]:
             f"NVRx needs the minimum world of {shape.min_nodes} nodes to be a multiple of "
             f"the segment {spec.segment}; pick a segment that divides it, or auto",
         )
+    return problems
+
+
+def _workload_problems(spec: ChainSpec) -> list[Problem]:
+    """The user's own arguments and script: where they belong and what they may not say."""
+    problems: list[Problem] = []
+
+    def bad(name: str, message: str) -> None:
+        problems.append(Problem(flag(name), message))
+
+    if spec.megatron_args and spec.workload != "megatron":
+        bad("megatron_args", f"applies to --workload megatron, not {spec.workload}")
+    if spec.script_args and spec.workload != "script":
+        bad("script_args", f"applies to --workload script, not {spec.workload}; use --script")
+    if spec.script and spec.workload != "script":
+        bad("script", f"applies to --workload script, not {spec.workload}")
+    if spec.workload == "script":
+        if not spec.script:
+            bad("script", "--workload script needs your script: pass --script /path/train.py")
+        elif not spec.script.startswith("/"):
+            bad("script", f"{spec.script!r} must be an absolute path, the same on every node")
+        if faults_active(spec):
+            bad(
+                "fault_inject",
+                f"a script workload injects no faults of its own, so --mode {spec.mode} "
+                "cannot make it fail; pass --no-fault-inject (a handoff demo still fails "
+                "task 0's node through NVRx's GPU-failure injector)",
+            )
+    if spec.workload == "megatron":
+        problems += _megatron_problems(spec)
+    return problems
+
+
+def _megatron_problems(spec: ChainSpec) -> list[Problem]:
+    option = flag("megatron_args")
+    problems = [
+        Problem(option, f"{user} is set by {owner}; remove it from your arguments")
+        if owner.startswith("the ")
+        else Problem(option, f"{user} conflicts with {owner}; remove it and set {owner} instead")
+        for user, owner in workload_args.owned_conflicts(spec.megatron_args)
+    ]
+    if effective_profile(spec) == "none" and not spec.megatron_args:
+        problems.append(
+            Problem(
+                flag("profile"),
+                "none passes only your arguments, and there are none: pass --megatron-args "
+                "FILE, or a demo preset (--profile small)",
+            )
+        )
+    if "--train-iters" in workload_args.flags_in(spec.megatron_args) and spec.train_samples:
+        problems.append(
+            Problem(
+                option,
+                "--train-iters conflicts with --train-samples; Megatron takes one of them",
+            )
+        )
+    for arg in workload_args.path_args(spec.megatron_args):
+        if not arg.path.startswith("/"):
+            problems.append(
+                Problem(
+                    option,
+                    f"{arg.flag} {arg.path}: use an absolute path (the workload does not run in "
+                    "the directory you submit from)",
+                )
+            )
     return problems
 
 

@@ -20,7 +20,8 @@ from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
 from nvrx_appliance.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
 
 SCHEMA = "nvrx-appliance/run"
-VERSION = 1
+# 2: the workload's program argv, computed once at submit, is in run.json.
+VERSION = 2
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx reads it too
 
 
@@ -100,6 +101,9 @@ class Manifest:
     user: str
     tool_version: str = __version__
     protocol: int = ENTRYPOINT_PROTOCOL
+    # What ft_launcher runs on every rank after the interpreter (submit computes it with
+    # entrypoints.workloads.program_argv; the entrypoint only reads it).
+    workload: tuple[str, ...] = ()
 
     @property
     def layout(self) -> Layout:
@@ -116,6 +120,7 @@ class Manifest:
             "spec": to_dict(self.spec),
             "shape": asdict(self.shape),
             "image": self.image,
+            "workload": list(self.workload),
         }
 
 
@@ -153,6 +158,9 @@ def parse(data: Any) -> Manifest:
         )
     if not spec.work_dir:
         raise ManifestError("run manifest has no work_dir")
+    workload = data.get("workload")
+    if not isinstance(workload, list) or not all(isinstance(w, str) for w in workload):
+        raise ManifestError("run manifest workload is not a list of arguments; resubmit")
     return Manifest(
         spec=spec,
         shape=shape,
@@ -161,6 +169,7 @@ def parse(data: Any) -> Manifest:
         user=str(data.get("user", "")),
         tool_version=str(data.get("tool_version", "")),
         protocol=data["protocol"],
+        workload=tuple(workload),
     )
 
 

@@ -25,6 +25,19 @@ TE_SM_MARGIN = "16"
 LAUNCHER_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
 
 
+def contract(manifest: Manifest) -> dict[str, str]:
+    """What every workload is told about where it runs (docs/workload-contract.md)."""
+    spec, layout = manifest.spec, manifest.layout
+    return {
+        "NVRX_APPLIANCE_WORK_DIR": str(layout.work_dir),
+        "NVRX_APPLIANCE_CHECKPOINT_DIR": str(layout.checkpoints),
+        "NVRX_APPLIANCE_TRACKER": str(layout.tracker),
+        "NVRX_APPLIANCE_SAVE_INTERVAL": str(spec.save_interval),
+        "NVRX_APPLIANCE_PROGRESS_LOG": str(layout.progress_log),
+        "NVRX_APPLIANCE_MODE": spec.mode,
+    }
+
+
 @dataclass(frozen=True)
 class EnvPlan:
     set: dict[str, str]
@@ -59,6 +72,7 @@ def plan(manifest: Manifest, node: Node, inherited: Mapping[str, str]) -> EnvPla
         "NVRX_LOG_DEBUG": "1" if spec.log_debug else "0",
         "TORCHELASTIC_SIGNALS_TO_HANDLE": LAUNCHER_SIGNALS,
         "NVRX_RUN_MANIFEST": str(manifest.layout.run_json),
+        **contract(manifest),
     }
     unset: list[str] = []
     if spec.gpus_per_numa:

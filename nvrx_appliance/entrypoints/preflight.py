@@ -17,7 +17,7 @@ from nvrx_appliance import exitcodes
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.entrypoints import control, detect, launch, probe
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
-from nvrx_appliance.entrypoints.workloads import cpu, megatron
+from nvrx_appliance.entrypoints.workloads import workload_argv as run_argv
 
 
 class Refused(Exception):
@@ -50,11 +50,14 @@ def load(manifest_path: Path | None) -> run_manifest.Manifest:
     return manifest
 
 
-WORKLOADS = {"cpu": cpu.workload_argv, "megatron": megatron.workload_argv}
-
-
 def workload_argv(manifest: run_manifest.Manifest) -> list[str]:
-    return list(WORKLOADS[manifest.spec.workload](manifest))
+    """This node's interpreter, then the program argv submit recorded in run.json."""
+    if not manifest.workload:
+        raise Refused(
+            exitcodes.MANIFEST_INVALID,
+            f"run manifest {manifest.layout.run_json} names no workload to run; resubmit",
+        )
+    return run_argv(manifest.workload)
 
 
 def find_ft_launcher() -> list[str]:

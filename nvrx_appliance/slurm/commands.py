@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.live import Live
 
 from nvrx_appliance import exitcodes
-from nvrx_appliance.chain import derive, spec_fields
+from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import spec_flags, spec_options
@@ -144,6 +144,8 @@ def submit_command(
 def _print_dry_run(plan: submitting.Plan, as_json: bool) -> None:
     if as_json:
         doc = {
+            "mode": plan.manifest.spec.mode,
+            "workload": list(plan.manifest.workload),
             "commands": plan.command_lines,
             "script_path": str(plan.script_path),
             "script": plan.script,
@@ -153,10 +155,19 @@ def _print_dry_run(plan: submitting.Plan, as_json: bool) -> None:
         click.echo(json.dumps(doc, indent=2))
         return
     click.echo("# dry run: nothing was written or submitted")
+    click.echo(f"# mode: {_mode_line(plan.manifest.spec)}")
+    click.echo(f"# workload ({plan.manifest.spec.workload}), after the interpreter, on every rank:")
+    click.echo("#   " + shlex.join(plan.manifest.workload))
     for argv in plan.command_lines:
         click.echo(shlex.join(argv))
     click.echo(f"# ---- {plan.script_path} ----")
     click.echo(plan.script, nl=False)
+
+
+def _mode_line(spec: ChainSpec) -> str:
+    if spec.mode == "train":
+        return "train (no injected faults)"
+    return f"{spec.mode} demo ({'injects faults' if faults_active(spec) else 'no workload fault'})"
 
 
 def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
@@ -168,6 +179,7 @@ def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
         f"Queued chain {spec.job_name!r}: {spec.depth} generation(s) of array {shape.array_spec} "
         f"({spec.train_tasks} training + {spec.hot_spares} hot + {spec.cold_spares} cold spare tasks)"
     )
+    click.echo(f"  mode:     {_mode_line(spec)}")
     click.echo(f"  jobs:     {' '.join(done.job_ids)}")
     click.echo(f"  work dir: {spec.work_dir}")
     click.echo(f"  follow:   nvrx-appliance status {done.job_ids[0]}")

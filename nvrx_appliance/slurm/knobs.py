@@ -32,11 +32,15 @@ else the `--config FILE.toml` key (the setting's name, `train_tasks = 4` or
 every resolved value and where it came from. Two settings tell unset from empty, as in
 the seeds: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
 value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the seeds'
-`NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`.
+`NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`. The arguments settings
+(`--megatron-args`, `--script-args`) name a file on the flag and in the environment; in
+the config file they are a TOML list of arguments, or a string naming such a file.
 """
 
 
 def _default(field: dataclasses.Field) -> str:
+    if field.default_factory is not dataclasses.MISSING:
+        return "none"
     value = field.default
     if value is None:
         return "unset"
@@ -51,6 +55,8 @@ def _flag(field: dataclasses.Field) -> str:
     name = flag(field.name)
     if str(field.type) == "bool":
         return f"`{name}` / `--no-{name[2:]}`"
+    if str(field.type) == "list[str]":
+        return f"`{name}` FILE"
     return f"`{name}`"
 
 

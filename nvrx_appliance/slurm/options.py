@@ -27,14 +27,19 @@ _CHOICES = {"runtime": RUNTIMES, "mode": MODES, "workload": WORKLOADS, "profile"
 _TYPES = {"int": click.INT, "float": click.FLOAT}
 
 
+def shown_default(field: dataclasses.Field) -> str:
+    """A setting's default as help and docs show it."""
+    if field.default_factory is not dataclasses.MISSING:
+        return "none" if not field.default_factory() else str(field.default_factory())
+    default = field.default
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    return {None: "unset", "": "empty"}.get(default, str(default))
+
+
 def _help(field: dataclasses.Field) -> str:
     meta = field.metadata
-    default = field.default if field.default is not dataclasses.MISSING else None
-    shown = (
-        {None: "unset", "": "empty"}.get(default, default)
-        if not isinstance(default, bool)
-        else ("on" if default else "off")
-    )
+    shown = shown_default(field)
     parts = [meta["help"], f"[default: {shown}"]
     if meta.get("env"):
         parts[-1] += f"; env: {meta['env']}"
@@ -50,10 +55,15 @@ def _option(field: dataclasses.Field) -> Callable[[Any], Any]:
     if kind == "bool":
         long = flag(name)[2:]
         return click.option(f"--{long}/--no-{long}", name, default=None, help=_help(field))
-    if name in _CHOICES:
-        kind_type: Any = click.Choice(_CHOICES[name])
-    else:
-        kind_type = _TYPES.get(kind, click.STRING)
+    if kind == "list[str]":
+        # The flag names an arguments file; resolve.py reads it.
+        return click.option(
+            flag(name), name, type=click.Path(dir_okay=False), default=None, metavar="FILE",
+            help=_help(field),
+        )  # fmt: skip
+    kind_type: Any = (
+        click.Choice(_CHOICES[name]) if name in _CHOICES else _TYPES.get(kind, click.STRING)
+    )
     return click.option(flag(name), name, type=kind_type, default=None, help=_help(field))
 
 

@@ -14,7 +14,7 @@ from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
 from nvrx_appliance.slurm import parse, slurmcli
 from nvrx_appliance.slurm.resolve import HOST_PYTHON_RUNTIMES
-from nvrx_appliance.slurm.validate import Facts, is_image_file
+from nvrx_appliance.slurm.validate import Facts, host_checks, is_image_file
 
 # A name still held by one of these states would have its generations cancelled by ours.
 LIVE_STATES = frozenset(
@@ -28,6 +28,9 @@ def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
         **_image(spec.image),
         **_python(spec),
         "megatron_has_pretrain": (Path(spec.megatron_path) / "pretrain_gpt.py").is_file(),
+        "host_paths": {
+            path: os.path.exists(path) for check in host_checks(spec) for path in check.required
+        },
     }
     if with_slurm:
         facts.update(_slurm(spec.job_name, _existing_chain(spec.work_dir), user))

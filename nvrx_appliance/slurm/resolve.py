@@ -1,8 +1,9 @@
 """One ChainSpec from flags > environment > config file > defaults, with each value's origin.
 
-Pure: the caller hands in the flags click parsed, a copy of the environment, the text of
-the config file and the few defaults that depend on where submit runs (its current
-directory and its Python). Every value remembers where it came from, so
+Pure but for one injected reader: the caller hands in the flags click parsed, a copy of
+the environment, the text of the config file, the few defaults that depend on where
+submit runs (its current directory and its Python), and how to read the arguments files
+that --megatron-args and --script-args name. Every value remembers where it came from, so
 `submit --print-config` can answer "why is this 8?" without guessing.
 
 Unset versus empty matters for two settings, as in the seeds: `mounts` and
@@ -14,8 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 try:
@@ -23,7 +25,8 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from nvrx_appliance.chain import ChainSpec, effective_runtime, flag, spec_fields
+from nvrx_appliance import workload_args
+from nvrx_appliance.chain import ChainSpec, effective_profile, effective_runtime, flag, spec_fields
 
 # The seeds' environment names that do not map one to one onto a field.
 # NVRX_NO_RESTART_DEMO=1 is the seeds' default demo, =0 their hand-off demo.
@@ -42,7 +45,14 @@ _KIND_WORDS = {
     "bool": "true or false",
     "str": "a string",
     "optional": "a string",
+    "list[str]": "a list of strings (or the path of an arguments file)",
 }
+# Reads an arguments file (--megatron-args, --script-args); tests hand in their own.
+ReadFile = Callable[[str], str]
+
+
+def read_text(path: str) -> str:
+    return Path(path).read_text(encoding="utf-8")
 
 
 class SettingError(ValueError):
@@ -64,9 +74,27 @@ def env_name(field: dataclasses.Field) -> str | None:
     return field.metadata.get("env")
 
 
-def from_text(field: dataclasses.Field, text: str, source: str) -> Any:
-    """An environment variable's text as the field's type."""
+def args_from_file(path: str, source: str, read_file: ReadFile) -> list[str]:
+    """An arguments file's words; `source` says where its path came from."""
+    try:
+        text = read_file(path)
+    except OSError as exc:
+        raise SettingError(
+            f"{source} {path}: cannot read it ({exc.strerror}); fix the path"
+        ) from None
+    except UnicodeDecodeError:
+        raise SettingError(f"{source} {path}: not UTF-8 text; save it as UTF-8") from None
+    try:
+        return workload_args.parse_args_file(text, f"{source} {path}")
+    except workload_args.ArgsFileError as exc:
+        raise SettingError(str(exc)) from None
+
+
+def from_text(field: dataclasses.Field, text: str, source: str, read_file: ReadFile) -> Any:
+    """An environment variable's (or a flag's) text as the field's type."""
     kind = _kind(field)
+    if kind == "list[str]":
+        return args_from_file(text, source, read_file)
     if kind in ("str", "optional"):
         if text == "" and field.name in _EMPTY_MEANS:
             return _EMPTY_MEANS[field.name]
@@ -85,9 +113,16 @@ def from_text(field: dataclasses.Field, text: str, source: str) -> Any:
         ) from None
 
 
-def from_config(field: dataclasses.Field, value: Any, source: str) -> Any:
+def from_config(field: dataclasses.Field, value: Any, source: str, read_file: ReadFile) -> Any:
     """A TOML value checked against the field's type (TOML already typed it)."""
     kind = _kind(field)
+    if kind == "list[str]":
+        # A list is the arguments themselves; a string names an arguments file.
+        if isinstance(value, str):
+            return args_from_file(value, f"{source}: {field.name} =", read_file)
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise SettingError(f"{source}: {field.name} should be {_KIND_WORDS[kind]}")
+        return list(value)
     expected: tuple[type, ...] = {
         "int": (int,),
         "float": (int, float),
@@ -101,7 +136,7 @@ def from_config(field: dataclasses.Field, value: Any, source: str) -> Any:
     return float(value) if kind == "float" else value
 
 
-def parse_config(text: str, source: str) -> dict[str, Any]:
+def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dict[str, Any]:
     """The config file: a flat TOML table keyed by setting name (train_tasks or train-tasks)."""
     try:
         data = tomllib.loads(text)
@@ -115,11 +150,13 @@ def parse_config(text: str, source: str) -> dict[str, Any]:
             raise SettingError(
                 f"--config {source}: unknown setting {key!r}; see `nvrx-appliance submit --help` for the names"
             )
-        values[name] = from_config(fields[name], value, f"--config {source}")
+        values[name] = from_config(fields[name], value, f"--config {source}", read_file)
     return values
 
 
-def environment_values(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]:
+def environment_values(
+    environ: Mapping[str, str], read_file: ReadFile = read_text
+) -> dict[str, tuple[Any, str]]:
     """Settings found in the environment: name -> (value, variable)."""
     found: dict[str, tuple[Any, str]] = {}
     for variable, table in _LEGACY_MODE.items():
@@ -133,7 +170,8 @@ def environment_values(environ: Mapping[str, str]) -> dict[str, tuple[Any, str]]
     for field in spec_fields():
         variable = env_name(field)
         if variable and variable in environ:
-            found[field.name] = (from_text(field, environ[variable], variable), variable)
+            value = from_text(field, environ[variable], variable, read_file)
+            found[field.name] = (value, variable)
     return found
 
 
@@ -145,15 +183,23 @@ def resolve(
     config_source: str = "",
     cwd: str,
     python: str,
+    read_file: ReadFile = read_text,
 ) -> Resolved:
-    """Flags (None = not given) > environment > config file > defaults."""
-    env = environment_values(environ)
+    """Flags (None = not given) > environment > config file > defaults.
+
+    Flags of list settings are the paths of arguments files, read with `read_file`.
+    """
+    env = environment_values(environ, read_file)
     values: dict[str, Any] = {}
     origins: dict[str, str] = {}
     for field in spec_fields():
         name = field.name
         if flags.get(name) is not None:
-            values[name], origins[name] = flags[name], f"flag {flag(name)}"
+            value, origins[name] = flags[name], f"flag {flag(name)}"
+            if _kind(field) == "list[str]":
+                value = args_from_file(flags[name], flag(name), read_file)
+                origins[name] += f" {flags[name]}"
+            values[name] = value
         elif name in env:
             values[name], origins[name] = env[name][0], f"env {env[name][1]}"
         elif name in config:
@@ -180,4 +226,7 @@ def _fill_implicit(resolved: Resolved, *, cwd: str, python: str) -> Resolved:
     if not spec.runtime:
         changes["runtime"] = effective_runtime(spec)
         origins["runtime"] = "default (pyxis with an image, else bare)"
+    if not spec.profile and spec.workload == "megatron":
+        changes["profile"] = effective_profile(spec)
+        origins["profile"] = "default (none with --megatron-args, else small)"
     return Resolved(dataclasses.replace(spec, **changes), origins)

@@ -81,6 +81,8 @@ class ChainView:
     job_name: str
     user: str
     work_dir: str
+    mode: str  # train, or the demo mode the chain was submitted in
+    workload: str
     array_spec: str
     active_tasks: int
     checkpoint_now: int | None
@@ -245,6 +247,8 @@ def assemble(
         job_name=spec["job_name"],
         user=str(manifest.get("user", "")),
         work_dir=spec["work_dir"],
+        mode=str(spec.get("mode", "")),
+        workload=str(spec.get("workload", "")),
         array_spec=shape["array_spec"],
         active_tasks=shape["active_tasks"],
         checkpoint_now=checkpoint_now,

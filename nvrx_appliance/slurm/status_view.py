@@ -122,6 +122,8 @@ def render(view: ChainView) -> Group:
     head = Text.assemble(
         (f"chain {view.job_name}", "bold"),
         f"  user {view.user}  array {view.array_spec}  work dir {view.work_dir}\n",
+        f"mode: {view.mode}{'' if view.mode == 'train' else ' (demo)'}   ",
+        f"workload: {view.workload}\n",
         f"checkpoint iteration now: {_num(view.checkpoint_now)}   ",
         f"queued generations: {', '.join(view.queued) or 'none'}   ",
         f"chain marker: {'present' if view.chain_marker else 'absent'}",

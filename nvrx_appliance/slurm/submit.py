@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.chain import ChainSpec, Problem
+from nvrx_appliance.entrypoints import workloads
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.slurm import probe, render, slurmcli
@@ -114,7 +115,9 @@ def plan(
         raise Refused(problems)
     found = _standing(spec, facts)
     image = None if found is None else {**facts.image_manifest, standing.KEY: found.to_json()}
-    manifest = run_manifest.build(spec, created=now_iso(), user=user, image=image)
+    manifest = workloads.complete(
+        run_manifest.build(spec, created=now_iso(), user=user, image=image)
+    )
     script = render.render(
         manifest, template=template_text(), teardown_py=teardown_source(), extra=extra
     )

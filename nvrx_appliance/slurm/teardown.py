@@ -236,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         "checkpoint_iteration": parse_iteration(_read(args.tracker)),
         "checkpoint_iteration_start": parse_iteration(args.checkpoint_start),
         "chain": chain,
+        "mode": spec.get("mode", ""),
     }
     history = chain_history(parse_ledger(_read(args.ledger)), chain)
     action, reason = decide(

@@ -11,8 +11,16 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx_appliance import ENTRYPOINT_PROTOCOL
-from nvrx_appliance.chain import ChainSpec, Problem, check, derive, flag
+from nvrx_appliance import ENTRYPOINT_PROTOCOL, workload_args
+from nvrx_appliance.chain import (
+    CONTAINER_RUNTIMES,
+    ChainSpec,
+    Problem,
+    check,
+    derive,
+    effective_runtime,
+    flag,
+)
 
 # Directories that are private to one node on every cluster we know: the rendezvous
 # record is published through the work dir, so each node would see a different one.
@@ -47,6 +55,8 @@ class Facts:
     # The chain whose run.json is already in the work dir, and its live job ids.
     work_dir_chain: str = ""
     work_dir_chain_live: tuple[str, ...] = field(default_factory=tuple)
+    # Host paths the user's workload arguments need (host_checks), and whether each exists.
+    host_paths: dict[str, bool] = field(default_factory=dict)
 
 
 def is_image_file(image: str) -> bool:
@@ -69,6 +79,7 @@ def judge(spec: ChainSpec, facts: Facts, *, force: bool = False) -> list[Problem
     problems += _work_dir(spec, facts)
     problems += _image(spec, facts)
     problems += _host_side(spec, facts)
+    problems += _workload_paths(spec, facts)
     problems += _cluster(spec, facts, force=force, shape_ok=shape_ok)
     return problems
 
@@ -185,4 +196,97 @@ def _cluster(spec: ChainSpec, facts: Facts, *, force: bool, shape_ok: bool) -> l
                 "generations: pick another --job-name (or --force if that chain is this one)",
             )
         )
+    return problems
+
+
+def mount_pairs(spec: ChainSpec) -> list[tuple[str, str]]:
+    """(host source, container destination) of every container mount."""
+    text = f"{spec.work_dir}:{spec.work_dir}" if spec.mounts is None else spec.mounts
+    pairs = []
+    for item in filter(None, text.split(",")):
+        parts = item.split(":")
+        pairs.append((parts[0], parts[1] if len(parts) > 1 and parts[1] else parts[0]))
+    return pairs
+
+
+def _under(path: str, root: str) -> bool:
+    root = root.rstrip("/") or "/"
+    return path == root or path.startswith(root if root == "/" else root + "/")
+
+
+def on_host(path: str, spec: ChainSpec) -> str | None:
+    """Where the host sees a path the workload names; None: no mount brings it in."""
+    if effective_runtime(spec) not in CONTAINER_RUNTIMES:
+        return path
+    covering = [(src, dst) for src, dst in mount_pairs(spec) if _under(path, dst)]
+    if not covering:
+        return None
+    src, dst = max(covering, key=lambda pair: len(pair[1]))  # the innermost mount wins
+    return src.rstrip("/") + path[len(dst.rstrip("/")) :]
+
+
+@dataclass(frozen=True)
+class HostCheck:
+    """One path of the user's workload arguments, and what the host must show for it."""
+
+    option: str  # --megatron-args or --script
+    what: str  # e.g. "--data-path /data/corpus"
+    path: str  # as the workload sees it
+    host: str | None  # as the host sees it; None: not under any container mount
+    required: tuple[str, ...]  # host paths that must exist
+    must_be_mounted: bool  # True: outside the mounts it is refused, not assumed in the image
+
+
+def host_checks(spec: ChainSpec) -> list[HostCheck]:
+    """Every host-visible path the user's arguments name (pure; probe.py stats them)."""
+    checks = []
+    if spec.workload == "megatron":
+        for arg in workload_args.path_args(spec.megatron_args):
+            if not arg.path.startswith("/"):
+                continue  # chain.check refuses relative paths
+            host = on_host(arg.path, spec)
+            required = tuple(on_host(p, spec) or p for p in workload_args.required_files(arg))
+            checks.append(
+                HostCheck(flag("megatron_args"), f"{arg.flag} {arg.path}", arg.path, host,
+                          required if host else (), must_be_mounted=True)
+            )  # fmt: skip
+    if spec.workload == "script" and spec.script.startswith("/"):
+        host = on_host(spec.script, spec)
+        # Outside every mount a script may live in the image itself: not refused.
+        checks.append(
+            HostCheck(flag("script"), spec.script, spec.script, host,
+                      (host,) if host else (), must_be_mounted=False)
+        )  # fmt: skip
+    return checks
+
+
+def _suggest_mount(spec: ChainSpec, path: str) -> str:
+    directory = path.rsplit("/", 1)[0] or "/"
+    current = f"{spec.work_dir}:{spec.work_dir}" if spec.mounts is None else spec.mounts
+    return ",".join(filter(None, [current, f"{directory}:{directory}"]))
+
+
+def _workload_paths(spec: ChainSpec, facts: Facts) -> list[Problem]:
+    problems = []
+    for item in host_checks(spec):
+        if item.host is None:
+            if item.must_be_mounted:
+                problems.append(
+                    Problem(
+                        item.option,
+                        f"{item.what} is not under any container mount, so the job cannot "
+                        f"see it; add its directory: --mounts {_suggest_mount(spec, item.path)}",
+                    )
+                )
+            continue
+        missing = [p for p in item.required if facts.host_paths.get(p) is False]
+        if missing:
+            where = "" if item.host == item.path else f" (on this host: {item.host})"
+            problems.append(
+                Problem(
+                    item.option,
+                    f"{item.what}: {', '.join(missing)} does not exist{where}; fix the path "
+                    "(every node must see it at the same path)",
+                )
+            )
     return problems

@@ -1,6 +1,6 @@
 """The cpu trainer run for real: real ft_launcher 0.7.0, two gloo ranks on this host.
 
-Each run starts the argv the entrypoint would start (cpu.workload_argv of a manifest
+Each run starts the argv the entrypoint would start (the program argv of a manifest
 whose work dir is the test's tmp dir) under ft_launcher with a local c10d rendezvous,
 and judges it by what a user would look at: the progress log, the checkpoint
 directory and its tracker, and NVRx's cycle-info files.
@@ -23,7 +23,7 @@ import psutil
 import pytest
 
 from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.entrypoints.workloads import cpu
+from nvrx_appliance.entrypoints.workloads import cpu, program_argv, workload_argv
 from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
 from nvrx_appliance.manifest import Manifest, build
 
@@ -89,7 +89,7 @@ def launcher_argv(m: Manifest, step_timeout: int = 60) -> list[str]:
         "--ft-cycle-info-dir", str(work / "cycle_infos"),
         "--ft-rank-section-timeouts", f"setup:120,step:{step_timeout},checkpointing:120",
         "--ft-rank-out-of-section-timeout", "120", "--ft-workload-check-interval", "1",
-        "--no-python", *cpu.workload_argv(m, sys.executable),
+        "--no-python", *workload_argv(program_argv(m), sys.executable),
     ]  # fmt: skip
 
 

@@ -3,8 +3,7 @@
 import pytest
 from nvidia_resiliency_ext.fault_tolerance import launcher
 
-from nvrx_appliance.entrypoints import launch
-from nvrx_appliance.entrypoints.workloads import cpu, megatron
+from nvrx_appliance.entrypoints import launch, workloads
 from tests.unit import test_entrypoint_support as support
 
 
@@ -96,18 +95,13 @@ def test_the_health_check_endpoint_is_passed_when_set(tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("workload", "profile", "argv_of"),
-    [
-        ("cpu", "small", cpu.workload_argv),
-        ("megatron", "small", megatron.workload_argv),
-        ("megatron", "8b", megatron.workload_argv),
-    ],
+    ("workload", "profile"), [("cpu", "small"), ("megatron", "small"), ("megatron", "8b")]
 )
 def test_the_workload_follows_ft_launchers_flags_with_its_own_interpreter(
-    tmp_path, workload, profile, argv_of
+    tmp_path, workload, profile
 ):
     m = run_manifest(tmp_path, workload=workload, profile=profile, gpus_per_node=4)
-    workload_argv = argv_of(m)
+    workload_argv = workloads.workload_argv(m.workload)
     args = parsed(m, workload=workload_argv)
     assert args.no_python
     assert [args.training_script, *args.training_script_args] == workload_argv

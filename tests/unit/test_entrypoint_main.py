@@ -18,7 +18,6 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints import control, controldir
 from tests.unit import test_entrypoint_support as support
 
@@ -41,8 +40,7 @@ def write_manifest(tmp_path, **settings) -> Path:
         "gpus_per_node": 1,
         "rdzv_port": free_port(),
     } | settings
-    spec = ChainSpec(work_dir=str(tmp_path / "work"), **settings)
-    return manifest.save(manifest.build(spec, created="2026-01-01T00:00:00Z", user="alice"))
+    return manifest.save(support.run_manifest(tmp_path / "work", **settings))
 
 
 def srun_stand_in(array_job_id="700", task_id=0, **extra) -> dict:

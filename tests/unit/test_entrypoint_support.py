@@ -4,12 +4,12 @@ from pathlib import Path
 
 from nvrx_appliance import manifest
 from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.entrypoints import control
+from nvrx_appliance.entrypoints import control, workloads
 
 
 def run_manifest(work_dir: Path, **settings) -> manifest.Manifest:
     spec = ChainSpec(work_dir=str(work_dir), **settings)
-    return manifest.build(spec, created="2026-01-01T00:00:00Z", user="alice")
+    return workloads.complete(manifest.build(spec, created="2026-01-01T00:00:00Z", user="alice"))
 
 
 def record(**changes) -> control.Record:

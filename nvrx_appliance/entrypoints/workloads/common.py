@@ -1,7 +1,6 @@
-"""What every workload reads the same way from the run manifest: mode semantics, length.
+"""What every workload reads the same way from the run manifest: length, interpreter.
 
-Pure: no I/O. Both argv builders use these so the cpu trainer and Megatron agree on
-what a mode means.
+Pure: no I/O. The argv builders use these so the cpu trainer and Megatron agree.
 """
 
 from __future__ import annotations
@@ -13,11 +12,6 @@ from nvrx_appliance.chain import ChainSpec
 # The seeds' --train-samples: far more than one generation can train, so a generation
 # ends by its time limit, the exit duration or a fault, never by running out of samples.
 DEFAULT_TRAIN_SAMPLES = 10_485_760
-
-
-def fault_active(spec: ChainSpec) -> bool:
-    """`train` never injects; `no-restart` and `handoff` inject when the spec asks."""
-    return spec.mode != "train" and spec.fault_inject
 
 
 def train_samples(spec: ChainSpec) -> int:

@@ -21,8 +21,9 @@ import os
 import sys
 from pathlib import Path
 
+from nvrx_appliance.chain import faults_active
 from nvrx_appliance.entrypoints.workloads import faults
-from nvrx_appliance.entrypoints.workloads.common import fault_active, interpreter, train_samples
+from nvrx_appliance.entrypoints.workloads.common import train_samples
 from nvrx_appliance.entrypoints.workloads.launchenv import Rank
 from nvrx_appliance.manifest import Manifest
 
@@ -36,10 +37,10 @@ FAULT_CYCLES = 1
 LOG_INTERVAL = 10
 
 
-def workload_argv(manifest: Manifest, python: str | None = None) -> list[str]:
+def program_argv(manifest: Manifest) -> list[str]:
     spec, layout = manifest.spec, manifest.layout
     argv = [
-        *interpreter(python), "-m", MODULE,
+        "-m", MODULE,
         "--save", str(layout.checkpoints),
         "--load", str(layout.checkpoints),
         "--save-interval", str(spec.save_interval),
@@ -52,7 +53,7 @@ def workload_argv(manifest: Manifest, python: str | None = None) -> list[str]:
     ]  # fmt: skip
     if spec.exit_duration_min:
         argv += ["--exit-duration-in-mins", str(spec.exit_duration_min)]
-    if fault_active(spec):
+    if faults_active(spec):
         argv += [
             "--fault-injector-ranks", spec.fault_ranks,
             "--fault-injector-fault-types", spec.fault_types,
@@ -66,9 +67,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=f"python -m {MODULE}", description=__doc__.split("\n\n")[0], allow_abbrev=False
     )
+    # Like any script under the appliance (docs/workload-contract.md), the trainer falls
+    # back to the checkpoint directory the entrypoint names in its environment.
+    contract_dir = os.environ.get("NVRX_APPLIANCE_CHECKPOINT_DIR")
     ckpt = p.add_argument_group("checkpoints (Megatron's names)")
-    ckpt.add_argument("--save", type=Path, help="Checkpoint directory to write.")
-    ckpt.add_argument("--load", type=Path, help="Checkpoint directory to resume from.")
+    ckpt.add_argument(
+        "--save", type=Path, default=contract_dir and Path(contract_dir),
+        help="Checkpoint directory to write (default: $NVRX_APPLIANCE_CHECKPOINT_DIR).",
+    )  # fmt: skip
+    ckpt.add_argument(
+        "--load", type=Path, default=contract_dir and Path(contract_dir),
+        help="Checkpoint directory to resume from (default: $NVRX_APPLIANCE_CHECKPOINT_DIR).",
+    )  # fmt: skip
     ckpt.add_argument("--save-interval", type=int, default=0, help="Iterations between saves.")
     ckpt.add_argument(
         "--save-retention", type=int, default=2, help="Complete checkpoints kept (0: all)."

@@ -1,14 +1,21 @@
-"""argv for Megatron-LM's pretrain_gpt.py, as the seeds' reference sbatch runs it. Pure.
+"""argv for Megatron-LM's pretrain_gpt.py: the appliance's own arguments, a preset, and
+the user's. Pure.
 
-Mock data with NullTokenizer (no corpus, no tokenizer model), the seeds' `small` and
-`8b` model profiles, NVRx's section API switched on with --enable-ft-package, and
-asynchronous torch_dist checkpoints into the work directory's checkpoints/. Megatron
-needs GPUs; on a machine without them only this argv is tested.
+The appliance always sets what the chain depends on (workload_args.OWNED_MEGATRON_FLAGS):
+NVRx's section API (--enable-ft-package), checkpoints saved to and resumed from the work
+directory's checkpoints/ (whose tracker NVRx and the chain read), the parallel and batch
+shape the chain was validated for, and the demo modes' fault injector. A preset (the
+seeds' `small` and `8b` profiles, on mock data with NullTokenizer) follows, then the
+user's --megatron-args, last, so they override the preset. Profile `none` passes only
+the user's. Megatron needs GPUs; here its own parser checks these argvs
+(tests/unit/test_megatron_parser.py).
 """
 
 from __future__ import annotations
 
-from nvrx_appliance.entrypoints.workloads.common import fault_active, interpreter, train_samples
+from nvrx_appliance import workload_args
+from nvrx_appliance.chain import effective_profile, faults_active
+from nvrx_appliance.entrypoints.workloads.common import train_samples
 from nvrx_appliance.manifest import Manifest
 
 SCRIPT = "pretrain_gpt.py"
@@ -122,7 +129,7 @@ def retention_args(save_interval: int, retention: int) -> list[str]:
 
 def fault_args(manifest: Manifest) -> list[str]:
     spec = manifest.spec
-    if not fault_active(spec):
+    if not faults_active(spec):
         return []
     kinds = [k for k in spec.fault_types.split(",") if k]
     return [
@@ -132,33 +139,45 @@ def fault_args(manifest: Manifest) -> list[str]:
     ]  # fmt: skip
 
 
-def workload_argv(manifest: Manifest, python: str | None = None) -> list[str]:
+def preset_args(profile: str) -> list[str]:
+    """A demo preset: the seeds' model on mock data (none: nothing)."""
+    if profile == "none":
+        return []
+    return [
+        *_DATA, *PROFILES[profile], *_ARCHITECTURE, *_OPTIMIZER, *_LOGGING, *_CHECKPOINT_FORMAT,
+    ]  # fmt: skip
+
+
+def length_args(manifest: Manifest) -> list[str]:
+    """--train-samples, unless the user measures the run in iterations themselves."""
+    spec = manifest.spec
+    if "--train-iters" in workload_args.flags_in(spec.megatron_args):
+        return []
+    return ["--train-samples", str(train_samples(spec))]
+
+
+def program_argv(manifest: Manifest) -> list[str]:
     spec, shape = manifest.spec, manifest.shape
     checkpoints = str(manifest.layout.checkpoints)
     exit_duration = (
         ["--exit-duration-in-mins", str(spec.exit_duration_min)] if spec.exit_duration_min else []
     )
     return [
-        *interpreter(python),
         f"{spec.megatron_path.rstrip('/')}/{SCRIPT}",
         # Makes Megatron open and close NVRx's setup/step/checkpointing sections, so
         # ft_launcher's section timeouts bound them.
         "--enable-ft-package",
-        *_DATA,
-        *PROFILES[spec.profile],
-        *_ARCHITECTURE,
+        *preset_args(effective_profile(spec)),
         "--tensor-model-parallel-size", str(spec.tensor_parallel),
         "--pipeline-model-parallel-size", str(spec.pipeline_parallel),
         "--micro-batch-size", str(spec.micro_batch),
         "--global-batch-size", str(shape.global_batch),
-        "--train-samples", str(train_samples(spec)),
-        *_OPTIMIZER,
+        *length_args(manifest),
         *exit_duration,
-        *_LOGGING,
         "--load", checkpoints,
         "--save", checkpoints,
         "--save-interval", str(spec.save_interval),
         *retention_args(spec.save_interval, spec.save_retention),
-        *_CHECKPOINT_FORMAT,
         *fault_args(manifest),
+        *spec.megatron_args,
     ]  # fmt: skip

@@ -1,0 +1,130 @@
+"""A training script of your own, run by the appliance (`submit --workload script`).
+
+It keeps the contract in docs/workload-contract.md and nothing more: a data-parallel
+model, a checkpoint every --save-interval iterations into NVRX_APPLIANCE_CHECKPOINT_DIR,
+the tracker file moved there by rename only after the checkpoint is complete, resume
+from whatever the tracker names, and NVRx's sections when ft_launcher offers them.
+Plain PyTorch: on GPUs with NCCL, on CPUs with gloo.
+
+    nvrx-appliance submit --workload script --script /shared/train_script.py \\
+        --script-args args.txt --work-dir /shared/run ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+TRACKER = "latest_checkpointed_iteration.txt"  # the name NVRx and the chain read
+
+
+class Sections:
+    """NVRx's setup/step/checkpointing sections; nothing when not under ft_launcher."""
+
+    def __init__(self) -> None:
+        self.client = None
+        if os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"):
+            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+            self.client = RankMonitorClient()
+            self.client.init_workload_monitoring()
+
+    def start(self, name: str) -> None:
+        if self.client:
+            self.client.start_section(name)
+
+    def end(self, name: str) -> None:
+        if self.client:
+            self.client.end_section(name)
+
+
+def log(rank: int, line: str) -> None:
+    if rank == 0:
+        print(line, flush=True)
+
+
+def read_tracker(directory: str) -> int:
+    try:
+        with open(os.path.join(directory, TRACKER)) as fh:
+            return int(fh.read().strip())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
+def save(directory: str, iteration: int, model: nn.Module, optimizer, rank: int) -> None:
+    """Rank 0 writes iter_N, then moves the tracker to it; no rank goes on before that."""
+    if rank == 0:
+        path = os.path.join(directory, f"iter_{iteration:07d}.pt")
+        torch.save(
+            {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path + ".tmp"
+        )
+        os.replace(path + ".tmp", path)
+        with open(os.path.join(directory, TRACKER + ".tmp"), "w") as fh:
+            fh.write(f"{iteration}\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(os.path.join(directory, TRACKER + ".tmp"), os.path.join(directory, TRACKER))
+    dist.barrier()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--iterations", type=int, default=1000)
+    parser.add_argument(
+        "--save-interval", type=int,
+        default=int(os.environ.get("NVRX_APPLIANCE_SAVE_INTERVAL", "20")),
+    )  # fmt: skip
+    parser.add_argument("--step-seconds", type=float, default=0.05, help="Pace the demo.")
+    args = parser.parse_args()
+    directory = os.environ["NVRX_APPLIANCE_CHECKPOINT_DIR"]
+
+    sections = Sections()
+    sections.start("setup")
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(16, 1).to(device))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    os.makedirs(directory, exist_ok=True)
+
+    # Every rank reads rank 0's view of the tracker, so all resume from one checkpoint.
+    start = [read_tracker(directory) if rank == 0 else 0]
+    dist.broadcast_object_list(start)
+    iteration = start[0]
+    if iteration:
+        state = torch.load(os.path.join(directory, f"iter_{iteration:07d}.pt"), map_location=device)
+        model.module.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        log(rank, f"resumed from iteration {iteration}")
+    sections.end("setup")
+
+    while iteration < args.iterations:
+        sections.start("step")
+        inputs = torch.randn(32, 16, device=device)
+        loss = (model(inputs) - inputs.sum(dim=1, keepdim=True)).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        iteration += 1
+        time.sleep(args.step_seconds)
+        sections.end("step")
+        log(rank, f"iteration {iteration} loss {loss.item():.4f} world {world}")
+        if iteration % args.save_interval == 0:
+            sections.start("checkpointing")
+            save(directory, iteration, model.module, optimizer, rank)
+            sections.end("checkpointing")
+            log(rank, f"saved checkpoint at iteration {iteration}")
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
