@@ -451,7 +451,20 @@ def _megatron_problems(spec: ChainSpec) -> list[Problem]:
                 "FILE, or a demo preset (--profile small)",
             )
         )
-    if "--train-iters" in workload_args.flags_in(spec.megatron_args) and spec.train_samples:
+    user_iters = "--train-iters" in workload_args.flags_in(spec.megatron_args)
+    if (
+        effective_profile(spec) == "none"
+        and spec.megatron_args
+        and not (spec.train_samples or user_iters)
+    ):
+        problems.append(
+            Problem(
+                flag("train_samples"),
+                "your run needs a length (it drives the learning-rate schedule): set "
+                "--train-samples N, or --train-iters N in your arguments",
+            )
+        )
+    if user_iters and spec.train_samples:
         problems.append(
             Problem(
                 option,

@@ -27,6 +27,10 @@ def definition(pins: Pins, flavor: str, context: Path) -> str:
         ["org.nvrx-appliance.version", pins.appliance_version],
         ["org.nvrx-appliance.flavor", flavor],
         ["org.nvrx-appliance.nvrx", pins.nvrx_version],
+        [
+            "org.nvrx-appliance.megatron-core",
+            pins.megatron_core_version if flavor == "gpu" else "none",
+        ],
         ["org.nvrx-appliance.megatron-commit", pins.megatron_commit if flavor == "gpu" else "none"],
     ]
     recipe.install = [f"bash {CONTEXT_DIR}/install.sh", f"rm -rf {CONTEXT_DIR}"]

@@ -131,10 +131,10 @@ def source_tree() -> Path:
 
 
 def make_context(context: Path, pins: Pins, flavor: str, builder: str, echo: Echo) -> None:
-    """install.sh (+ install-nvrx.sh), build.env and this appliance's wheel: all it reads."""
+    """install.sh (+ install-nvrx.sh, install-megatron.sh), build.env and this appliance's wheel: all it reads."""
     context.mkdir(parents=True)
     here = Path(__file__).resolve().parent
-    for script in ("install.sh", "install-nvrx.sh"):
+    for script in ("install.sh", "install-nvrx.sh", "install-megatron.sh"):
         shutil.copy2(here / script, context / script)
     (context / SETTINGS_FILE).write_text(render_settings(build_settings(pins, flavor, builder)))
     # Build from a copy holding only what the wheel needs, so nothing is written into

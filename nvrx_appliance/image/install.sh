@@ -67,18 +67,9 @@ wheels=("$context"/wheels/nvrx_appliance-*.whl)
 "${pip[@]}" -c "$keep" "${wheels[@]}"
 
 if [ "$IMAGE_FLAVOR" = gpu ]; then
-  step "Megatron-LM $MEGATRON_COMMIT"
-  rm -rf "$MEGATRON_PATH"
-  mkdir -p "$MEGATRON_PATH"
-  git -C "$MEGATRON_PATH" init -q
-  git -C "$MEGATRON_PATH" fetch -q --depth 1 "$MEGATRON_REPOSITORY" "$MEGATRON_COMMIT"
-  git -C "$MEGATRON_PATH" checkout -q --detach FETCH_HEAD
-  [ "$(git -C "$MEGATRON_PATH" rev-parse HEAD)" = "$MEGATRON_COMMIT" ] \
-    || fail "Megatron-LM checkout is not at $MEGATRON_COMMIT"
-  [ -f "$MEGATRON_PATH/pretrain_gpt.py" ] \
-    || fail "Megatron-LM $MEGATRON_COMMIT has no pretrain_gpt.py; pin another commit in pins.toml"
-  [ -f "$MEGATRON_PATH/megatron/core/fault_injector.py" ] \
-    || fail "Megatron-LM $MEGATRON_COMMIT lacks the fault injector (--fault-injector-* flags); pin a later commit in pins.toml"
+  step "Megatron: megatron-core $MEGATRON_CORE_VERSION and Megatron-LM $MEGATRON_COMMIT ($MEGATRON_TAG)"
+  bash "$context/install-megatron.sh" "$py" "$MEGATRON_CORE_VERSION" "$MEGATRON_REPOSITORY" \
+    "$MEGATRON_COMMIT" "$MEGATRON_PATH" "$keep"
 else
   # The venv's commands where every runtime looks, whatever PATH the job brings.
   for command in nvrx-entrypoint ft_launcher; do

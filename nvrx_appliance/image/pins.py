@@ -37,6 +37,8 @@ class PinsError(Exception):
 class Pins:
     appliance_version: str
     nvrx_version: str
+    megatron_core_version: str
+    megatron_tag: str
     megatron_repository: str
     megatron_commit: str
     megatron_path: str
@@ -94,6 +96,8 @@ def parse(data: dict[str, Any], appliance_version: str = __version__, registry: 
     return Pins(
         appliance_version=appliance_version,
         nvrx_version=str(get("nvrx", "version")),
+        megatron_core_version=str(get("megatron", "core_version")),
+        megatron_tag=str(get("megatron", "tag")),
         megatron_repository=str(get("megatron", "repository")),
         megatron_commit=commit,
         megatron_path=str(get("megatron", "path")),
@@ -116,13 +120,14 @@ def load() -> Pins:
 def image_filename(pins: Pins, flavor: str, suffix: str) -> str:
     """The versions an image carries, readable from its name alone.
 
-    nvrx-appliance-0.1.0_nvrx-0.7.0_mlm-36731ac_pytorch-25.12-py3.sqsh (gpu);
+    nvrx-appliance-0.1.0_nvrx-0.7.0_mcore-0.19.0-5d4cf1d_pytorch-25.12-py3.sqsh (gpu);
     the cpu flavour has no Megatron-LM, so it says cpu and its torch instead.
     """
     head = f"nvrx-appliance-{pins.appliance_version}_nvrx-{pins.nvrx_version}"
     if flavor == "gpu":
         base = f"{pins.gpu_image.rsplit('/', 1)[-1]}-{pins.gpu_tag}"
-        return f"{head}_mlm-{pins.megatron_commit[:7]}_{base}{suffix}"
+        megatron = f"mcore-{pins.megatron_core_version}-{pins.megatron_commit[:7]}"
+        return f"{head}_{megatron}_{base}{suffix}"
     return f"{head}_cpu-torch-{pins.cpu_torch}_debian-{pins.cpu_debian}{suffix}"
 
 
@@ -135,6 +140,8 @@ def build_settings(pins: Pins, flavor: str, builder: str) -> dict[str, str]:
         "IMAGE_BASE": pins.base(flavor),
         "IMAGE_BUILDER": builder,
         "NVRX_VERSION": pins.nvrx_version,
+        "MEGATRON_CORE_VERSION": pins.megatron_core_version if gpu else "",
+        "MEGATRON_TAG": pins.megatron_tag if gpu else "",
         "MEGATRON_REPOSITORY": pins.megatron_repository if gpu else "",
         "MEGATRON_COMMIT": pins.megatron_commit if gpu else "",
         "MEGATRON_PATH": pins.megatron_path if gpu else "",

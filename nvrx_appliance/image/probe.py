@@ -35,12 +35,15 @@ def compose(settings: dict[str, str], probed: dict[str, str], *, protocol: int, 
         "entrypoint_protocol": protocol,
         "nvrx_version": settings["NVRX_VERSION"],
         "megatron_commit": settings["MEGATRON_COMMIT"] if gpu else NONE,
+        "megatron_core_version": settings.get("MEGATRON_CORE_VERSION", "") or NONE,
         "flavor": settings["IMAGE_FLAVOR"],
         "base": settings["IMAGE_BASE"],
         "builder": settings["IMAGE_BUILDER"],
         "built": built,
         "pins": {
             "nvrx": settings["NVRX_VERSION"],
+            "megatron_core": settings.get("MEGATRON_CORE_VERSION", "") or NONE,
+            "megatron_tag": settings.get("MEGATRON_TAG", "") or NONE,
             "megatron_repository": settings["MEGATRON_REPOSITORY"] or NONE,
             "megatron_commit": settings["MEGATRON_COMMIT"] or NONE,
             "megatron_path": settings["MEGATRON_PATH"] or NONE,
@@ -63,6 +66,11 @@ def problems(manifest: dict) -> list[str]:
     expect("NVRx", probed.get("nvrx", NONE), manifest["nvrx_version"])
     expect("nvrx-appliance", probed.get("appliance", NONE), manifest["appliance_version"])
     expect("Megatron-LM commit", probed.get("megatron_commit", NONE), manifest["megatron_commit"])
+    expect(
+        "megatron-core",
+        probed.get("megatron_core", NONE),
+        manifest.get("megatron_core_version", NONE),
+    )
     if pins["torch"] != NONE:
         # A local build tag (2.13.0+cpu) is the pinned release built for CPU.
         expect("PyTorch", probed.get("pytorch", NONE).split("+")[0], pins["torch"])
@@ -114,6 +122,7 @@ def probe(settings: dict[str, str]) -> dict[str, str]:
         "transformer_engine": _version("transformer_engine", "transformer-engine"),
         "nvrx": _version("nvidia-resiliency-ext"),
         "megatron_commit": _git_head(settings.get("MEGATRON_PATH", "")),
+        "megatron_core": _version("megatron-core", "megatron_core"),
         "appliance": _version("nvrx-appliance"),
         "numactl": shutil.which("numactl") or NONE,
     }

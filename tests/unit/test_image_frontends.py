@@ -87,6 +87,7 @@ Stage: appliance
 org.nvrx-appliance.version {__version__}
 org.nvrx-appliance.flavor gpu
 org.nvrx-appliance.nvrx {pins.nvrx_version}
+org.nvrx-appliance.megatron-core {pins.megatron_core_version}
 org.nvrx-appliance.megatron-commit {pins.megatron_commit}
 %post
 bash /opt/nvrx-appliance-build/install.sh
@@ -106,3 +107,19 @@ def test_apptainer_builds_the_definition_to_a_partial_sif_with_fakeroot_unless_r
     assert as_user.argv == ("apptainer", "build", "--fakeroot", str(partial), str(definition))
     (as_root,) = apptainer.plan(definition, partial, as_root=True)
     assert as_root.argv == ("apptainer", "build", str(partial), str(definition))
+
+
+def test_both_gpu_front_ends_install_megatron_core_and_the_megatron_lm_commit_together():
+    """enroot and Apptainer both run install.sh over the same build context, whose
+    build.env carries both Megatron pins and whose install-megatron.sh checks them."""
+    from nvrx_appliance.image.pins import build_settings, render_settings
+
+    pins = load()
+    settings = render_settings(build_settings(pins, "gpu", "apptainer"))
+    assert f"MEGATRON_CORE_VERSION={pins.megatron_core_version}\n" in settings
+    assert f"MEGATRON_COMMIT={pins.megatron_commit}\n" in settings
+    steps, _ = _enroot(base_cached=True)
+    assert steps[1].argv[-2:] == ("bash", "/mnt/install.sh")
+    assert "bash /opt/nvrx-appliance-build/install.sh" in apptainer.definition(pins, "gpu", CONTEXT)
+    install = (Path(apptainer.__file__).parent / "install.sh").read_text()
+    assert 'install-megatron.sh" "$py" "$MEGATRON_CORE_VERSION"' in install

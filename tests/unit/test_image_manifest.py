@@ -18,6 +18,7 @@ def _probed(**overrides: str) -> dict[str, str]:
         "transformer_engine": "2.10.0",
         "nvrx": pins.nvrx_version,
         "megatron_commit": pins.megatron_commit,
+        "megatron_core": pins.megatron_core_version,
         "appliance": pins.appliance_version,
         "numactl": "/usr/bin/numactl",
     }
@@ -37,6 +38,7 @@ def test_the_manifest_carries_what_submit_reads():
         "entrypoint_protocol",
         "nvrx_version",
         "megatron_commit",
+        "megatron_core_version",
         "flavor",
         "base",
         "probed",
@@ -65,6 +67,11 @@ def test_a_megatron_checkout_at_another_commit_is_a_problem():
     assert len(found) == 1 and found[0].startswith("Megatron-LM commit")
 
 
+def test_another_megatron_core_package_in_the_image_is_a_problem():
+    found = probe.problems(_gpu_manifest(megatron_core="0.16.1"))
+    assert found == ["megatron-core: pinned 0.19.0, found 0.16.1 in the image"]
+
+
 def test_an_image_without_numactl_is_a_problem():
     found = probe.problems(_gpu_manifest(numactl=probe.NONE))
     assert any("numactl" in line for line in found)
@@ -73,7 +80,12 @@ def test_an_image_without_numactl_is_a_problem():
 def test_the_cpu_flavour_records_none_for_megatron_and_checks_its_torch_pin():
     pins = load()
     settings = build_settings(pins, "cpu", "rootfs")
-    probed = _probed(megatron_commit=probe.NONE, pytorch=f"{pins.cpu_torch}+cpu", cuda="none")
+    probed = _probed(
+        megatron_commit=probe.NONE,
+        megatron_core=probe.NONE,
+        pytorch=f"{pins.cpu_torch}+cpu",
+        cuda="none",
+    )
     manifest = probe.compose(settings, probed, protocol=1, built="x")
     assert manifest["megatron_commit"] == probe.NONE
     assert probe.problems(manifest) == []

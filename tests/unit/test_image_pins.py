@@ -43,6 +43,9 @@ def test_the_packaged_pins_name_nvrx_070_a_full_megatron_commit_and_a_py312_ngc_
     pins = load()
     assert pins.nvrx_version == "0.7.0"
     assert len(pins.megatron_commit) == 40
+    # One release in both halves: the package and the tag it was cut from.
+    assert pins.megatron_core_version == "0.19.0"
+    assert pins.megatron_tag == f"core_v{pins.megatron_core_version}"
     assert pins.gpu_python == "3.12"
     assert pins.gpu_base.startswith(pins.gpu_registry + "/")
     assert pins.appliance_version == __version__
@@ -52,7 +55,7 @@ def test_the_gpu_image_name_carries_appliance_nvrx_megatron_and_base_versions():
     pins = load()
     name = image_filename(pins, "gpu", ".sqsh")
     assert name == (
-        f"nvrx-appliance-{__version__}_nvrx-0.7.0_mlm-{pins.megatron_commit[:7]}"
+        f"nvrx-appliance-{__version__}_nvrx-0.7.0_mcore-0.19.0-{pins.megatron_commit[:7]}"
         f"_pytorch-{pins.gpu_tag}.sqsh"
     )
 
@@ -60,7 +63,7 @@ def test_the_gpu_image_name_carries_appliance_nvrx_megatron_and_base_versions():
 def test_the_cpu_image_name_says_cpu_and_its_torch_instead_of_megatron():
     pins = load()
     name = image_filename(pins, "cpu", ".sqsh")
-    assert "mlm-" not in name
+    assert "mcore-" not in name
     assert f"_cpu-torch-{pins.cpu_torch}_debian-{pins.cpu_debian}.sqsh" in name
 
 
