@@ -12,7 +12,17 @@ VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}   # pinned: an unpinned torch pulls a multi-GB CUDA build
 NVRX_VERSION=0.7.0
-stamp="$VENV/.deps-$NVRX_VERSION-torch-$TORCH_VERSION"
+# The pinned megatron-core, read from the image's pins: unpacked beside the venv (never
+# on its path; its wheels are cp312) for the tests that run Megatron's own argument
+# parser on the argvs the appliance builds.
+MEGATRON_CORE_VERSION=$("$PYTHON" - <<'PY'
+import tomllib
+with open("nvrx_appliance/image/pins.toml", "rb") as fh:
+    print(tomllib.load(fh)["megatron"]["core_version"])
+PY
+)
+MEGATRON_CORE_DIR="$VENV/megatron-core-$MEGATRON_CORE_VERSION"
+stamp="$VENV/.deps-$NVRX_VERSION-torch-$TORCH_VERSION-mcore-$MEGATRON_CORE_VERSION"
 
 if [ -f "$stamp" ] && "$VENV/bin/python" -c 'import nvrx_appliance, torch, nvidia_resiliency_ext' 2>/dev/null; then
   echo "install-python-deps: $VENV is up to date"
@@ -34,6 +44,17 @@ bash nvrx_appliance/image/install-nvrx.sh "$(cd "$VENV" && pwd)/bin/python" "$NV
 
 echo "install-python-deps: nvrx-appliance (editable) and test tools"
 "${pip[@]}" install -e '.[dev]'
+
+echo "install-python-deps: megatron-core==$MEGATRON_CORE_VERSION (unpacked for the parser tests)"
+if [ ! -d "$MEGATRON_CORE_DIR/megatron/training" ]; then
+  wheels=$(mktemp -d)
+  "${pip[@]}" download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform "manylinux_2_28_$(uname -m)" -d "$wheels" "megatron-core==$MEGATRON_CORE_VERSION"
+  rm -rf "$MEGATRON_CORE_DIR.partial"
+  "$VENV/bin/python" -m zipfile -e "$wheels"/megatron_core-*.whl "$MEGATRON_CORE_DIR.partial"
+  mv "$MEGATRON_CORE_DIR.partial" "$MEGATRON_CORE_DIR"
+  rm -rf "$wheels"
+fi
 
 "$VENV/bin/python" - <<'PY'
 import importlib.metadata as md
