@@ -80,6 +80,23 @@ def test_every_flag_also_reads_its_environment_variable(tmp_path):
     assert invoke(env=env).exit_code == 0
 
 
+def test_the_submit_sides_names_are_read_after_the_watchers_own(tmp_path):
+    work = killed_run(tmp_path)
+    env = {
+        "NVRX_WATCH_PLATFORM": "none",
+        "NVRX_WATCH_STATE_FILE": str(tmp_path / "state" / "state.json"),
+        "NVRX_WATCH_STALL_SECONDS": "1",
+        "NVRX_WORK_DIR": str(work),  # as the seeds' deployment and `submit` set them
+        "NVRX_JOB_NAME": "llm-7b",
+    }
+    result = invoke(env=env)
+    assert result.exit_code == 2  # the killed cycle was found through NVRX_WORK_DIR
+    assert "pass over llm-7b " in result.output
+    env |= {"NVRX_WATCH_JOB_NAME": "llm-7b-watched", "NVRX_WATCH_WORK_DIR": str(tmp_path / "no")}
+    result = invoke(env=env)
+    assert result.exit_code == 0 and "pass over llm-7b-watched " in result.output
+
+
 def test_a_secret_file_that_cannot_be_read_is_a_usage_error_naming_the_flag(tmp_path):
     result = invoke(
         "--platform", "none", "--work-dir", str(tmp_path),
