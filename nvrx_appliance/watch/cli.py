@@ -1,6 +1,8 @@
 """`nvrx-watch <job id>` (also `nvrx-appliance watch`): the shell around the runner.
 
-Every flag can also be set as NVRX_WATCH_<FLAG> (e.g. NVRX_WATCH_WORK_DIR). Secrets
+Every flag can also be set as NVRX_WATCH_<FLAG> (e.g. NVRX_WATCH_WORK_DIR); --work-dir
+and --job-name then fall back to NVRX_WORK_DIR and NVRX_JOB_NAME, the names
+`nvrx-appliance submit` reads (and the seeds' deployment set). Secrets
 are never flags: the PagerDuty routing key, the webhook URL and the heartbeat URL come
 from NVRX_WATCH_PAGERDUTY_ROUTING_KEY / NVRX_WATCH_WEBHOOK_URL /
 NVRX_WATCH_HEARTBEAT_URL, or from a file named by a --...-file flag.
@@ -39,9 +41,11 @@ SECRETS = {
 }
 
 
-def _option(*decls: str, **kwargs: Any):
-    """A click option that also reads NVRX_WATCH_<FLAG> and shows it in --help."""
-    return click.option(*decls, envvar=env_name(decls[0]), show_envvar=True, **kwargs)
+def _option(*decls: str, fallback_env: str = "", **kwargs: Any):
+    """A click option that also reads NVRX_WATCH_<FLAG> and shows it in --help;
+    `fallback_env` is read after it (the name the submit side uses for the same value)."""
+    envvar = [env_name(decls[0]), *([fallback_env] if fallback_env else [])]
+    return click.option(*decls, envvar=envvar, show_envvar=True, **kwargs)
 
 
 def _threshold_options(func):
@@ -85,9 +89,15 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
     + ", or from the --...-file flags.",
 )
 @click.argument("job_id", required=False, envvar="NVRX_WATCH_JOB_ID")
-@_option("--job-name", default="", help="Chain (Slurm job) name; default: the job id's.")
+@_option(
+    "--job-name",
+    fallback_env="NVRX_JOB_NAME",
+    default="",
+    help="Chain (Slurm job) name; default: the job id's.",
+)
 @_option(
     "--work-dir",
+    fallback_env="NVRX_WORK_DIR",
     default="",
     help="The run's work dir, when run.json or the batch script do not say.",
 )

@@ -26,6 +26,7 @@ from nvrx_appliance.watch.types import (
     CHECKPOINT,
     CRITICAL,
     CYCLES,
+    FOLLOW_UP,
     INFO,
     MARKER,
     RELEASE_SPARES,
@@ -52,6 +53,9 @@ class Detector:
     uses: tuple[str, ...]  # sources it consults when configured: skipped if they failed
     thresholds: tuple[str, ...]
     fn: DetectorFn
+    # Sources whose loss can only hide a finding: it still runs on the rest, but what it
+    # does not find then is not taken as resolved.
+    hidden_by: tuple[str, ...] = ()
 
     @property
     def summary(self) -> str:
@@ -492,13 +496,36 @@ def source_unavailable(snap: Snapshot, t: Thresholds) -> list[Finding]:
 
 ALL: tuple[Detector, ...] = (
     Detector(
-        "orphaned_generation", "chain", WARNING, (SLURM,), (), ("grace",), orphaned_generation
+        "orphaned_generation",
+        "chain",
+        WARNING,
+        (SLURM,),
+        (),
+        ("grace",),
+        orphaned_generation,
+        hidden_by=(FOLLOW_UP,),
     ),
     Detector(
-        "stranded_generation", "chain", CRITICAL, (SLURM,), (), ("grace",), stranded_generation
+        "stranded_generation",
+        "chain",
+        CRITICAL,
+        (SLURM,),
+        (),
+        ("grace",),
+        stranded_generation,
+        hidden_by=(FOLLOW_UP,),
     ),
     Detector("chain_exhausted", "chain", CRITICAL, (SLURM, MARKER), (), (), chain_exhausted),
-    Detector("chain_not_cancelled", "chain", CRITICAL, (SLURM,), (), (), chain_not_cancelled),
+    Detector(
+        "chain_not_cancelled",
+        "chain",
+        CRITICAL,
+        (SLURM,),
+        (),
+        (),
+        chain_not_cancelled,
+        hidden_by=(FOLLOW_UP,),
+    ),
     Detector(
         "generation_churn",
         "chain",
@@ -507,6 +534,7 @@ ALL: tuple[Detector, ...] = (
         (),
         ("churn_window", "max_generations_per_window"),
         generation_churn,
+        hidden_by=(FOLLOW_UP,),
     ),
     Detector(
         "restart_storm",
@@ -558,6 +586,13 @@ def runnable(detector: Detector, snap: Snapshot) -> bool:
     if not snap.has(*detector.needs):
         return False
     return all(snap.sources[s].state != UNAVAILABLE for s in detector.uses if s in snap.sources)
+
+
+def complete(detector: Detector, snap: Snapshot) -> bool:
+    """It ran on everything it consults, so what it did not find this pass is gone."""
+    return runnable(detector, snap) and all(
+        snap.sources[s].state != UNAVAILABLE for s in detector.hidden_by if s in snap.sources
+    )
 
 
 def run(snap: Snapshot, t: Thresholds, disabled: frozenset[str] = frozenset()) -> list[Finding]:

@@ -11,6 +11,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import json
+import posixpath
 import re
 from datetime import datetime, timezone
 
@@ -21,6 +22,38 @@ from nvrx_appliance.watch.types import LIVE_STATES, Cycle, Ending, Generation, L
 # The node list goes last because it is the only field that can hold commas.
 SQUEUE_FORMAT = "%F|%K|%i|%T|%u|%V|%N"
 SACCT_FIELDS = "JobID,State,ExitCode,End"
+DESCRIBE_FIELDS = "JobName,User,WorkDir,SubmitLine"  # SubmitLine last: it may hold '|'
+
+# sbatch options (22.05) that take no value unless written with '=': every other option
+# written as "--opt value" or "-o value" consumes the next word of a submit line.
+_SBATCH_BARE_LONG = frozenset(
+    [
+        "--contiguous",
+        "--exclusive",
+        "--get-user-env",
+        "--help",
+        "--hold",
+        "--ignore-pbs",
+        "--nice",
+        "--no-kill",
+        "--no-requeue",
+        "--overcommit",
+        "--oversubscribe",
+        "--parsable",
+        "--propagate",
+        "--quiet",
+        "--reboot",
+        "--requeue",
+        "--spread-job",
+        "--test-only",
+        "--usage",
+        "--use-min-nodes",
+        "--verbose",
+        "--version",
+        "--wait",
+    ]
+)
+_SBATCH_BARE_SHORT = frozenset("hHkOsQvVW")
 
 _UNKNOWN_TIMES = {"", "unknown", "none", "n/a"}
 _CYCLE_NAME = re.compile(r"^cycle_info\.(?P<job>[^.]*)\.(?P<attempt>\d+)\.(?P<cycle>\d+)$")
@@ -130,16 +163,17 @@ def terminal(state: str) -> bool:
 def sacct_task0_endings(out: str) -> tuple[Ending, ...]:
     """`sacct -X -n -P -o SACCT_FIELDS` -> how each generation's task 0 ended.
 
-    Only task 0 speaks for a generation: the others end whenever the pool drains.
+    Only task 0 speaks for a generation: the others end whenever the pool drains. A
+    plain job (an id without '_', from a chain that does not use arrays) speaks for itself.
     """
     endings: dict[str, Ending] = {}
     for line in out.splitlines():
         parts = line.strip().split("|")
         if len(parts) < 4:
             continue
-        array_id, _, task = parts[0].partition("_")
+        array_id, array, task = parts[0].partition("_")
         state = first_word(parts[1])
-        if task != "0" or not array_id or not terminal(state):
+        if (array and task != "0") or not array_id.isdigit() or not terminal(state):
             continue
         endings[array_id] = Ending(
             array_id=array_id,
@@ -149,6 +183,48 @@ def sacct_task0_endings(out: str) -> tuple[Ending, ...]:
             source="sacct",
         )
     return tuple(endings.values())
+
+
+def sacct_identity(out: str) -> tuple[str, str, str, str] | None:
+    """`sacct -X -n -P -j ID -o DESCRIBE_FIELDS` -> (name, owner, work dir, submit line)."""
+    for line in out.splitlines():
+        parts = line.rstrip("\n").split("|", 3)
+        if len(parts) >= 3 and parts[0]:
+            return parts[0], parts[1], parts[2], parts[3] if len(parts) > 3 else ""
+    return None
+
+
+def submitted_script(submit_line: str, work_dir: str) -> str:
+    """sacct's SubmitLine ('sbatch [options] script [args]') -> the batch script's path.
+
+    A relative path was relative to where sbatch ran, which is the work dir unless the
+    line moved it (--chdir / -D): then it cannot be known and '' is returned, as for a
+    --wrap job or a line that is not an sbatch call. Slurm joins the words with single
+    blanks, so a quoted option value holding a blank cannot be told apart.
+    """
+    words = submit_line.split()
+    if not words or posixpath.basename(words[0]) != "sbatch":
+        return ""
+    moved = False
+    i = 1
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--wrap"):
+            return ""
+        if word.startswith("--"):
+            name = word.split("=", 1)[0]
+            moved |= name == "--chdir"
+            i += 2 if "=" not in word and word not in _SBATCH_BARE_LONG else 1
+        elif word.startswith("-") and len(word) > 1:
+            moved |= word.startswith("-D")
+            i += 2 if len(word) == 2 and word[1] not in _SBATCH_BARE_SHORT else 1
+        elif posixpath.isabs(word):
+            return posixpath.normpath(word)
+        else:
+            return (
+                "" if moved or not work_dir else posixpath.normpath(posixpath.join(work_dir, word))
+            )
+    return ""
 
 
 _SCONTROL_KEY = re.compile(r"(?:^|\s)(?=[A-Za-z][A-Za-z0-9:/_]*=)")

@@ -34,8 +34,8 @@ class JobInfo:
     job_name: str
     owner: str
     work_dir: str = ""
-    command: str = ""  # the batch script's path as submitted ("" once only sacct knows it)
-    source: str = ""  # "scontrol" or "sacct"
+    command: str = ""  # the batch script's path (scontrol's Command=, or sacct's SubmitLine)
+    source: str = ""  # "scontrol", "sacct" or "state"
 
 
 class SlurmPlatform:
@@ -52,7 +52,7 @@ class SlurmPlatform:
         """Name, owner, work dir and script of a job id; None if Slurm knows no such job.
 
         scontrol forgets a job MinJobAge after it ends; sacct remembers it for the
-        accounting window, without the script's path.
+        accounting window, and its SubmitLine names the script as it was submitted.
         """
         try:
             records = parsing.scontrol_records(
@@ -71,12 +71,18 @@ class SlurmPlatform:
                 command=first.get("Command", ""),
                 source="scontrol",
             )
-        out = self.call(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", "JobName,User,WorkDir"])
-        for line in out.splitlines():
-            parts = line.split("|")
-            if len(parts) >= 3 and parts[0]:
-                return JobInfo(job_name=parts[0], owner=parts[1], work_dir=parts[2], source="sacct")
-        return None
+        out = self.call(["sacct", "-X", "-n", "-P", "-j", job_id, "-o", parsing.DESCRIBE_FIELDS])
+        identity = parsing.sacct_identity(out)
+        if identity is None:
+            return None
+        name, owner, work_dir, submit_line = identity
+        return JobInfo(
+            job_name=name,
+            owner=owner,
+            work_dir=work_dir,
+            command=parsing.submitted_script(submit_line, work_dir),
+            source="sacct",
+        )
 
     def generations(self, job_name: str, owner: str) -> tuple[Generation, ...]:
         """Every queued or running task of the chain, in one squeue call."""

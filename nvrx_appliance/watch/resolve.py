@@ -1,7 +1,9 @@
 """From `nvrx-watch <job id>` to the run being watched: chain name, owner, and paths.
 
 Name and owner come from scontrol (sacct once the id has aged out of the controller,
-the state file once it has aged out of accounting too). The paths come from the run's
+the state file once it has aged out of accounting too). The batch script's path is
+scontrol's Command=; once the id has aged out of scontrol, the Command= remembered in
+the state file, else the script sacct's SubmitLine names. The paths come from the run's
 run.json when nvrx-appliance submitted it (the batch script lives in the work dir and
 the job runs there), and otherwise from the batch script itself, read statically.
 Flags override each piece. Nothing here writes anything.
@@ -63,9 +65,21 @@ def identify(request: Request, platform: SlurmPlatform | None, caller: str, know
             f"job {request.job_id} is unknown to scontrol and sacct; pass --job-name "
             "(and --work-dir) to watch its chain by name"
         )
+    if info.source == "sacct" and _same_job(remembered, info) and remembered.get("command"):
+        # Aged out of scontrol: its Command= from an earlier pass is exact, while sacct's
+        # SubmitLine only says how the script was named when it was submitted.
+        info = replace(info, command=remembered["command"])
     if request.job_name:
         info = replace(info, job_name=request.job_name)
     return info
+
+
+def _same_job(remembered: object, info: JobInfo) -> bool:
+    return (
+        isinstance(remembered, dict)
+        and remembered.get("job_name") == info.job_name
+        and remembered.get("owner") == info.owner
+    )
 
 
 def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:
@@ -148,6 +162,7 @@ def _from_script(run: Run, info: JobInfo, notes: list[str]) -> Run:
         readers.read_script,
         known,
         info.work_dir or os.path.dirname(info.command),
+        job={"Command": info.command, "WorkDir": info.work_dir},
     )
     for what in found.unresolved:
         notes.append(

@@ -25,6 +25,7 @@ from nvrx_appliance.watch.types import (
     CHECKPOINT,
     CRITICAL,
     CYCLES,
+    FOLLOW_UP,
     INFO,
     LEDGER,
     MARKER,
@@ -121,15 +122,17 @@ class Watcher:
         try:
             generations = self.platform.generations(name, owner)
             endings = self.platform.endings(name, owner, self.thresholds.churn_window)
-            known = {e.array_id for e in endings}
-            unknown = [
-                g.array_id for g in generations if g.task0 is None and g.array_id not in known
-            ]
-            endings += self.platform.task0_endings(unknown)
         except SlurmUnavailable as exc:
             sources[SLURM] = SourceStatus(UNAVAILABLE, str(exc))
             return (), ()
         sources[SLURM] = SourceStatus(OBSERVED)
+        known = {e.array_id for e in endings}
+        unknown = [g.array_id for g in generations if g.task0 is None and g.array_id not in known]
+        try:
+            endings += self.platform.task0_endings(unknown)
+            sources[FOLLOW_UP] = SourceStatus(OBSERVED)
+        except SlurmUnavailable as exc:  # keep what squeue and sacct said: it is sound
+            sources[FOLLOW_UP] = SourceStatus(UNAVAILABLE, str(exc))
         return generations, endings
 
     def _cycles(self, sources: dict[str, SourceStatus]) -> tuple:
@@ -240,11 +243,12 @@ class Watcher:
         return alerts
 
     def _resolve_cleared(self, sink, sent: dict, snap: Snapshot, findings, result) -> None:
-        """Close what was paged and is gone, if the detector that paged it ran this pass."""
+        """Close what was paged and is gone, if the detector that paged it ran this pass
+        on everything it consults (a missing ending hides a finding, it does not end it)."""
         if not hasattr(sink, "resolve"):
             return
         firing = {f.key for f in findings}
-        ran = {d.name for d in detectors.ALL if detectors.runnable(d, snap)}
+        ran = {d.name for d in detectors.ALL if detectors.complete(d, snap)}
         prefix = f"nvrx/{self.run.owner}/{self.run.job_name}/"
         for key in [k for k in sent if k.startswith(prefix) and k not in firing]:
             if key[len(prefix) :].split("/", 1)[0] not in ran:

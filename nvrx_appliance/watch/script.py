@@ -5,9 +5,11 @@ where ft_launcher writes (--ft-cycle-info-dir) and what it reads for progress
 (--ft-checkpoint-iteration-file). Production scripts build those from their own
 variables and from libraries they `source`, located relative to the script itself.
 This module evaluates exactly that much shell: assignments, ${VAR:-default} and
-friends, `source`/`.`, `cd`, and the path idioms $(dirname ..), $(basename ..),
-$(cd .. && pwd), $(realpath ..). It never runs anything; reading an included file goes
-through the `read` function the caller passes in, so the module itself does no I/O.
+friends, `source`/`.`, `cd`, the path idioms $(dirname ..), $(basename ..),
+$(cd .. && pwd), $(realpath ..), and a script asking `scontrol show job` for its own
+Command= or WorkDir= (answered from what the watcher's Slurm calls said). It never
+runs anything; reading an included file goes through the `read` function the caller
+passes in, so the module itself does no I/O.
 
 Values Slurm only knows at run time (SLURM_ARRAY_JOB_ID, ...) become '*', which turns a
 per-generation directory into a glob over every generation. Anything else unknown
@@ -42,6 +44,13 @@ RUNTIME_IDS = frozenset(
 CYCLE_FLAGS = ("--ft-cycle-info-dir", "--ft_cycle_info_dir")
 TRACKER_FLAGS = ("--ft-checkpoint-iteration-file", "--ft_checkpoint_iteration_file")
 MAX_INCLUDE_DEPTH = 8  # deeper than any real library stack; stops include cycles
+# What a script may ask `scontrol show job` about itself, and the text filters that cut
+# the answer out of scontrol's output (the answer itself is known, not computed).
+JOB_FIELDS = ("Command", "WorkDir")
+_JOB_FIELD = re.compile(r"\b(" + "|".join(JOB_FIELDS) + r")\b")
+_TEXT_FILTERS = frozenset(
+    {"awk", "gawk", "mawk", "grep", "egrep", "sed", "cut", "head", "tail", "tr"}
+)
 _UNKNOWN = "\x00"  # brackets the name of an unknown value inside an expanded word
 _BLANK = "\x01"
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -65,6 +74,7 @@ class _Shell:
     vars: dict[str, str]
     cwd: str
     main_script: str
+    job: dict[str, str]  # what `scontrol show job` says of this job (JOB_FIELDS)
     found: dict[str, str] = field(default_factory=dict)
     unresolved: dict[str, str] = field(default_factory=dict)  # flag -> value as shown
     files_read: list[str] = field(default_factory=list)
@@ -76,11 +86,15 @@ def resolve(
     read: Callable[[str], str | None],
     known: dict[str, str],
     cwd: str,
+    job: dict[str, str] | None = None,
 ) -> ScriptPaths:
     """Evaluate the batch script at `script_path` (content `text`) as far as it can be
     evaluated without running it. `known`: what Slurm would set (SLURM_SUBMIT_DIR,
-    SLURM_JOB_NAME, USER, HOME); `cwd`: the job's working directory."""
-    shell = _Shell(read=read, vars=dict(known), cwd=cwd, main_script=script_path)
+    SLURM_JOB_NAME, USER, HOME); `cwd`: the job's working directory; `job`: the job's
+    scontrol fields (Command, WorkDir), for scripts that ask scontrol where they are."""
+    shell = _Shell(
+        read=read, vars=dict(known), cwd=cwd, main_script=script_path, job=dict(job or {})
+    )
     shell.files_read.append(script_path)
     _run_text(shell, text, script_path, depth=0)
     return ScriptPaths(
@@ -259,12 +273,16 @@ def shown(value: str) -> str:
 
 def _substitute(shell: _Shell, command: str, script: str) -> str:
     """$(...) for the path idioms production scripts use; anything else is unknown."""
-    parts = [p.strip() for p in re.split(r"&&|;", command) if p.strip()]
+    asked = _ask_scontrol(shell, command, script)
+    if asked is not None:
+        return asked
     cwd = shell.cwd
-    for part in parts:
-        words = [expand(shell, w, script) for w in tokenize(part) if w not in _OPERATORS]
+    for part in _split(tokenize(command), ("&&", ";", "\n")):
+        words = [expand(shell, w, script) for w in part]
         if not words:
             continue
+        if any(_UNKNOWN in w for w in words):
+            break  # a path idiom over an unknown value is unknown as a whole
         verb, args = words[0], [a for a in words[1:] if not a.startswith("-")]
         if verb == "cd" and args:
             cwd = _absolute(cwd, args[0])
@@ -279,6 +297,47 @@ def _substitute(shell: _Shell, command: str, script: str) -> str:
         else:
             break
     return _unknown("$(" + command + ")")
+
+
+def _ask_scontrol(shell: _Shell, command: str, script: str) -> str | None:
+    """`scontrol show job $SLURM_JOB_ID | awk -F= '/Command=/{print $2}'` and its kin.
+
+    Inside a batch job $0 is slurmd's spooled copy, so scripts ask Slurm for their own
+    Command= (or WorkDir=) to find the files next to them. The watcher has the answer
+    from its own scontrol / sacct call. None: the command is not such a question.
+    """
+    stages = _split(tokenize(command), ("|",))
+    asks = [expand(shell, w, script) for w in stages[0]]
+    if len(stages) < 2 or asks[:1] != ["scontrol"] or "job" not in asks:
+        return None
+    job_id = asks[asks.index("job") + 1 : asks.index("job") + 2]
+    fields = set(_JOB_FIELD.findall(command))
+    if job_id != [WILDCARD] or len(fields) != 1:
+        return None  # another job's, or not one field: not a question about itself
+    value = shell.job.get(fields.pop(), "")
+    for stage in stages[1:]:
+        words = stage[1:] if stage[:1] == ["xargs"] else stage
+        verb = words[0] if words else ""
+        if verb == "dirname":
+            value = posixpath.dirname(value)
+        elif verb == "basename":
+            value = posixpath.basename(value)
+        elif verb in ("realpath", "readlink"):
+            value = _absolute(shell.cwd, value) if value else ""
+        elif verb and verb not in _TEXT_FILTERS:
+            value = ""
+    return value or _unknown("$(" + command + ")")
+
+
+def _split(tokens: list[str], separators: tuple[str, ...]) -> list[list[str]]:
+    """Tokens -> the words of each part between separators (other operators dropped)."""
+    parts: list[list[str]] = [[]]
+    for token in tokens:
+        if token in separators:
+            parts.append([])
+        elif token not in _OPERATORS:
+            parts[-1].append(token)
+    return parts
 
 
 def _absolute(cwd: str, path: str) -> str:

@@ -25,12 +25,15 @@ SEVERITIES = (INFO, WARNING, CRITICAL)
 
 # --- sources: each one is observed, unavailable (a failure: the pass is degraded), or
 # not configured (nothing to observe: its detectors are skipped, the pass stays clean).
-SLURM = "slurm"  # squeue / sacct / scontrol
+SLURM = "slurm"  # the chain's squeue and its windowed sacct
+# sacct -j / scontrol for a task 0 neither of those accounts for. Without it an ending is
+# missing, which can only hide a finding, never invent one: what the rest shows stands.
+FOLLOW_UP = "slurm_follow_up"
 CYCLES = "cycles"  # NVRx cycle-info files
 CHECKPOINT = "checkpoint"  # the checkpoint-iteration tracker file
 LEDGER = "ledger"  # <work>/chain.jsonl
 MARKER = "marker"  # <work>/chain.active
-SOURCES = (SLURM, CYCLES, CHECKPOINT, LEDGER, MARKER)
+SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER)
 
 OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
@@ -87,7 +90,8 @@ class Task:
 
 @dataclass(frozen=True)
 class Generation:
-    """One job array of the chain with at least one task still in the queue."""
+    """One job array of the chain with at least one task still in the queue, or one plain
+    job of a chain that does not use arrays (a generation of one task)."""
 
     array_id: str
     tasks: tuple[Task, ...]
@@ -95,7 +99,9 @@ class Generation:
 
     @property
     def task0(self) -> Task | None:
-        return next((t for t in self.tasks if t.task_id == 0), None)
+        """The task that speaks for the generation: task 0 of an array, or the job itself
+        when the chain is made of plain jobs (no array, so squeue gives no task id)."""
+        return next((t for t in self.tasks if t.task_id in (0, None)), None)
 
     @property
     def pending(self) -> tuple[Task, ...]:

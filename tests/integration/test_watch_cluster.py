@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_watch_cli import CELL, production_cell
+
 pytestmark = pytest.mark.cluster
 
 WATCH = str(Path(sys.executable).parent / "nvrx-watch")
@@ -34,8 +36,9 @@ GENERATION = """#!/bin/bash
 #SBATCH --output=/dev/null
 # Stand-in generation: task 0 arms the teardown trap first (it releases this array's
 # pending spares), then trains (sleeps); a SIGKILL of this shell means the trap never runs.
-if [[ $SLURM_ARRAY_TASK_ID == 0 ]]; then
-    trap 'scancel --state=PENDING --user="$SLURM_JOB_USER" "$SLURM_ARRAY_JOB_ID"' EXIT
+# Submitted without --array, the plain job is its own task 0.
+if [[ ${SLURM_ARRAY_TASK_ID:-0} == 0 ]]; then
+    trap 'scancel --state=PENDING --user="$SLURM_JOB_USER" "${SLURM_ARRAY_JOB_ID:-$SLURM_JOB_ID}"' EXIT
     [[ -n ${TASK0_EXIT:-} ]] && exit "$TASK0_EXIT"
 fi
 sleep 600
@@ -54,26 +57,37 @@ class Chain:
         self.script = self.work / "generation.sbatch"
         self.script.write_text(GENERATION)
         self.script.chmod(0o755)
+        self.plain: set[str] = set()  # generations submitted without --array
 
     def submit(
-        self, array: str, task0_exit: int | None = None, name: str | None = None, hold: bool = False
+        self,
+        array: str | None,
+        task0_exit: int | None = None,
+        name: str | None = None,
+        hold: bool = False,
     ) -> str:
+        """One generation: a job array, or a plain job when `array` is None."""
         argv = [
-            "sbatch", "--parsable", f"--job-name={name or self.name}", f"--array={array}",
+            "sbatch", "--parsable", f"--job-name={name or self.name}",
+            *([f"--array={array}"] if array else []),
             *(["--hold"] if hold else []),
             f"--chdir={self.work}", "--export=ALL" + (f",TASK0_EXIT={task0_exit}" if task0_exit is not None else ""),
             str(self.script),
         ]  # fmt: skip
         if self.user:
             argv = ["runuser", "-u", self.user, "--", *argv]
-        return self.cluster.slurm(*argv).stdout.strip().split(";")[0]
+        job = self.cluster.slurm(*argv).stdout.strip().split(";")[0]
+        if array is None:
+            self.plain.add(job)
+        return job
 
     def tasks(self, array_id: str) -> dict[int, str]:
         """Task id -> state of the array's tasks still in the queue."""
         out = self.cluster.slurm(
             "squeue", "-h", "-r", "-j", array_id, "-o", "%K|%T", check=False
         ).stdout
-        return {int(k): s for k, s in (line.split("|") for line in out.split()) if k.isdigit()}
+        tasks = (line.split("|") for line in out.split())
+        return {int(k) if k.isdigit() else 0: s for k, s in tasks}  # a plain job: its own 0
 
     def wait_tasks(
         self, array_id: str, predicate, what: str, timeout: float = 90
@@ -92,7 +106,10 @@ class Chain:
         )
 
     def task0_end(self, array_id: str) -> str | None:
-        for record in self.cluster.sacct(f"{array_id}_0"):
+        task0 = array_id if array_id in self.plain else f"{array_id}_0"
+        for record in self.cluster.sacct(task0):
+            if record["JobName"] != self.name:
+                continue  # accounting still holds an earlier cluster's job of that id
             if record["State"].split()[0] not in ("PENDING", "RUNNING") and record["End"] not in (
                 "",
                 "Unknown",
@@ -210,11 +227,13 @@ def test_spares_stuck_after_task0_died_are_a_stranded_generation_and_act_frees_t
     )
 
 
-def test_a_93_with_successors_still_queued_is_chain_not_cancelled(cluster, chains, tmp_path):
+@pytest.mark.parametrize("array", ["0-1%1", None], ids=["arrays", "plain-jobs"])
+def test_a_93_with_successors_still_queued_is_chain_not_cancelled(cluster, chains, tmp_path, array):
     chain = chains("watch-93")
-    # The stand-in trap releases only its own spares: the chain cancel "failed".
-    verdict = chain.submit("0-1%1", task0_exit=93, hold=True)
-    successors = [chain.submit("0-1%1"), chain.submit("0-1%1")]
+    # The stand-in trap releases only its own spares: the chain cancel "failed". Without
+    # --array each generation is one plain job (generations submitted by hand).
+    verdict = chain.submit(array, task0_exit=93, hold=True)
+    successors = [chain.submit(array), chain.submit(array)]
     cluster.slurm("scontrol", "release", verdict)  # successors are queued before it ends
     cluster.wait_until(lambda: chain.task0_end(verdict), 90, "the 93 generation to end", 0.5)
     result = watch(cluster, tmp_path, verdict)
@@ -226,6 +245,24 @@ def test_a_93_with_successors_still_queued_is_chain_not_cancelled(cluster, chain
     )
     assert f"scancel --state=PENDING --user=root --name={chain.name}" in result.stderr
     assert all(chain.tasks(s) for s in successors)  # reported, never acted on
+
+
+def test_a_script_that_finds_its_libraries_through_scontrol_is_followed_there(cluster, tmp_path):
+    # The job itself runs the scontrol idiom and its libraries, and records what it got.
+    records = 'printf "%s\\n" "${FT_ARGS[@]}" >"$CELL_DIR/ft_args.txt"\n'
+    text = CELL.replace('srun ft_launcher "${FT_ARGS[@]}" train.py\n', records)
+    name = f"watch-cell-{uuid.uuid4().hex[:6]}"
+    cell = production_cell(cluster.workdir("watch-cell") / "llm.sbatch", name, text)
+    job = cluster.sbatch(f"--job-name={name}", "--output=/dev/null", str(cell))
+    cluster.wait_finished(job, 1, 90)
+    [flag, cycle_dir, *_] = (cell.parent / "ft_args.txt").read_text().split("\n")
+    assert flag == "--ft-cycle-info-dir"
+    assert cycle_dir == f"{cell.parent}/runs/{name}/nvrx/{job}/cycle_infos"
+    result = watch(cluster, tmp_path, job)
+    lib = cell.parent / "lib"
+    assert f"files from batch script {cell} + {lib}/paths.sh + {lib}/launch.sh" in result.stderr
+    assert "1 cycle(s)" in result.stderr  # the recorded cycle in runs/NAME/nvrx/4343/
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_finished_chain_whose_marker_remains_is_exhausted(cluster, chains, tmp_path):

@@ -4,6 +4,7 @@ codes, how a job id becomes a run, and what the watcher writes (never the job's 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import stat
@@ -14,9 +15,12 @@ from click.testing import CliRunner
 
 from nvrx_appliance import manifest
 from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.watch import detectors, resolve
-from nvrx_appliance.watch.cli import watch
-from nvrx_appliance.watch.platform import SlurmPlatform
+from nvrx_appliance.watch import cli, detectors, persistence, resolve
+from nvrx_appliance.watch.cli import build, watch
+from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.readers import CycleReader
+from nvrx_appliance.watch.types import Run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
 
@@ -74,6 +78,23 @@ def test_every_flag_also_reads_its_environment_variable(tmp_path):
     env.pop("NVRX_WATCH_DISABLE")
     env["NVRX_WATCH_STALL_SECONDS"] = str(10**9)
     assert invoke(env=env).exit_code == 0
+
+
+def test_the_submit_sides_names_are_read_after_the_watchers_own(tmp_path):
+    work = killed_run(tmp_path)
+    env = {
+        "NVRX_WATCH_PLATFORM": "none",
+        "NVRX_WATCH_STATE_FILE": str(tmp_path / "state" / "state.json"),
+        "NVRX_WATCH_STALL_SECONDS": "1",
+        "NVRX_WORK_DIR": str(work),  # as the seeds' deployment and `submit` set them
+        "NVRX_JOB_NAME": "llm-7b",
+    }
+    result = invoke(env=env)
+    assert result.exit_code == 2  # the killed cycle was found through NVRX_WORK_DIR
+    assert "pass over llm-7b " in result.output
+    env |= {"NVRX_WATCH_JOB_NAME": "llm-7b-watched", "NVRX_WATCH_WORK_DIR": str(tmp_path / "no")}
+    result = invoke(env=env)
+    assert result.exit_code == 0 and "pass over llm-7b-watched " in result.output
 
 
 def test_a_secret_file_that_cannot_be_read_is_a_usage_error_naming_the_flag(tmp_path):
@@ -199,6 +220,116 @@ def test_flags_override_what_the_script_says(tmp_path):
     request = resolve.Request(job_id="18", cycle_info_glob="/b/*/cycle_info.*", job_name="renamed")
     run, _ = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
     assert (run.cycle_glob, run.job_name) == ("/b/*/cycle_info.*", "renamed")
+
+
+CELL = r"""#!/bin/bash
+#SBATCH --dependency=singleton
+# Inside the job $0 is slurmd's spooled copy: ask Slurm where this file really lives.
+CELL_DIR=$(dirname "$(scontrol show job "$SLURM_JOB_ID" | awk -F= '/Command=/{print $2; exit}')")
+source "$CELL_DIR/lib/paths.sh"
+. "${CELL_DIR}/lib/launch.sh"
+srun ft_launcher "${FT_ARGS[@]}" train.py
+"""
+
+
+def production_cell(path: Path, job_name: str, text: str = CELL) -> Path:
+    """A chain we did not submit: a batch script that finds its libraries through
+    scontrol's Command=, and real NVRx cycle-info files where those libraries say."""
+    lib = path.parent / "lib"
+    lib.mkdir(parents=True)
+    (lib / "paths.sh").write_text('RUNS="$(cd "$CELL_DIR" && pwd)/runs/$SLURM_JOB_NAME"\n')
+    (lib / "launch.sh").write_text(
+        'FT_ARGS=(--ft-cycle-info-dir "$RUNS/nvrx/$SLURM_JOB_ID/cycle_infos"\n'
+        '         --ft-checkpoint-iteration-file "$RUNS/ckpt/iter.txt")\n'
+    )
+    path.write_text(text)
+    target = path.parent / "runs" / job_name / "nvrx" / "4343" / "cycle_infos"
+    target.mkdir(parents=True)
+    for item in (FIXTURES / "killed").iterdir():
+        shutil.copy(item, target / item.name, follow_symlinks=False)
+    return path
+
+
+def test_a_script_that_finds_its_libraries_through_scontrol_keeps_its_cycle_infos(tmp_path):
+    cell = production_cell(tmp_path / "cells" / "llm.sbatch", "chain-a")
+    platform = SlurmPlatform(run=Scontrol(tmp_path / "submit", cell))
+    request = resolve.Request(job_id="18")
+    run, notes = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    cells = tmp_path / "cells"
+    assert run.cycle_glob == f"{cells}/runs/chain-a/nvrx/*/cycle_infos/cycle_info.*"
+    assert run.tracker == f"{cells}/runs/chain-a/ckpt/iter.txt"
+    assert run.origin == f"batch script {cell} + {cells}/lib/paths.sh + {cells}/lib/launch.sh"
+    assert notes == []
+    assert [c.key for c in CycleReader(run.cycle_glob).scan().cycles] == ["4343.0.0"]
+
+
+PLAIN = "watch-rec-10163-plain"  # the recorded chain of plain jobs; its job 1 ended 93
+
+
+class AgingOut:
+    """scontrol and sacct as the cluster printed them for job 1 of a chain of plain jobs,
+    pointed at a test work dir; after forget(), scontrol has dropped the job (MinJobAge)
+    and only sacct knows it, with the SubmitLine it was submitted with."""
+
+    def __init__(self, work: Path, command: Path) -> None:
+        def local(name: str) -> str:
+            text = (FIXTURES / "slurm" / "singleton" / name).read_text()
+            return text.replace("/shared/work/watch-record", str(work))
+
+        self.scontrol = local("scontrol_P.txt").replace(f"{work}/plain.sbatch", str(command))
+        self.sacct = local("sacct_describe.txt")
+        self.forgotten = False
+
+    def forget(self) -> None:
+        self.forgotten = True
+
+    def __call__(self, argv, timeout):
+        if argv[0] == "scontrol" and self.forgotten:
+            unknown = (FIXTURES / "slurm" / "scontrol_unknown.txt").read_text().strip()
+            raise SlurmUnavailable(f"scontrol --oneliner failed: {unknown}")
+        if argv[0] == "scontrol":
+            return self.scontrol
+        if argv[0] == "sacct" and "-j" in argv:
+            return self.sacct
+        return ""  # the pass's squeue and windowed sacct: nothing of the chain left
+
+
+def watch_once(monkeypatch, slurm: AgingOut, state: Path) -> Run:
+    """What one cron run of `nvrx-watch 1` does (cli.build, then a pass), with Slurm's
+    commands answering from the recordings; returns the run it located."""
+    monkeypatch.setattr(cli, "SlurmPlatform", lambda timeout: SlurmPlatform(timeout, slurm))
+    settings = Settings(state_file=str(state))
+    request = resolve.Request(job_id="1")
+    watcher = build(request, settings, Thresholds(), logging.getLogger("test_watch_cli"))
+    watcher.pass_once()
+    return watcher.run
+
+
+def located(cell: Path) -> str:
+    return f"{cell.parent}/runs/{PLAIN}/nvrx/*/cycle_infos/cycle_info.*"
+
+
+def test_a_job_id_aged_out_of_scontrol_keeps_the_script_scontrol_named(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    work.mkdir()
+    cell = production_cell(tmp_path / "cells" / "llm.sbatch", PLAIN)
+    slurm = AgingOut(work, cell)
+    state = tmp_path / "state" / "state.json"
+    assert watch_once(monkeypatch, slurm, state).cycle_glob == located(cell)
+    slurm.forget()  # MinJobAge later; sacct's SubmitLine names work/plain.sbatch, not there
+    assert watch_once(monkeypatch, slurm, state).cycle_glob == located(cell)
+    assert persistence.load(str(state))["jobs"]["1"]["command"] == str(cell)
+
+
+def test_a_job_id_aged_out_of_scontrol_is_read_from_the_script_sacct_names(tmp_path, monkeypatch):
+    work = tmp_path / "work"
+    cell = production_cell(work / "plain.sbatch", PLAIN)  # submitted from there, by name
+    slurm = AgingOut(work, cell)
+    slurm.forget()  # the watcher starts after scontrol dropped the job: nothing remembered
+    run = watch_once(monkeypatch, slurm, tmp_path / "state" / "state.json")
+    assert run.cycle_glob == located(cell)
+    assert run.origin.startswith(f"batch script {cell} + ")
+    assert [c.key for c in CycleReader(run.cycle_glob).scan().cycles] == ["4343.0.0"]
 
 
 def test_a_job_id_slurm_has_forgotten_is_followed_from_the_state_file(tmp_path):

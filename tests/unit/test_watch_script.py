@@ -117,3 +117,36 @@ def test_single_quotes_stay_literal_and_later_assignments_win(tmp_path):
     found = resolve(sbatch)
     assert found.cycle_info_dir == "/second/ci"
     assert found.checkpoint_file == "$A/t"
+
+
+def test_what_a_script_asks_scontrol_about_itself_is_answered_from_the_job(tmp_path):
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "env.sh").write_text("CI_ROOT=$SUBMITTED/nvrx\n")
+    sbatch = tmp_path / "job.sbatch"
+    sbatch.write_text(
+        "LIB=$(scontrol -o show job ${SLURM_JOBID} | grep -oP 'Command=\\K\\S+' | xargs dirname)/lib\n"
+        "SUBMITTED=$(scontrol show job $SLURM_JOB_ID | awk -F= '/WorkDir=/{print $2}' | head -n1)\n"
+        'source "$LIB/env.sh"\n'
+        'ft_launcher --ft-cycle-info-dir "$CI_ROOT/ci" x.py\n'
+    )
+    job = {"Command": str(sbatch), "WorkDir": "/lustre/alice/exp"}
+    found = script.resolve(
+        str(sbatch), sbatch.read_text(), readers.read_script, KNOWN, "/home/alice/sub", job
+    )
+    assert found.cycle_info_dir == "/lustre/alice/exp/nvrx/ci"
+    assert found.files_read == (str(sbatch), str(tmp_path / "lib" / "env.sh"))
+
+
+def test_scontrol_about_another_job_or_an_unknown_command_stays_unknown(tmp_path):
+    sbatch = tmp_path / "job.sbatch"
+    sbatch.write_text(
+        "D=$(dirname $(scontrol show job 1234 | awk -F= '/Command=/{print $2}'))\n"
+        "E=$(dirname $(scontrol show job $SLURM_JOB_ID | awk -F= '/Command=/{print $2}'))\n"
+        "ft_launcher --ft-cycle-info-dir $D/ci --ft-checkpoint-iteration-file $E/t.txt x.py\n"
+    )
+    found = script.resolve(str(sbatch), sbatch.read_text(), readers.read_script, KNOWN, "/s", {})
+    assert (found.cycle_info_dir, found.checkpoint_file) == (None, None)
+    assert [u.split()[0] for u in found.unresolved] == [
+        "--ft-cycle-info-dir",
+        "--ft-checkpoint-iteration-file",
+    ]

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.watch import cli, resolve
+from nvrx_appliance.watch import cli, resolve, sinks
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.runner import Watcher
+from tests.unit.test_watch_slurm import SACCT_TIMED_OUT, Replay, one_pass
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
 ROUTING_KEY = "R0UTING-KEY-do-not-log"
@@ -174,6 +175,22 @@ def test_pagerduty_gets_a_resolve_once_the_condition_is_gone(tmp_path, receiver)
         (e["event_action"], e["dedup_key"].split("/")[3]) for e in receiver.bodies("/v2/enqueue")
     ]
     assert actions == [("trigger", "cycle_stalled"), ("resolve", "cycle_stalled")]
+
+
+def test_a_finding_a_failed_follow_up_hides_is_not_resolved(tmp_path, receiver):
+    # Recorded: generation 18's task 0 was SIGKILLed at 18:19:20 and its spares remain;
+    # only the follow-up (sacct -j 18_0, then scontrol) knows that it ended.
+    pagerduty = [sinks.PagerDutySink(f"{receiver.url}/v2/enqueue", ROUTING_KEY)]
+    at = "2026-11-30T18:25:00"  # past the grace
+    seeing = Replay(sacct="sacct_no_restart.txt")
+    first = one_pass(tmp_path, seeing, "watch-rec-7357", at, paging=pagerduty)
+    assert {"orphaned_generation", "stranded_generation"} <= {f.detector for f in first.findings}
+    blind = Replay(sacct="sacct_no_restart.txt", follow_up_error=SACCT_TIMED_OUT)
+    second = one_pass(tmp_path, blind, "watch-rec-7357", at, paging=pagerduty)
+    assert "orphaned_generation" not in {f.detector for f in second.findings}
+    events = receiver.bodies("/v2/enqueue")
+    assert [e["event_action"] for e in events].count("resolve") == 0  # not seen is not gone
+    assert events[-1]["dedup_key"].endswith("/source_unavailable/slurm_follow_up")
 
 
 def test_the_heartbeat_is_sent_only_after_a_pass_that_could_observe(tmp_path, receiver):

@@ -1,9 +1,11 @@
 """The Slurm source, against what squeue, sacct and scontrol printed on the local cluster
-for a chain whose generation 18 lost task 0 to a SIGKILL (fixtures/watch/record_slurm.sh).
-The commands' output is replayed through the same platform code and parsers."""
+for a chain whose generation 18 lost task 0 to a SIGKILL, and for a chain of plain jobs
+(no arrays) whose job 1 ended 93 (fixtures/watch/record_slurm.sh). The commands' output
+is replayed through the same platform code and parsers."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -11,9 +13,19 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance.watch import detectors, parsing
-from nvrx_appliance.watch.config import Thresholds
+from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.types import OBSERVED, SLURM, Run, Snapshot, SourceStatus
+from nvrx_appliance.watch.runner import PassResult, Watcher
+from nvrx_appliance.watch.types import (
+    CRITICAL,
+    FOLLOW_UP,
+    OBSERVED,
+    SLURM,
+    UNAVAILABLE,
+    Run,
+    Snapshot,
+    SourceStatus,
+)
 
 RECORDED = Path(__file__).parent / "fixtures" / "watch" / "slurm"
 
@@ -23,12 +35,19 @@ def recorded(name: str) -> str:
 
 
 class Replay:
-    """Answers each Slurm command with what the cluster printed for it, and counts calls."""
+    """Answers each Slurm command with what the cluster printed for it, and counts calls.
+
+    `follow_up_error`: the per-generation `sacct -j A_0` fails with this message, as
+    slurmcli reports a sacct that did not answer or failed.
+    """
 
     def __init__(
-        self, squeue: str = "squeue_task0_killed.txt", sacct: str = "sacct_task0_killed.txt"
+        self,
+        squeue: str = "squeue_task0_killed.txt",
+        sacct: str = "sacct_task0_killed.txt",
+        follow_up_error: str = "",
     ) -> None:
-        self.squeue, self.sacct = squeue, sacct
+        self.squeue, self.sacct, self.follow_up_error = squeue, sacct, follow_up_error
         self.calls: list[list[str]] = []
 
     def __call__(self, argv: Sequence[str], timeout: float) -> str:
@@ -44,10 +63,27 @@ class Replay:
                 )
             return recorded("scontrol_task0.txt" if job.endswith("_0") else "scontrol_array.txt")
         if argv[0] == "sacct":
-            if "JobName,User,WorkDir" in argv:
+            if parsing.DESCRIBE_FIELDS in argv:
                 return "" if argv[argv.index("-j") + 1] == "999" else recorded("sacct_describe.txt")
+            if "-j" in argv and self.follow_up_error:
+                raise SlurmUnavailable(self.follow_up_error)
             return recorded(self.sacct)
         raise AssertionError(f"unexpected command {argv}")
+
+
+def one_pass(tmp_path: Path, replay: Replay, name: str, at: str, **settings) -> PassResult:
+    """One pass of the watcher over the chain `name`, at the recorded time `at`."""
+    watcher = Watcher(
+        run=Run(job_name=name, owner="root"),
+        platform=SlurmPlatform(run=replay),
+        thresholds=Thresholds(),
+        settings=Settings(state_file=str(tmp_path / "state" / "state.json")),
+        caller="root",
+        logger=logging.getLogger("test_watch_slurm"),
+        clock=lambda: parsing.parse_time(at),
+        **settings,
+    )
+    return watcher.pass_once()
 
 
 def test_squeue_groups_array_tasks_into_generations():
@@ -156,3 +192,84 @@ def test_task0_missing_from_the_windowed_sacct_is_asked_for_by_id_then_scontrol(
     endings = SlurmPlatform(run=replay).task0_endings(["18"])
     assert [(e.array_id, e.source) for e in endings] == [("18", "scontrol")]
     assert [c[0] for c in replay.calls] == ["sacct", "scontrol"]
+
+
+# --- a chain of plain jobs (no arrays) ----------------------------------------------------
+
+PLAIN = "watch-rec-10163-plain"  # job 1 ended 93; 2 (queued before that) runs, 3 waits
+PLAIN_ENDED = "2026-12-01T01:55:23"
+
+
+def test_each_plain_job_is_a_generation_that_is_its_own_task0():
+    running, waiting = parsing.squeue_generations(recorded("singleton/squeue.txt"))
+    assert (running.array_id, running.task0.state, running.task0.nodes) == ("2", "RUNNING", "node1")
+    assert (waiting.array_id, waiting.task0.state) == ("3", "PENDING")
+    assert waiting.pending == (waiting.task0,) and running.alive
+    [verdict] = parsing.sacct_task0_endings(recorded("singleton/sacct.txt"))
+    assert (verdict.array_id, verdict.state, verdict.exit_code) == ("1", "FAILED", 93)
+    assert verdict.end == parsing.parse_time(PLAIN_ENDED)
+
+
+def test_a_chain_of_plain_jobs_that_ended_93_with_successors_queued_is_reported(tmp_path):
+    replay = Replay(squeue="singleton/squeue.txt", sacct="singleton/sacct.txt")
+    result = one_pass(tmp_path, replay, PLAIN, "2026-12-01T01:56:23")
+    [finding] = result.findings
+    assert (finding.detector, finding.severity) == ("chain_not_cancelled", CRITICAL)
+    assert "generation 1 of watch-rec-10163-plain ended 93" in finding.summary
+    assert "generation(s) 2, 3 are still queued" in finding.summary
+    assert result.exit_code == 2
+    # Every job is its own task 0, in the queue or in the windowed sacct: nothing to
+    # ask about a task '<id>_0' that cannot exist.
+    assert [c[0] for c in replay.calls] == ["squeue", "sacct"]
+
+
+# --- a follow-up query that fails -----------------------------------------------------------
+
+SACCT_TIMED_OUT = "sacct did not answer within 30s"  # slurmcli's words for a hung slurmdbd
+
+
+def test_a_failed_follow_up_keeps_what_squeue_and_sacct_showed_and_pages_the_blindness(
+    tmp_path,
+):
+    # Generation 23 ended 93 (the windowed sacct); 18 lost task 0 and 21 is queued
+    # (squeue). Asking sacct how 18's task 0 ended fails: the 93 is still sound.
+    replay = Replay(sacct="sacct_no_restart.txt", follow_up_error=SACCT_TIMED_OUT)
+    result = one_pass(tmp_path, replay, "watch-rec-7357", "2026-11-30T18:20:21")
+    found = {f.detector: f for f in result.findings}
+    assert set(found) == {"chain_not_cancelled", "source_unavailable"}
+    assert found["chain_not_cancelled"].severity == CRITICAL
+    assert "generation(s) 18, 21 are still queued" in found["chain_not_cancelled"].summary
+    assert SACCT_TIMED_OUT in found["source_unavailable"].summary
+    assert result.snapshot.sources[SLURM].state == OBSERVED
+    assert result.snapshot.sources[FOLLOW_UP].state == UNAVAILABLE
+    assert result.exit_code == 2 and result.degraded and not result.heartbeat_sent
+
+
+# --- what sacct says of a job scontrol has forgotten ------------------------------------------
+
+
+def test_sacct_names_the_script_a_plain_job_was_submitted_with():
+    [line] = recorded("singleton/sacct_describe.txt").splitlines()
+    name, owner, work, submit_line = parsing.sacct_identity(line)
+    assert (name, owner, work) == (PLAIN, "root", "/shared/work/watch-record")
+    # Submitted from its work dir as `sbatch ... plain.sbatch`; scontrol said the same file.
+    assert parsing.submitted_script(submit_line, work) == "/shared/work/watch-record/plain.sbatch"
+    [record] = parsing.scontrol_records(recorded("singleton/scontrol_P.txt"))
+    assert record["Command"] == "/shared/work/watch-record/plain.sbatch"
+
+
+@pytest.mark.parametrize(
+    ("submit_line", "script"),
+    [
+        ("sbatch -J llm -N 4 --time 1:00:00 --hold cell.sbatch --steps 10", "/w/cell.sbatch"),
+        ("/usr/bin/sbatch -Hv --export=ALL,X=1 /abs/cell.sbatch", "/abs/cell.sbatch"),
+        ("sbatch --exclusive --no-requeue -o out.log ../cells/c.sh", "/cells/c.sh"),
+        ("sbatch --chdir /elsewhere cell.sbatch", ""),  # relative to an unknown submit dir
+        ("sbatch -D /elsewhere /abs/cell.sbatch", "/abs/cell.sbatch"),
+        ("sbatch --wrap=hostname", ""),
+        ("salloc -N 1", ""),
+        ("", ""),
+    ],
+)
+def test_the_script_in_a_submit_line_skips_sbatch_options_and_their_values(submit_line, script):
+    assert parsing.submitted_script(submit_line, "/w") == script
