@@ -254,7 +254,7 @@ def host_checks(spec: ChainSpec) -> list[HostCheck]:
         host = on_host(spec.script, spec)
         # Outside every mount a script may live in the image itself: not refused.
         checks.append(
-            HostCheck(flag("script"), spec.script, spec.script, host,
+            HostCheck(flag("script"), "your script", spec.script, host,
                       (host,) if host else (), must_be_mounted=False)
         )  # fmt: skip
     return checks

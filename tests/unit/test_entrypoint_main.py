@@ -147,6 +147,38 @@ def test_the_dry_run_shows_everything_and_publishes_nothing(tmp_path):
     assert not (run_json.parent / "nvrx").exists()
 
 
+def test_the_dry_run_runs_the_workload_argv_recorded_in_run_json_verbatim(tmp_path):
+    run_json = write_manifest(tmp_path)
+    data = json.loads(run_json.read_text())
+    data["workload"] = ["/opt/team/train.py", "--recorded", "at submit"]
+    run_json.write_text(json.dumps(data))
+    result = entrypoint("--manifest", str(run_json), "--dry-run", "--json", env=srun_stand_in())
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["workload"] == [
+        sys.executable,
+        "-u",
+        "/opt/team/train.py",
+        "--recorded",
+        "at submit",
+    ]
+    assert plan["env"]["set"]["NVRX_APPLIANCE_CHECKPOINT_DIR"] == str(
+        tmp_path / "work" / "checkpoints"
+    )
+    assert "NVRX_INJECT_GPU_FAILURE" in plan["env"]["unset"]  # train mode: nothing injected
+
+
+def test_a_run_json_without_a_workload_is_refused_before_anything_is_published(tmp_path):
+    run_json = write_manifest(tmp_path)
+    data = json.loads(run_json.read_text())
+    data["workload"] = []
+    run_json.write_text(json.dumps(data))
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in())
+    assert result.returncode == exitcodes.MANIFEST_INVALID
+    assert "names no workload to run; resubmit" in result.stderr
+    assert not (run_json.parent / "nvrx").exists()
+
+
 def test_the_dry_run_works_off_cluster_in_words(tmp_path):
     run_json = write_manifest(tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}

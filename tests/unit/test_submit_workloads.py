@@ -1,0 +1,232 @@
+"""submit with a user's own workload: the mode it defaults to, the Megatron arguments file,
+what it refuses in it, the paths it checks, and the script workload. Each runs the real
+`nvrx-appliance submit` (a dry run, or a refusal: nothing may be written either way)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from nvrx_appliance.cli import cli
+
+WORK = "/shared/alice/run"  # never created: a dry run writes nothing
+IMAGE = "registry.example#nvidia/pytorch:25.12-py3"  # a registry image: nothing to read
+
+
+def submit(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    """`submit --dry-run --json` with Slurm unreachable (SLURM_CONF names no file)."""
+    environment = {"SLURM_CONF": str(tmp_path / "none.conf"), **(env or {})}
+    return CliRunner().invoke(cli, ["submit", "--work-dir", WORK, *args], env=environment)
+
+
+def plan(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> dict:
+    result = submit(tmp_path, *args, "--dry-run", "--json", env=env)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def refusal(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> list[str]:
+    result = submit(tmp_path, *args, env=env)
+    assert result.exit_code == 2, result.output
+    assert not Path(WORK).exists()
+    lines = result.stderr.splitlines()
+    assert lines[-1] == "nvrx-appliance submit: nothing was written or submitted"
+    return [line for line in lines if not line.startswith("warning") and "slurm:" not in line]
+
+
+def args_file(tmp_path: Path, text: str, name: str = "args.txt") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+CPU = ("--workload", "cpu", "--runtime", "bare", "--python", sys.executable)
+
+
+# --- the mode ---------------------------------------------------------------------------
+
+
+def test_with_no_mode_a_chain_trains_and_nothing_injects_a_fault(tmp_path):
+    doc = plan(tmp_path, *CPU)
+    assert doc["mode"] == "train"
+    assert not [a for a in doc["workload"] if a.startswith("--fault-injector")]
+
+
+def test_the_dry_run_says_the_mode_and_the_final_workload_argv(tmp_path):
+    result = submit(tmp_path, *CPU, "--dry-run")
+    assert "# mode: train (no injected faults)" in result.stdout
+    assert "-m nvrx_appliance.entrypoints.workloads.cpu --save " in result.stdout
+
+
+@pytest.mark.parametrize(("value", "mode"), [("1", "no-restart"), ("0", "handoff")])
+def test_the_seeds_demo_switch_still_selects_a_demo_that_injects(tmp_path, value, mode):
+    doc = plan(tmp_path, *CPU, env={"NVRX_NO_RESTART_DEMO": value})
+    assert doc["mode"] == mode
+    assert "--fault-injector-ranks" in doc["workload"]
+
+
+# --- Megatron: the user's arguments -----------------------------------------------------
+
+MEGATRON = ("--image", IMAGE, "--train-samples", "1000000")
+USER = """\
+# my model
+--num-layers 24   # deep enough
+--hidden-size 2048
+--tokenizer-type HuggingFaceTokenizer
+--run-name 'first run'
+--lr=3e-4
+"""
+
+
+def test_a_users_arguments_come_last_after_the_appliances_with_no_preset(tmp_path):
+    doc = plan(tmp_path, *MEGATRON, "--megatron-args", args_file(tmp_path, USER))
+    argv = doc["workload"]
+    assert argv[0] == "/workspace/megatron-lm/pretrain_gpt.py"
+    assert argv[-9:] == [
+        "--num-layers", "24", "--hidden-size", "2048", "--tokenizer-type",
+        "HuggingFaceTokenizer", "--run-name", "first run", "--lr=3e-4",
+    ]  # fmt: skip
+    assert "--save" in argv and "--enable-ft-package" in argv
+    assert "--mock-data" not in argv  # mock data belongs to the demo presets only
+
+
+def test_print_config_shows_the_profile_none_and_where_the_arguments_came_from(tmp_path):
+    path = args_file(tmp_path, USER)
+    result = submit(tmp_path, *MEGATRON, "--megatron-args", path, "--print-config", "--json")
+    settings = json.loads(result.stdout)["settings"]
+    assert settings["profile"]["value"] == "none"
+    assert settings["megatron_args"]["from"] == f"flag --megatron-args {path}"
+    assert settings["megatron_args"]["value"][:2] == ["--num-layers", "24"]
+
+
+def test_a_preset_keeps_its_mock_data_and_the_users_arguments_override_it(tmp_path):
+    path = args_file(tmp_path, "--num-layers 2\n")
+    argv = plan(tmp_path, *MEGATRON, "--profile", "small", "--megatron-args", path)["workload"]
+    assert "--mock-data" in argv
+    assert argv[-2:] == ["--num-layers", "2"]  # after the preset's 8: argparse keeps it
+
+
+def test_the_config_file_takes_the_arguments_as_a_list(tmp_path):
+    config = tmp_path / "chain.toml"
+    config.write_text('megatron_args = ["--num-layers", "4", "--seq-length", "2048"]\n')
+    argv = plan(tmp_path, *MEGATRON, "--config", str(config))["workload"]
+    assert argv[-4:] == ["--num-layers", "4", "--seq-length", "2048"]
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (
+            "--tensor-model-parallel-size 4",
+            "--megatron-args: --tensor-model-parallel-size conflicts with --tensor-parallel; "
+            "remove it and set --tensor-parallel instead",
+        ),
+        (
+            "--persistent-save-interval=100",
+            "--megatron-args: --persistent-save-interval conflicts with --save-interval",
+        ),
+        ("--save /elsewhere", "--megatron-args: --save is set by the appliance"),
+        ("--fault-injector-ranks 3", "--megatron-args: --fault-injector-ranks is set by the"),
+    ],
+)
+def test_an_argument_the_appliance_owns_is_refused_naming_both(tmp_path, line, expected):
+    lines = refusal(tmp_path, *MEGATRON, "--megatron-args", args_file(tmp_path, line + "\n"))
+    assert any(message.startswith(f"nvrx-appliance submit: {expected}") for message in lines)
+
+
+def test_an_unreadable_or_badly_quoted_arguments_file_is_one_line(tmp_path):
+    result = submit(tmp_path, *MEGATRON, "--megatron-args", str(tmp_path / "missing.txt"))
+    assert result.exit_code == 2
+    assert "--megatron-args" in result.stderr and "cannot read it" in result.stderr
+    bad = args_file(tmp_path, "--lr 1e-4\n--run-name 'open\n")
+    result = submit(tmp_path, *MEGATRON, "--megatron-args", bad)
+    assert result.exit_code == 2
+    assert f"{bad}, line 2: No closing quotation; fix the quoting" in result.stderr
+
+
+def test_profile_none_needs_arguments_and_a_length(tmp_path):
+    lines = refusal(tmp_path, "--image", IMAGE, "--profile", "none")
+    assert any("--profile: none passes only your arguments" in m for m in lines)
+    lines = refusal(tmp_path, "--image", IMAGE, "--megatron-args", args_file(tmp_path, USER))
+    assert any("--train-samples: your run needs a length" in m for m in lines)
+
+
+# --- Megatron: the paths in the arguments -----------------------------------------------
+
+
+def data_args(tmp_path: Path) -> str:
+    return args_file(tmp_path, "--data-path 0.5 /data/web_text_document 0.5 /data/code\n")
+
+
+def test_data_outside_every_container_mount_is_refused_naming_the_mount_to_add(tmp_path):
+    lines = refusal(tmp_path, *MEGATRON, "--megatron-args", data_args(tmp_path))
+    assert any(
+        "--data-path /data/web_text_document is not under any container mount" in m
+        and f"--mounts {WORK}:{WORK},/data:/data" in m
+        for m in lines
+    )
+
+
+def test_missing_dataset_files_are_named_through_the_mount(tmp_path):
+    host = tmp_path / "corpora"
+    host.mkdir()
+    for name in ("web_text_document.bin", "web_text_document.idx", "code.bin"):
+        (host / name).write_text("")
+    mounts = ("--mounts", f"{WORK}:{WORK},{host}:/data")
+    lines = refusal(tmp_path, *MEGATRON, *mounts, "--megatron-args", data_args(tmp_path))
+    assert lines == [
+        f"nvrx-appliance submit: --megatron-args: --data-path /data/code: {host}/code.idx does "
+        f"not exist (on this host: {host}/code); fix the path (every node must see it at the "
+        "same path)",
+        "nvrx-appliance submit: nothing was written or submitted",
+    ]
+    (host / "code.idx").write_text("")
+    assert plan(tmp_path, *MEGATRON, *mounts, "--megatron-args", data_args(tmp_path))
+
+
+def test_a_relative_data_path_is_refused(tmp_path):
+    path = args_file(tmp_path, "--data-path corpus_text_document\n")
+    lines = refusal(tmp_path, *MEGATRON, "--megatron-args", path)
+    assert any("--data-path corpus_text_document: use an absolute path" in m for m in lines)
+
+
+# --- any PyTorch script -----------------------------------------------------------------
+
+
+SCRIPT_CHAIN = ("--workload", "script", "--runtime", "bare", "--python", sys.executable)
+
+
+def test_a_script_workload_runs_the_script_with_its_arguments(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    doc = plan(
+        tmp_path, *SCRIPT_CHAIN, "--script", str(script),
+        "--script-args", args_file(tmp_path, "--iterations 100  # short\n--lr 0.1\n"),
+    )  # fmt: skip
+    assert doc["workload"] == [str(script), "--iterations", "100", "--lr", "0.1"]
+
+
+def test_a_script_workload_is_refused_without_its_script_or_when_it_is_missing(tmp_path):
+    lines = refusal(tmp_path, *SCRIPT_CHAIN)
+    assert any("--script: --workload script needs your script" in m for m in lines)
+    lines = refusal(tmp_path, *SCRIPT_CHAIN, "--script", str(tmp_path / "nope.py"))
+    assert any(f"--script: your script: {tmp_path}/nope.py does not exist" in m for m in lines)
+
+
+def test_a_script_cannot_be_given_a_demo_fault_it_cannot_inject(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    lines = refusal(tmp_path, *SCRIPT_CHAIN, "--script", str(script), "--mode", "handoff")
+    assert any("pass --no-fault-inject" in m for m in lines)
+    doc = plan(tmp_path, *SCRIPT_CHAIN, "--script", str(script), "--mode", "handoff",
+               "--no-fault-inject")  # fmt: skip
+    assert doc["mode"] == "handoff"
+
+
+def test_arguments_of_another_workload_are_refused(tmp_path):
+    lines = refusal(tmp_path, *CPU, "--megatron-args", args_file(tmp_path, "--lr 1\n"))
+    assert any("--megatron-args: applies to --workload megatron, not cpu" in m for m in lines)
