@@ -1,8 +1,12 @@
 """f) task 0's normal end releases the pending cold spares; h) two chains with different
 names leave each other alone, and a second chain under a name in use is refused;
-j) `train` mode runs to the end without a single fault."""
+j) a chain submitted with no --mode trains (`train`) to the end with no injected fault
+anywhere in its logs."""
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import pytest
 
@@ -26,6 +30,18 @@ from .test_chain_support import (
 pytestmark = pytest.mark.cluster
 
 ITERATIONS = 300  # train samples / global batch (1 micro batch x 2 ranks)
+# What the trainer and NVRx's GPU-failure injector say when they inject anything.
+INJECTION = re.compile(r"injecting|injection enabled", re.IGNORECASE)
+
+
+def injections(work: Path) -> list[str]:
+    """Every log line under the work dir (Slurm, ft_launcher, cycles) that tells of one."""
+    return [
+        f"{log.name}: {line}"
+        for log in sorted(work.rglob("*.log")) + sorted(work.rglob("*.out"))
+        for line in log.read_text(errors="replace").splitlines()
+        if INJECTION.search(line)
+    ]
 
 
 def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
@@ -34,7 +50,7 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
     # Throttle 1: the two cold spares stay pending for as long as task 0 runs.
     a1, a2 = submit(
         cluster, work_a, name_a,
-        "--mode", "train", "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "2",
+        "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "2",
         "--depth", "2", "--train-samples", str(2 * ITERATIONS),
     )  # fmt: skip
 
@@ -68,7 +84,9 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
     first, second = ledger(work_a)
     # j) training ran to its end: exit 0, no fault, the tracker at the last iteration.
     assert first["exit_code"] == 0, logs_on_failure(work_a)
+    assert first["mode"] == "train"
     assert not [e for e in progress(work_a) if e["event"] == "fault"]
+    assert injections(work_a) == []
     done = [e for e in progress(work_a) if e["event"] == "done"]
     assert done and done[0]["iteration"] == ITERATIONS == tracker(work_a)
     gen1 = tasks(cluster, a1)
