@@ -21,7 +21,7 @@ import pytest
 
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.entrypoints import control, controldir
+from nvrx_appliance.entrypoints import control, controldir, workloads
 
 from .conftest import Cluster
 
@@ -64,7 +64,8 @@ def generation(cluster: Cluster, name: str, **settings) -> tuple[Path, Path]:
         lease_stale_after=LEASE_STALE_S,
         **settings,
     )
-    run_json = manifest.save(manifest.build(spec, created="2026-01-01T00:00:00Z", user="root"))
+    built = manifest.build(spec, created="2026-01-01T00:00:00Z", user="root")
+    run_json = manifest.save(workloads.complete(built))
     script = work / "generation.sbatch"
     script.write_text(SBATCH.format(entrypoint=ENTRYPOINT, run_json=run_json, work=work))
     return work, script
