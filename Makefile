@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 APPLIANCE := $(BIN)/nvrx-appliance
 
 .PHONY: deps system-deps python-deps lint test test-unit test-integration \
-        cluster-up cluster-down cluster-status demo image bench clean
+        cluster-up cluster-down cluster-status demo image bench gpu-check clean
 
 deps: system-deps python-deps
 
@@ -48,6 +48,11 @@ image: deps
 
 bench: deps
 	$(BIN)/python -m bench
+
+# On a GPU machine (no Slurm needed): the Megatron hand-off, two generations on one node.
+# Needs GPU_CHECK_MEGATRON (a Megatron-LM checkout at the pinned commit); see the script.
+gpu-check:
+	python3 scripts/gpu_check.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
