@@ -9,6 +9,7 @@ trainer.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import sys
@@ -113,10 +114,14 @@ def progress(work: Path) -> list[dict]:
 
 
 def dialing(array_job_id: str) -> bool:
-    """Is an ft_launcher of this generation running? (Nodes share this PID namespace.)"""
+    """Is an ft_launcher of this generation running? (Nodes share this PID namespace.)
+
+    Matched by its --rdzv-id, not by the id appearing anywhere: a fresh cluster's job ids
+    are small numbers that any other ft_launcher's argv may hold (`--nnodes 1`)."""
     for proc in psutil.process_iter(["cmdline"]):
         cmdline = proc.info["cmdline"] or []
-        if any("ft_launcher" in part for part in cmdline) and array_job_id in cmdline:
+        pairs = itertools.pairwise(cmdline)
+        if any("ft_launcher" in part for part in cmdline) and ("--rdzv-id", array_job_id) in pairs:
             return True
     return False
 
