@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -17,7 +19,9 @@ from rich.live import Live
 
 from nvrx_appliance import exitcodes
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
+from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
+from nvrx_appliance.slurm import logs as chainlogs
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import spec_flags, spec_options
 
@@ -255,3 +259,65 @@ def cancel_command(target: str, work_dir: str | None) -> None:
         f"Cancelled chain {done.job_name!r}: running {', '.join(done.running) or 'none'}; "
         f"queued {', '.join(done.queued) or 'none'}"
     )
+
+
+@click.command("logs")
+@click.argument("target", metavar="JOB_ID|NAME")
+@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
+@click.option("--task", type=click.IntRange(min=0), default=0, help="This array task's batch log.")
+@click.option("--cycle", type=click.IntRange(min=0), help="The workload's output in NVRx cycle N.")
+@click.option("--launcher", is_flag=True, help="ft_launcher's own log.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing as it grows, on into later generations."
+)
+def logs_command(
+    target: str, work_dir: str | None, task: int, cycle: int | None, launcher: bool, follow: bool
+) -> None:
+    """A generation's output: task 0's batch log unless --task, --cycle or --launcher.
+
+    A job id means its generation; a name, the newest generation that wrote that log.
+    Each path read is named on stderr; README "Where the logs are" lists them all.
+    """
+    if sum((task != 0, cycle is not None, launcher)) > 1:
+        _fail("--task, --cycle and --launcher each pick one log; give one of them")
+    user = slurmcli.current_user()
+    if work_dir:
+        folder, generation = Path(work_dir).resolve(), (target if target.isdigit() else None)
+    else:
+        try:
+            folder, generation = sources.locate_job(target, user=user)
+        except sources.NotFound as exc:
+            _fail(str(exc))
+    try:
+        manifest = sources.load_manifest(folder)
+    except sources.NotFound as exc:
+        _fail(str(exc))
+    layout, job_name = Layout(folder), manifest["spec"]["job_name"]
+    which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
+    try:
+        generation, path = chainlogs.pick(layout, job_name, which, generation)
+    except LookupError as exc:
+        _fail(str(exc))
+
+    def announce(found: Path) -> None:
+        click.echo(f"==> {found} <==", err=True)
+
+    if follow:
+        pinned = generation if target.isdigit() else None
+        with contextlib.suppress(KeyboardInterrupt):
+            chainlogs.follow(lambda: chainlogs.pick(layout, job_name, which, pinned)[1],
+                             sys.stdout, announce)  # fmt: skip
+        return
+    if not path.exists():
+        click.echo(
+            f"nvrx-appliance logs: the {which.describe()} of generation {generation} ({path}) "
+            "does not exist yet; is it still queued? see `nvrx-appliance status`",
+            err=True,
+        )
+        sys.exit(1)
+    announce(path)
+    with path.open(errors="replace") as handle:
+        shutil.copyfileobj(handle, sys.stdout)
+    more = chainlogs.others(layout, job_name, generation, manifest["shape"]["array_size"])
+    if more:
+        click.echo(f"other logs of generation {generation}: {', '.join(more)}", err=True)

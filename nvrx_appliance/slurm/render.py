@@ -44,7 +44,7 @@ def uses_gpus(manifest: Manifest) -> bool:
 
 
 def log_pattern(manifest: Manifest) -> str:
-    return str(manifest.layout.logs / "slurm-%x-%A_%a.out")
+    return str(manifest.layout.batch_log_pattern)
 
 
 def sbatch_args(manifest: Manifest, extra: tuple[str, ...] = ()) -> list[str]:

@@ -26,6 +26,12 @@ class NotFound(Exception):
 
 def locate(target: str, *, user: str) -> Path:
     """The work dir of the chain that `target` (a job id or a job name) belongs to."""
+    return locate_job(target, user=user)[0]
+
+
+def locate_job(target: str, *, user: str) -> tuple[Path, str | None]:
+    """(work dir, array job id): the generation a job id names (a task's own id too);
+    None for a job name."""
     rows = _live_rows(user)
     if target.isdigit():
         match = [r for r in rows if target in (r.array_job_id, r.job_id)]
@@ -40,7 +46,8 @@ def locate(target: str, *, user: str) -> Path:
             "your chain, or its work dir with --work-dir"
         )
     # The newest job wins: a name reused by a later chain means that chain.
-    return Path(dirs[-1])
+    generation = match[-1].array_job_id if target.isdigit() else None
+    return Path(dirs[-1]), generation
 
 
 def _live_rows(user: str) -> list[parse.QueueRow]:
