@@ -17,7 +17,7 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from nvrx_appliance import exitcodes
+from nvrx_appliance import exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
@@ -65,7 +65,7 @@ def show_config(resolved: resolve.Resolved, as_json: bool) -> None:
     if as_json:
         settings = {name: {"value": v, "from": o} for name, v, o in _config_rows(resolved)}
         doc = {"settings": settings, "shape": shape, "sbatch_env": _sbatch_env()}
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(jsondoc.dumps("config", doc))
         return
     rows = _config_rows(resolved)
     width = max(len(name) for name, _, _ in rows)
@@ -156,7 +156,7 @@ def _print_dry_run(plan: submitting.Plan, as_json: bool) -> None:
             "warnings": list(plan.warnings),
             "image_qualification": plan.image_standing and plan.image_standing.to_json(),
         }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(jsondoc.dumps("dry-run", doc))
         return
     click.echo("# dry run: nothing was written or submitted")
     click.echo(f"# mode: {_mode_line(plan.manifest.spec)}")
@@ -176,7 +176,7 @@ def _mode_line(spec: ChainSpec) -> str:
 
 def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(done.to_json(), indent=2))
+        click.echo(jsondoc.dumps("submitted", done.to_json()))
         return
     spec, shape = done.plan.manifest.spec, done.plan.manifest.shape
     click.echo(
@@ -189,13 +189,21 @@ def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
     click.echo(f"  follow:   nvrx-appliance status {done.job_ids[0]}")
 
 
-def _work_dir_of(target: str, work_dir: str | None, user: str) -> Path:
+def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str | None]:
+    """(work dir, generation a job id names) of the chain `target` belongs to."""
     if work_dir:
-        return Path(work_dir).resolve()
+        return Path(work_dir).resolve(), (target if target.isdigit() else None)
     try:
-        return sources.locate(target, user=user)
+        return sources.locate_job(target, user=slurmcli.current_user())
     except sources.NotFound as exc:
         _fail(str(exc))
+    except slurmcli.SlurmUnavailable as exc:
+        _unreachable(command, str(exc), "pass the chain's --work-dir to read its files")
+
+
+def _unreachable(command: str, detail: str, then: str) -> NoReturn:
+    click.echo(f"nvrx-appliance {command}: Slurm could not be reached: {detail}; {then}", err=True)
+    sys.exit(1)
 
 
 @click.command("status")
@@ -214,7 +222,7 @@ def _work_dir_of(target: str, work_dir: str | None, user: str) -> Path:
 def status_command(target: str, work_dir: str | None, as_json: bool, every: float | None) -> None:
     """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""
     user = slurmcli.current_user()
-    folder = _work_dir_of(target, work_dir, user)
+    folder, _ = _locate("status", target, work_dir)
 
     def look():
         try:
@@ -222,13 +230,16 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
         except sources.NotFound as exc:
             _fail(str(exc))
 
-    if as_json:
-        click.echo(json.dumps(look().to_json(), indent=2))
+    if every is None:
+        view = look()
+        if as_json:
+            click.echo(jsondoc.dumps("status", view.to_json()))
+        else:
+            Console().print(status_view.render(view))
+        if not view.slurm_reachable:
+            _unreachable("status", "; ".join(view.blind), "only the work dir's records are shown")
         return
     console = Console()
-    if every is None:
-        console.print(status_view.render(look()))
-        return
     with Live(status_view.render(look()), console=console, auto_refresh=False) as live:
         try:
             while True:
@@ -243,15 +254,13 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
 @click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
 def cancel_command(target: str, work_dir: str | None) -> None:
     """Cancel a whole chain (every generation, queued or running); only your own jobs."""
-    user = slurmcli.current_user()
-    folder = _work_dir_of(target, work_dir, user)
+    folder, _ = _locate("cancel", target, work_dir)
     try:
-        done = cancel.cancel_chain(folder, user=user)
+        done = cancel.cancel_chain(folder, user=slurmcli.current_user())
     except sources.NotFound as exc:
         _fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:
-        click.echo(f"nvrx-appliance cancel: scancel failed: {exc}; nothing more was done", err=True)
-        sys.exit(1)
+        _unreachable("cancel", str(exc), "nothing more was done")
     if not done.running and not done.queued:
         click.echo(f"Nothing of chain {done.job_name!r} was queued or running; marked it ended")
         return
@@ -280,14 +289,7 @@ def logs_command(
     """
     if sum((task != 0, cycle is not None, launcher)) > 1:
         _fail("--task, --cycle and --launcher each pick one log; give one of them")
-    user = slurmcli.current_user()
-    if work_dir:
-        folder, generation = Path(work_dir).resolve(), (target if target.isdigit() else None)
-    else:
-        try:
-            folder, generation = sources.locate_job(target, user=user)
-        except sources.NotFound as exc:
-            _fail(str(exc))
+    folder, generation = _locate("logs", target, work_dir)
     try:
         manifest = sources.load_manifest(folder)
     except sources.NotFound as exc:

@@ -61,7 +61,7 @@ def test_exit_93_cancels_every_queued_generation(cluster: Cluster):
     assert len(ledger(work)) == 1
     # `logs` finds what sbatch and ft_launcher wrote: by job id through Slurm, by name.
     batch = cli(cluster, "logs", first)
-    assert batch.returncode == 0 and f"_{first}_0.out <==" in batch.stderr, batch.stderr
+    assert batch.returncode == 0 and f"-{first}_0.out <==" in batch.stderr, batch.stderr
     assert "--cycle 0" in batch.stderr and "--launcher" in batch.stderr, batch.stderr
     cycle = cli(cluster, "logs", name, "--cycle", "0")
     assert cycle.returncode == 0 and cycle.stdout.strip(), cycle.stderr
