@@ -92,7 +92,7 @@ def _check_extra(extra: tuple[str, ...]) -> None:
     "--config",
     "config_file",
     type=click.Path(dir_okay=False),
-    help="TOML file of settings, keyed like the flags (train_tasks = 4). "
+    help="TOML file of settings keyed by flag name (time = \"02:00:00\"; docs/knobs.md). "
     "Flags beat the environment, which beats this file.",
 )
 @click.option("--print-config", is_flag=True, help="Show every resolved value and its origin.")

@@ -27,8 +27,10 @@ Generated from `nvrx_appliance/chain.py` by `python -m nvrx_appliance.slurm.knob
 do not edit by hand.
 
 Each setting is read from the flag, else the environment variable (the seeds' names),
-else the `--config FILE.toml` key (the setting's name, `train_tasks = 4` or
-`train-tasks = 4`), else the default. `nvrx-appliance submit --print-config` shows
+else the `--config FILE.toml` key, else the default. A config key is the flag's name
+without its leading dashes, written with `-` or `_` (`train-tasks = 4`,
+`train_tasks = 4`, `time = "02:00:00"`); the setting's own name, where it differs from
+the flag's (`time_limit`), is accepted too. `nvrx-appliance submit --print-config` shows
 every resolved value and where it came from. Two settings tell unset from empty, as in
 the seeds: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
 value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the seeds'

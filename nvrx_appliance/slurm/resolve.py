@@ -137,21 +137,30 @@ def from_config(field: dataclasses.Field, value: Any, source: str, read_file: Re
 
 
 def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dict[str, Any]:
-    """The config file: a flat TOML table keyed by setting name (train_tasks or train-tasks)."""
+    """The config file: a flat TOML table keyed by flag name (docs/knobs.md says how)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingError(f"--config {source}: not valid TOML: {exc}") from None
     fields = {f.name: f for f in spec_fields()}
+    keys = {_config_key(flag(f.name)): f.name for f in spec_fields()} | {n: n for n in fields}
     values: dict[str, Any] = {}
     for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in fields:
+        name = keys.get(_config_key(key))
+        if name is None:
             raise SettingError(
-                f"--config {source}: unknown setting {key!r}; see `nvrx-appliance submit --help` for the names"
+                f"--config {source}: unknown setting {key!r}; keys are the flags' names "
+                "(see `nvrx-appliance submit --help`)"
             )
+        if name in values:
+            raise SettingError(f"--config {source}: {key!r} sets {flag(name)} a second time")
         values[name] = from_config(fields[name], value, f"--config {source}", read_file)
     return values
+
+
+def _config_key(text: str) -> str:
+    """--train-tasks, train-tasks and train_tasks are one key."""
+    return text.lstrip("-").replace("-", "_")
 
 
 def environment_values(

@@ -1,5 +1,7 @@
 """Where each chain setting comes from: flags > environment > config file > defaults."""
 
+import json
+
 import pytest
 
 from nvrx_appliance.slurm import resolve
@@ -76,10 +78,28 @@ def test_the_config_file_takes_dashed_or_underscored_names():
     assert config == {"train_tasks": 4, "hot_spares": 0, "mounts": ""}
 
 
+def test_a_config_key_is_the_flags_name_as_the_help_says(tmp_path):
+    from click.testing import CliRunner
+
+    from nvrx_appliance.cli import cli
+
+    config = tmp_path / "run.toml"
+    config.write_text('time = "02:00:00"\ntrain-tasks = 3\n')
+    result = CliRunner().invoke(
+        cli, ["submit", "--config", str(config), "--print-config", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)["settings"]
+    assert settings["time_limit"] == {"value": "02:00:00", "from": f"config {config}"}
+    assert settings["train_tasks"]["value"] == 3
+    assert resolve.parse_config('time_limit = "03:00:00"', "c.toml") == {"time_limit": "03:00:00"}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("trian_tasks = 4", "unknown setting 'trian_tasks'"),
+        ('time = "01:00:00"\ntime_limit = "02:00:00"', "'time_limit' sets --time a second time"),
         ('train_tasks = "4"', "train_tasks = '4' should be an integer"),
         ("depth = true", "depth = True should be an integer"),
         ("train_tasks = ", "not valid TOML"),
