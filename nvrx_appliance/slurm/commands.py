@@ -92,7 +92,7 @@ def _check_extra(extra: tuple[str, ...]) -> None:
     "--config",
     "config_file",
     type=click.Path(dir_okay=False),
-    help="TOML file of settings keyed by flag name (time = \"02:00:00\"; docs/knobs.md). "
+    help='TOML file of settings keyed by flag name (time = "02:00:00"; docs/knobs.md). '
     "Flags beat the environment, which beats this file.",
 )
 @click.option("--print-config", is_flag=True, help="Show every resolved value and its origin.")
@@ -118,6 +118,11 @@ def submit_command(
         resolved = resolve_from_cli(params, config_file)
     except resolve.SettingError as exc:
         _fail(str(exc))
+    for notice in resolve.seed_notices(resolved, os.environ):
+        click.echo(f"notice: {notice}", err=True)
+    if os.environ.get("NVRX_DRY_RUN", "").strip() not in ("", "0") and not dry_run:
+        click.echo("notice: NVRX_DRY_RUN is set: a dry run, as --dry-run", err=True)
+        dry_run = True
     if print_config:
         show_config(resolved, as_json)
         return

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from nvrx_appliance.chain import flag, spec_fields
+from nvrx_appliance.slurm.resolve import seed_names
 
 # The first setting of each group in chain.py, and the group's heading.
 _GROUPS = {
@@ -62,8 +63,18 @@ def _flag(field: dataclasses.Field) -> str:
     return f"`{name}`"
 
 
+def _seed_names() -> str:
+    names = ", ".join(f"`{seed}` (`{ours}`)" for seed, ours, _ in seed_names())
+    return (
+        f"\nThe reference scripts' environment names are read too, each with a one-line "
+        f"notice naming this tool's: {names}. `NVRX_FAULT_TYPES` takes Megatron's kinds "
+        "(`async_exc`, `sigkill`, `lock_gil`) as well, and `NVRX_DRY_RUN=1` makes `submit` "
+        "a dry run."
+    )
+
+
 def markdown() -> str:
-    lines = [_HEAD.rstrip("\n")]
+    lines = [_HEAD.rstrip("\n"), _seed_names()]
     for field in spec_fields():
         if field.name in _GROUPS:
             lines += [
