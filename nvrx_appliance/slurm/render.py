@@ -69,6 +69,8 @@ def sbatch_args(manifest: Manifest, extra: tuple[str, ...] = ()) -> list[str]:
         args.append(f"--gpus-per-node={spec.gpus_per_node}")
     if spec.partition:
         args.append(f"--partition={spec.partition}")
+    if spec.mem:
+        args.append(f"--mem={spec.mem}")
     return args + list(extra)
 
 
