@@ -60,6 +60,11 @@ class ChainSpec:
         "01:00:00", "Wall time of one generation.", "NVRX_TIME_LIMIT", flag="--time"
     )
     partition: str = _opt("", "Slurm partition (empty: the cluster default).", "NVRX_PARTITION")
+    # The reference asks for the whole node: under DefMemPerCPU a task would otherwise
+    # get a small default limit, and the out-of-memory killer ends a healthy rank.
+    mem: str = _opt(
+        "0", "sbatch --mem per node (0: all of it; empty: the cluster default).", "NVRX_MEM"
+    )
     # --- where and how it runs ---------------------------------------------------------
     work_dir: str = _opt("", "Shared work directory, same path on every node.", "NVRX_WORK_DIR")
     image: str = _opt(
@@ -260,6 +265,7 @@ def flag(name: str) -> str:
 
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+_MEM = re.compile(r"^\d+[KMGT]?$")
 _GPU_FAILURE = re.compile(r"^\d+:\d+(,\d+:\d+)*$")
 
 
@@ -345,6 +351,8 @@ def check(spec: ChainSpec) -> list[Problem]:
             "time_limit",
             f"{spec.time_limit!r} is not a Slurm time; use e.g. 01:00:00 or 1-00:00:00",
         )
+    if spec.mem and not _MEM.match(spec.mem):
+        bad("mem", f"{spec.mem!r} is not a Slurm memory size; use e.g. 0 (all), 200G or 512000M")
     if spec.runtime and spec.runtime not in RUNTIMES:
         bad("runtime", f"unknown runtime {spec.runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if effective_runtime(spec) in CONTAINER_RUNTIMES and not spec.image:

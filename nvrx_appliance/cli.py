@@ -26,11 +26,17 @@ from nvrx_appliance.devcluster.cli import cluster_group  # noqa: E402
 cli.add_command(cluster_group)
 
 
-from nvrx_appliance.slurm.commands import cancel_command, status_command, submit_command  # noqa: E402
+from nvrx_appliance.slurm.commands import (  # noqa: E402
+    cancel_command,
+    logs_command,
+    status_command,
+    submit_command,
+)
 
 cli.add_command(submit_command)
 cli.add_command(status_command)
 cli.add_command(cancel_command)
+cli.add_command(logs_command)
 
 from nvrx_appliance.slurm.demo import demo_command  # noqa: E402
 

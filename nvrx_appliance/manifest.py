@@ -23,6 +23,8 @@ SCHEMA = "nvrx-appliance/run"
 # 2: the workload's program argv, computed once at submit, is in run.json.
 VERSION = 2
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx reads it too
+# One spelling for the batch log's name: sbatch expands the %-pattern, `logs` the values.
+_BATCH_LOG = "slurm-{job_name}-{array_job_id}_{task}.out"
 
 
 class ManifestError(Exception):
@@ -79,8 +81,36 @@ class Layout:
         # The cpu workload's structured events (resume, steps, checkpoints).
         return self.logs / "progress.jsonl"
 
+    @property
+    def batch_log_pattern(self) -> Path:
+        """sbatch --output: one file per array task, the batch script's and srun's output."""
+        return self.logs / _BATCH_LOG.format(job_name="%x", array_job_id="%A", task="%a")
+
+    def batch_log(self, job_name: str, array_job_id: str | int, task: int) -> Path:
+        return self.logs / _BATCH_LOG.format(
+            job_name=job_name, array_job_id=array_job_id, task=task
+        )
+
+    def app_log_base(self, job_name: str, array_job_id: str | int) -> Path:
+        """ft_launcher's --ft-per-cycle-applog-prefix: one per generation, named so a
+        person can find it; NVRx writes each cycle's workload output beside it."""
+        return self.logs / f"{job_name}_{array_job_id}.log"
+
+    def app_log(self, job_name: str, array_job_id: str | int, cycle: int) -> Path:
+        # NVRx 0.7.0 (PipeBasedLogsSpecs.get_cycle_log_file): <stem>_cycle<N><suffix>.
+        base = self.app_log_base(job_name, array_job_id)
+        return base.with_name(f"{base.stem}_cycle{cycle}{base.suffix}")
+
+    def launcher_log(self, array_job_id: str | int) -> Path:
+        """ft_launcher's own log (--ft-nvrx-logfile), per generation."""
+        return self.nvrx_logs(array_job_id) / "ft_launcher.log"
+
+    @property
+    def generations_root(self) -> Path:
+        return self.work_dir / "nvrx"
+
     def generation(self, array_job_id: str | int) -> Path:
-        return self.work_dir / "nvrx" / str(array_job_id)
+        return self.generations_root / str(array_job_id)
 
     def control(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "control"

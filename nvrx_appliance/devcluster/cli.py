@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 
 import click
 
+from nvrx_appliance import jsondoc
 from nvrx_appliance.devcluster import cluster as shell
 from nvrx_appliance.devcluster import packages
 from nvrx_appliance.devcluster.daemons import DaemonError
@@ -117,7 +117,7 @@ def status(as_json: bool) -> None:
     Exits 0 when the cluster is up with every node in service, 1 otherwise.
     """
     report = shell.status(DEFAULT_ROOT)
-    click.echo(json.dumps(report, indent=2) if as_json else table(report), nl=as_json)
+    click.echo(jsondoc.dumps("cluster-status", report) if as_json else table(report), nl=as_json)
     sys.exit(0 if report["up"] else 1)
 
 

@@ -19,12 +19,11 @@ LOG_SERVER_DRAIN_S = 5
 
 
 def applog_prefix(manifest: Manifest, array_job_id: str) -> Path:
-    # NVRx appends _cycle<N>.log; one prefix per generation, named so a person can find it.
-    return manifest.layout.logs / f"{manifest.spec.job_name}_{array_job_id}.log"
+    return manifest.layout.app_log_base(manifest.spec.job_name, array_job_id)
 
 
 def nvrx_logfile(manifest: Manifest, array_job_id: str) -> Path:
-    return manifest.layout.nvrx_logs(array_job_id) / "ft_launcher.log"
+    return manifest.layout.launcher_log(array_job_id)
 
 
 def progress_file(manifest: Manifest) -> Path:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -15,9 +17,11 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from nvrx_appliance import exitcodes
+from nvrx_appliance import exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
+from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
+from nvrx_appliance.slurm import logs as chainlogs
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import spec_flags, spec_options
 
@@ -61,7 +65,7 @@ def show_config(resolved: resolve.Resolved, as_json: bool) -> None:
     if as_json:
         settings = {name: {"value": v, "from": o} for name, v, o in _config_rows(resolved)}
         doc = {"settings": settings, "shape": shape, "sbatch_env": _sbatch_env()}
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(jsondoc.dumps("config", doc))
         return
     rows = _config_rows(resolved)
     width = max(len(name) for name, _, _ in rows)
@@ -88,7 +92,7 @@ def _check_extra(extra: tuple[str, ...]) -> None:
     "--config",
     "config_file",
     type=click.Path(dir_okay=False),
-    help="TOML file of settings, keyed like the flags (train_tasks = 4). "
+    help='TOML file of settings keyed by flag name (time = "02:00:00"; docs/knobs.md). '
     "Flags beat the environment, which beats this file.",
 )
 @click.option("--print-config", is_flag=True, help="Show every resolved value and its origin.")
@@ -114,6 +118,11 @@ def submit_command(
         resolved = resolve_from_cli(params, config_file)
     except resolve.SettingError as exc:
         _fail(str(exc))
+    for notice in resolve.seed_notices(resolved, os.environ):
+        click.echo(f"notice: {notice}", err=True)
+    if os.environ.get("NVRX_DRY_RUN", "").strip() not in ("", "0") and not dry_run:
+        click.echo("notice: NVRX_DRY_RUN is set: a dry run, as --dry-run", err=True)
+        dry_run = True
     if print_config:
         show_config(resolved, as_json)
         return
@@ -152,7 +161,7 @@ def _print_dry_run(plan: submitting.Plan, as_json: bool) -> None:
             "warnings": list(plan.warnings),
             "image_qualification": plan.image_standing and plan.image_standing.to_json(),
         }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(jsondoc.dumps("dry-run", doc))
         return
     click.echo("# dry run: nothing was written or submitted")
     click.echo(f"# mode: {_mode_line(plan.manifest.spec)}")
@@ -172,7 +181,7 @@ def _mode_line(spec: ChainSpec) -> str:
 
 def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps(done.to_json(), indent=2))
+        click.echo(jsondoc.dumps("submitted", done.to_json()))
         return
     spec, shape = done.plan.manifest.spec, done.plan.manifest.shape
     click.echo(
@@ -185,13 +194,21 @@ def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
     click.echo(f"  follow:   nvrx-appliance status {done.job_ids[0]}")
 
 
-def _work_dir_of(target: str, work_dir: str | None, user: str) -> Path:
+def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str | None]:
+    """(work dir, generation a job id names) of the chain `target` belongs to."""
     if work_dir:
-        return Path(work_dir).resolve()
+        return Path(work_dir).resolve(), (target if target.isdigit() else None)
     try:
-        return sources.locate(target, user=user)
+        return sources.locate_job(target, user=slurmcli.current_user())
     except sources.NotFound as exc:
         _fail(str(exc))
+    except slurmcli.SlurmUnavailable as exc:
+        _unreachable(command, str(exc), "pass the chain's --work-dir to read its files")
+
+
+def _unreachable(command: str, detail: str, then: str) -> NoReturn:
+    click.echo(f"nvrx-appliance {command}: Slurm could not be reached: {detail}; {then}", err=True)
+    sys.exit(1)
 
 
 @click.command("status")
@@ -210,7 +227,7 @@ def _work_dir_of(target: str, work_dir: str | None, user: str) -> Path:
 def status_command(target: str, work_dir: str | None, as_json: bool, every: float | None) -> None:
     """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""
     user = slurmcli.current_user()
-    folder = _work_dir_of(target, work_dir, user)
+    folder, _ = _locate("status", target, work_dir)
 
     def look():
         try:
@@ -218,13 +235,16 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
         except sources.NotFound as exc:
             _fail(str(exc))
 
-    if as_json:
-        click.echo(json.dumps(look().to_json(), indent=2))
+    if every is None:
+        view = look()
+        if as_json:
+            click.echo(jsondoc.dumps("status", view.to_json()))
+        else:
+            Console().print(status_view.render(view))
+        if not view.slurm_reachable:
+            _unreachable("status", "; ".join(view.blind), "only the work dir's records are shown")
         return
     console = Console()
-    if every is None:
-        console.print(status_view.render(look()))
-        return
     with Live(status_view.render(look()), console=console, auto_refresh=False) as live:
         try:
             while True:
@@ -239,15 +259,13 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
 @click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
 def cancel_command(target: str, work_dir: str | None) -> None:
     """Cancel a whole chain (every generation, queued or running); only your own jobs."""
-    user = slurmcli.current_user()
-    folder = _work_dir_of(target, work_dir, user)
+    folder, _ = _locate("cancel", target, work_dir)
     try:
-        done = cancel.cancel_chain(folder, user=user)
+        done = cancel.cancel_chain(folder, user=slurmcli.current_user())
     except sources.NotFound as exc:
         _fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:
-        click.echo(f"nvrx-appliance cancel: scancel failed: {exc}; nothing more was done", err=True)
-        sys.exit(1)
+        _unreachable("cancel", str(exc), "nothing more was done")
     if not done.running and not done.queued:
         click.echo(f"Nothing of chain {done.job_name!r} was queued or running; marked it ended")
         return
@@ -255,3 +273,58 @@ def cancel_command(target: str, work_dir: str | None) -> None:
         f"Cancelled chain {done.job_name!r}: running {', '.join(done.running) or 'none'}; "
         f"queued {', '.join(done.queued) or 'none'}"
     )
+
+
+@click.command("logs")
+@click.argument("target", metavar="JOB_ID|NAME")
+@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
+@click.option("--task", type=click.IntRange(min=0), default=0, help="This array task's batch log.")
+@click.option("--cycle", type=click.IntRange(min=0), help="The workload's output in NVRx cycle N.")
+@click.option("--launcher", is_flag=True, help="ft_launcher's own log.")
+@click.option(
+    "--follow", "-f", is_flag=True, help="Keep printing as it grows, on into later generations."
+)
+def logs_command(
+    target: str, work_dir: str | None, task: int, cycle: int | None, launcher: bool, follow: bool
+) -> None:
+    """A generation's output: task 0's batch log unless --task, --cycle or --launcher.
+
+    A job id means its generation; a name, the newest generation that wrote that log.
+    Each path read is named on stderr; README "Where the logs are" lists them all.
+    """
+    if sum((task != 0, cycle is not None, launcher)) > 1:
+        _fail("--task, --cycle and --launcher each pick one log; give one of them")
+    folder, generation = _locate("logs", target, work_dir)
+    try:
+        manifest = sources.load_manifest(folder)
+    except sources.NotFound as exc:
+        _fail(str(exc))
+    layout, job_name = Layout(folder), manifest["spec"]["job_name"]
+    which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
+    try:
+        generation, path = chainlogs.pick(layout, job_name, which, generation)
+    except LookupError as exc:
+        _fail(str(exc))
+
+    def announce(found: Path) -> None:
+        click.echo(f"==> {found} <==", err=True)
+
+    if follow:
+        pinned = generation if target.isdigit() else None
+        with contextlib.suppress(KeyboardInterrupt):
+            chainlogs.follow(lambda: chainlogs.pick(layout, job_name, which, pinned)[1],
+                             sys.stdout, announce)  # fmt: skip
+        return
+    if not path.exists():
+        click.echo(
+            f"nvrx-appliance logs: the {which.describe()} of generation {generation} ({path}) "
+            "does not exist yet; is it still queued? see `nvrx-appliance status`",
+            err=True,
+        )
+        sys.exit(1)
+    announce(path)
+    with path.open(errors="replace") as handle:
+        shutil.copyfileobj(handle, sys.stdout)
+    more = chainlogs.others(layout, job_name, generation, manifest["shape"]["array_size"])
+    if more:
+        click.echo(f"other logs of generation {generation}: {', '.join(more)}", err=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 from nvrx_appliance.chain import flag, spec_fields
+from nvrx_appliance.slurm.resolve import seed_names
 
 # The first setting of each group in chain.py, and the group's heading.
 _GROUPS = {
@@ -27,8 +28,10 @@ Generated from `nvrx_appliance/chain.py` by `python -m nvrx_appliance.slurm.knob
 do not edit by hand.
 
 Each setting is read from the flag, else the environment variable (the seeds' names),
-else the `--config FILE.toml` key (the setting's name, `train_tasks = 4` or
-`train-tasks = 4`), else the default. `nvrx-appliance submit --print-config` shows
+else the `--config FILE.toml` key, else the default. A config key is the flag's name
+without its leading dashes, written with `-` or `_` (`train-tasks = 4`,
+`train_tasks = 4`, `time = "02:00:00"`); the setting's own name, where it differs from
+the flag's (`time_limit`), is accepted too. `nvrx-appliance submit --print-config` shows
 every resolved value and where it came from. Two settings tell unset from empty, as in
 the seeds: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
 value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the seeds'
@@ -60,8 +63,18 @@ def _flag(field: dataclasses.Field) -> str:
     return f"`{name}`"
 
 
+def _seed_names() -> str:
+    names = ", ".join(f"`{seed}` (`{ours}`)" for seed, ours, _ in seed_names())
+    return (
+        f"\nThe reference scripts' environment names are read too, each with a one-line "
+        f"notice naming this tool's: {names}. `NVRX_FAULT_TYPES` takes Megatron's kinds "
+        "(`async_exc`, `sigkill`, `lock_gil`) as well, and `NVRX_DRY_RUN=1` makes `submit` "
+        "a dry run."
+    )
+
+
 def markdown() -> str:
-    lines = [_HEAD.rstrip("\n")]
+    lines = [_HEAD.rstrip("\n"), _seed_names()]
     for field in spec_fields():
         if field.name in _GROUPS:
             lines += [

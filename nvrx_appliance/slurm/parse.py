@@ -102,7 +102,8 @@ def squeue_rows(out: str) -> list[QueueRow]:
                 name=name,
                 user=user,
                 state=state,
-                nodes=nodes,
+                # A pending task has no nodes; squeue says "(null)" for that.
+                nodes="" if nodes == "(null)" else nodes,
                 reason=reason,
                 work_dir=work_dir,
             )
@@ -128,6 +129,23 @@ def expand_task_range(text: str) -> tuple[int, ...]:
 def _exit_code(text: str) -> tuple[int | None, int | None]:
     code, _, signal = text.partition(":")
     return (_task_id(code), _task_id(signal))
+
+
+_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+
+
+def slurm_seconds(text: str) -> int | None:
+    """A Slurm time limit in seconds: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"."""
+    match = _SLURM_TIME.match(text.strip())
+    if not match:
+        return None
+    days, first, second, third = match.groups()
+    if days is None:
+        parts = [int(first), int(second or 0), int(third or 0)]
+        # Without days: M, M:S or H:M:S.
+        hours, minutes, seconds = [0, *parts[:2]] if third is None else parts
+        return hours * 3600 + minutes * 60 + seconds
+    return int(days) * 86400 + int(first) * 3600 + int(second or 0) * 60 + int(third or 0)
 
 
 def _time(text: str) -> str:

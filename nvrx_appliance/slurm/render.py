@@ -44,7 +44,7 @@ def uses_gpus(manifest: Manifest) -> bool:
 
 
 def log_pattern(manifest: Manifest) -> str:
-    return str(manifest.layout.logs / "slurm-%x-%A_%a.out")
+    return str(manifest.layout.batch_log_pattern)
 
 
 def sbatch_args(manifest: Manifest, extra: tuple[str, ...] = ()) -> list[str]:
@@ -69,6 +69,8 @@ def sbatch_args(manifest: Manifest, extra: tuple[str, ...] = ()) -> list[str]:
         args.append(f"--gpus-per-node={spec.gpus_per_node}")
     if spec.partition:
         args.append(f"--partition={spec.partition}")
+    if spec.mem:
+        args.append(f"--mem={spec.mem}")
     return args + list(extra)
 
 

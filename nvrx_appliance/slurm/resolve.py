@@ -27,10 +27,25 @@ except ModuleNotFoundError:  # Python 3.10
 
 from nvrx_appliance import workload_args
 from nvrx_appliance.chain import ChainSpec, effective_profile, effective_runtime, flag, spec_fields
+from nvrx_appliance.entrypoints.workloads.megatron import FAULT_TYPES as MEGATRON_FAULT_TYPES
 
 # The seeds' environment names that do not map one to one onto a field.
 # NVRX_NO_RESTART_DEMO=1 is the seeds' default demo, =0 their hand-off demo.
 _LEGACY_MODE = {"NVRX_NO_RESTART_DEMO": {"1": "no-restart", "0": "handoff"}}
+# The reference scripts' own environment names, honoured with a notice naming ours.
+SEED_NAMES = {
+    "GPUS_PER_NODE": "gpus_per_node",
+    "NODES_PER_TASK": "nodes_per_task",
+    "RDZV_PORT": "rdzv_port",
+    "MICRO_BATCH_SIZE": "micro_batch",
+    "GLOBAL_BATCH_SIZE": "global_batch",
+    "TENSOR_PARALLEL": "tensor_parallel",
+    "PIPELINE_PARALLEL": "pipeline_parallel",
+    "SAVE_INTERVAL": "save_interval",
+    "TRAIN_SAMPLES": "train_samples",
+}
+# The seeds name fault kinds as Megatron's injector does (async_exc); ours are plainer.
+_FAULT_KIND_OF = {megatron: ours for ours, megatron in MEGATRON_FAULT_TYPES.items()}
 # The seeds turn segment-aware mode off with an explicitly empty NVRX_SEGMENT.
 _EMPTY_MEANS = {"segment": "off"}
 _TRUE = {"1", "true", "yes", "on"}
@@ -137,21 +152,30 @@ def from_config(field: dataclasses.Field, value: Any, source: str, read_file: Re
 
 
 def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dict[str, Any]:
-    """The config file: a flat TOML table keyed by setting name (train_tasks or train-tasks)."""
+    """The config file: a flat TOML table keyed by flag name (docs/knobs.md says how)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingError(f"--config {source}: not valid TOML: {exc}") from None
     fields = {f.name: f for f in spec_fields()}
+    keys = {_config_key(flag(f.name)): f.name for f in spec_fields()} | {n: n for n in fields}
     values: dict[str, Any] = {}
     for key, value in data.items():
-        name = key.replace("-", "_")
-        if name not in fields:
+        name = keys.get(_config_key(key))
+        if name is None:
             raise SettingError(
-                f"--config {source}: unknown setting {key!r}; see `nvrx-appliance submit --help` for the names"
+                f"--config {source}: unknown setting {key!r}; keys are the flags' names "
+                "(see `nvrx-appliance submit --help`)"
             )
+        if name in values:
+            raise SettingError(f"--config {source}: {key!r} sets {flag(name)} a second time")
         values[name] = from_config(fields[name], value, f"--config {source}", read_file)
     return values
+
+
+def _config_key(text: str) -> str:
+    """--train-tasks, train-tasks and train_tasks are one key."""
+    return text.lstrip("-").replace("-", "_")
 
 
 def environment_values(
@@ -167,12 +191,41 @@ def environment_values(
                     f"{variable}={text!r}: use 1 (no-restart demo) or 0 (hand-off demo)"
                 )
             found["mode"] = (table[text], variable)
-    for field in spec_fields():
+    fields = {f.name: f for f in spec_fields()}
+    for seed, ours, name in seed_names():
+        if seed in environ and ours in environ and environ[seed].strip() != environ[ours].strip():
+            raise SettingError(
+                f"{seed}={environ[seed]!r} and {ours}={environ[ours]!r} disagree; {seed} is "
+                f"the reference scripts' name for {ours}: unset one of them"
+            )
+        if seed in environ:
+            found[name] = (from_text(fields[name], environ[seed], seed, read_file), seed)
+    for field in fields.values():
         variable = env_name(field)
         if variable and variable in environ:
-            value = from_text(field, environ[variable], variable, read_file)
-            found[field.name] = (value, variable)
+            text = environ[variable]
+            if field.name == "fault_types":
+                text = ",".join(_FAULT_KIND_OF.get(k.strip(), k) for k in text.split(","))
+            found[field.name] = (from_text(field, text, variable, read_file), variable)
     return found
+
+
+def seed_names() -> list[tuple[str, str, str]]:
+    """(the reference scripts' variable, ours, the setting) for each renamed variable."""
+    fields = {f.name: f for f in spec_fields()}
+    return [(seed, str(env_name(fields[name])), name) for seed, name in SEED_NAMES.items()]
+
+
+def seed_notices(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
+    """One line per reference-script name that was read, naming this tool's name."""
+    notices = []
+    for seed, ours, name in seed_names():
+        if resolved.origins.get(name) == f"env {seed}":
+            notices.append(f"{seed} read as {ours} ({flag(name)}); the reference scripts' name")
+    kinds = environ.get("NVRX_FAULT_TYPES", "").split(",")
+    for kind in (k.strip() for k in kinds if k.strip() in _FAULT_KIND_OF):
+        notices.append(f"NVRX_FAULT_TYPES: {kind} (Megatron's name) read as {_FAULT_KIND_OF[kind]}")
+    return notices
 
 
 def resolve(

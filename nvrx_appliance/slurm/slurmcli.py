@@ -54,8 +54,22 @@ def run(
         raise SlurmUnavailable(f"{argv[0]} did not answer within {timeout:.0f}s") from None
     if done.returncode != 0:
         detail = _last_line(done.stderr) or _last_line(done.stdout) or f"exit {done.returncode}"
-        raise SlurmUnavailable(f"{' '.join(argv[:2])} failed: {detail}")
+        raise SlurmUnavailable(f"{' '.join(argv[:2])} failed: {detail}{_config_hint(conf)}")
     return done.stdout
+
+
+# Where Debian's Slurm looks without SLURM_CONF (before asking DNS, "configless").
+DEFAULT_SLURM_CONF = "/etc/slurm/slurm.conf"
+
+
+def _config_hint(conf: str | None) -> str:
+    """The usual real cause on a login node: this shell does not know the cluster."""
+    if conf or os.path.exists(DEFAULT_SLURM_CONF):
+        return ""
+    return (
+        f" (SLURM_CONF is not set and {DEFAULT_SLURM_CONF} does not exist: "
+        "set SLURM_CONF to your cluster's slurm.conf)"
+    )
 
 
 def _last_line(text: str) -> str:

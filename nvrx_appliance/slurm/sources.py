@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,33 +25,41 @@ class NotFound(Exception):
     """The job id or name leads to no chain of this user; the message says what to try."""
 
 
-def locate(target: str, *, user: str) -> Path:
-    """The work dir of the chain that `target` (a job id or a job name) belongs to."""
-    rows = _live_rows(user)
+def locate_job(target: str, *, user: str) -> tuple[Path, str | None]:
+    """(work dir, array job id) of the chain `target` (a job id or a job name) belongs
+    to: the generation a job id names (a task's own id too); None for a job name.
+    Raises NotFound, or SlurmUnavailable when Slurm could not be asked."""
+    failures: list[str] = []
+    rows = _live_rows(user, failures)
     if target.isdigit():
         match = [r for r in rows if target in (r.array_job_id, r.job_id)]
     else:
         match = [r for r in rows if r.name == target]
     if not match:
-        match = _accounted(target, user)
+        match = _accounted(target, user, failures)
     dirs = [r.work_dir for r in match if r.work_dir]
+    if not dirs and failures:
+        # Not "no such job": Slurm was not asked. Say why.
+        raise slurmcli.SlurmUnavailable(failures[0])
     if not dirs:
         raise NotFound(
             f"no job {target!r} of user {user} in squeue or sacct; pass a job id or name of "
             "your chain, or its work dir with --work-dir"
         )
     # The newest job wins: a name reused by a later chain means that chain.
-    return Path(dirs[-1])
+    generation = match[-1].array_job_id if target.isdigit() else None
+    return Path(dirs[-1]), generation
 
 
-def _live_rows(user: str) -> list[parse.QueueRow]:
+def _live_rows(user: str, failures: list[str]) -> list[parse.QueueRow]:
     try:
         return slurmcli.squeue(user=user)
-    except (slurmcli.SlurmUnavailable, parse.ParseError):
+    except (slurmcli.SlurmUnavailable, parse.ParseError) as exc:
+        failures.append(str(exc))
         return []
 
 
-def _accounted(target: str, user: str) -> list[parse.AcctRow]:
+def _accounted(target: str, user: str, failures: list[str]) -> list[parse.AcctRow]:
     try:
         if target.isdigit():
             out = slurmcli.run(["sacct", *_SACCT_BASE, "--jobs", target])
@@ -68,7 +77,8 @@ def _accounted(target: str, user: str) -> list[parse.AcctRow]:
                 ]
             )
         return parse.sacct_rows(out)
-    except (slurmcli.SlurmUnavailable, parse.ParseError):
+    except (slurmcli.SlurmUnavailable, parse.ParseError) as exc:
+        failures.append(str(exc))
         return []
 
 
@@ -190,4 +200,5 @@ def read_chain(work_dir: Path, *, user: str) -> ChainView:
         chain_marker=layout.chain_marker.exists(),
         qualify_record=_json(layout.work_dir / qualification.WORK_DIR_RECORD),
         blind=blind,
+        now=time.time(),
     )

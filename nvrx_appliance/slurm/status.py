@@ -15,7 +15,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nvrx_appliance.image import qualification, standing
-from nvrx_appliance.slurm.parse import AcctRow, QueueRow
+from nvrx_appliance.jsondoc import iso_utc
+from nvrx_appliance.slurm.parse import AcctRow, QueueRow, slurm_seconds
+from nvrx_appliance.watch.parsing import parse_time
 from nvrx_appliance.watch.types import Cycle
 
 LIVE = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
@@ -48,6 +50,10 @@ class GenerationView:
     reason: str
     admission: str  # non-empty while active tasks are still waiting to be admitted
     cycles: tuple[CycleView, ...] = ()
+    started: float | None = None  # task 0's start (sacct)
+    elapsed_s: float | None = None  # task 0's run so far, or in all once it ended
+    time_left_s: float | None = None  # to the time limit, while it runs
+    pending_reason: str = ""  # squeue's %r for a task 0 not started yet
 
 
 @dataclass(frozen=True)
@@ -93,8 +99,19 @@ class ChainView:
     qualify_run: QualifyRunView | None = None
     blind: tuple[str, ...] = field(default_factory=tuple)  # sources that could not be read
 
+    @property
+    def slurm_reachable(self) -> bool:
+        """False when neither squeue nor sacct answered: the picture is the work dir's."""
+        return not {"squeue", "sacct"} <= {b.split(":")[0] for b in self.blind}
+
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        doc["slurm_reachable"] = self.slurm_reachable
+        for g in doc["generations"]:
+            g["started"] = iso_utc(g["started"])
+            for c in g["cycles"]:
+                c["start"], c["end"] = iso_utc(c["start"]), iso_utc(c["end"])
+        return doc
 
 
 def _ours(rows, work_dir: str):
@@ -128,6 +145,30 @@ def _task0(
         if row.array_job_id == array_job_id and row.task_ids == (0,):
             return row.nodes, row.state, row.exit_code
     return "", "", None
+
+
+def _pending_reason(array_job_id: str, queue: Sequence[QueueRow] | None) -> str:
+    for row in queue or ():
+        if row.array_job_id == array_job_id and row.task_id == 0 and row.state in QUEUED:
+            return row.reason
+    return ""
+
+
+def _clock(
+    array_job_id: str, acct: Sequence[AcctRow] | None, now: float, limit_s: int | None
+) -> tuple[float | None, float | None, float | None]:
+    """(started, elapsed, time left) of a generation, by its task 0 (sacct's times are
+    the controller's local time)."""
+    row = next(
+        (r for r in acct or () if r.array_job_id == array_job_id and r.task_ids == (0,)), None
+    )
+    started = parse_time(row.start) if row else None
+    if started is None:
+        return None, None, None
+    ended = parse_time(row.end)
+    elapsed = (ended if ended is not None else now) - started
+    left = None if ended is not None or limit_s is None else max(limit_s - elapsed, 0.0)
+    return started, elapsed, left
 
 
 def _state(tasks: dict[int, str]) -> str:
@@ -210,8 +251,10 @@ def assemble(
     chain_marker: bool,
     qualify_record: Any = None,
     blind: Sequence[str] = (),
+    now: float = 0.0,
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
+    limit_s = slurm_seconds(str(spec.get("time_limit", "")))
     chain = str(manifest.get("created", ""))
     # Another chain may reuse the name from another work dir: its jobs are not ours.
     queue = _ours(queue, spec["work_dir"])
@@ -225,6 +268,7 @@ def assemble(
         entry = by_array.get(array_job_id, {})
         node, task0_state, code = _task0(array_job_id, queue, acct)
         state = _state(tasks) if tasks else "ended"
+        started, elapsed, left = _clock(array_job_id, acct, now, limit_s)
         generations.append(
             GenerationView(
                 array_job_id=array_job_id,
@@ -241,6 +285,10 @@ def assemble(
                 reason=entry.get("reason", ""),
                 admission=_admission(tasks, shape["active_tasks"]) if state == "running" else "",
                 cycles=_cycles(cycles.get(array_job_id, ())),
+                started=started,
+                elapsed_s=elapsed,
+                time_left_s=left,
+                pending_reason=_pending_reason(array_job_id, queue),
             )
         )
     return ChainView(

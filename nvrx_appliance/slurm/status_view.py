@@ -15,6 +15,7 @@ from nvrx_appliance.slurm.status import (
     ImageView,
     QualifyRunView,
 )
+from nvrx_appliance.watch.parsing import age_text
 
 _ACTIONS = {
     "released_spares": "released spares",
@@ -24,17 +25,23 @@ _ACTIONS = {
 }
 
 
-def _clock(epoch: float | None) -> str:
+def _clock(epoch: float | None, form: str = "%H:%M:%S") -> str:
     if epoch is None:
         return "-"
-    return datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc).strftime("%H:%M:%S")
+    return datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc).strftime(form)
 
 
 def _num(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
+def _duration(seconds: float | None) -> str:
+    return "-" if seconds is None else age_text(seconds)
+
+
 def _state(g: GenerationView) -> str:
+    if g.state == "queued" and g.pending_reason:
+        return f"queued ({g.pending_reason})"  # squeue's reason: Dependency, Resources, ...
     if g.state != "ended":
         return g.state
     return g.task0_state.lower() if g.task0_state else "ended"
@@ -48,7 +55,8 @@ def generations_table(view: ChainView) -> Table:
         caption="tasks: running/pending/done; from/to: checkpoint iteration at start / at hand-off",
         caption_justify="left",
     )
-    for column in ("array", "state", "tasks", "task 0", "exit", "from", "to", "teardown"):
+    columns = ("array", "state", "tasks", "task 0", "started (UTC)", "elapsed", "left", "exit")
+    for column in (*columns, "from", "to", "teardown"):
         table.add_column(column, no_wrap=column in ("array", "tasks"))
     if notes:
         table.add_column("note")
@@ -58,6 +66,9 @@ def generations_table(view: ChainView) -> Table:
             _state(g),
             f"{g.running}/{g.pending}/{g.done}",
             g.task0_node or "-",
+            _clock(g.started, "%m-%d %H:%M"),
+            _duration(g.elapsed_s),
+            _duration(g.time_left_s),
             _num(g.exit_code),
             _num(g.checkpoint_start),
             _num(g.checkpoint_end),
@@ -129,6 +140,13 @@ def render(view: ChainView) -> Group:
         f"chain marker: {'present' if view.chain_marker else 'absent'}",
     )
     parts: list = [head, image_line(view.image), generations_table(view)]
+    if not view.slurm_reachable:
+        parts.insert(
+            0,
+            Text(
+                "Slurm could not be reached: below is the work dir's record only", style="bold red"
+            ),
+        )
     if view.qualify_run is not None:
         parts.append(qualify_run_table(view.qualify_run))
     if any(g.cycles for g in view.generations):

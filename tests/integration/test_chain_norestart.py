@@ -6,6 +6,7 @@ import pytest
 
 from .conftest import Cluster
 from .test_chain_support import (
+    cli,
     ledger,
     logs_on_failure,
     progress,
@@ -58,3 +59,11 @@ def test_exit_93_cancels_every_queued_generation(cluster: Cluster):
     # The chain ended on purpose: nothing for the watcher to page about.
     assert not (work / "chain.active").exists()
     assert len(ledger(work)) == 1
+    # `logs` finds what sbatch and ft_launcher wrote: by job id through Slurm, by name.
+    batch = cli(cluster, "logs", first)
+    assert batch.returncode == 0 and f"-{first}_0.out <==" in batch.stderr, batch.stderr
+    assert "--cycle 0" in batch.stderr and "--launcher" in batch.stderr, batch.stderr
+    cycle = cli(cluster, "logs", name, "--cycle", "0")
+    assert cycle.returncode == 0 and cycle.stdout.strip(), cycle.stderr
+    launcher = cli(cluster, "logs", name, "--launcher")
+    assert launcher.returncode == 0 and launcher.stdout.strip(), launcher.stderr

@@ -39,6 +39,20 @@ def test_sbatch_args_carry_the_chain_shape_once():
     assert args[-1] == "--qos=hi"  # extra args come last, so they win
 
 
+def test_a_generation_asks_for_the_whole_nodes_memory_as_the_reference_does():
+    # Under DefMemPerCPU, a task without --mem gets a per-CPU default, not the node.
+    assert "--mem=0" in render.sbatch_args(_manifest())
+    assert "--mem=200G" in render.sbatch_args(_manifest(mem="200G"))
+    assert not any(a.startswith("--mem") for a in render.sbatch_args(_manifest(mem="")))
+
+
+def test_a_memory_size_slurm_would_not_take_is_refused():
+    from nvrx_appliance.chain import ChainSpec, check
+
+    problems = check(ChainSpec(work_dir="/shared/x", mem="lots"))
+    assert any(p.option == "--mem" and "not a Slurm memory size" in p.message for p in problems)
+
+
 def test_the_cpu_workload_asks_slurm_for_no_gpus():
     m = _manifest(workload="cpu")
     assert not any(a.startswith("--gpus") for a in render.sbatch_args(m) + _srun(m))

@@ -10,7 +10,7 @@ from rich.console import Console
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
 from nvrx_appliance.slurm import parse, status, status_view
-from nvrx_appliance.watch.parsing import cycle_info
+from nvrx_appliance.watch.parsing import cycle_info, parse_time
 from tests.unit.images import cpu_manifest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
@@ -19,7 +19,7 @@ WORK = "/shared/run"
 MANIFEST = {
     "created": "2026-11-30T18:00:00Z",
     "user": "alice",
-    "spec": {"job_name": "demo", "work_dir": WORK},
+    "spec": {"job_name": "demo", "work_dir": WORK, "time_limit": "01:00:00"},
     "shape": {"array_spec": "0-3%3", "active_tasks": 3},
 }
 
@@ -58,6 +58,9 @@ LEDGER = [
 ]
 
 
+NOW = "2026-11-30T18:19:03"  # ten minutes after generation 4250's task 0 started
+
+
 def _view():
     cycles = [cycle_info((FIXTURES / "two_cycles" / n).read_text()) for n in
               ("cycle_info.4242.0.0", "cycle_info.4242.0.1")]  # fmt: skip
@@ -69,6 +72,7 @@ def _view():
         cycles={"4242": cycles},
         checkpoint_now=60,
         chain_marker=True,
+        now=parse_time(NOW),
     )
 
 
@@ -248,13 +252,82 @@ def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_re
     checks = [q.Check(name, True, "seen") for name in (q.CHECKPOINT_BEFORE_FAULT,
               q.RESUMED_EXACTLY, q.TRAINING_WENT_ON)]  # fmt: skip
     (tmp_path / q.WORK_DIR_RECORD).write_text(json.dumps(_qualify_record(checks)))
-    env = {"SLURM_CONF": str(tmp_path / "none.conf")}  # no Slurm: status is blind, not dead
+    # No Slurm: status still shows the work dir's record, and fails (below).
+    env = {"SLURM_CONF": str(tmp_path / "none.conf")}
     result = CliRunner().invoke(
         cli, ["status", "qual", "--work-dir", str(tmp_path), "--json"], env=env
     )
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 1, result.output
     doc = json.loads(result.stdout)
     assert doc["image"]["name"] == "appliance.sqsh"
     assert doc["image"]["qualification"] == "passed"
     assert doc["qualify_run"]["result"] == "passed"
     assert doc["blind"]  # squeue and sacct are named as unread
+
+
+# --- times, pending reasons, and a Slurm that does not answer ----------------------------
+
+
+def test_a_generation_shows_when_it_started_how_long_it_ran_and_the_time_left():
+    ended, running, queued = _view().generations
+    assert (running.elapsed_s, running.time_left_s) == (600, 3000)
+    assert running.started == parse_time("2026-11-30T18:09:03")
+    assert (ended.elapsed_s, ended.time_left_s) == (70, None)
+    assert (queued.started, queued.elapsed_s, queued.time_left_s) == (None, None, None)
+    text = _rendered(_view())
+    assert "10 min" in text and "50 min" in text
+
+
+def test_a_queued_generation_says_why_squeue_holds_it_and_has_no_node():
+    queued = _view().generations[2]
+    assert queued.pending_reason == "Dependency"
+    assert queued.task0_node == ""
+    assert "queued (Dependency)" in _rendered(_view())
+    assert "(null)" not in _rendered(_view())
+
+
+def test_status_json_names_its_schema_and_gives_times_in_iso_utc(tmp_path):
+    from nvrx_appliance.cli import cli
+
+    doc = _view().to_json()
+    started = doc["generations"][1]["started"]
+    assert started.endswith("Z") and parse_time(started) == parse_time("2026-11-30T18:09:03")
+    assert doc["generations"][0]["cycles"][0]["start"].endswith("Z")
+    (tmp_path / "run.json").write_text(
+        json.dumps({**MANIFEST, "spec": {**MANIFEST["spec"], "work_dir": str(tmp_path)}})
+    )
+    result = CliRunner().invoke(cli, ["status", "demo", "--work-dir", str(tmp_path), "--json"],
+                                env={"SLURM_CONF": str(tmp_path / "no-such.conf")})  # fmt: skip
+    out = json.loads(result.stdout)
+    assert (out["schema"], out["schema_version"]) == ("nvrx-appliance/status", 1)
+
+
+def test_status_says_plainly_when_slurm_cannot_be_reached_and_fails(tmp_path):
+    from nvrx_appliance.cli import cli
+
+    manifest = {**MANIFEST, "spec": {**MANIFEST["spec"], "work_dir": str(tmp_path)}}
+    (tmp_path / "run.json").write_text(json.dumps(manifest))
+    env = {"SLURM_CONF": str(tmp_path / "no-such.conf")}
+    for extra in ([], ["--json"]):
+        result = CliRunner().invoke(
+            cli, ["status", "demo", "--work-dir", str(tmp_path), *extra], env=env
+        )
+        assert result.exit_code == 1
+        assert "Slurm could not be reached" in result.stderr
+        assert "no-such.conf does not exist" in result.stderr
+    assert json.loads(result.stdout)["slurm_reachable"] is False
+
+
+def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, monkeypatch):
+    from nvrx_appliance.cli import cli
+    from nvrx_appliance.slurm import slurmcli
+
+    # This machine has no Slurm configuration of its own: the real squeue fails.
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setattr(slurmcli, "DEFAULT_SLURM_CONF", str(tmp_path / "slurm.conf"))
+    for command in ("status", "cancel"):
+        result = CliRunner().invoke(cli, [command, "4242"])
+        assert result.exit_code == 1, result.output
+        assert "Slurm could not be reached" in result.stderr
+        assert "SLURM_CONF is not set" in result.stderr
+        assert "no job" not in result.stderr

@@ -1,5 +1,8 @@
 """Where each chain setting comes from: flags > environment > config file > defaults."""
 
+import json
+from pathlib import Path
+
 import pytest
 
 from nvrx_appliance.slurm import resolve
@@ -76,10 +79,28 @@ def test_the_config_file_takes_dashed_or_underscored_names():
     assert config == {"train_tasks": 4, "hot_spares": 0, "mounts": ""}
 
 
+def test_a_config_key_is_the_flags_name_as_the_help_says(tmp_path):
+    from click.testing import CliRunner
+
+    from nvrx_appliance.cli import cli
+
+    config = tmp_path / "run.toml"
+    config.write_text('time = "02:00:00"\ntrain-tasks = 3\n')
+    result = CliRunner().invoke(
+        cli, ["submit", "--config", str(config), "--print-config", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)["settings"]
+    assert settings["time_limit"] == {"value": "02:00:00", "from": f"config {config}"}
+    assert settings["train_tasks"]["value"] == 3
+    assert resolve.parse_config('time_limit = "03:00:00"', "c.toml") == {"time_limit": "03:00:00"}
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
         ("trian_tasks = 4", "unknown setting 'trian_tasks'"),
+        ('time = "01:00:00"\ntime_limit = "02:00:00"', "'time_limit' sets --time a second time"),
         ('train_tasks = "4"', "train_tasks = '4' should be an integer"),
         ("depth = true", "depth = True should be an integer"),
         ("train_tasks = ", "not valid TOML"),
@@ -101,3 +122,54 @@ def test_bare_mode_records_the_python_that_ran_submit_but_a_container_does_not()
     assert r.origins["python"].startswith("default")
     pyxis = _resolve(flags={"image": "/img/a.sqsh"}).spec
     assert (pyxis.runtime, pyxis.python) == ("pyxis", "")
+
+
+# --- the reference scripts' environment names ---------------------------------------------
+
+
+def _print_config(env, tmp_path):
+    from click.testing import CliRunner
+
+    from nvrx_appliance.cli import cli
+
+    args = ["submit", "--work-dir", str(tmp_path), "--print-config", "--json"]
+    return CliRunner().invoke(cli, args, env=env)
+
+
+def test_the_reference_scripts_names_are_honoured_with_a_notice_naming_ours(tmp_path):
+    seeds = {seed: "4" for seed, _, _ in resolve.seed_names()}
+    result = _print_config({**seeds, "RDZV_PORT": "29600"}, tmp_path)
+    assert result.exit_code == 0, result.output
+    settings = json.loads(result.stdout)["settings"]
+    for seed, ours, name in resolve.seed_names():
+        assert settings[name]["from"] == f"env {seed}"
+        assert f"notice: {seed} read as {ours} (" in result.stderr
+    assert settings["rdzv_port"]["value"] == 29600
+    assert settings["gpus_per_node"]["value"] == 4
+
+
+def test_a_reference_name_that_disagrees_with_ours_is_refused(tmp_path):
+    result = _print_config({"GPUS_PER_NODE": "4", "NVRX_GPUS_PER_NODE": "8"}, tmp_path)
+    assert result.exit_code == 2
+    assert "GPUS_PER_NODE='4' and NVRX_GPUS_PER_NODE='8' disagree" in result.stderr
+
+
+def test_megatrons_fault_kinds_are_read_as_ours(tmp_path):
+    result = _print_config({"NVRX_FAULT_TYPES": "async_exc,sigkill"}, tmp_path)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["settings"]["fault_types"]["value"] == "exception,exit"
+    assert "NVRX_FAULT_TYPES: async_exc (Megatron's name) read as exception" in result.stderr
+
+
+def test_nvrx_dry_run_makes_submit_a_dry_run(tmp_path):
+    from click.testing import CliRunner
+
+    from nvrx_appliance.cli import cli
+
+    args = ["submit", "--work-dir", "/shared/nvrx-dry-run", "--workload", "cpu"]
+    env = {"NVRX_DRY_RUN": "1", "SLURM_CONF": str(tmp_path / "none.conf")}
+    result = CliRunner().invoke(cli, args, env=env)
+    assert result.exit_code == 0, result.output
+    assert "notice: NVRX_DRY_RUN is set: a dry run, as --dry-run" in result.stderr
+    assert result.stdout.startswith("# dry run: nothing was written or submitted")
+    assert not Path("/shared/nvrx-dry-run").exists()

@@ -1,0 +1,24 @@
+"""What every `--json` output carries: which document it is, its schema version, and
+times in one format (ISO 8601, UTC, 'Z'), so a script can check what it parses."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from typing import Any
+
+# Raised when a field is removed or changes meaning; adding a field keeps it.
+SCHEMA_VERSION = 1
+
+
+def iso_utc(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def dumps(kind: str, body: dict[str, Any]) -> str:
+    """`kind` names the document (status, submit, ...); the body's keys follow."""
+    doc = {"schema": f"nvrx-appliance/{kind}", "schema_version": SCHEMA_VERSION, **body}
+    return json.dumps(doc, indent=2)
