@@ -10,13 +10,12 @@ Layout is the one place that names files in the work directory (DESIGN.md).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
+from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
 
 SCHEMA = "nvrx-appliance/run"
@@ -176,22 +175,6 @@ def load(path: Path) -> Manifest:
     except json.JSONDecodeError as exc:
         raise ManifestError(f"run manifest {path} is not valid JSON: {exc}") from None
     return parse(data)
-
-
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write by rename so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def save(manifest: Manifest) -> Path:

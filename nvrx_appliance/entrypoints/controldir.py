@@ -14,8 +14,8 @@ import stat
 import threading
 from pathlib import Path
 
+from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.entrypoints import control, gate
-from nvrx_appliance.manifest import write_atomic
 
 
 class ControlDirError(Exception):

@@ -16,6 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.chain import ChainSpec, Problem
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.manifest import Manifest
@@ -145,7 +146,7 @@ def write(plan: Plan) -> None:
     # Slurm opens the --output file on the node at start: its directory must exist.
     layout.logs.mkdir(parents=True, exist_ok=True)
     run_manifest.save(plan.manifest)
-    run_manifest.write_atomic(plan.script_path, plan.script, mode=0o755)
+    write_atomic(plan.script_path, plan.script, mode=0o755)
     # Before the first sbatch, never after: a generation that ends at once (exit 93)
     # removes the marker, and writing it later would resurrect a finished chain.
     marker = {
@@ -154,7 +155,7 @@ def write(plan: Plan) -> None:
         "created": plan.manifest.created,
         "run_json": str(layout.run_json),
     }
-    run_manifest.write_atomic(layout.chain_marker, json.dumps(marker) + "\n")
+    write_atomic(layout.chain_marker, json.dumps(marker) + "\n")
 
 
 def queue(plan: Plan, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -190,5 +191,5 @@ def submit(plan: Plan, environ: Mapping[str, str] | None = None) -> Submitted:
     write(plan)
     done = Submitted(job_ids=queue(plan, environ), plan=plan)
     record = {**done.to_json(), "submitted": now_iso()}
-    run_manifest.write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n")
+    write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n")
     return done

@@ -6,7 +6,7 @@ when each finding was last sent to each sink (dedup and cooldown), and what each
 id resolved to (so a chain can be followed after Slurm has forgotten the id). The
 cycle cache lets a pass skip cycle-info files it parsed before.
 
-Both are rewritten atomically (temp file + rename). Losing or corrupting either is
+Both are rewritten atomically (atomic.write_atomic), without fsync. Losing or corrupting either is
 not an error: timers restart from this pass, which delays a detection by at most one
 threshold, and the next pass reads every cycle-info file again. The watcher must never
 be the thing that needs recovering.
@@ -18,11 +18,11 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.watch.types import Checkpoint
 
 VERSION = 1
@@ -74,7 +74,9 @@ def save_chain(path: str, key: str, section: dict[str, Any], jobs: dict[str, Any
         state["version"] = VERSION
         state.setdefault("chains", {})[key] = section
         state.setdefault("jobs", {}).update(jobs)
-        replace_file(Path(path), json.dumps(state, indent=1, sort_keys=True) + "\n", 0o600)
+        write_atomic(
+            Path(path), json.dumps(state, indent=1, sort_keys=True) + "\n", 0o600, durable=False
+        )
 
 
 # --- pure transitions ---------------------------------------------------------------------
@@ -148,25 +150,6 @@ def save_cycle_cache(cache_dir: str, cache: dict[str, Any], changed: set[str]) -
         path = Path(cache_dir) / _cache_name(directory)
         if directory in cache:
             text = json.dumps({"directory": directory, **cache[directory]}, separators=(",", ":"))
-            replace_file(path, text, 0o600)
+            write_atomic(path, text, 0o600, durable=False)
         else:
             path.unlink(missing_ok=True)
-
-
-def replace_file(path: Path, text: str, mode: int) -> None:
-    """Write by rename, so a reader (node_exporter, the next pass) never sees half a file.
-
-    No fsync: everything the watcher writes is allowed to be lost in a crash (the state
-    restarts its timers, the cache is re-read, the textfile is rewritten next pass), and
-    an fsync on a busy login node's disk can cost more than the whole pass.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

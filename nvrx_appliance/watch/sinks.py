@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import __version__
-from nvrx_appliance.watch.persistence import replace_file
+from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.watch.types import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes
@@ -242,6 +242,6 @@ def write_metrics(path: str, text: str) -> None:
     """node_exporter reads the directory at any moment: rename into place, never write in it."""
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        replace_file(Path(path), text, 0o644)
+        write_atomic(Path(path), text, 0o644, durable=False)
     except OSError as exc:
         raise SinkError(f"metrics textfile {path}: {exc.strerror}") from None
