@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,9 +224,25 @@ def flag(name: str) -> str:
     return meta.get("flag") or "--" + name.replace("_", "-")
 
 
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
-_GPU_FAILURE = re.compile(r"^\d+:\d+(,\d+:\d+)*$")
+# Used with fullmatch: `$` would let a trailing newline through. ASCII digits only:
+# str.isdigit and \d accept "²", which int() then refuses with a traceback.
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_TIME = re.compile(r"([0-9]+-)?[0-9]{1,2}(:[0-9]{2}){0,2}|[0-9]+")
+_GPU_FAILURE = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
+_COUNT = re.compile(r"[0-9]+")
+
+
+def is_count(text: str) -> bool:
+    return bool(_COUNT.fullmatch(text))
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in text (newline, tab, escape...), or None.
+
+    Every string setting can reach the batch script or an #SBATCH line, where a
+    newline starts a command of its own; quoting cannot make one harmless there.
+    """
+    return next((c for c in text if unicodedata.category(c) == "Cc"), None)
 
 
 def effective_runtime(spec: ChainSpec) -> str:
@@ -240,6 +257,13 @@ def check(spec: ChainSpec) -> list[Problem]:
 
     def bad(name: str, message: str) -> None:
         problems.append(Problem(flag(name), message))
+
+    for name, value in to_dict(spec).items():
+        found = isinstance(value, str) and control_character(value)
+        if found:
+            bad(name, f"contains the control character {found!r}; remove it")
+    if problems:
+        return problems  # the checks below would only say the same about those values
 
     if spec.train_tasks < 1:
         bad(
@@ -288,12 +312,12 @@ def check(spec: ChainSpec) -> list[Problem]:
         bad("max_no_progress_cycles", "must be at least 1")
     if not 1 <= spec.rdzv_port <= 65535:
         bad("rdzv_port", f"must be a TCP port 1-65535 (got {spec.rdzv_port})")
-    if not _JOB_NAME.match(spec.job_name):
+    if not _JOB_NAME.fullmatch(spec.job_name):
         bad(
             "job_name",
             f"{spec.job_name!r} is not a usable Slurm job name; use letters, digits, '.', '_', '-'",
         )
-    if not _TIME.match(spec.time_limit):
+    if not _TIME.fullmatch(spec.time_limit):
         bad(
             "time_limit",
             f"{spec.time_limit!r} is not a Slurm time; use e.g. 01:00:00 or 1-00:00:00",
@@ -312,18 +336,18 @@ def check(spec: ChainSpec) -> list[Problem]:
     if spec.profile not in PROFILES:
         bad("profile", f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
     if spec.segment not in ("auto", "off") and not (
-        spec.segment.isdigit() and int(spec.segment) >= 1
+        is_count(spec.segment) and int(spec.segment) >= 1
     ):
         bad("segment", f"{spec.segment!r} is not auto, off, or a node count >= 1")
     types = [t for t in spec.fault_types.split(",") if t]
     if spec.fault_inject and (not types or any(t not in FAULT_TYPES for t in types)):
         bad("fault_types", f"{spec.fault_types!r}: use a comma list of {', '.join(FAULT_TYPES)}")
     ranks = [r for r in spec.fault_ranks.split(",") if r]
-    if spec.fault_inject and (not ranks or not all(r.isdigit() for r in ranks)):
+    if spec.fault_inject and (not ranks or not all(map(is_count, ranks))):
         bad("fault_ranks", f"{spec.fault_ranks!r}: use a comma list of global rank numbers")
     if spec.fault_delay < 0:
         bad("fault_delay", "cannot be negative")
-    if spec.gpu_failure and not _GPU_FAILURE.match(spec.gpu_failure):
+    if spec.gpu_failure and not _GPU_FAILURE.fullmatch(spec.gpu_failure):
         bad(
             "gpu_failure",
             f"{spec.gpu_failure!r}: use 'cycle:infra_rank[,cycle:infra_rank..]', e.g. 1:0,2:0",
@@ -347,7 +371,13 @@ def check(spec: ChainSpec) -> list[Problem]:
             f"size = {spec.micro_batch} x {shape.data_parallel}; use a multiple of "
             f"{spec.micro_batch * shape.data_parallel}",
         )
-    if spec.segment.isdigit() and shape.min_nodes % int(spec.segment):
+    if spec.fault_inject and spec.mode != "train" and max(map(int, ranks)) >= shape.world_size:
+        bad(
+            "fault_ranks",
+            f"rank {max(map(int, ranks))} is outside the world of {shape.world_size} ranks "
+            f"(0-{shape.world_size - 1}); pick ranks below {shape.world_size}",
+        )
+    if is_count(spec.segment) and shape.min_nodes % int(spec.segment):
         # NVRx selects whole segments: its rendezvous raises on every cycle otherwise.
         bad(
             "segment",

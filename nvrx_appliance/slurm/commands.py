@@ -18,6 +18,7 @@ from rich.live import Live
 from nvrx_appliance import exitcodes
 from nvrx_appliance.chain import derive, spec_fields
 from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
+from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import spec_flags, spec_options
 
@@ -35,6 +36,8 @@ def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve
             text = Path(config_file).read_text()
         except OSError as exc:
             _fail(f"--config {config_file}: cannot read it ({exc.strerror}); fix the path")
+        except UnicodeDecodeError:
+            _fail(f"--config {config_file}: not UTF-8 text; save it as UTF-8 TOML")
         config = resolve.parse_config(text, config_file)
     return resolve.resolve(
         spec_flags(params),
@@ -75,11 +78,9 @@ def show_config(resolved: resolve.Resolved, as_json: bool) -> None:
 
 
 def _check_extra(extra: tuple[str, ...]) -> None:
-    if extra and not extra[0].startswith("-"):
-        _fail(
-            f"unexpected argument {extra[0]!r}; extra sbatch arguments go after `--`, "
-            "e.g. `nvrx-appliance submit ... -- --qos=high`"
-        )
+    found = extra_args.problem(extra)
+    if found:
+        _fail(f"after `--`: {found}")
 
 
 @click.command("submit", context_settings={"show_default": False})

@@ -39,6 +39,7 @@ def write_manifest(tmp_path, **settings) -> Path:
         "train_tasks": 1,
         "hot_spares": 0,
         "gpus_per_node": 1,
+        "fault_ranks": "0",  # the only rank of this one-rank world
         "rdzv_port": free_port(),
     } | settings
     spec = ChainSpec(work_dir=str(tmp_path / "work"), **settings)
