@@ -14,7 +14,6 @@ import pwd
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -189,6 +188,18 @@ def watch(**options: Any) -> None:
 
 def _settings(options: dict[str, Any]) -> Settings:
     secrets = {name: _secret(name, options) for name in SECRETS}
+    urls = {
+        "webhook URL": (secrets["webhook_url"], "NVRX_WATCH_WEBHOOK_URL or --webhook-url-file"),
+        "heartbeat URL": (
+            secrets["heartbeat_url"],
+            "NVRX_WATCH_HEARTBEAT_URL or --heartbeat-url-file",
+        ),
+        "PagerDuty URL": (options["pagerduty_url"], "--pagerduty-url"),
+    }
+    for what, (url, source) in urls.items():
+        problem = url and sinks.url_problem(url)
+        if problem:  # the URL itself stays out of the message: it may carry a token
+            raise ValueError(f"the {what} ({source}) {problem}; fix it")
     return Settings(
         act=options["act"],
         disable=parse_disable(options["disable"], detectors.NAMES),
@@ -201,17 +212,33 @@ def _settings(options: dict[str, Any]) -> Settings:
     )
 
 
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
 def _secret(name: str, options: dict[str, Any]) -> str:
     """From its environment variable, else from the file its --...-file flag names."""
     value = os.environ.get(SECRETS[name], "").strip()
     path = options.get(f"{name}_file", "")
     if value or not path:
         return value
+    flag = f"--{_dashed(name)}-file"
     try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        flag = "--" + name.replace("_", "-") + "-file"
-        raise ValueError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+        with open(path) as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            value = fh.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{flag}: cannot read {path}: {getattr(exc, 'strerror', exc)}") from None
+    if not value:
+        # An empty key would turn paging off without a word.
+        raise ValueError(f"{flag}: {path} is empty; put the secret in it, or drop the flag")
+    if mode & 0o077:
+        click.echo(
+            f"nvrx-watch: warning: {flag}: {path} is open to other users (mode "
+            f"{mode & 0o777:04o}); chmod 600 it",
+            err=True,
+        )
+    return value
 
 
 def _logger(log_file: str) -> logging.Logger:

@@ -264,3 +264,35 @@ def _me() -> str:
     import pwd
 
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "named"),
+    [
+        ("NVRX_WATCH_WEBHOOK_URL", "https://hooks.example/T0KEN with space", "webhook URL"),
+        ("NVRX_WATCH_HEARTBEAT_URL", "hc.example/T0KEN", "heartbeat URL"),
+        ("NVRX_WATCH_PAGERDUTY_URL", "ftp://pd.example/T0KEN", "PagerDuty URL"),
+    ],
+)
+def test_a_malformed_sink_url_is_one_redacted_line_and_exit_2(tmp_path, variable, url, named):
+    result = CliRunner().invoke(
+        watch, ["--platform", "none", "--work-dir", str(tmp_path)], env={variable: url}
+    )
+    assert result.exit_code == 2, result.output
+    assert named in result.output and "T0KEN" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_an_empty_routing_key_file_is_refused_and_a_loose_one_warned_about(tmp_path):
+    key = tmp_path / "routing-key"
+    key.write_text("\n")
+    args = ["--platform", "none", "--work-dir", str(tmp_path), "--once"]
+    result = invoke(*args, "--pagerduty-routing-key-file", str(key))
+    assert result.exit_code == 2
+    assert "--pagerduty-routing-key-file" in result.output and "is empty" in result.output
+
+    key.write_text("R0UTING\n")
+    key.chmod(0o666)
+    result = CliRunner().invoke(watch, [*args, "--pagerduty-routing-key-file", str(key)])
+    assert "is open to other users (mode 0666); chmod 600 it" in result.stderr
+    assert "R0UTING" not in result.output
