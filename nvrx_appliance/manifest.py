@@ -10,6 +10,8 @@ Layout is the one place that names files in the work directory (DESIGN.md).
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +165,28 @@ def parse(data: Any) -> Manifest:
     )
 
 
+def trust_problem(path: Path, uid: int) -> str | None:
+    """Why run.json at `path` must not be obeyed, or None: it names the code every node
+    runs (megatron_path, python), so only its owner may be able to change it, or replace
+    it through its directory. (The teardown carries its own copy: it runs without
+    this package.)"""
+    try:
+        seen = [("", os.lstat(path)), (" its directory", os.stat(path.parent))]
+    except OSError:
+        return None  # missing or unreadable: load() says so in its own words
+    if not stat.S_ISREG(seen[0][1].st_mode):
+        return f"{path} is not a regular file"
+    for what, st in seen:
+        if st.st_uid != uid:
+            return f"{path}{what} is owned by uid {st.st_uid}, not by this job's user (uid {uid})"
+        if st.st_mode & 0o022:
+            return (
+                f"{path}{what} is writable by group or others (mode {st.st_mode & 0o777:04o}); "
+                "chmod go-w it and resubmit"
+            )
+    return None
+
+
 def load(path: Path) -> Manifest:
     try:
         text = path.read_text()
@@ -179,5 +203,5 @@ def load(path: Path) -> Manifest:
 
 def save(manifest: Manifest) -> Path:
     path = manifest.layout.run_json
-    write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n", 0o600)
     return path

@@ -143,10 +143,13 @@ def _standing(spec: ChainSpec, facts: Facts) -> standing.Standing | None:
 
 def write(plan: Plan) -> None:
     layout = plan.manifest.layout
+    # Owner-only: run.json there names the code every node runs (probe.py refuses a
+    # work dir others can write).
+    layout.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Slurm opens the --output file on the node at start: its directory must exist.
     layout.logs.mkdir(parents=True, exist_ok=True)
     run_manifest.save(plan.manifest)
-    write_atomic(plan.script_path, plan.script, mode=0o755)
+    write_atomic(plan.script_path, plan.script, mode=0o700)
     # Before the first sbatch, never after: a generation that ends at once (exit 93)
     # removes the marker, and writing it later would resurrect a finished chain.
     marker = {
@@ -155,7 +158,7 @@ def write(plan: Plan) -> None:
         "created": plan.manifest.created,
         "run_json": str(layout.run_json),
     }
-    write_atomic(layout.chain_marker, json.dumps(marker) + "\n")
+    write_atomic(layout.chain_marker, json.dumps(marker) + "\n", 0o600)
 
 
 def queue(plan: Plan, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -191,5 +194,5 @@ def submit(plan: Plan, environ: Mapping[str, str] | None = None) -> Submitted:
     write(plan)
     done = Submitted(job_ids=queue(plan, environ), plan=plan)
     record = {**done.to_json(), "submitted": now_iso()}
-    write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n")
+    write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n", 0o600)
     return done

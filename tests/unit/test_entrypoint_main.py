@@ -92,6 +92,15 @@ def test_no_manifest_at_all_names_both_ways_to_give_one(tmp_path):
     assert "--manifest" in result.stderr and "NVRX_RUN_MANIFEST" in result.stderr
 
 
+def test_a_run_json_others_can_write_is_refused_before_anything_is_created(tmp_path):
+    run_json = write_manifest(tmp_path)
+    run_json.chmod(0o664)
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in())
+    assert result.returncode == exitcodes.MANIFEST_INVALID
+    assert "writable by group or others (mode 0664)" in result.stderr
+    assert not (run_json.parent / "nvrx").exists()
+
+
 @pytest.mark.parametrize(
     ("edit", "why"),
     [

@@ -288,3 +288,11 @@ def test_extra_options_with_their_values_attached_pass():
     result = _dry_run(["--", "--qos=high", "-pgpu", "--begin=now+3600", "-vv"])
     assert result.exit_code == 0, result.output
     assert "#SBATCH --qos=high" in result.stdout and "#SBATCH -pgpu" in result.stdout
+
+
+def test_probe_refuses_a_work_dir_others_can_write(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    facts = probe.gather(_spec(work_dir=str(shared)), with_slurm=False, user="alice")
+    assert "writable by group or others (mode 0775)" in facts.work_dir_error
