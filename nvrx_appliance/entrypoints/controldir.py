@@ -12,6 +12,7 @@ import json
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 from nvrx_appliance.atomic import write_atomic
@@ -36,6 +37,23 @@ def prepare(path: Path, uid: int) -> None:
     problem = control.dir_problem(mode=d.mode, owner=d.owner, uid=uid, is_dir=d.is_dir)
     if problem:
         raise ControlDirError(f"control directory {path} {problem}")
+
+
+def set_aside_stale(path: Path) -> Path | None:
+    """Task 0, before anything else: move away a control dir another run left here.
+
+    Array job ids repeat (a controller rebuilt without its state, a wrapped counter),
+    and a reused work dir then holds the old generation's directory under the new id:
+    its closed flag would send the new peers away, its record point them at the old
+    host. Only a task 0 entrypoint writes the record and the lease, and this is that
+    entrypoint's first look, so either one found now is another run's. Set aside (by
+    rename, kept for a post-mortem) rather than deleted. Returns where it went.
+    """
+    if not (os.path.lexists(path / control.RECORD) or os.path.lexists(path / control.LEASE)):
+        return None
+    aside = path.with_name(f"{path.name}.stale.{os.getpid()}.{time.time_ns()}")
+    os.rename(path, aside)
+    return aside
 
 
 def read_file(path: Path) -> gate.FileSeen | None:

@@ -44,6 +44,10 @@ def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
     layout = manifest.layout
     directory = layout.control(node.array_job_id)
     try:
+        if node.hosts_rendezvous:
+            aside = controldir.set_aside_stale(directory)
+            if aside is not None:
+                say(f"{directory} held another run's record (a reused job id); moved to {aside}")
         controldir.prepare(directory, os.geteuid())
         for path in (
             layout.cycle_infos(node.array_job_id),

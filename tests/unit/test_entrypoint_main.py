@@ -19,7 +19,8 @@ import pytest
 
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.entrypoints import control, controldir
+from nvrx_appliance.entrypoints import control, controldir, runner
+from nvrx_appliance.entrypoints.node import Node
 from tests.unit import test_entrypoint_support as support
 
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]
@@ -314,3 +315,22 @@ def test_a_segment_that_does_not_divide_the_world_is_an_inconsistent_manifest(tm
     assert result.returncode == exitcodes.MANIFEST_INVALID
     assert "multiple of the segment 3" in result.stderr
     assert not (run_json.parent / "nvrx").exists()
+
+
+def test_task_0_sets_aside_a_control_dir_another_run_left_under_a_reused_job_id(tmp_path):
+    m = manifest.load(write_manifest(tmp_path))
+    old = m.layout.control("700")
+    old.mkdir(parents=True, mode=0o700)
+    for name in (control.RECORD, control.LEASE, control.CLOSED):
+        (old / name).write_text("{}\n")
+
+    # A peer never touches it: only task 0 knows that it has not published yet.
+    runner.make_dirs(m, Node("700", 3, 0, "703", "peer"))
+    assert (old / control.CLOSED).exists()
+
+    directory = runner.make_dirs(m, Node("700", 0, 0, "700", "task0"))
+    assert directory == old and list(directory.iterdir()) == []
+    [aside] = old.parent.glob("control.stale.*")
+    assert sorted(p.name for p in aside.iterdir()) == sorted(
+        [control.RECORD, control.LEASE, control.CLOSED]
+    )
