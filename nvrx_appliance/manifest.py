@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
-from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
+from nvrx_appliance.files import write_atomic
 
 SCHEMA = "nvrx-appliance/run"
 VERSION = 1

@@ -15,8 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.entrypoints import control, gate
+from nvrx_appliance.files import write_atomic
 
 
 class ControlDirError(Exception):

@@ -121,7 +121,7 @@ def probe(settings: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     from nvrx_appliance import ENTRYPOINT_PROTOCOL
-    from nvrx_appliance.atomic import write_atomic
+    from nvrx_appliance.files import write_atomic
     from nvrx_appliance.image.pins import parse_settings
 
     parser = argparse.ArgumentParser(prog="python -m nvrx_appliance.image.probe")

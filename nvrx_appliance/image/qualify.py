@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 import click
 
 from nvrx_appliance import __version__, exitcodes
-from nvrx_appliance.atomic import write_atomic
+from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
 from nvrx_appliance.manifest import Layout

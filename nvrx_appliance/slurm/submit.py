@@ -16,8 +16,8 @@ from importlib.resources import files
 from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.atomic import write_atomic
 from nvrx_appliance.chain import ChainSpec, Problem
+from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.slurm import probe, render, slurmcli

@@ -6,7 +6,7 @@ when each finding was last sent to each sink (dedup and cooldown), and what each
 id resolved to (so a chain can be followed after Slurm has forgotten the id). The
 cycle cache lets a pass skip cycle-info files it parsed before.
 
-Both are rewritten atomically (atomic.write_atomic), without fsync. Losing or corrupting either is
+Both are rewritten atomically (files.write_atomic), without fsync. Losing or corrupting either is
 not an error: timers restart from this pass, which delays a detection by at most one
 threshold, and the next pass reads every cycle-info file again. The watcher must never
 be the thing that needs recovering.
@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.atomic import write_atomic
+from nvrx_appliance.files import write_atomic
 from nvrx_appliance.watch.types import Checkpoint
 
 VERSION = 1

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import __version__
-from nvrx_appliance.atomic import write_atomic
+from nvrx_appliance.files import write_atomic
 from nvrx_appliance.watch.types import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes

@@ -2,6 +2,9 @@
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -258,3 +261,28 @@ def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_re
     assert doc["image"]["qualification"] == "passed"
     assert doc["qualify_run"]["result"] == "passed"
     assert doc["blind"]  # squeue and sacct are named as unread
+
+
+def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path):
+    from nvrx_appliance import manifest as run_manifest
+    from nvrx_appliance.chain import ChainSpec
+
+    spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", runtime="bare", job_name="odd")
+    m = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="a")
+    run_manifest.save(m)
+    os.mkfifo(m.layout.ledger)  # planted, or left by a broken tool: nobody ever writes it
+    cycles = m.layout.cycle_infos("101")
+    cycles.mkdir(parents=True)
+    (cycles / "cycle_info.101.0.0").write_bytes(b'{"job_id": "101", "\xff\xfe": 1}')
+    m.layout.checkpoints.mkdir()
+    m.layout.tracker.write_bytes(b"\xff12\n")
+    # A separate process with a deadline: a hang must fail the test, not stall the suite.
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "nvrx-appliance"), "status", "odd",
+         "--work-dir", str(tmp_path), "--json"],
+        env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["blind"] and doc["job_name"] == "odd"

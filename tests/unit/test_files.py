@@ -6,7 +6,7 @@ import stat
 
 import pytest
 
-from nvrx_appliance.atomic import write_atomic
+from nvrx_appliance.files import read_text, write_atomic
 from nvrx_appliance.watch import sinks
 
 
@@ -53,3 +53,14 @@ def test_a_failed_write_leaves_no_temp_file_and_the_old_file_intact(tmp_path):
         write_atomic(target, 123)  # not text: fails mid-write
     assert json.loads(target.read_text()) == {"a": 1}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_reading_a_fifo_is_refused_at_once_and_bad_bytes_spoil_only_themselves(tmp_path):
+    fifo = tmp_path / "chain.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError, match="not a regular file"):
+        read_text(fifo, 1024)  # without O_NONBLOCK this waits for a writer for ever
+    text = tmp_path / "tracker"
+    text.write_bytes(b"\xff12\n")
+    assert read_text(text, 1024) == "\ufffd12\n"
+    assert read_text(tmp_path / "missing", 1024) is None
