@@ -188,6 +188,9 @@ def up(plan: Plan, say: Say, *, force: bool = False) -> Verdict:
         say(f"repairing: {verdict.reason}")
         for key in verdict.daemons:
             _restart(plan, state, key, say)
+        if SLURMCTLD in verdict.daemons:
+            # The nodes re-register with the new slurmctld: up means they are in service.
+            _await_nodes(plan, [n.name for n in plan.nodes if n.name not in verdict.nodes])
         for name in verdict.nodes:
             _revive(plan, state, plan.node(name), say)
         return verdict

@@ -226,7 +226,8 @@ def test_up_after_a_controller_crash_restarts_it_in_place_and_the_chain_goes_on(
     repaired = cluster_cli("up")
     assert repaired.returncode == 0, repaired.stderr
     assert "slurmctld restarted in place" in repaired.stderr and "rebuild" not in repaired.stderr
-    assert json.loads(cluster_cli("status", "--json").stdout)["up"]
+    after = json.loads(cluster_cli("status", "--json").stdout)
+    assert after["up"], after["reason"]
     # The controller recovered its jobs: the queued successor is still there, and the
     # running generation's accounting too.
     queued = cluster.slurm("squeue", "--noheader", "--format=%F", "--name", name).stdout.split()
