@@ -296,3 +296,29 @@ def test_an_empty_routing_key_file_is_refused_and_a_loose_one_warned_about(tmp_p
     result = CliRunner().invoke(watch, [*args, "--pagerduty-routing-key-file", str(key)])
     assert "is open to other users (mode 0666); chmod 600 it" in result.stderr
     assert "R0UTING" not in result.output
+
+
+def test_a_corrupt_state_entry_or_cycle_cache_row_is_reset_and_logged_not_raised(tmp_path):
+    work = killed_run(tmp_path)
+    (work / "checkpoints").mkdir()
+    (work / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("10\n")
+    state = tmp_path / "state" / "state.json"
+    args = ("--platform", "none", "--work-dir", str(work), "--state-file", str(state),
+            "--stall-seconds", "1e9")  # fmt: skip
+    assert invoke(*args).exit_code == 0
+    doc = json.loads(state.read_text())
+    [key] = doc["chains"]
+    doc["chains"][key]["checkpoint"]["first_seen"] = "yesterday"
+    doc["chains"][key]["alerts"] = {"webhook": {"some-finding": "never"}}
+    state.write_text(json.dumps(doc))
+    [cache] = (state.parent / "cycles").glob("*/*.json")
+    rows = json.loads(cache.read_text())
+    rows["files"] = {name: [1, 2, 3, ["4343", "zero"]] for name in rows["files"]}
+    cache.write_text(json.dumps(rows))
+
+    result = CliRunner().invoke(watch, list(args))
+    assert result.exit_code == 0, result.output
+    assert "checkpoint timer" in result.stderr and "malformed" in result.stderr
+    again = json.loads(state.read_text())["chains"][key]
+    assert isinstance(again["checkpoint"]["first_seen"], float)
+    assert len(json.loads(cache.read_text())["files"]["cycle_info.4343.0.0"][3]) == 8
