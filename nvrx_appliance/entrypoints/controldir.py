@@ -86,7 +86,9 @@ class Clock:
         return os.stat(self.path).st_mtime
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        # Never created (a name too long, a full quota): nothing to remove, nothing to say.
+        with contextlib.suppress(OSError):
+            self.path.unlink()
 
 
 def lease_age(directory: Path, clock: Clock) -> float | None:

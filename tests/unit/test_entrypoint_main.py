@@ -19,7 +19,7 @@ import pytest
 
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.entrypoints import control, controldir, runner
+from nvrx_appliance.entrypoints import control, controldir, detect, runner
 from nvrx_appliance.entrypoints.node import Node
 from tests.unit import test_entrypoint_support as support
 
@@ -334,3 +334,31 @@ def test_task_0_sets_aside_a_control_dir_another_run_left_under_a_reused_job_id(
     assert sorted(p.name for p in aside.iterdir()) == sorted(
         [control.RECORD, control.LEASE, control.CLOSED]
     )
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives_up(
+    tmp_path, monkeypatch, closed
+):
+    m = manifest.load(write_manifest(tmp_path))
+    # A host name longer than a file name may be: the probe file cannot be created,
+    # as on a full quota or a read-only mount.
+    peer = Node("700", 1, 0, "701", "n" * 300)
+    directory = runner.make_dirs(m, peer)
+    (directory / control.LEASE).write_text("{}\n")  # task 0 started: its age needs the clock
+    if closed:
+        (directory / control.CLOSED).write_text("{}\n")
+    polls = []
+
+    def pause(seconds):  # no wall time between polls; and no endless loop
+        polls.append(seconds)
+        assert len(polls) < 1000, "the peer retries for ever"
+
+    monkeypatch.setattr(runner.time, "sleep", pause)
+    with pytest.raises(runner.Refused) as refused:
+        runner.gate_loop(m, peer, detect.Fabric(cluster_uuid=None, reason="none"), directory)
+    if closed:
+        assert refused.value.exit_code == exitcodes.TASK0_GONE and polls == []
+    else:
+        assert refused.value.exit_code == exitcodes.RECORD_REFUSED
+        assert len(polls) == runner.MAX_READ_FAILURES - 1
