@@ -183,6 +183,10 @@ def _work_dir_of(target: str, work_dir: str | None, user: str) -> Path:
         _fail(str(exc))
 
 
+# Each refresh asks the shared controller twice (squeue, sacct): no faster than this.
+MIN_WATCH_S = 2.0
+
+
 @click.command("status")
 @click.argument("target", metavar="JOB_ID|NAME")
 @click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
@@ -190,11 +194,11 @@ def _work_dir_of(target: str, work_dir: str | None, user: str) -> Path:
 @click.option(
     "--watch",
     "every",
-    type=float,
+    type=click.FloatRange(min=MIN_WATCH_S),
     default=None,
     is_flag=False,
     flag_value=5.0,
-    help="Refresh every N seconds (default 5) until Ctrl-C.",
+    help=f"Refresh every N seconds (default 5, at least {MIN_WATCH_S:g}) until Ctrl-C.",
 )
 def status_command(target: str, work_dir: str | None, as_json: bool, every: float | None) -> None:
     """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""

@@ -286,3 +286,11 @@ def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(t
     assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert doc["blind"] and doc["job_name"] == "odd"
+
+
+def test_status_watch_refuses_to_refresh_faster_than_the_floor(tmp_path):
+    from nvrx_appliance.cli import cli
+
+    result = CliRunner().invoke(cli, ["status", "1", "--work-dir", str(tmp_path), "--watch", "0"])
+    assert result.exit_code == 2
+    assert "--watch" in result.output and "x>=2" in result.output
