@@ -245,6 +245,51 @@ def control_character(text: str) -> str | None:
     return next((c for c in text if unicodedata.category(c) == "Cc"), None)
 
 
+def parse_mounts(text: str) -> list[tuple[str, str, bool]]:
+    """Container mounts in pyxis's syntax, SRC[:DST[:ro|rw]][,..] (Apptainer's --bind and
+    the stand-in read it the same way) -> (src, dst, read_only). Raises ValueError
+    naming the entry: pyxis and Apptainer would split a bad one some other way."""
+    mounts = []
+    for item in text.split(",") if text else []:
+        fields = item.split(":")
+        if len(fields) > 3 or not all(fields):
+            raise ValueError(f"{item!r} is not SRC[:DST[:ro|rw]]")
+        src, dst = fields[0], fields[1] if len(fields) > 1 else fields[0]
+        flags = fields[2] if len(fields) > 2 else "rw"
+        if flags not in ("ro", "rw"):
+            raise ValueError(f"{item!r} has flag {flags!r}; use ro or rw")
+        if not (src.startswith("/") and dst.startswith("/")):
+            raise ValueError(f"{item!r} needs absolute paths on both sides")
+        mounts.append((src, dst, flags == "ro"))
+    return mounts
+
+
+def _mounts_problem(spec: ChainSpec) -> Problem | None:
+    """Why the container would not see the work dir at its own path, or None."""
+    work_dir = spec.work_dir
+    if "%" in work_dir:
+        return Problem(
+            flag("work_dir"), "contains '%', which Slurm expands in the --output path; rename it"
+        )
+    if effective_runtime(spec) not in CONTAINER_RUNTIMES:
+        return None
+    if "," in work_dir or ":" in work_dir:
+        return Problem(
+            flag("work_dir"), "contains ',' or ':', which container mounts cannot express"
+        )
+    try:
+        mounts = parse_mounts(spec.mounts or "")
+    except ValueError as exc:
+        return Problem(flag("mounts"), str(exc))
+    same = [dst.rstrip("/") for src, dst, _ in mounts if src == dst]
+    if mounts and not any(work_dir == d or work_dir.startswith(d + "/") for d in same):
+        return Problem(
+            flag("mounts"),
+            f"none mounts the work dir {work_dir} at the same path; add {work_dir}:{work_dir}",
+        )
+    return None
+
+
 def effective_runtime(spec: ChainSpec) -> str:
     if spec.runtime:
         return spec.runtime
@@ -329,6 +374,9 @@ def check(spec: ChainSpec) -> list[Problem]:
             "image",
             f"runtime {effective_runtime(spec)} needs an image; pass --image or --runtime bare",
         )
+    mounts_problem = _mounts_problem(spec)
+    if mounts_problem:
+        problems.append(mounts_problem)
     if spec.mode not in MODES:
         bad("mode", f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.workload not in WORKLOADS:

@@ -296,3 +296,27 @@ def test_probe_refuses_a_work_dir_others_can_write(tmp_path):
     shared.chmod(0o775)
     facts = probe.gather(_spec(work_dir=str(shared)), with_slurm=False, user="alice")
     assert "writable by group or others (mode 0775)" in facts.work_dir_error
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "words"),
+    [
+        (["--mounts", "garbage,,::x:y:z:w"], "--mounts", "needs absolute paths"),
+        (["--mounts", "/a:/a,,::x:y:z:w"], "--mounts", "is not SRC[:DST[:ro|rw]]"),
+        (["--mounts", "/data:/data"], "--mounts", "add /shared/alice/run:/shared/alice/run"),
+        (["--work-dir", "/shared/a,b"], "--work-dir", "container mounts cannot express"),
+        (["--work-dir", "/shared/a:b"], "--work-dir", "container mounts cannot express"),
+        (["--runtime", "bare", "--work-dir", "/shared/run-%j"], "--work-dir", "expands"),
+    ],
+)
+def test_mounts_pyxis_or_apptainer_would_mis_split_are_refused(args, option, words):
+    container = ["--runtime", "pyxis", "--image", "registry.example#nvidia/pytorch:25.01-py3"]
+    result = _dry_run([*container, *args])
+    _refused_in_one_line(result, option)
+    assert words in result.stderr
+
+
+def test_mounts_that_cover_the_work_dir_at_its_own_path_pass():
+    container = ["--runtime", "pyxis", "--image", "registry.example#nvidia/pytorch:25.01-py3"]
+    result = _dry_run([*container, "--mounts", "/data:/mnt/data:ro,/shared:/shared"])
+    assert result.exit_code == 0, result.output
