@@ -150,6 +150,11 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
     show_default=True,
     help="PagerDuty Events v2 endpoint.",
 )
+@_option(
+    "--pagerduty-allow-http",
+    is_flag=True,
+    help="Accept a plain-http --pagerduty-url (a local relay): the routing key travels in clear.",
+)
 @_option("--pagerduty-routing-key-file", default="", help="File holding the PagerDuty routing key.")
 @_option(
     "--webhook-url-file", default="", help="File holding the JSON webhook URL (Slack-compatible)."
@@ -200,6 +205,12 @@ def _settings(options: dict[str, Any]) -> Settings:
         problem = url and sinks.url_problem(url)
         if problem:  # the URL itself stays out of the message: it may carry a token
             raise ValueError(f"the {what} ({source}) {problem}; fix it")
+    plain = options["pagerduty_url"].startswith("http://")
+    if plain and secrets["pagerduty_routing_key"] and not options["pagerduty_allow_http"]:
+        raise ValueError(
+            "--pagerduty-url is plain http, so the routing key would cross the network in "
+            "clear; use https, or --pagerduty-allow-http for a local relay"
+        )
     return Settings(
         act=options["act"],
         disable=parse_disable(options["disable"], detectors.NAMES),

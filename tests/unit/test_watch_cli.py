@@ -322,3 +322,16 @@ def test_a_corrupt_state_entry_or_cycle_cache_row_is_reset_and_logged_not_raised
     again = json.loads(state.read_text())["chains"][key]
     assert isinstance(again["checkpoint"]["first_seen"], float)
     assert len(json.loads(cache.read_text())["files"]["cycle_info.4343.0.0"][3]) == 8
+
+
+def test_plain_http_pagerduty_is_refused_unless_asked(tmp_path):
+    env = {
+        "NVRX_WATCH_PAGERDUTY_ROUTING_KEY": "R0UTING",
+        "NVRX_WATCH_PAGERDUTY_URL": "http://pd.example/v2/enqueue",
+    }
+    args = ["--platform", "none", "--work-dir", str(tmp_path), "--stall-seconds", "1e9"]
+    refused = CliRunner().invoke(watch, args, env=env)
+    assert refused.exit_code == 2 and "--pagerduty-allow-http" in refused.output
+    assert "R0UTING" not in refused.output
+    allowed = CliRunner().invoke(watch, [*args, "--pagerduty-allow-http"], env=env)
+    assert allowed.exit_code != 2, allowed.output
