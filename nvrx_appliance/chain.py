@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -263,10 +264,71 @@ def flag(name: str) -> str:
     return meta.get("flag") or "--" + name.replace("_", "-")
 
 
-_JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
-_MEM = re.compile(r"^\d+[KMGT]?$")
-_GPU_FAILURE = re.compile(r"^\d+:\d+(,\d+:\d+)*$")
+# Used with fullmatch: `$` would let a trailing newline through. ASCII digits only:
+# str.isdigit and \d accept "²", which int() then refuses with a traceback.
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_TIME = re.compile(r"([0-9]+-)?[0-9]{1,2}(:[0-9]{2}){0,2}|[0-9]+")
+_MEM = re.compile(r"[0-9]+[KMGT]?")
+_GPU_FAILURE = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
+_COUNT = re.compile(r"[0-9]+")
+
+
+def is_count(text: str) -> bool:
+    return bool(_COUNT.fullmatch(text))
+
+
+def control_character(text: str) -> str | None:
+    """The first control character in text (newline, tab, escape...), or None.
+
+    Every string setting can reach the batch script or an #SBATCH line, where a
+    newline starts a command of its own; quoting cannot make one harmless there.
+    """
+    return next((c for c in text if unicodedata.category(c) == "Cc"), None)
+
+
+def parse_mounts(text: str) -> list[tuple[str, str, bool]]:
+    """Container mounts in pyxis's syntax, SRC[:DST[:ro|rw]][,..] (Apptainer's --bind and
+    the stand-in read it the same way) -> (src, dst, read_only). Raises ValueError
+    naming the entry: pyxis and Apptainer would split a bad one some other way."""
+    mounts = []
+    for item in text.split(",") if text else []:
+        fields = item.split(":")
+        if len(fields) > 3 or not all(fields):
+            raise ValueError(f"{item!r} is not SRC[:DST[:ro|rw]]")
+        src, dst = fields[0], fields[1] if len(fields) > 1 else fields[0]
+        flags = fields[2] if len(fields) > 2 else "rw"
+        if flags not in ("ro", "rw"):
+            raise ValueError(f"{item!r} has flag {flags!r}; use ro or rw")
+        if not (src.startswith("/") and dst.startswith("/")):
+            raise ValueError(f"{item!r} needs absolute paths on both sides")
+        mounts.append((src, dst, flags == "ro"))
+    return mounts
+
+
+def _mounts_problem(spec: ChainSpec) -> Problem | None:
+    """Why the container would not see the work dir at its own path, or None."""
+    work_dir = spec.work_dir
+    if "%" in work_dir:
+        return Problem(
+            flag("work_dir"), "contains '%', which Slurm expands in the --output path; rename it"
+        )
+    if effective_runtime(spec) not in CONTAINER_RUNTIMES:
+        return None
+    if "," in work_dir or ":" in work_dir:
+        return Problem(
+            flag("work_dir"), "contains ',' or ':', which container mounts cannot express"
+        )
+    try:
+        mounts = parse_mounts(spec.mounts or "")
+    except ValueError as exc:
+        return Problem(flag("mounts"), str(exc))
+    same = [dst.rstrip("/") for src, dst, _ in mounts if src == dst]
+    if mounts and not any(work_dir == d or work_dir.startswith(d + "/") for d in same):
+        return Problem(
+            flag("mounts"),
+            f"none mounts the work dir {work_dir} at the same path; add {work_dir}:{work_dir}",
+        )
+    return None
 
 
 def effective_profile(spec: ChainSpec) -> str:
@@ -293,6 +355,13 @@ def check(spec: ChainSpec) -> list[Problem]:
 
     def bad(name: str, message: str) -> None:
         problems.append(Problem(flag(name), message))
+
+    for name, value in to_dict(spec).items():
+        found = isinstance(value, str) and control_character(value)
+        if found:
+            bad(name, f"contains the control character {found!r}; remove it")
+    if problems:
+        return problems  # the checks below would only say the same about those values
 
     if spec.train_tasks < 1:
         bad(
@@ -341,17 +410,17 @@ def check(spec: ChainSpec) -> list[Problem]:
         bad("max_no_progress_cycles", "must be at least 1")
     if not 1 <= spec.rdzv_port <= 65535:
         bad("rdzv_port", f"must be a TCP port 1-65535 (got {spec.rdzv_port})")
-    if not _JOB_NAME.match(spec.job_name):
+    if not _JOB_NAME.fullmatch(spec.job_name):
         bad(
             "job_name",
             f"{spec.job_name!r} is not a usable Slurm job name; use letters, digits, '.', '_', '-'",
         )
-    if not _TIME.match(spec.time_limit):
+    if not _TIME.fullmatch(spec.time_limit):
         bad(
             "time_limit",
             f"{spec.time_limit!r} is not a Slurm time; use e.g. 01:00:00 or 1-00:00:00",
         )
-    if spec.mem and not _MEM.match(spec.mem):
+    if spec.mem and not _MEM.fullmatch(spec.mem):
         bad("mem", f"{spec.mem!r} is not a Slurm memory size; use e.g. 0 (all), 200G or 512000M")
     if spec.runtime and spec.runtime not in RUNTIMES:
         bad("runtime", f"unknown runtime {spec.runtime!r}; choose one of {', '.join(RUNTIMES)}")
@@ -360,6 +429,9 @@ def check(spec: ChainSpec) -> list[Problem]:
             "image",
             f"runtime {effective_runtime(spec)} needs an image; pass --image or --runtime bare",
         )
+    mounts_problem = _mounts_problem(spec)
+    if mounts_problem:
+        problems.append(mounts_problem)
     if spec.mode not in MODES:
         bad("mode", f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
     if spec.workload not in WORKLOADS:
@@ -368,18 +440,18 @@ def check(spec: ChainSpec) -> list[Problem]:
         bad("profile", f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
     problems += _workload_problems(spec)
     if spec.segment not in ("auto", "off") and not (
-        spec.segment.isdigit() and int(spec.segment) >= 1
+        is_count(spec.segment) and int(spec.segment) >= 1
     ):
         bad("segment", f"{spec.segment!r} is not auto, off, or a node count >= 1")
     types = [t for t in spec.fault_types.split(",") if t]
     if faults_active(spec) and (not types or any(t not in FAULT_TYPES for t in types)):
         bad("fault_types", f"{spec.fault_types!r}: use a comma list of {', '.join(FAULT_TYPES)}")
     ranks = [r for r in spec.fault_ranks.split(",") if r]
-    if faults_active(spec) and (not ranks or not all(r.isdigit() for r in ranks)):
+    if faults_active(spec) and (not ranks or not all(map(is_count, ranks))):
         bad("fault_ranks", f"{spec.fault_ranks!r}: use a comma list of global rank numbers")
     if spec.fault_delay < 0:
         bad("fault_delay", "cannot be negative")
-    if spec.gpu_failure and not _GPU_FAILURE.match(spec.gpu_failure):
+    if spec.gpu_failure and not _GPU_FAILURE.fullmatch(spec.gpu_failure):
         bad(
             "gpu_failure",
             f"{spec.gpu_failure!r}: use 'cycle:infra_rank[,cycle:infra_rank..]', e.g. 1:0,2:0",
@@ -403,7 +475,13 @@ def check(spec: ChainSpec) -> list[Problem]:
             f"size = {spec.micro_batch} x {shape.data_parallel}; use a multiple of "
             f"{spec.micro_batch * shape.data_parallel}",
         )
-    if spec.segment.isdigit() and shape.min_nodes % int(spec.segment):
+    if faults_active(spec) and max(map(int, ranks)) >= shape.world_size:
+        bad(
+            "fault_ranks",
+            f"rank {max(map(int, ranks))} is outside the world of {shape.world_size} ranks "
+            f"(0-{shape.world_size - 1}); pick ranks below {shape.world_size}",
+        )
+    if is_count(spec.segment) and shape.min_nodes % int(spec.segment):
         # NVRx selects whole segments: its rendezvous raises on every cycle otherwise.
         bad(
             "segment",

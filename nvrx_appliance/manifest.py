@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
+import stat
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
 from nvrx_appliance.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
+from nvrx_appliance.files import write_atomic
 
 SCHEMA = "nvrx-appliance/run"
 # 2: the workload's program argv, computed once at submit, is in run.json.
@@ -203,6 +204,28 @@ def parse(data: Any) -> Manifest:
     )
 
 
+def trust_problem(path: Path, uid: int) -> str | None:
+    """Why run.json at `path` must not be obeyed, or None: it names the code every node
+    runs (megatron_path, python), so only its owner may be able to change it, or replace
+    it through its directory. (The teardown carries its own copy: it runs without
+    this package.)"""
+    try:
+        seen = [("", os.lstat(path)), (" its directory", os.stat(path.parent))]
+    except OSError:
+        return None  # missing or unreadable: load() says so in its own words
+    if not stat.S_ISREG(seen[0][1].st_mode):
+        return f"{path} is not a regular file"
+    for what, st in seen:
+        if st.st_uid != uid:
+            return f"{path}{what} is owned by uid {st.st_uid}, not by this job's user (uid {uid})"
+        if st.st_mode & 0o022:
+            return (
+                f"{path}{what} is writable by group or others (mode {st.st_mode & 0o777:04o}); "
+                "chmod go-w it and resubmit"
+            )
+    return None
+
+
 def load(path: Path) -> Manifest:
     try:
         text = path.read_text()
@@ -217,23 +240,7 @@ def load(path: Path) -> Manifest:
     return parse(data)
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write by rename so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def save(manifest: Manifest) -> Path:
     path = manifest.layout.run_json
-    write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n", 0o600)
     return path

@@ -76,8 +76,12 @@ def cluster_group() -> None:
     envvar="NVRX_DEVCLUSTER_SUBNET",
     help="Private network for the controller and nodes.",
 )
-def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str) -> None:
-    """Bring the cluster up, or repair it; a no-op when it is already up as asked."""
+@click.option("--force", is_flag=True, help="Rebuild even if that loses queued or running jobs.")
+def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str, force: bool) -> None:
+    """Bring the cluster up, or repair it; a no-op when it is already up as asked.
+
+    Dead daemons are restarted in place with their state (jobs and accounting survive);
+    only a broken configuration rebuilds, and not over live jobs without --force."""
     say = _say("up")
     try:
         shell.preflight()
@@ -88,7 +92,7 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str) -> None:
                 packages.install(missing, say)
             params = shell.machine_params(nodes, gpus_per_node, cpus_per_node, subnet)
             plan = make_plan(params, DEFAULT_ROOT)
-            shell.up(plan, say)
+            shell.up(plan, say, force=force)
     except _EXPECTED as exc:
         _fail(exc)
     click.echo(f"export SLURM_CONF={plan.paths.slurm_conf}")

@@ -175,24 +175,62 @@ def observe(plan: Plan, state: State | None) -> Observed:
 # --- up ---------------------------------------------------------------------------------
 
 
-def up(plan: Plan, say: Say) -> Verdict:
+def up(plan: Plan, say: Say, *, force: bool = False) -> Verdict:
     check_clashes(plan)
     state = load_state(plan.paths)
-    verdict = assess(plan, state, observe(plan, state))
+    seen = observe(plan, state)
+    verdict = assess(plan, state, seen)
     if verdict.action == "none":
         say("already up; nothing to do")
         return verdict
     if verdict.action == "revive":
         assert state is not None
         say(f"repairing: {verdict.reason}")
+        for key in verdict.daemons:
+            _restart(plan, state, key, say)
+        if SLURMCTLD in verdict.daemons:
+            # The nodes re-register with the new slurmctld: up means they are in service.
+            _await_nodes(plan, [n.name for n in plan.nodes if n.name not in verdict.nodes])
         for name in verdict.nodes:
             _revive(plan, state, plan.node(name), say)
         return verdict
     if verdict.action == "rebuild":
+        at_stake = _jobs_at_stake(plan, seen)
+        if at_stake and not force:
+            raise Refused(
+                f"the cluster needs a rebuild ({verdict.reason}), which would lose {at_stake} "
+                "and all accounting; let them finish or cancel them, or pass --force"
+            )
         say(f"rebuilding: {verdict.reason}")
         teardown(plan.paths, state, say)
     build(plan, say)
     return verdict
+
+
+# Each control daemon restarted on its own data: munged's key, MariaDB's data directory,
+# slurmctld's StateSaveLocation (no -c: it recovers every job from there).
+_RESTART: dict[str, Callable[[Plan], subprocess.Popen]] = {
+    MUNGED: daemons.start_munged,
+    MARIADB: lambda plan: daemons.start_mariadb(plan, setup_sql=None),
+    SLURMDBD: daemons.start_slurmdbd,
+    SLURMCTLD: daemons.start_slurmctld,
+}
+
+
+def _restart(plan: Plan, state: State, key: str, say: Say) -> None:
+    host = None if key == MUNGED else plan.controller
+    _record(plan.paths, state, key, _RESTART[key](plan), host)
+    say(f"{key} restarted in place with its state")
+
+
+def _jobs_at_stake(plan: Plan, seen: Observed) -> str:
+    """What a rebuild would throw away ("" when nothing): the queued and running jobs,
+    or, with slurmctld down, the job state it saved and would have recovered."""
+    if SLURMCTLD in seen.alive:
+        jobs = _slurm(plan, "squeue", "--noheader", "--format=%i").split()
+        return f"{len(jobs)} queued or running job(s) ({' '.join(jobs[:10])})" if jobs else ""
+    saved = plan.paths.ctld_state / "job_state"
+    return f"the jobs slurmctld saved in {saved}" if saved.exists() else ""
 
 
 def build(plan: Plan, say: Say) -> None:

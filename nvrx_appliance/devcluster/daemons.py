@@ -166,7 +166,9 @@ def init_mariadb(plan: Plan) -> None:
         raise DaemonError(f"mariadb-install-db failed; see {log}:\n{_log_tail(log)}")
 
 
-def start_mariadb(plan: Plan, setup_sql: str) -> subprocess.Popen:
+def start_mariadb(plan: Plan, setup_sql: str | None) -> subprocess.Popen:
+    """setup_sql: the accounting database and user, on a fresh data directory; None on a
+    restart, where they are already there."""
     p = plan.paths
     log = p.mysql / "mariadbd.log"
     proc = spawn(
@@ -191,7 +193,7 @@ def start_mariadb(plan: Plan, setup_sql: str) -> subprocess.Popen:
     )
     client = [executable("mariadb"), "--no-defaults", f"--socket={p.mysql_socket}", "-u", "root"]
     await_ready(proc, lambda: succeeds([*client, "-e", "SELECT 1"]), 60, "MariaDB", log)
-    if not succeeds(client, stdin=setup_sql):
+    if setup_sql is not None and not succeeds(client, stdin=setup_sql):
         raise DaemonError(f"could not create the accounting database {ACCOUNTING_DB}; see {log}")
     return proc
 

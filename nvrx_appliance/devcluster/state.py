@@ -84,7 +84,8 @@ class Observed:
 class Verdict:
     action: str  # "build" | "rebuild" | "revive" | "none"
     reason: str
-    nodes: tuple[str, ...] = ()  # for "revive"
+    nodes: tuple[str, ...] = ()  # for "revive": nodes whose slurmd or link is down
+    daemons: tuple[str, ...] = ()  # for "revive": control daemons to restart, in start order
 
 
 def assess(plan: Plan, state: State | None, seen: Observed) -> Verdict:
@@ -101,18 +102,21 @@ def assess(plan: Plan, state: State | None, seen: Observed) -> Verdict:
     missing = [h.netns for h in plan.hosts if h.netns not in seen.namespaces]
     if missing:
         return Verdict("rebuild", f"network namespace {missing[0]} is gone")
-    dead = [d for d in CONTROL_DAEMONS if d not in seen.alive]
-    if dead:
-        return Verdict("rebuild", f"{dead[0]} is not running")
     if plan.controller.link not in seen.links_up:
         return Verdict("rebuild", "the controller's link is down")
+    # A dead daemon is restarted in place, as a real site restarts it: slurmctld recovers
+    # its jobs from StateSaveLocation and accounting lives in MariaDB's data directory. A
+    # rebuild would throw both away.
+    dead = tuple(d for d in CONTROL_DAEMONS if d not in seen.alive)
     down = tuple(
         n.name
         for n in plan.nodes
         if slurmd_key(n.name) not in seen.alive or n.link not in seen.links_up
     )
-    if down:
-        return Verdict("revive", f"node(s) {', '.join(down)} are down", down)
+    if dead or down:
+        parts = [f"{', '.join(dead)} not running"] if dead else []
+        parts += [f"node(s) {', '.join(down)} are down"] if down else []
+        return Verdict("revive", "; ".join(parts), down, dead)
     return Verdict("none", "the cluster is up")
 
 

@@ -12,10 +12,11 @@ import json
 import os
 import stat
 import threading
+import time
 from pathlib import Path
 
 from nvrx_appliance.entrypoints import control, gate
-from nvrx_appliance.manifest import write_atomic
+from nvrx_appliance.files import write_atomic
 
 
 class ControlDirError(Exception):
@@ -36,6 +37,23 @@ def prepare(path: Path, uid: int) -> None:
     problem = control.dir_problem(mode=d.mode, owner=d.owner, uid=uid, is_dir=d.is_dir)
     if problem:
         raise ControlDirError(f"control directory {path} {problem}")
+
+
+def set_aside_stale(path: Path) -> Path | None:
+    """Task 0, before anything else: move away a control dir another run left here.
+
+    Array job ids repeat (a controller rebuilt without its state, a wrapped counter),
+    and a reused work dir then holds the old generation's directory under the new id:
+    its closed flag would send the new peers away, its record point them at the old
+    host. Only a task 0 entrypoint writes the record and the lease, and this is that
+    entrypoint's first look, so either one found now is another run's. Set aside (by
+    rename, kept for a post-mortem) rather than deleted. Returns where it went.
+    """
+    if not (os.path.lexists(path / control.RECORD) or os.path.lexists(path / control.LEASE)):
+        return None
+    aside = path.with_name(f"{path.name}.stale.{os.getpid()}.{time.time_ns()}")
+    os.rename(path, aside)
+    return aside
 
 
 def read_file(path: Path) -> gate.FileSeen | None:
@@ -68,7 +86,9 @@ class Clock:
         return os.stat(self.path).st_mtime
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        # Never created (a name too long, a full quota): nothing to remove, nothing to say.
+        with contextlib.suppress(OSError):
+            self.path.unlink()
 
 
 def lease_age(directory: Path, clock: Clock) -> float | None:

@@ -38,6 +38,9 @@ def load(manifest_path: Path | None) -> run_manifest.Manifest:
             exitcodes.MANIFEST_INVALID,
             "no run manifest: pass --manifest PATH or set NVRX_RUN_MANIFEST",
         )
+    distrust = run_manifest.trust_problem(manifest_path, os.geteuid())
+    if distrust:
+        raise Refused(exitcodes.MANIFEST_INVALID, f"refusing the run manifest: {distrust}")
     try:
         manifest = run_manifest.load(manifest_path)
     except run_manifest.ManifestError as exc:

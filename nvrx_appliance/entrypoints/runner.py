@@ -38,12 +38,20 @@ from nvrx_appliance.entrypoints.supervise import Supervisor
 GATE_POLL_S = 1.0
 RUN_POLL_S = 1.0  # while training: every node stats the shared file system this often
 WAIT_REPORT_S = 60.0
+# Polls in a row that may fail to read the control dir (its clock probe cannot be
+# created: quota, a read-only mount) before a peer gives up: a minute of a flaky shared
+# file system is ridden out; a broken one must not hold the node for ever.
+MAX_READ_FAILURES = 60
 
 
 def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
     layout = manifest.layout
     directory = layout.control(node.array_job_id)
     try:
+        if node.hosts_rendezvous:
+            aside = controldir.set_aside_stale(directory)
+            if aside is not None:
+                say(f"{directory} held another run's record (a reused job id); moved to {aside}")
         controldir.prepare(directory, os.geteuid())
         for path in (
             layout.cycle_infos(node.array_job_id),
@@ -69,11 +77,25 @@ def gate_loop(
     limits = gate.Limits(record_wait=spec.rdzv_host_wait, lease_stale_after=spec.lease_stale_after)
     clock = controldir.Clock(directory, node.hostname)
     state, last_reason, reported = gate.Waiting(), None, time.monotonic()
+    failures = 0
     try:
         while True:
             try:
                 seen = controldir.observe(directory, clock)
+                failures = 0
             except OSError as exc:
+                # The closed flag first: it needs no clock, and it ends the wait.
+                if controldir.closed(directory):
+                    raise Refused(
+                        exitcodes.TASK0_GONE,
+                        f"{node.label}: generation {node.array_job_id} is closed; leaving",
+                    ) from None
+                failures += 1
+                if failures >= MAX_READ_FAILURES:
+                    raise Refused(
+                        exitcodes.RECORD_REFUSED,
+                        f"could not read {directory} {failures} times in a row ({exc}); giving up",
+                    ) from None
                 say(f"could not read {directory}: {exc}; retrying")
                 time.sleep(GATE_POLL_S)
                 continue

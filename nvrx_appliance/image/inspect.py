@@ -8,6 +8,7 @@ where the squashfs starts (0 for a .sqsh, after the SIF header for a .sif).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -37,12 +38,15 @@ def _squashfs_offset(path: Path, head: bytes) -> int:
     if image_format(head) == "squashfs":
         return 0
     try:
-        descroff, total = sif.descriptor_table(head)
         with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            descroff, total = sif.descriptor_table(head, size)
             fh.seek(descroff)
-            return sif.rootfs_offset(fh.read(total * sif.DESCRIPTOR_SIZE))
+            return sif.rootfs_offset(fh.read(total * sif.DESCRIPTOR_SIZE), size)
     except sif.SIFError as exc:
         raise ImageError(f"{path}: {exc}") from None
+    except OSError as exc:
+        raise ImageError(f"{path}: cannot read it ({exc.strerror})") from None
 
 
 def _read_file(path: Path, offset: int, inner: str) -> str:

@@ -130,8 +130,8 @@ def probe(settings: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     from nvrx_appliance import ENTRYPOINT_PROTOCOL
+    from nvrx_appliance.files import write_atomic
     from nvrx_appliance.image.pins import parse_settings
-    from nvrx_appliance.manifest import write_atomic
 
     parser = argparse.ArgumentParser(prog="python -m nvrx_appliance.image.probe")
     parser.add_argument("--settings", required=True, type=Path, help="the build.env file")

@@ -23,9 +23,10 @@ from typing import Any, NoReturn
 import click
 
 from nvrx_appliance import __version__, exitcodes
+from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
-from nvrx_appliance.manifest import Layout, write_atomic
+from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import cancel, resolve, slurmcli
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import spec_flags, spec_options

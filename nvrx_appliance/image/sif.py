@@ -24,6 +24,9 @@ FS_SQUASHFS = 1
 PART_PRIMARY_SYSTEM = 2
 HEADER_SIZE = _HEADER.size
 DESCRIPTOR_SIZE = _DESCRIPTOR.size
+# Apptainer writes 48 descriptors; far more is a damaged or hostile header, whose
+# table would otherwise be read into memory whole.
+MAX_DESCRIPTORS = 4096
 
 
 class SIFError(Exception):
@@ -34,21 +37,28 @@ def is_sif(head: bytes) -> bool:
     return head[_MAGIC_AT : _MAGIC_AT + len(MAGIC)] == MAGIC
 
 
-def descriptor_table(header: bytes) -> tuple[int, int]:
-    """(offset, count) of the descriptor table, from the global header's bytes."""
+def descriptor_table(header: bytes, file_size: int) -> tuple[int, int]:
+    """(offset, count) of the descriptor table, from the global header's bytes; the
+    table lies inside the file."""
     if len(header) < HEADER_SIZE or not is_sif(header):
         raise SIFError("not a SIF file (no SIF_MAGIC in its header)")
     fields = _HEADER.unpack_from(header)
     total, descroff = fields[8], fields[9]
     if total <= 0 or descroff < HEADER_SIZE:
         raise SIFError("SIF header has no descriptor table")
+    if total > MAX_DESCRIPTORS or descroff + total * DESCRIPTOR_SIZE > file_size:
+        raise SIFError(
+            f"SIF header is damaged: {total} descriptors at offset {descroff} do not fit in "
+            f"the file's {file_size} bytes"
+        )
     return descroff, total
 
 
-def rootfs_offset(table: bytes) -> int:
+def rootfs_offset(table: bytes, file_size: int) -> int:
     """The file offset of the squashfs root file system, from the descriptor table.
 
-    The primary system partition when one is marked, else the first squashfs one.
+    The primary system partition when one is marked, else the first squashfs one; only
+    one that starts inside the file.
     """
     candidates: list[tuple[int, int]] = []
     for start in range(0, len(table) - DESCRIPTOR_SIZE + 1, DESCRIPTOR_SIZE):
@@ -57,7 +67,7 @@ def rootfs_offset(table: bytes) -> int:
         if not used or datatype != DATA_PARTITION:
             continue
         fstype, parttype = _PARTITION.unpack_from(extra)
-        if fstype == FS_SQUASHFS:
+        if fstype == FS_SQUASHFS and 0 <= fileoff < file_size:
             candidates.append((0 if parttype == PART_PRIMARY_SYSTEM else 1, fileoff))
     if not candidates:
         raise SIFError("SIF file holds no squashfs root file system")

@@ -31,7 +31,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from nvrx_appliance import exitcodes
+from nvrx_appliance import chain, exitcodes
 
 CACHE_ENV = "NVRX_STANDIN_CACHE"
 # enroot mounts these from the host into every container; node names resolve through them.
@@ -70,25 +70,11 @@ class StandinError(Exception):
 
 
 def parse_mounts(text: str) -> list[tuple[str, str, bool]]:
-    """pyxis's --container-mounts syntax: SRC[:DST[:ro|rw]][,..] -> (src, dst, read_only)."""
-    mounts = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        fields = item.split(":")
-        if len(fields) > 3 or not fields[0]:
-            raise StandinError(f"--mounts: {item!r} is not SRC[:DST[:ro]]", exitcodes.USAGE)
-        src = fields[0]
-        dst = fields[1] if len(fields) > 1 and fields[1] else src
-        flags = fields[2] if len(fields) > 2 else "rw"
-        if flags not in ("ro", "rw"):
-            raise StandinError(
-                f"--mounts: {item!r} has flag {flags!r}; use ro or rw", exitcodes.USAGE
-            )
-        if not (src.startswith("/") and dst.startswith("/")):
-            raise StandinError(
-                f"--mounts: {item!r} needs absolute paths on both sides", exitcodes.USAGE
-            )
-        mounts.append((src, dst, flags == "ro"))
-    return mounts
+    """pyxis's --container-mounts syntax (chain.parse_mounts), as a usage error."""
+    try:
+        return chain.parse_mounts(text)
+    except ValueError as exc:
+        raise StandinError(f"--mounts: {exc}", exitcodes.USAGE) from None
 
 
 def cache_key(realpath: str, size: int, mtime_ns: int, inode: int) -> str:

@@ -21,6 +21,7 @@ from nvrx_appliance import exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
+from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import spec_flags, spec_options
@@ -39,6 +40,8 @@ def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve
             text = Path(config_file).read_text()
         except OSError as exc:
             _fail(f"--config {config_file}: cannot read it ({exc.strerror}); fix the path")
+        except UnicodeDecodeError:
+            _fail(f"--config {config_file}: not UTF-8 text; save it as UTF-8 TOML")
         config = resolve.parse_config(text, config_file)
     return resolve.resolve(
         spec_flags(params),
@@ -79,11 +82,9 @@ def show_config(resolved: resolve.Resolved, as_json: bool) -> None:
 
 
 def _check_extra(extra: tuple[str, ...]) -> None:
-    if extra and not extra[0].startswith("-"):
-        _fail(
-            f"unexpected argument {extra[0]!r}; extra sbatch arguments go after `--`, "
-            "e.g. `nvrx-appliance submit ... -- --qos=high`"
-        )
+    found = extra_args.problem(extra)
+    if found:
+        _fail(f"after `--`: {found}")
 
 
 @click.command("submit", context_settings={"show_default": False})
@@ -211,6 +212,10 @@ def _unreachable(command: str, detail: str, then: str) -> NoReturn:
     sys.exit(1)
 
 
+# Each refresh asks the shared controller twice (squeue, sacct): no faster than this.
+MIN_WATCH_S = 2.0
+
+
 @click.command("status")
 @click.argument("target", metavar="JOB_ID|NAME")
 @click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
@@ -218,11 +223,11 @@ def _unreachable(command: str, detail: str, then: str) -> NoReturn:
 @click.option(
     "--watch",
     "every",
-    type=float,
+    type=click.FloatRange(min=MIN_WATCH_S),
     default=None,
     is_flag=False,
     flag_value=5.0,
-    help="Refresh every N seconds (default 5) until Ctrl-C.",
+    help=f"Refresh every N seconds (default 5, at least {MIN_WATCH_S:g}) until Ctrl-C.",
 )
 def status_command(target: str, work_dir: str | None, as_json: bool, every: float | None) -> None:
     """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""

@@ -48,6 +48,20 @@ def _work_dir(work_dir: str) -> dict:
             "work_dir_real": real,
             "work_dir_error": f"{work_dir} exists and is not a directory",
         }
+    if path.is_dir():
+        st = path.stat()
+        if st.st_uid != os.geteuid():
+            return {
+                "work_dir_real": real,
+                "work_dir_error": f"{work_dir} belongs to uid {st.st_uid}, not to you",
+            }
+        if st.st_mode & 0o022:
+            # Whoever can write there can replace run.json, which names the code every node runs.
+            return {
+                "work_dir_real": real,
+                "work_dir_error": f"{work_dir} is writable by group or others (mode "
+                f"{st.st_mode & 0o777:04o}); `chmod go-w` it",
+            }
     # access(2) also says no on a read-only file system, even to root.
     if not os.access(existing, os.W_OK | os.X_OK):
         what = "is not writable" if existing == path else f"cannot be created under {existing}"

@@ -20,6 +20,7 @@ from nvrx_appliance.manifest import Manifest
 FORWARDED_ENV = ("NVRX_ARRAY_THROTTLE", "NVRX_RUN_MANIFEST")
 ENTRYPOINT = "nvrx-entrypoint"
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
+_DIRECTIVE_PLAIN = re.compile(r"[A-Za-z0-9_./:=,%@+-]+")
 
 
 @dataclass(frozen=True)
@@ -155,12 +156,20 @@ def _pair_flags(words: list[str]) -> list[str]:
     return lines
 
 
+def directive(arg: str) -> str:
+    """One #SBATCH line. sbatch splits these lines at blanks and ends them at a `#`, except
+    inside double quotes, where a backslash takes the next character as it is."""
+    if _DIRECTIVE_PLAIN.fullmatch(arg):
+        return f"#SBATCH {arg}"
+    return '#SBATCH "' + re.sub(r'([\\"])', r"\\\1", arg) + '"'
+
+
 def render(
     manifest: Manifest, *, template: str, teardown_py: str, extra: tuple[str, ...] = ()
 ) -> str:
     """The self-contained batch script of every generation of this chain."""
     spec, layout = manifest.spec, manifest.layout
-    directives = "\n".join(f"#SBATCH {arg}" for arg in sbatch_args(manifest, extra))
+    directives = "\n".join(map(directive, sbatch_args(manifest, extra)))
     values = {
         "job_name": spec.job_name,
         "run_json": shlex.quote(str(layout.run_json)),

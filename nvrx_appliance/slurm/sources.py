@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.files import read_text
 from nvrx_appliance.image import qualification
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import parse, slurmcli
@@ -89,7 +90,10 @@ def load_manifest(work_dir: Path) -> dict[str, Any]:
     """run.json as a plain dict: status reads what an older or newer submit wrote too."""
     path = Layout(work_dir).run_json
     try:
-        data = json.loads(path.read_text())
+        text = read_text(path, MAX_FILE_BYTES)
+        if text is None:
+            raise FileNotFoundError(path)
+        data = json.loads(text)
     except FileNotFoundError:
         raise NotFound(
             f"{path} does not exist: this work dir holds no nvrx-appliance chain"
@@ -123,9 +127,14 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
+# The same reader as the watcher's: a FIFO in place of a file, or a byte that is not
+# UTF-8, must neither hang nor crash status.
+MAX_FILE_BYTES = 64 << 20
+
+
 def _read(path: Path) -> str:
     try:
-        return path.read_text()
+        return read_text(path, MAX_FILE_BYTES) or ""
     except OSError:
         return ""
 
@@ -133,8 +142,8 @@ def _read(path: Path) -> str:
 def _json(path: Path) -> Any:
     """A whole JSON file; None when absent or unreadable (a record being replaced)."""
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return json.loads(_read(path) or "null")
+    except ValueError:
         return None
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.chain import ChainSpec, Problem
 from nvrx_appliance.entrypoints import workloads
+from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.slurm import probe, render, slurmcli
@@ -145,10 +146,13 @@ def _standing(spec: ChainSpec, facts: Facts) -> standing.Standing | None:
 
 def write(plan: Plan) -> None:
     layout = plan.manifest.layout
+    # Owner-only: run.json there names the code every node runs (probe.py refuses a
+    # work dir others can write).
+    layout.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     # Slurm opens the --output file on the node at start: its directory must exist.
     layout.logs.mkdir(parents=True, exist_ok=True)
     run_manifest.save(plan.manifest)
-    run_manifest.write_atomic(plan.script_path, plan.script, mode=0o755)
+    write_atomic(plan.script_path, plan.script, mode=0o700)
     # Before the first sbatch, never after: a generation that ends at once (exit 93)
     # removes the marker, and writing it later would resurrect a finished chain.
     marker = {
@@ -157,7 +161,7 @@ def write(plan: Plan) -> None:
         "created": plan.manifest.created,
         "run_json": str(layout.run_json),
     }
-    run_manifest.write_atomic(layout.chain_marker, json.dumps(marker) + "\n")
+    write_atomic(layout.chain_marker, json.dumps(marker) + "\n", 0o600)
 
 
 def queue(plan: Plan, environ: Mapping[str, str] | None = None) -> list[str]:
@@ -193,5 +197,5 @@ def submit(plan: Plan, environ: Mapping[str, str] | None = None) -> Submitted:
     write(plan)
     done = Submitted(job_ids=queue(plan, environ), plan=plan)
     record = {**done.to_json(), "submitted": now_iso()}
-    run_manifest.write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n")
+    write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n", 0o600)
     return done

@@ -8,18 +8,19 @@ host and the sbatch stays one self-contained file. Tests import the same functio
 If no python3 can run it, the sbatch falls back to the two scancel lines in bash.
 
 The pure part (decide, burnt, ...) comes first; `main` is the thin shell around it.
-Keep it importable on Python 3.8: no match statements, no runtime `X | Y` types.
+It runs on the host's own python3, which can be as old as RHEL 8's 3.6: no
+`from __future__ import annotations`, no builtin generics or `X | Y` in annotations
+(typing's names instead), no subprocess `capture_output`/`text`, no walrus.
 """
-
-from __future__ import annotations
 
 import argparse
 import datetime
 import json
 import os
+import stat
 import subprocess
 import sys
-from typing import Any
+from typing import Any, Dict, List, Optional, Tuple
 
 NO_RESTART = 93  # NVRx's "do not restart"; see nvrx_appliance/exitcodes.py
 # Long enough for a busy controller; short enough to finish inside Slurm's KillWait
@@ -55,7 +56,7 @@ LEDGER_KEYS = (
 # --- pure ---------------------------------------------------------------------------
 
 
-def advanced(entry: dict[str, Any]) -> bool:
+def advanced(entry: Dict[str, Any]) -> bool:
     """Did the generation move the checkpoint iteration forward?"""
     end = entry.get("checkpoint_iteration")
     start = entry.get("checkpoint_iteration_start")
@@ -64,13 +65,13 @@ def advanced(entry: dict[str, Any]) -> bool:
     return start is None or end > start
 
 
-def burnt(entry: dict[str, Any]) -> bool:
+def burnt(entry: Dict[str, Any]) -> bool:
     """A generation that never trained: it completed no cycle (ft_launcher did not end
     cleanly, exit != 0) and left the checkpoint iteration where it found it."""
     return entry.get("exit_code") != 0 and not advanced(entry)
 
 
-def consecutive_burnt(entries: list[dict[str, Any]]) -> int:
+def consecutive_burnt(entries: List[Dict[str, Any]]) -> int:
     count = 0
     for entry in reversed(entries):
         if not burnt(entry):
@@ -81,11 +82,11 @@ def consecutive_burnt(entries: list[dict[str, Any]]) -> int:
 
 def decide(
     exit_code: int,
-    history: list[dict[str, Any]],
-    this: dict[str, Any],
+    history: List[Dict[str, Any]],
+    this: Dict[str, Any],
     burn_guard: int,
     no_restart_witness: bool = False,
-) -> tuple[str, str]:
+) -> Tuple[str, str]:
     """(action, reason) for a generation whose task 0 ended with exit_code.
 
     history: this chain's earlier ledger entries, oldest first. no_restart_witness: a
@@ -113,7 +114,7 @@ def decide(
     )
 
 
-def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) -> list[str]:
+def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) -> List[str]:
     """The one scancel the action needs. Always PENDING-only and scoped to the user:
     running peers are stopped by the closed flag, and another user's jobs are never ours."""
     if action in (CANCELLED_CHAIN, BURN_GUARD):
@@ -123,7 +124,7 @@ def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) ->
     return ["scancel", "--state=PENDING", f"--user={user}", array_job_id]
 
 
-def parse_ledger(text: str) -> list[dict[str, Any]]:
+def parse_ledger(text: str) -> List[Dict[str, Any]]:
     """Ledger lines; a torn or foreign line is skipped rather than stopping the teardown."""
     entries = []
     for line in text.splitlines():
@@ -136,25 +137,44 @@ def parse_ledger(text: str) -> list[dict[str, Any]]:
     return entries
 
 
-def chain_history(entries: list[dict[str, Any]], chain: str) -> list[dict[str, Any]]:
+def chain_history(entries: List[Dict[str, Any]], chain: str) -> List[Dict[str, Any]]:
     """Only this chain's entries: a work dir reused by a later submit starts a new count."""
     return [e for e in entries if e.get("chain") == chain]
 
 
-def parse_iteration(text: str) -> int | None:
+def parse_iteration(text: str) -> Optional[int]:
     text = text.strip()
-    return int(text) if text.isdigit() else None
+    # isdecimal, not isdigit: "²" is a digit that int() refuses.
+    return int(text) if text.isdecimal() else None
 
 
 # --- shell --------------------------------------------------------------------------
 
 
 def _read(path: str) -> str:
+    """The file's text; "" when unreadable. A byte that is not UTF-8 spoils only its own
+    line (parse_ledger skips it), never the whole read: the burn guard needs the rest."""
     try:
-        with open(path) as fh:
-            return fh.read()
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+
+
+def untrusted(path: str, uid: int) -> Optional[str]:
+    """Why run.json must not steer this teardown (another user could have written it),
+    or None. Missing is not untrusted: there is simply nothing to read."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return "is not a regular file"
+    if st.st_uid != uid:
+        return f"is owned by uid {st.st_uid}, not by this job's user (uid {uid})"
+    if st.st_mode & 0o022:
+        return f"is group- or world-writable (mode {st.st_mode & 0o777:04o})"
+    return None
 
 
 def _now() -> str:
@@ -165,10 +185,15 @@ def _log(message: str) -> None:
     print(f"nvrx teardown: {message}", file=sys.stderr, flush=True)
 
 
-def _scancel(argv: list[str]) -> bool:
+def _scancel(argv: List[str]) -> bool:
     try:
         done = subprocess.run(
-            argv, capture_output=True, text=True, timeout=SCANCEL_TIMEOUT_S, check=False
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            universal_newlines=True,
+            timeout=SCANCEL_TIMEOUT_S,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
         _log(
@@ -188,7 +213,7 @@ def _scancel(argv: list[str]) -> bool:
     return True
 
 
-def _append(path: str, entry: dict[str, Any]) -> None:
+def _append(path: str, entry: Dict[str, Any]) -> None:
     line = json.dumps(entry, sort_keys=True) + "\n"
     # One write of one line with O_APPEND: a concurrent reader sees it whole or not at all.
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -198,7 +223,7 @@ def _append(path: str, entry: dict[str, Any]) -> None:
         os.close(fd)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-teardown")
     for name in (
         "run-json",
@@ -217,8 +242,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-restart-witness", type=int, default=0)
     args = parser.parse_args(argv)
 
+    distrust = untrusted(args.run_json, os.geteuid())
+    if distrust:
+        _log(f"ERROR: ignoring {args.run_json} ({distrust}): no burn guard for this generation")
     try:
-        manifest = json.loads(_read(args.run_json) or "{}")
+        manifest = json.loads("{}" if distrust else _read(args.run_json) or "{}")
     except ValueError:
         manifest = {}
     spec = manifest.get("spec", {})
@@ -238,7 +266,12 @@ def main(argv: list[str] | None = None) -> int:
         "chain": chain,
         "mode": spec.get("mode", ""),
     }
-    history = chain_history(parse_ledger(_read(args.ledger)), chain)
+    ledger_text = _read(args.ledger)
+    entries = parse_ledger(ledger_text)
+    skipped = sum(1 for line in ledger_text.splitlines() if line.strip()) - len(entries)
+    if skipped:
+        _log(f"skipped {skipped} unreadable line(s) of the ledger {args.ledger}")
+    history = chain_history(entries, chain)
     action, reason = decide(
         args.exit_code, history, this, burn_guard, bool(args.no_restart_witness)
     )

@@ -20,6 +20,7 @@ from nvrx_appliance.chain import (
     derive,
     effective_runtime,
     flag,
+    parse_mounts,
 )
 
 # Directories that are private to one node on every cluster we know: the rendezvous
@@ -200,13 +201,13 @@ def _cluster(spec: ChainSpec, facts: Facts, *, force: bool, shape_ok: bool) -> l
 
 
 def mount_pairs(spec: ChainSpec) -> list[tuple[str, str]]:
-    """(host source, container destination) of every container mount."""
+    """(host source, container destination) of every container mount (none if malformed:
+    chain.check refuses those)."""
     text = f"{spec.work_dir}:{spec.work_dir}" if spec.mounts is None else spec.mounts
-    pairs = []
-    for item in filter(None, text.split(",")):
-        parts = item.split(":")
-        pairs.append((parts[0], parts[1] if len(parts) > 1 and parts[1] else parts[0]))
-    return pairs
+    try:
+        return [(src, dst) for src, dst, _ in parse_mounts(text)]
+    except ValueError:
+        return []
 
 
 def _under(path: str, root: str) -> bool:

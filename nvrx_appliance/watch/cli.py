@@ -16,7 +16,6 @@ import pwd
 import signal
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import click
@@ -161,6 +160,11 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
     show_default=True,
     help="PagerDuty Events v2 endpoint.",
 )
+@_option(
+    "--pagerduty-allow-http",
+    is_flag=True,
+    help="Accept a plain-http --pagerduty-url (a local relay): the routing key travels in clear.",
+)
 @_option("--pagerduty-routing-key-file", default="", help="File holding the PagerDuty routing key.")
 @_option(
     "--webhook-url-file", default="", help="File holding the JSON webhook URL (Slack-compatible)."
@@ -199,6 +203,24 @@ def watch(**options: Any) -> None:
 
 def _settings(options: dict[str, Any]) -> Settings:
     secrets = {name: _secret(name, options) for name in SECRETS}
+    urls = {
+        "webhook URL": (secrets["webhook_url"], "NVRX_WATCH_WEBHOOK_URL or --webhook-url-file"),
+        "heartbeat URL": (
+            secrets["heartbeat_url"],
+            "NVRX_WATCH_HEARTBEAT_URL or --heartbeat-url-file",
+        ),
+        "PagerDuty URL": (options["pagerduty_url"], "--pagerduty-url"),
+    }
+    for what, (url, source) in urls.items():
+        problem = url and sinks.url_problem(url)
+        if problem:  # the URL itself stays out of the message: it may carry a token
+            raise ValueError(f"the {what} ({source}) {problem}; fix it")
+    plain = options["pagerduty_url"].startswith("http://")
+    if plain and secrets["pagerduty_routing_key"] and not options["pagerduty_allow_http"]:
+        raise ValueError(
+            "--pagerduty-url is plain http, so the routing key would cross the network in "
+            "clear; use https, or --pagerduty-allow-http for a local relay"
+        )
     return Settings(
         act=options["act"],
         disable=parse_disable(options["disable"], detectors.NAMES),
@@ -211,17 +233,33 @@ def _settings(options: dict[str, Any]) -> Settings:
     )
 
 
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
 def _secret(name: str, options: dict[str, Any]) -> str:
     """From its environment variable, else from the file its --...-file flag names."""
     value = os.environ.get(SECRETS[name], "").strip()
     path = options.get(f"{name}_file", "")
     if value or not path:
         return value
+    flag = f"--{_dashed(name)}-file"
     try:
-        return Path(path).read_text().strip()
-    except OSError as exc:
-        flag = "--" + name.replace("_", "-") + "-file"
-        raise ValueError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+        with open(path) as fh:
+            mode = os.fstat(fh.fileno()).st_mode
+            value = fh.read().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{flag}: cannot read {path}: {getattr(exc, 'strerror', exc)}") from None
+    if not value:
+        # An empty key would turn paging off without a word.
+        raise ValueError(f"{flag}: {path} is empty; put the secret in it, or drop the flag")
+    if mode & 0o077:
+        click.echo(
+            f"nvrx-watch: warning: {flag}: {path} is open to other users (mode "
+            f"{mode & 0o777:04o}); chmod 600 it",
+            err=True,
+        )
+    return value
 
 
 def _logger(log_file: str) -> logging.Logger:

@@ -309,6 +309,20 @@ def restart_storm(snap: Snapshot, t: Thresholds) -> list[Finding]:
     ]
 
 
+def _no_iteration(snap: Snapshot) -> str:
+    tracker = snap.run.tracker or "the checkpoint tracker"
+    if snap.checkpoint.mtime is not None:
+        return (
+            f"{tracker} exists but holds no iteration number (last written "
+            f"{age_text(snap.observed_at - snap.checkpoint.mtime)} ago). Whatever writes it "
+            "does not write Megatron's format; find out what wrote it."
+        )
+    return (
+        f"Expected {tracker} to exist. Either the workload never reaches its first save, or "
+        "the tracker path does not point where it writes."
+    )
+
+
 def stalled_progress(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """Cycles keep completing but the checkpoint iteration never moves."""
     if snap.has(SLURM) and not any(g.tasks for g in snap.generations):
@@ -326,11 +340,7 @@ def stalled_progress(snap: Snapshot, t: Thresholds) -> list[Finding]:
                 CRITICAL,
                 summary=f"{len(closed)} cycles of {snap.run.job_name} completed and no "
                 "checkpoint iteration was ever recorded",
-                detail=(
-                    f"Expected {snap.run.tracker or 'the checkpoint tracker'} to exist. Either "
-                    "the workload never reaches its first save, or the tracker path does not "
-                    "point where it writes."
-                ),
+                detail=_no_iteration(snap),
             )
         ]
     since = snap.checkpoint.since or snap.checkpoint.mtime

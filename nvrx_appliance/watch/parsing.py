@@ -317,7 +317,7 @@ def tracker_value(text: str) -> int | None:
     """latest_checkpointed_iteration.txt holds an iteration number (Megatron may write
     'release' for a converted checkpoint, which carries no progress)."""
     value = text.strip()
-    return int(value) if value.isdigit() else None
+    return int(value) if value.isdecimal() else None  # not isdigit: int("²") raises
 
 
 def ledger_entries(text: str) -> tuple[LedgerEntry, ...]:

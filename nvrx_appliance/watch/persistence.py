@@ -6,7 +6,7 @@ when each finding was last sent to each sink (dedup and cooldown), and what each
 id resolved to (so a chain can be followed after Slurm has forgotten the id). The
 cycle cache lets a pass skip cycle-info files it parsed before.
 
-Both are rewritten atomically (temp file + rename). Losing or corrupting either is
+Both are rewritten atomically (files.write_atomic), without fsync. Losing or corrupting either is
 not an error: timers restart from this pass, which delays a detection by at most one
 threshold, and the next pass reads every cycle-info file again. The watcher must never
 be the thing that needs recovering.
@@ -18,12 +18,13 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import os
+import math
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.watch.types import Checkpoint
+from nvrx_appliance.files import write_atomic
+from nvrx_appliance.watch.types import Checkpoint, Cycle
 
 VERSION = 1
 
@@ -46,8 +47,38 @@ def load(path: str) -> dict[str, Any]:
 
 
 def chain_section(state: dict[str, Any], key: str) -> dict[str, Any]:
-    section = state.get("chains", {}).get(key)
+    chains = state.get("chains")
+    section = chains.get(key) if isinstance(chains, dict) else None
     return section if isinstance(section, dict) else {}
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def sane_section(section: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """The section with every entry of the wrong shape dropped, and what was dropped.
+
+    A hand edit or another version's file must cost one timer or one cooldown, never a
+    pass: every later pass would raise on the same entry.
+    """
+    sane, notes = dict(section), []
+    checkpoint = sane.get("checkpoint")
+    if checkpoint is not None and not (
+        isinstance(checkpoint, dict) and _seconds(checkpoint.get("first_seen"))
+    ):
+        notes.append(f"checkpoint timer {checkpoint!r} is malformed; it restarts now")
+        del sane["checkpoint"]
+    alerts = sane.get("alerts", {})
+    good = {
+        sink: sent
+        for sink, sent in (alerts.items() if isinstance(alerts, dict) else [])
+        if isinstance(sent, dict) and all(map(_seconds, sent.values()))
+    }
+    if good != alerts:
+        notes.append("alert memory is malformed; findings may be sent again")
+        sane["alerts"] = good
+    return sane, notes
 
 
 @contextlib.contextmanager
@@ -74,7 +105,9 @@ def save_chain(path: str, key: str, section: dict[str, Any], jobs: dict[str, Any
         state["version"] = VERSION
         state.setdefault("chains", {})[key] = section
         state.setdefault("jobs", {}).update(jobs)
-        replace_file(Path(path), json.dumps(state, indent=1, sort_keys=True) + "\n", 0o600)
+        write_atomic(
+            Path(path), json.dumps(state, indent=1, sort_keys=True) + "\n", 0o600, durable=False
+        )
 
 
 # --- pure transitions ---------------------------------------------------------------------
@@ -132,13 +165,36 @@ def load_cycle_cache(cache_dir: str) -> dict[str, Any]:
             data = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(data, dict) and isinstance(data.get("files"), dict):
+        if isinstance(data, dict) and _cache_rows_sane(data.get("files")):
             cache[str(data.get("directory"))] = {
                 "mtime_ns": data.get("mtime_ns"),
                 "settled": data.get("settled") is True,
                 "files": data["files"],
             }
     return cache
+
+
+def _cache_rows_sane(files: Any) -> bool:
+    """file name -> [ino, size, mtime_ns, row or None], row a Cycle's fields: anything
+    else (another version, a hand edit) drops the directory's cache, so it is re-read."""
+
+    def entry_ok(entry: Any) -> bool:
+        if not (isinstance(entry, list) and len(entry) == 4):
+            return False
+        row = entry[3]
+        return all(isinstance(v, int) for v in entry[:3]) and (
+            row is None
+            or (
+                isinstance(row, list)
+                and len(row) == len(Cycle._fields)
+                and isinstance(row[0], str)
+                and all(_seconds(v) for v in row[1:4])
+                and (row[4] is None or _seconds(row[4]))
+                and all(isinstance(v, str) for v in row[5:])
+            )
+        )
+
+    return isinstance(files, dict) and all(map(entry_ok, files.values()))
 
 
 def save_cycle_cache(cache_dir: str, cache: dict[str, Any], changed: set[str]) -> None:
@@ -148,25 +204,6 @@ def save_cycle_cache(cache_dir: str, cache: dict[str, Any], changed: set[str]) -
         path = Path(cache_dir) / _cache_name(directory)
         if directory in cache:
             text = json.dumps({"directory": directory, **cache[directory]}, separators=(",", ":"))
-            replace_file(path, text, 0o600)
+            write_atomic(path, text, 0o600, durable=False)
         else:
             path.unlink(missing_ok=True)
-
-
-def replace_file(path: Path, text: str, mode: int) -> None:
-    """Write by rename, so a reader (node_exporter, the next pass) never sees half a file.
-
-    No fsync: everything the watcher writes is allowed to be lost in a crash (the state
-    restarts its timers, the cache is re-read, the textfile is rewritten next pass), and
-    an fsync on a busy login node's disk can cost more than the whole pass.
-    """
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise

@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvrx_appliance.files import read_text
 from nvrx_appliance.watch import parsing
 from nvrx_appliance.watch.types import Checkpoint, Cycle, LedgerEntry
 
@@ -241,9 +242,6 @@ def is_dir(path: str) -> bool:
 
 def _read_small(path: str, what: str, limit: int) -> str | None:
     try:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            return fh.read(limit)
-    except FileNotFoundError:
-        return None
+        return read_text(path, limit)
     except OSError as exc:
         raise ReadError(f"cannot read {what} {path}: {exc.strerror}") from None

@@ -185,7 +185,11 @@ class Watcher:
     def pass_once(self) -> PassResult:
         started = time.monotonic()
         state_file = self.settings.state_file
-        section = persistence.chain_section(persistence.load(state_file), self.key)
+        section, notes = persistence.sane_section(
+            persistence.chain_section(persistence.load(state_file), self.key)
+        )
+        for note in notes:
+            self.logger.warning("state file %s: %s", state_file, note)
         snap = self.gather(section)
         findings = detectors.run(snap, self.thresholds, self.settings.disable)
         degraded = any(s.state == UNAVAILABLE for s in snap.sources.values())

@@ -13,13 +13,14 @@ from __future__ import annotations
 import json
 import logging
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import __version__
-from nvrx_appliance.watch.persistence import replace_file
+from nvrx_appliance.files import write_atomic
 from nvrx_appliance.watch.types import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes
@@ -37,18 +38,42 @@ def redact(text: str, secrets: Iterable[str]) -> str:
     return text
 
 
-def _post_json(url: str, body: dict, what: str, secrets: Sequence[str]) -> None:
-    request = urllib.request.Request(
-        url,
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json", "User-Agent": USER_AGENT},
-        method="POST",
-    )
-    _send(request, what, secrets)
-
-
-def _send(request: urllib.request.Request, what: str, secrets: Sequence[str]) -> None:
+def url_problem(url: str) -> str | None:
+    """Why `url` cannot be a sink's address, or None. Says nothing of the URL itself:
+    it may carry a token."""
+    if any(c.isspace() or not c.isprintable() for c in url):
+        return "contains a blank or a control character"
     try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is not a number
+    except ValueError:
+        return "is not a URL"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "is not an http(s)://host/... URL"
+    return None
+
+
+def _post_json(url: str, body: dict, what: str, secrets: Sequence[str]) -> None:
+    headers = {"Content-Type": "application/json"}
+    _send(url, what, secrets, data=json.dumps(body).encode(), headers=headers)
+
+
+def _send(
+    url: str,
+    what: str,
+    secrets: Sequence[str],
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
+) -> None:
+    try:
+        # Inside the try: a URL that passed the start-up check can still be refused here
+        # (urllib is stricter than urlsplit), and that must be a redacted sink error.
+        request = urllib.request.Request(
+            url,
+            data=data,
+            headers={"User-Agent": USER_AGENT, **(headers or {})},
+            method="POST" if data is not None else "GET",
+        )
         with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
             response.read(4096)
     except urllib.error.HTTPError as exc:
@@ -56,6 +81,8 @@ def _send(request: urllib.request.Request, what: str, secrets: Sequence[str]) ->
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise SinkError(redact(f"{what}: unreachable ({reason})", secrets)) from None
+    except ValueError as exc:
+        raise SinkError(redact(f"{what}: unusable URL ({exc})", secrets)) from None
 
 
 def line(finding: Finding) -> str:
@@ -142,8 +169,7 @@ class WebhookSink:
 
 def heartbeat(url: str) -> None:
     """Ping the dead-man switch: only after a pass that could observe."""
-    request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT}, method="GET")
-    _send(request, "heartbeat", (url,))
+    _send(url, "heartbeat", (url,))
 
 
 # --- Prometheus textfile ---------------------------------------------------------------------
@@ -242,6 +268,6 @@ def write_metrics(path: str, text: str) -> None:
     """node_exporter reads the directory at any moment: rename into place, never write in it."""
     try:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        replace_file(Path(path), text, 0o644)
+        write_atomic(Path(path), text, 0o644, durable=False)
     except OSError as exc:
         raise SinkError(f"metrics textfile {path}: {exc.strerror}") from None

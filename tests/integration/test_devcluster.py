@@ -19,6 +19,7 @@ from nvrx_appliance.devcluster import hosts, net, procs, render
 from nvrx_appliance.devcluster.report import in_service, seen_dead
 
 from .conftest import Cluster, cluster_cli
+from .test_chain_support import submit, tasks, unique, wait_event, wait_idle, wait_ledger
 
 pytestmark = pytest.mark.cluster
 
@@ -207,22 +208,35 @@ def test_kill_node_is_seen_dead_in_time_and_revive_returns_it(cluster: Cluster):
 
 
 @pytest.mark.disruptive
-def test_up_repairs_a_cluster_whose_daemons_were_killed(cluster: Cluster):
+def test_up_after_a_controller_crash_restarts_it_in_place_and_the_chain_goes_on(cluster: Cluster):
+    work, name = cluster.workdir("ctlcrash"), unique("ctlcrash")
+    first, second = submit(
+        cluster, work, name,
+        "--mode", "train", "--train-tasks", "1", "--hot-spares", "0", "--depth", "2",
+        "--train-samples", "600",
+    )  # fmt: skip
+    wait_event(work, lambda e: e["event"] == "checkpoint", 180, "the first checkpoint")
     status = json.loads(cluster_cli("status", "--json").stdout)
     pids = {d["name"]: d["pid"] for d in status["daemons"] if d["host"] in ("ctl", "(root)")}
-    # what a killed session or an OOM kill leaves behind
+    # what an OOM kill or a crashed controller host leaves behind, mid-chain
     os.kill(pids["slurmctld"], signal.SIGKILL)
     os.kill(pids["munged"], signal.SIGKILL)
-    broken = json.loads(cluster_cli("status", "--json").stdout)
-    assert not broken["up"]
+    assert not json.loads(cluster_cli("status", "--json").stdout)["up"]
 
     repaired = cluster_cli("up")
     assert repaired.returncode == 0, repaired.stderr
-    assert "rebuilding" in repaired.stderr
-    status = json.loads(cluster_cli("status", "--json").stdout)
-    assert status["up"], status["reason"]
-    ran = cluster.slurm("srun", f"-N{len(cluster.nodes)}", "hostname", timeout=60).stdout
-    assert sorted(ran.split()) == sorted(cluster.nodes)
+    assert "slurmctld restarted in place" in repaired.stderr and "rebuild" not in repaired.stderr
+    after = json.loads(cluster_cli("status", "--json").stdout)
+    assert after["up"], after["reason"]
+    # The controller recovered its jobs: the queued successor is still there, and the
+    # running generation's accounting too.
+    queued = cluster.slurm("squeue", "--noheader", "--format=%F", "--name", name).stdout.split()
+    assert second in queued or tasks(cluster, second), "the queued generation was lost"
+    assert tasks(cluster, first), "the running generation's accounting was lost"
+    # ...and the chain goes on to its end.
+    entries = wait_ledger(work, 2, timeout=420)
+    wait_idle(cluster, name, timeout=60)
+    assert [e["array_job_id"] for e in entries] == [first, second]
 
 
 def _fingerprint(paths: list[str]) -> dict[str, str]:

@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.entrypoints import control, controldir
+from nvrx_appliance.entrypoints import control, controldir, detect, runner
+from nvrx_appliance.entrypoints.node import Node
 from tests.unit import test_entrypoint_support as support
 
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]
@@ -38,6 +39,7 @@ def write_manifest(tmp_path, **settings) -> Path:
         "train_tasks": 1,
         "hot_spares": 0,
         "gpus_per_node": 1,
+        "fault_ranks": "0",  # the only rank of this one-rank world
         "rdzv_port": free_port(),
     } | settings
     return manifest.save(support.run_manifest(tmp_path / "work", **settings))
@@ -87,6 +89,15 @@ def test_no_manifest_at_all_names_both_ways_to_give_one(tmp_path):
     result = entrypoint(env=env)
     assert result.returncode == exitcodes.MANIFEST_INVALID
     assert "--manifest" in result.stderr and "NVRX_RUN_MANIFEST" in result.stderr
+
+
+def test_a_run_json_others_can_write_is_refused_before_anything_is_created(tmp_path):
+    run_json = write_manifest(tmp_path)
+    run_json.chmod(0o664)
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in())
+    assert result.returncode == exitcodes.MANIFEST_INVALID
+    assert "writable by group or others (mode 0664)" in result.stderr
+    assert not (run_json.parent / "nvrx").exists()
 
 
 @pytest.mark.parametrize(
@@ -334,3 +345,50 @@ def test_a_segment_that_does_not_divide_the_world_is_an_inconsistent_manifest(tm
     assert result.returncode == exitcodes.MANIFEST_INVALID
     assert "multiple of the segment 3" in result.stderr
     assert not (run_json.parent / "nvrx").exists()
+
+
+def test_task_0_sets_aside_a_control_dir_another_run_left_under_a_reused_job_id(tmp_path):
+    m = manifest.load(write_manifest(tmp_path))
+    old = m.layout.control("700")
+    old.mkdir(parents=True, mode=0o700)
+    for name in (control.RECORD, control.LEASE, control.CLOSED):
+        (old / name).write_text("{}\n")
+
+    # A peer never touches it: only task 0 knows that it has not published yet.
+    runner.make_dirs(m, Node("700", 3, 0, "703", "peer"))
+    assert (old / control.CLOSED).exists()
+
+    directory = runner.make_dirs(m, Node("700", 0, 0, "700", "task0"))
+    assert directory == old and list(directory.iterdir()) == []
+    [aside] = old.parent.glob("control.stale.*")
+    assert sorted(p.name for p in aside.iterdir()) == sorted(
+        [control.RECORD, control.LEASE, control.CLOSED]
+    )
+
+
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives_up(
+    tmp_path, monkeypatch, closed
+):
+    m = manifest.load(write_manifest(tmp_path))
+    # A host name longer than a file name may be: the probe file cannot be created,
+    # as on a full quota or a read-only mount.
+    peer = Node("700", 1, 0, "701", "n" * 300)
+    directory = runner.make_dirs(m, peer)
+    (directory / control.LEASE).write_text("{}\n")  # task 0 started: its age needs the clock
+    if closed:
+        (directory / control.CLOSED).write_text("{}\n")
+    polls = []
+
+    def pause(seconds):  # no wall time between polls; and no endless loop
+        polls.append(seconds)
+        assert len(polls) < 1000, "the peer retries for ever"
+
+    monkeypatch.setattr(runner.time, "sleep", pause)
+    with pytest.raises(runner.Refused) as refused:
+        runner.gate_loop(m, peer, detect.Fabric(cluster_uuid=None, reason="none"), directory)
+    if closed:
+        assert refused.value.exit_code == exitcodes.TASK0_GONE and polls == []
+    else:
+        assert refused.value.exit_code == exitcodes.RECORD_REFUSED
+        assert len(polls) == runner.MAX_READ_FAILURES - 1

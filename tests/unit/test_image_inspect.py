@@ -98,3 +98,22 @@ def test_the_table_lists_pins_then_probed_versions_with_none_for_absent_ones():
     assert rows["NVRx (pinned)"] == "0.7.0"
     assert rows["Megatron-LM (pinned)"] == "none"
     assert rows["CUDA (probed)"] == "none"
+
+
+@pytest.mark.parametrize(
+    ("descroff", "total", "fileoff"),
+    [
+        (4096, 2**40, 8192),  # a descriptor count that would be read into memory whole
+        (2**62, 1, 8192),  # a table far past the end (seek overflows)
+        (4096, 1, 2**62),  # a partition past the end
+        (4096, 1, -5),  # a negative partition offset
+    ],
+)
+def test_a_sif_with_a_damaged_header_is_one_line_and_exit_2(tmp_path, descroff, total, fileoff):
+    path = tmp_path / "damaged.sif"
+    table = sif.pack_partition(1, fileoff, 4096)
+    path.write_bytes(sif.pack_header(descroff, total, 8192, 4096).ljust(4096, b"\0") + table)
+    result = CliRunner().invoke(image, ["inspect", str(path)])
+    assert result.exit_code == 2, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert len(result.output.strip().splitlines()) == 1 and str(path) in result.output

@@ -1,7 +1,5 @@
 """run.json: what the entrypoint refuses before it publishes anything."""
 
-import json
-
 import pytest
 
 from nvrx_appliance import manifest
@@ -74,13 +72,3 @@ def test_unknown_settings_are_refused(tmp_path):
     data["spec"]["train_taks"] = 2
     with pytest.raises(manifest.ManifestError, match="train_taks"):
         manifest.parse(data)
-
-
-def test_write_atomic_leaves_no_temp_file_and_the_old_file_intact_on_failure(tmp_path):
-    target = tmp_path / "run.json"
-    manifest.write_atomic(target, json.dumps({"a": 1}))
-
-    with pytest.raises(TypeError):
-        manifest.write_atomic(target, 123)  # not text: fails mid-write
-    assert json.loads(target.read_text()) == {"a": 1}
-    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]

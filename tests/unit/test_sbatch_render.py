@@ -1,6 +1,11 @@
 """The thin sbatch and its sbatch command line, rendered from the run manifest."""
 
+import json
+import os
+import re
+import shutil
 import subprocess
+import sys
 
 import pytest
 
@@ -120,3 +125,85 @@ def test_a_spare_checks_the_closed_flag_before_starting_a_container():
     text = _script(_manifest(image="/img/a.sqsh", runtime="pyxis"))
     assert text.index("elif [[ -e $CLOSED ]]") < text.index("--container-image")
     assert "exit 71" in text  # TASK0_GONE, never 93
+
+
+# Legal in a path, a partition or an image name, and each one of them a way into a shell
+# that splices instead of quoting. (Control characters never get this far: see
+# test_submit_validation.)
+HOSTILE = 'it\'s "a" $(touch PWNED) `touch PWNED`; touch PWNED & | > #x \\ {a,b} *'
+
+
+def _stand_in(bindir, name, code=0):
+    """A stand-in for a Slurm client: records its argv (NUL-separated), prints nothing."""
+    path = bindir / name
+    path.write_text(f'#!/bin/bash\nprintf "%s\\0" "$@" >> "$STANDIN_LOG/{name}"\nexit {code}\n')
+    path.chmod(0o755)
+
+
+def _recorded(log, name):
+    calls = (log / name).read_bytes().decode() if (log / name).exists() else ""
+    return calls.split("\0")[:-1]
+
+
+@pytest.mark.parametrize("task_id", ["0", "1"])
+def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_path, task_id):
+    work = tmp_path / f"work {HOSTILE}"
+    venv_bin = tmp_path / f"venv {HOSTILE}" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "python").symlink_to(sys.executable)
+    m = _manifest(
+        work_dir=str(work), runtime="bare", python=str(venv_bin / "python"), workload="cpu",
+        partition=f"gpu {HOSTILE}",
+    )  # fmt: skip
+    manifest.save(m)
+    script = tmp_path / "g.sbatch"
+    script.write_text(_script(m, extra=(f"--comment={HOSTILE}",)))
+    stand_ins, log, cwd = tmp_path / "slurm-stand-ins", tmp_path / "log", tmp_path / "cwd"
+    for folder in (stand_ins, log, cwd):
+        folder.mkdir()
+    for name in ("srun", "scontrol", "scancel"):
+        _stand_in(stand_ins, name)
+    env = {
+        "PATH": f"{stand_ins}:/usr/bin:/bin",
+        "HOME": str(cwd),
+        "STANDIN_LOG": str(log),
+        "SLURM_ARRAY_JOB_ID": "77",
+        "SLURM_ARRAY_TASK_ID": task_id,
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOB_NAME": "nvrx-chain",
+        "SLURM_JOB_USER": "alice",
+    }
+
+    done = subprocess.run(["bash", str(script)], cwd=cwd, env=env, capture_output=True, text=True)
+
+    assert done.returncode == 0, done.stderr
+    assert not [p for p in tmp_path.rglob("PWNED")], "an injected command ran"
+    expected = [a if isinstance(a, str) else "--ntasks=1" for a in render.launch_argv(m)][1:]
+    assert _recorded(log, "srun") == expected
+    assert _recorded(log, "scontrol") == ["show", "job", "77"]
+    if task_id == "0":
+        assert (m.layout.control("77") / "closed").is_file()
+        assert _recorded(log, "scancel") == ["--state=PENDING", "--user=alice", "77"]
+        assert json.loads(m.layout.ledger.read_text())["action"] == "released_spares"
+
+
+@pytest.mark.skipif(
+    shutil.which("sbatch") is None, reason="needs Slurm's sbatch (Debian slurm-client)"
+)
+def test_sbatch_reads_every_directive_back_as_the_argument_it_was(tmp_path):
+    m = _manifest(work_dir=f"/srv/{HOSTILE}", partition="gpu", workload="cpu")
+    extra = (f"--comment={HOSTILE}", "--qos=high")
+    script = tmp_path / "g.sbatch"
+    script.write_text(_script(m, extra=extra))
+    # No controller: sbatch parses the script, says what it found, then fails to connect.
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(
+        "ClusterName=probe\nSlurmctldHost=localhost(127.0.0.1)\nSlurmctldPort=1\n"
+        "MessageTimeout=1\nNodeName=n1 CPUs=1\nPartitionName=p Nodes=n1 Default=YES\n"
+    )
+    done = subprocess.run(
+        ["sbatch", "-vvvv", str(script)], env={**os.environ, "SLURM_CONF": str(conf)},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    found = re.findall(r'Found in script, argument "(.*)"\n', done.stderr)
+    assert found == render.sbatch_args(m, extra)

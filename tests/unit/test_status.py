@@ -2,6 +2,9 @@
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -331,3 +334,38 @@ def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, m
         assert "Slurm could not be reached" in result.stderr
         assert "SLURM_CONF is not set" in result.stderr
         assert "no job" not in result.stderr
+
+
+def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path):
+    from nvrx_appliance import manifest as run_manifest
+    from nvrx_appliance.chain import ChainSpec
+
+    spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", runtime="bare", job_name="odd")
+    m = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="a")
+    run_manifest.save(m)
+    os.mkfifo(m.layout.ledger)  # planted, or left by a broken tool: nobody ever writes it
+    cycles = m.layout.cycle_infos("101")
+    cycles.mkdir(parents=True)
+    (cycles / "cycle_info.101.0.0").write_bytes(b'{"job_id": "101", "\xff\xfe": 1}')
+    m.layout.checkpoints.mkdir()
+    m.layout.tracker.write_bytes(b"\xff12\n")
+    # A separate process with a deadline: a hang must fail the test, not stall the suite.
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "nvrx-appliance"), "status", "odd",
+         "--work-dir", str(tmp_path), "--json"],
+        env={**os.environ, "SLURM_CONF": str(tmp_path / "none.conf")},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    # Slurm is unreachable here, which status reports with exit 1; it must not hang
+    # or crash on the planted files meanwhile.
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["blind"] and doc["job_name"] == "odd"
+
+
+def test_status_watch_refuses_to_refresh_faster_than_the_floor(tmp_path):
+    from nvrx_appliance.cli import cli
+
+    result = CliRunner().invoke(cli, ["status", "1", "--work-dir", str(tmp_path), "--watch", "0"])
+    assert result.exit_code == 2
+    assert "--watch" in result.output and "x>=2" in result.output

@@ -6,6 +6,7 @@ tests/integration/test_chain_*.
 """
 
 import json
+import stat
 
 import pytest
 
@@ -79,3 +80,15 @@ def test_a_full_submission_records_every_job_id(plan):
     assert json.loads(p.manifest.layout.submitted.read_text())["job_ids"] == done.job_ids
     assert p.manifest.layout.chain_marker.exists()
     assert p.manifest.layout.run_json.exists() and p.script_path.exists()
+
+
+def test_the_work_dir_and_what_submit_writes_there_are_owner_only(plan, tmp_path):
+    make, _log = plan
+    p = make(ok=3)
+    submit.write(p)
+    layout = p.manifest.layout
+    modes = {
+        path.name: stat.S_IMODE(path.stat().st_mode)
+        for path in (layout.work_dir, layout.run_json, p.script_path, layout.chain_marker)
+    }
+    assert all(mode & 0o077 == 0 for mode in modes.values()), modes

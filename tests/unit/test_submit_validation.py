@@ -207,3 +207,130 @@ def test_a_file_that_is_not_an_image_is_refused_with_the_image_readers_words(tmp
 def _image_facts(spec):
     gathered = probe.gather(spec, with_slurm=False, user="a")
     return {"image_error": gathered.image_error, "image_manifest": gathered.image_manifest}
+
+
+def _dry_run(args, env=None, tmp_path=None):
+    base = {"SLURM_CONF": "/nonexistent/slurm.conf", "NVRX_WORK_DIR": "/shared/alice/run"}
+    argv = ["submit", "--dry-run", "--runtime", "bare", "--workload", "cpu", *args]
+    return CliRunner().invoke(cli, argv, env={**base, **(env or {})})
+
+
+def _refused_in_one_line(result, option):
+    assert result.exit_code == 2, result.output
+    assert "#!/bin/bash" not in result.stdout  # no script was rendered
+    lines = [line for line in result.stderr.splitlines() if option in line]
+    assert len(lines) == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "option"),
+    [
+        (["--work-dir", "/srv/x\nid>/tmp/INJECTED;:"], {}, "--work-dir"),
+        (["--partition", "gpu\nid"], {}, "--partition"),
+        ([], {"NVRX_WORK_DIR": "/srv/x\rid"}, "--work-dir"),
+        (["--mounts", "/a:/a\n/b:/b"], {}, "--mounts"),
+        (["--job-name", "abc\n"], {}, "--job-name"),  # `$` would let the newline through
+        (["--time", "01:00:00\n"], {}, "--time"),
+        (["--", "--comment=x\nid"], {}, "after `--`"),
+    ],
+)
+def test_a_control_character_in_any_value_is_refused_before_anything_is_rendered(args, env, option):
+    _refused_in_one_line(_dry_run(args, env), option)
+
+
+def test_a_control_character_in_the_config_file_is_refused(tmp_path):
+    config = tmp_path / "chain.toml"
+    config.write_text('partition = "gpu\\nid"\n')
+    _refused_in_one_line(_dry_run(["--config", str(config)]), "--partition")
+
+
+def test_a_config_file_that_is_not_utf8_is_refused_in_one_line(tmp_path):
+    config = tmp_path / "chain.toml"
+    config.write_bytes(b"job_name = '\xff'\n")
+    result = _dry_run(["--config", str(config)])
+    assert result.exit_code == 2, result.exception
+    assert f"--config {config}" in result.stderr and "UTF-8" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "option"),
+    [
+        (["--segment", "²"], {}, "--segment"),
+        # Fault ranks matter only where faults are injected: the demo modes.
+        (["--mode", "handoff", "--fault-ranks", "²"], {}, "--fault-ranks"),
+        (["--mode", "handoff"], {"NVRX_FAULT_RANKS": "1,²"}, "--fault-ranks"),
+        (
+            [
+                "--mode",
+                "handoff",
+                "--fault-ranks",
+                "0,4",
+                "--train-tasks",
+                "2",
+                "--gpus-per-node",
+                "2",
+            ],
+            {},
+            "outside",
+        ),
+        (["--job-name", "train,eval"], {}, "--job-name"),  # a list to squeue/sacct --name
+    ],
+)
+def test_digits_that_are_not_ascii_and_ranks_outside_the_world_are_refused(args, env, option):
+    _refused_in_one_line(_dry_run(args, env), option)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ["--qos=high", "notanoption"],
+        ["--requeue"],
+        ["--dependency=afterany:1"],
+        ["--array=0-63"],
+        ["--arr=0-63"],  # getopt_long takes an unambiguous prefix
+        ["-a0-63"],
+        ["-vJother"],
+        ["--job-name=other"],
+        ["--qos", "high"],  # "high" would be the batch script
+    ],
+)
+def test_extra_arguments_that_would_change_the_chain_or_the_script_are_refused(extra):
+    _refused_in_one_line(_dry_run(["--", *extra]), "after `--`")
+
+
+def test_extra_options_with_their_values_attached_pass():
+    result = _dry_run(["--", "--qos=high", "-pgpu", "--begin=now+3600", "-vv"])
+    assert result.exit_code == 0, result.output
+    assert "#SBATCH --qos=high" in result.stdout and "#SBATCH -pgpu" in result.stdout
+
+
+def test_probe_refuses_a_work_dir_others_can_write(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o775)
+    facts = probe.gather(_spec(work_dir=str(shared)), with_slurm=False, user="alice")
+    assert "writable by group or others (mode 0775)" in facts.work_dir_error
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "words"),
+    [
+        (["--mounts", "garbage,,::x:y:z:w"], "--mounts", "needs absolute paths"),
+        (["--mounts", "/a:/a,,::x:y:z:w"], "--mounts", "is not SRC[:DST[:ro|rw]]"),
+        (["--mounts", "/data:/data"], "--mounts", "add /shared/alice/run:/shared/alice/run"),
+        (["--work-dir", "/shared/a,b"], "--work-dir", "container mounts cannot express"),
+        (["--work-dir", "/shared/a:b"], "--work-dir", "container mounts cannot express"),
+        (["--runtime", "bare", "--work-dir", "/shared/run-%j"], "--work-dir", "expands"),
+    ],
+)
+def test_mounts_pyxis_or_apptainer_would_mis_split_are_refused(args, option, words):
+    container = ["--runtime", "pyxis", "--image", "registry.example#nvidia/pytorch:25.01-py3"]
+    result = _dry_run([*container, *args])
+    _refused_in_one_line(result, option)
+    assert words in result.stderr
+
+
+def test_mounts_that_cover_the_work_dir_at_its_own_path_pass():
+    container = ["--runtime", "pyxis", "--image", "registry.example#nvidia/pytorch:25.01-py3"]
+    result = _dry_run([*container, "--mounts", "/data:/mnt/data:ro,/shared:/shared"])
+    assert result.exit_code == 0, result.output

@@ -7,6 +7,8 @@ the real ones are exercised on the local cluster by tests/integration/test_chain
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 
@@ -221,3 +223,71 @@ def test_without_a_usable_python_the_bash_fallback_still_cancels_on_93(tmp_path)
     assert "could not run the teardown" in done.stderr
     assert "scancel --state=PENDING --name=demo --user=alice" in calls
     assert (work / "nvrx/500/control/closed").exists() and ledger == []
+
+
+def test_a_ledger_line_that_is_not_utf8_is_skipped_and_the_burn_guard_still_fires(tmp_path):
+    script, work, env = _prepare(tmp_path, srun_exit=1)
+    earlier = {"array_job_id": "499", "exit_code": 1, "checkpoint_iteration": None,
+               "checkpoint_iteration_start": None, "chain": "chain-1"}  # fmt: skip
+    (work / "chain.jsonl").write_bytes(
+        b"\xff\xfe torn \x80\n" + json.dumps(earlier).encode() + b"\n"
+    )
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    ledger = teardown.parse_ledger((work / "chain.jsonl").read_bytes().decode(errors="replace"))
+    assert "skipped 1 unreadable line(s) of the ledger" in done.stderr
+    assert ledger[-1]["action"] == "burn_guard" and ledger[-1]["array_job_id"] == "500"
+    assert "scancel --state=PENDING --name=demo --user=alice" in calls
+
+
+def test_a_run_json_others_can_write_does_not_steer_the_teardown(tmp_path):
+    script, work, env = _prepare(tmp_path, srun_exit=1)
+    run_json = work / "run.json"
+    planted = json.loads(run_json.read_text())
+    planted["spec"]["burn_guard"] = 1  # one failed generation would cancel the whole chain
+    run_json.write_text(json.dumps(planted))
+    run_json.chmod(0o666)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls, ledger = _outcome(tmp_path, work)
+    assert "ignoring" in done.stderr and "group- or world-writable" in done.stderr
+    assert ledger[-1]["action"] == "released_spares"
+    assert calls[-1] == "scancel --state=PENDING --user=alice 500"
+
+
+def _oldest_python() -> str | None:
+    """A Python 3.6 (RHEL 8's python3), if this machine has one; its real path."""
+    probe = "import sys; assert sys.version_info[:2] == (3, 6); print(sys.executable)"
+    for name in ("python3.6", "python36"):
+        found = shutil.which(name)
+        if found is None:
+            continue
+        # PYENV_VERSION: where python3.6 is a pyenv shim, select that version.
+        env = {**os.environ, "PYENV_VERSION": "3.6"}
+        done = subprocess.run([found, "-c", probe], capture_output=True, text=True, env=env)
+        if done.returncode == 0:
+            return done.stdout.strip()
+    return None
+
+
+@pytest.mark.skipif(_oldest_python() is None, reason="no Python 3.6 on this machine")
+def test_the_teardown_runs_on_python_3_6_and_keeps_the_burn_guard(tmp_path):
+    earlier = {"array_job_id": "499", "exit_code": 1, "checkpoint_iteration": None,
+               "checkpoint_iteration_start": None, "chain": "chain-1"}  # fmt: skip
+    done, _work, calls, ledger = _run_generation(
+        tmp_path, srun_exit=1, python=_oldest_python(), ledger_lines=[earlier]
+    )
+    assert "could not run the teardown" not in done.stderr, done.stderr
+    assert ledger[-1]["action"] == "burn_guard"
+    assert "scancel --state=PENDING --name=demo --user=alice" in calls
+
+
+def test_every_slurm_call_of_the_batch_script_is_bounded_by_a_timeout():
+    text = render.render(
+        manifest.build(ChainSpec(work_dir="/shared/w", workload="cpu"), created="c", user="a"),
+        template=submit.template_text(),
+        teardown_py="",
+    )
+    bounded = 'timeout "$SLURM_CALL_TIMEOUT" '
+    pattern = r"(?:^\s*|\$\()((?:" + re.escape(bounded) + r")?(?:scancel|scontrol|squeue|sacct))\b"
+    calls = re.findall(pattern, text, flags=re.MULTILINE)
+    assert len(calls) == 3 and all(call.startswith(bounded) for call in calls), calls

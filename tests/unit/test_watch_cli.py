@@ -395,3 +395,74 @@ def _me() -> str:
     import pwd
 
     return pwd.getpwuid(os.getuid()).pw_name
+
+
+@pytest.mark.parametrize(
+    ("variable", "url", "named"),
+    [
+        ("NVRX_WATCH_WEBHOOK_URL", "https://hooks.example/T0KEN with space", "webhook URL"),
+        ("NVRX_WATCH_HEARTBEAT_URL", "hc.example/T0KEN", "heartbeat URL"),
+        ("NVRX_WATCH_PAGERDUTY_URL", "ftp://pd.example/T0KEN", "PagerDuty URL"),
+    ],
+)
+def test_a_malformed_sink_url_is_one_redacted_line_and_exit_2(tmp_path, variable, url, named):
+    result = CliRunner().invoke(
+        watch, ["--platform", "none", "--work-dir", str(tmp_path)], env={variable: url}
+    )
+    assert result.exit_code == 2, result.output
+    assert named in result.output and "T0KEN" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_an_empty_routing_key_file_is_refused_and_a_loose_one_warned_about(tmp_path):
+    key = tmp_path / "routing-key"
+    key.write_text("\n")
+    args = ["--platform", "none", "--work-dir", str(tmp_path), "--once"]
+    result = invoke(*args, "--pagerduty-routing-key-file", str(key))
+    assert result.exit_code == 2
+    assert "--pagerduty-routing-key-file" in result.output and "is empty" in result.output
+
+    key.write_text("R0UTING\n")
+    key.chmod(0o666)
+    result = CliRunner().invoke(watch, [*args, "--pagerduty-routing-key-file", str(key)])
+    assert "is open to other users (mode 0666); chmod 600 it" in result.stderr
+    assert "R0UTING" not in result.output
+
+
+def test_a_corrupt_state_entry_or_cycle_cache_row_is_reset_and_logged_not_raised(tmp_path):
+    work = killed_run(tmp_path)
+    (work / "checkpoints").mkdir()
+    (work / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("10\n")
+    state = tmp_path / "state" / "state.json"
+    args = ("--platform", "none", "--work-dir", str(work), "--state-file", str(state),
+            "--stall-seconds", "1e9")  # fmt: skip
+    assert invoke(*args).exit_code == 0
+    doc = json.loads(state.read_text())
+    [key] = doc["chains"]
+    doc["chains"][key]["checkpoint"]["first_seen"] = "yesterday"
+    doc["chains"][key]["alerts"] = {"webhook": {"some-finding": "never"}}
+    state.write_text(json.dumps(doc))
+    [cache] = (state.parent / "cycles").glob("*/*.json")
+    rows = json.loads(cache.read_text())
+    rows["files"] = {name: [1, 2, 3, ["4343", "zero"]] for name in rows["files"]}
+    cache.write_text(json.dumps(rows))
+
+    result = CliRunner().invoke(watch, list(args))
+    assert result.exit_code == 0, result.output
+    assert "checkpoint timer" in result.stderr and "malformed" in result.stderr
+    again = json.loads(state.read_text())["chains"][key]
+    assert isinstance(again["checkpoint"]["first_seen"], float)
+    assert len(json.loads(cache.read_text())["files"]["cycle_info.4343.0.0"][3]) == 8
+
+
+def test_plain_http_pagerduty_is_refused_unless_asked(tmp_path):
+    env = {
+        "NVRX_WATCH_PAGERDUTY_ROUTING_KEY": "R0UTING",
+        "NVRX_WATCH_PAGERDUTY_URL": "http://pd.example/v2/enqueue",
+    }
+    args = ["--platform", "none", "--work-dir", str(tmp_path), "--stall-seconds", "1e9"]
+    refused = CliRunner().invoke(watch, args, env=env)
+    assert refused.exit_code == 2 and "--pagerduty-allow-http" in refused.output
+    assert "R0UTING" not in refused.output
+    allowed = CliRunner().invoke(watch, [*args, "--pagerduty-allow-http"], env=env)
+    assert allowed.exit_code != 2, allowed.output

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from nvrx_appliance.watch import detectors
+from nvrx_appliance.watch import detectors, parsing
 from nvrx_appliance.watch.config import Thresholds
 from nvrx_appliance.watch.types import (
     CANCEL_GENERATION,
@@ -440,3 +440,16 @@ def test_every_threshold_a_detector_names_exists_with_a_reason(detector):
     fields = {f.name: f for f in __import__("dataclasses").fields(Thresholds)}
     for name in detector.thresholds:
         assert name in fields and len(fields[name].metadata["why"]) > 40
+
+
+def test_stalled_progress_says_the_tracker_holds_junk_when_it_exists():
+    cycles = tuple(cycle(i, 1000 - 100 * i, 50) for i in range(T.stall_cycles))
+    base = snapshot(cycles=(*cycles, cycle(9, 10, None)), generations=(gen("100", "RUNNING"),))
+    junk = replace(base, checkpoint=Checkpoint(value=None, mtime=NOW - 120))
+    [finding] = detectors.stalled_progress(junk, T)
+    assert "exists but holds no iteration number" in finding.detail
+    assert "Expected" not in finding.detail
+
+
+def test_a_tracker_of_superscript_digits_holds_no_iteration():
+    assert parsing.tracker_value("²\n") is None and parsing.tracker_value(" 40\n") == 40

@@ -3,6 +3,7 @@ webhook receive, when the heartbeat is sent, and what a failing sink does to a p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -271,3 +272,20 @@ def test_the_prometheus_textfile_describes_the_pass(tmp_path, receiver):
     assert f"nvrx_watch_degraded{{{labels}}} 0" in text
     assert "nvrx_watch_pass_duration_seconds{" in text
     assert 'source="slurm"' not in text  # --platform none: not configured is not "down"
+
+
+def test_a_sink_url_urllib_refuses_mid_pass_is_a_redacted_error_and_the_pass_goes_on(
+    tmp_path, receiver, capsys
+):
+    watcher = make_watcher(tmp_path, receiver.url, hook_url=f"{receiver.url}/hook/{HOOK_TOKEN}")
+    watcher.paging[1].url = f"hooks.example/{HOOK_TOKEN}"  # no scheme: urllib raises ValueError
+    watcher.settings = dataclasses.replace(watcher.settings, heartbeat_url=f"nowhere/{BEAT_TOKEN}")
+    result = watcher.pass_once()
+    logged = capsys.readouterr().err
+    assert any(e.startswith("webhook: unusable URL") for e in result.sink_errors)
+    assert any(e.startswith("heartbeat: unusable URL") for e in result.sink_errors)
+    assert receiver.bodies("/v2/enqueue")  # PagerDuty still paged the critical finding
+    assert result.exit_code == 2  # the critical finding decides, not the broken sink
+    assert Path(watcher.settings.state_file).exists()  # and the state was saved
+    for secret in (HOOK_TOKEN, BEAT_TOKEN):
+        assert secret not in logged and secret not in " ".join(result.sink_errors)

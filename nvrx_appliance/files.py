@@ -1,0 +1,52 @@
+"""How this project writes and reads its small files (manifests, ledgers, state).
+
+Reading never blocks and never raises on bad bytes: a FIFO or a device planted where a
+file belongs is refused, and a byte that is not UTF-8 spoils only itself.
+
+Writing replaces a file by a private temp file beside it, then rename. Why each step: the temp file comes from mkstemp (O_CREAT|O_EXCL, a random name, mode
+0600), so nothing planted in the directory (a symlink at a guessable name) is ever
+opened or chmod-ed; the mode is set on the open descriptor, never through a path; the
+rename replaces the directory entry (a symlink at the target is replaced, not
+followed), so a reader sees the old file or the new one, never half of either.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from pathlib import Path
+
+
+def read_text(path: str | Path, limit: int) -> str | None:
+    """The first `limit` bytes of a regular file as text; None when it does not exist.
+    Raises OSError when it cannot be read or is not a regular file."""
+    try:
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        return fh.read(limit).decode("utf-8", errors="replace")
+
+
+def write_atomic(path: Path, text: str, mode: int = 0o644, *, durable: bool = True) -> None:
+    """Replace `path` with `text`. durable=False skips the fsync, for files that may be
+    lost in a crash (the watcher's state and textfile) on a busy login node's disk."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fchmod(fh.fileno(), mode)
+            if durable:
+                os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
