@@ -16,7 +16,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.chain import ChainSpec, Problem
+from nvrx_appliance.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.entrypoints import workloads
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, standing
@@ -114,6 +114,7 @@ def plan(
     problems = judge(spec, facts, force=force)
     if problems:
         raise Refused(problems)
+    warnings += _ignored_demo_settings(resolved)
     found = _standing(spec, facts)
     image = None if found is None else {**facts.image_manifest, standing.KEY: found.to_json()}
     manifest = workloads.complete(
@@ -130,6 +131,22 @@ def plan(
         warnings=tuple(warnings),
         image_standing=found,
     )
+
+
+# Settings that only the demo modes read: in train mode nothing is ever injected.
+DEMO_SETTINGS = ("fault_inject", "fault_ranks", "fault_delay", "fault_types", "gpu_failure")
+
+
+def _ignored_demo_settings(resolved: Resolved) -> list[str]:
+    """A fault setting the user gave for a chain that trains: say it does nothing."""
+    if resolved.spec.mode in DEMO_MODES:
+        return []
+    return [
+        f"{flag(name)} ({resolved.origins[name]}) applies to the demo modes only; "
+        "this chain trains (--mode train), which never injects a fault, so it is ignored"
+        for name in DEMO_SETTINGS
+        if resolved.origins[name] != "default"
+    ]
 
 
 def _standing(spec: ChainSpec, facts: Facts) -> standing.Standing | None:

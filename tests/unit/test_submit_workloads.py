@@ -56,6 +56,14 @@ def test_with_no_mode_a_chain_trains_and_nothing_injects_a_fault(tmp_path):
     assert not [a for a in doc["workload"] if a.startswith("--fault-injector")]
 
 
+def test_a_fault_setting_given_for_a_training_chain_is_named_as_ignored(tmp_path):
+    doc = plan(tmp_path, *CPU, "--gpu-failure", "1:0", env={"NVRX_FAULT_DELAY": "5"})
+    assert doc["mode"] == "train"
+    ignored = [w for w in doc["warnings"] if "applies to the demo modes only" in w]
+    assert [w.split(" ")[0] for w in ignored] == ["--fault-delay", "--gpu-failure"]
+    assert "(env NVRX_FAULT_DELAY)" in ignored[0]
+
+
 def test_the_dry_run_says_the_mode_and_the_final_workload_argv(tmp_path):
     result = submit(tmp_path, *CPU, "--dry-run")
     assert "# mode: train (no injected faults)" in result.stdout
