@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from nvrx_appliance import clihelp
 from nvrx_appliance.chain import (
     FAULT_TYPES,
     MODES,
@@ -39,14 +40,10 @@ def shown_default(field: dataclasses.Field) -> str:
 
 def _help(field: dataclasses.Field) -> str:
     meta = field.metadata
-    shown = shown_default(field)
-    parts = [meta["help"], f"[default: {shown}"]
-    if meta.get("env"):
-        parts[-1] += f"; env: {meta['env']}"
-    parts[-1] += "]"
+    text = meta["help"]
     if field.name == "fault_types":
-        parts.insert(1, f"({', '.join(FAULT_TYPES)})")
-    return " ".join(parts)
+        text += f" ({', '.join(FAULT_TYPES)})"
+    return f"{text}  {clihelp.extra(env=meta.get('env'), default=shown_default(field))}"
 
 
 def _option(field: dataclasses.Field) -> Callable[[Any], Any]:

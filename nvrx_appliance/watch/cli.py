@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from nvrx_appliance import clihelp
 from nvrx_appliance.watch import detectors, persistence, resolve, sinks
 from nvrx_appliance.watch.config import (
     Settings,
@@ -81,7 +82,7 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 
 @click.command(
     "watch",
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    context_settings=clihelp.CONTEXT,
     epilog="Exit status: 0 clean, 1 degraded (a source could not be observed; no heartbeat), "
     "2 at least one critical finding (or a usage error). Secrets come from the environment: "
     + ", ".join(SECRETS.values())

@@ -360,7 +360,7 @@ def test_the_console_script_and_the_subcommand_are_the_same_command():
 
     from nvrx_appliance.cli import cli
 
-    assert cli.commands["watch"] is watch
+    assert cli.get_command(None, "watch") is watch
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "nvrx-watch"]
     assert script.value == "nvrx_appliance.watch.cli:main"
 
