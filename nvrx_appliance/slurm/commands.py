@@ -34,19 +34,10 @@ def _fail(message: str) -> NoReturn:
 
 
 def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve.Resolved:
-    config: dict[str, Any] = {}
-    if config_file:
-        try:
-            text = Path(config_file).read_text()
-        except OSError as exc:
-            _fail(f"--config {config_file}: cannot read it ({exc.strerror}); fix the path")
-        except UnicodeDecodeError:
-            _fail(f"--config {config_file}: not UTF-8 text; save it as UTF-8 TOML")
-        config = resolve.parse_config(text, config_file)
     return resolve.resolve(
         spec_flags(params),
         os.environ,
-        config,
+        resolve.read_config(config_file) if config_file else {},
         config_source=config_file or "",
         cwd=os.getcwd(),
         python=sys.executable,
