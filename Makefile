@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 APPLIANCE := $(BIN)/nvrx-appliance
 
 .PHONY: deps system-deps python-deps lint test test-unit test-integration \
-        cluster-up cluster-down cluster-status demo image bench gpu-check clean
+        cluster-up cluster-down cluster-status demo image bench gpu-check dist dist-check clean
 
 deps: system-deps python-deps
 
@@ -54,5 +54,16 @@ bench: deps
 gpu-check:
 	python3 scripts/gpu_check.py
 
+# The host tool as a wheel for login nodes (README "Install on a login node"): it needs
+# only click and rich; spython comes with the `apptainer` extra.
+DIST ?= dist
+dist: python-deps
+	rm -f $(DIST)/nvrx_appliance-*.whl
+	$(BIN)/python -m pip wheel --quiet --no-deps --no-build-isolation -w $(DIST) .
+
+# The wheel installed in a clean venv by a user who is not root, running submit --dry-run.
+dist-check: dist
+	bash scripts/check-wheel.sh $(DIST)
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

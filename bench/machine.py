@@ -60,16 +60,26 @@ IMPORTS = {
 }
 
 
-def import_seconds(module: str, runs: int = 5) -> list[float]:
-    """Wall time of a fresh Python importing `module`, once per run."""
+def command_seconds(argv: list[str], runs: int = 5) -> list[float]:
+    """Wall time of a fresh process running `argv`, once per run; none if it fails."""
     times = []
     for _ in range(runs):
         started = time.perf_counter()
-        done = subprocess.run([sys.executable, "-c", f"import {module}"], capture_output=True)
+        done = subprocess.run(argv, capture_output=True)
         if done.returncode != 0:
             return []
         times.append(time.perf_counter() - started)
     return times
+
+
+def import_seconds(module: str, runs: int = 5) -> list[float]:
+    """Wall time of a fresh Python importing `module`, once per run."""
+    return command_seconds([sys.executable, "-c", f"import {module}"], runs)
+
+
+def help_seconds(runs: int = 5) -> list[float]:
+    """`nvrx-appliance --help` as a user on a login node runs it (the venv's script)."""
+    return command_seconds([str(Path(sys.executable).with_name("nvrx-appliance")), "--help"], runs)
 
 
 def facts(cluster_status: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -89,6 +99,7 @@ def facts(cluster_status: dict[str, Any] | None = None) -> dict[str, Any]:
         "commit": _command(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"]),
     }
     facts["import_s"] = {name: import_seconds(module) for name, module in IMPORTS.items()}
+    facts["help_s"] = help_seconds()
     if cluster_status:
         facts["cluster"] = {
             k: cluster_status.get("params", {}).get(k)

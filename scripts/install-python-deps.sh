@@ -43,7 +43,7 @@ echo "torch==$TORCH_VERSION" >"$keep"
 bash nvrx_appliance/image/install-nvrx.sh "$(cd "$VENV" && pwd)/bin/python" "$NVRX_VERSION" "$keep"
 
 echo "install-python-deps: nvrx-appliance (editable) and test tools"
-"${pip[@]}" install -e '.[dev]'
+"${pip[@]}" install -e '.[dev,apptainer]'
 
 echo "install-python-deps: megatron-core==$MEGATRON_CORE_VERSION (unpacked for the parser tests)"
 if [ ! -d "$MEGATRON_CORE_DIR/megatron/training" ]; then

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from nvrx_appliance import __version__, exitcodes
+from nvrx_appliance import __version__, clihelp, exitcodes
 from nvrx_appliance.entrypoints import detect, probe
 from nvrx_appliance.entrypoints.preflight import Refused, say
 from nvrx_appliance.entrypoints.runner import plan_dry_run, run
@@ -81,7 +81,7 @@ OWN_CODES = "\b\nOwn exit codes:\n" + "\n".join(
 
 @click.group(
     invoke_without_command=True,
-    context_settings={"help_option_names": ["-h", "--help"]},
+    context_settings=clihelp.CONTEXT,
     epilog=OWN_CODES,
 )
 @click.option(
@@ -89,6 +89,7 @@ OWN_CODES = "\b\nOwn exit codes:\n" + "\n".join(
     "manifest_path",
     type=click.Path(path_type=Path, dir_okay=False),
     envvar="NVRX_RUN_MANIFEST",
+    show_envvar=True,
     help="The run manifest (run.json) written by nvrx-appliance submit.",
 )
 @click.option(
@@ -118,7 +119,7 @@ def cli(ctx: click.Context, manifest_path: Path | None, dry_run: bool, as_json: 
         _refuse(exc)
 
 
-@cli.command("detect")
+@cli.command("detect", short_help="This node's ClusterUUID and segment decision.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def detect_cmd(as_json: bool) -> None:
     """What this node's GPUs report as ClusterUUID, and the segment decision auto takes."""

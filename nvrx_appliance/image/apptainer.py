@@ -3,14 +3,15 @@
 Pure: it writes the definition text and plans the build command; build.py runs it.
 Not run on the machine this was written on (no Apptainer there); the unit tests pin
 the exact definition and command instead.
+
+spython is an optional extra (`nvrx-appliance[apptainer]`): a login node that only
+submits and watches never needs it, so it is imported only when a definition is written.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
-
-from spython.main.parse.recipe import Recipe
-from spython.main.parse.writers import SingularityWriter
 
 from nvrx_appliance.image.pins import Pins
 from nvrx_appliance.image.steps import Step, step
@@ -19,7 +20,20 @@ from nvrx_appliance.image.steps import Step, step
 CONTEXT_DIR = "/opt/nvrx-appliance-build"
 
 
+# What an Apptainer build needs beyond the apptainer command, and how to get it.
+SPYTHON_NEEDED = "the spython package (pip install 'nvrx-appliance[apptainer]')"
+
+
+def spython_installed() -> bool:
+    return importlib.util.find_spec("spython") is not None
+
+
 def definition(pins: Pins, flavor: str, context: Path) -> str:
+    try:
+        from spython.main.parse.recipe import Recipe
+        from spython.main.parse.writers import SingularityWriter
+    except ImportError:
+        raise RuntimeError(f"an Apptainer definition is written through {SPYTHON_NEEDED}") from None
     recipe = Recipe()
     recipe.fromHeader = pins.gpu_pull_ref() if flavor == "gpu" else pins.cpu_base
     recipe.files = [[str(context), CONTEXT_DIR]]

@@ -57,7 +57,7 @@ def choose_builder(requested: str | None, available: dict[str, bool]) -> str:
         if not available.get(requested):
             need = {
                 "enroot": "the enroot command",
-                "apptainer": "the apptainer command",
+                "apptainer": f"the apptainer command and {apptainer.SPYTHON_NEEDED}",
                 "rootfs": ", ".join(ROOTFS_TOOLS)
                 + " (Debian: debootstrap squashfs-tools bubblewrap)",
             }[requested]
@@ -112,7 +112,7 @@ def cache_dir() -> Path:
 def available_builders() -> dict[str, bool]:
     return {
         "enroot": shutil.which("enroot") is not None,
-        "apptainer": shutil.which("apptainer") is not None,
+        "apptainer": shutil.which("apptainer") is not None and apptainer.spython_installed(),
         "rootfs": all(shutil.which(tool) for tool in ROOTFS_TOOLS),
     }
 

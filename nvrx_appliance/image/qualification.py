@@ -77,6 +77,22 @@ def _successor_start(evidence: Evidence) -> dict[str, Any] | None:
     )
 
 
+def progress(evidence: Evidence) -> str:
+    """Where the qualification run stands, in one line (printed while it waits)."""
+    if _successor_start(evidence) or evidence.megatron_resumed is not None:
+        where = f"generation {evidence.second} resumed"
+    elif _entry(evidence, evidence.first):
+        where = f"generation {evidence.first} ended; waiting for {evidence.second} to start"
+    elif any(e.get("event") == "fault" for e in evidence.events):
+        where = f"fault injected in generation {evidence.first}; waiting for the hand-off"
+    elif any(e.get("event") in ("step", "checkpoint") for e in evidence.events):
+        where = f"generation {evidence.first} training"
+    else:
+        where = f"waiting for generation {evidence.first} to train"
+    tracker = "none yet" if evidence.tracker is None else f"iteration {evidence.tracker}"
+    return f"{where}; last checkpoint: {tracker}"
+
+
 def _checkpoint_check(evidence: Evidence) -> tuple[Check, int | None]:
     first = _entry(evidence, evidence.first)
     if first is None:

@@ -11,30 +11,34 @@ directory's record too.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
-import os
 import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 
-from nvrx_appliance import __version__, exitcodes
+from nvrx_appliance import __version__, exitcodes, jsondoc
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import cancel, resolve, slurmcli
+from nvrx_appliance.slurm import cancel, commands, resolve, slurmcli
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.options import spec_flags, spec_options
+from nvrx_appliance.slurm.options import chain_options
 from nvrx_appliance.slurm.sources import NotFound
 from nvrx_appliance.slurm.teardown import parse_iteration, parse_ledger
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
 DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
+
+Echo = Callable[[str], None]
 
 
 def _fail(message: str) -> NoReturn:
@@ -115,10 +119,11 @@ def _now() -> str:
 
 
 def _watch(
-    layout: Layout, first: str, second: str, spec: Any, user: str, deadline: float
+    layout: Layout, first: str, second: str, spec: Any, user: str, deadline: float, say: Echo
 ) -> tuple[list[q.Check], q.Evidence]:
     started = time.monotonic()
     shown: dict[str, bool | None] = {}
+    last_progress = ""
     while True:
         evidence = gather(
             layout,
@@ -129,9 +134,13 @@ def _watch(
             user=user,
         )
         checks = q.judge(evidence)
+        now = q.progress(evidence)
+        if now != last_progress:  # a line per change: readable in a CI log, not a spinner
+            say(f"  [{time.monotonic() - started:5.0f} s] {now}")
+            last_progress = now
         for check in checks:
             if check.passed is not None and shown.get(check.name) is None:
-                click.echo(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
+                say(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
             shown[check.name] = check.passed
         if q.verdict(checks) != "pending":
             return checks, evidence
@@ -153,38 +162,40 @@ def _write_records(data: dict[str, Any], image: str, layout: Layout) -> list[Pat
 
 
 @click.command("qualify", context_settings={"show_default": False})
-@spec_options
+@chain_options
 @click.option(
     "--deadline",
     type=float,
     default=DEFAULT_DEADLINE_S,
-    help=f"Seconds to wait for the checks to be decided [default: {DEFAULT_DEADLINE_S}].",
+    help=f"Seconds to wait for the checks to be decided.  [default: {DEFAULT_DEADLINE_S}]",
 )
-def qualify_command(deadline: float, **params: Any) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the qualification record as JSON.")
+def qualify_command(
+    deadline: float,
+    as_json: bool,
+    config_file: str | None,
+    extra: tuple[str, ...],
+    **params: Any,
+) -> None:
     """Run the hand-off demo with --image here and record whether recovery worked.
 
-    Takes submit's options; the mode is always the hand-off demo, with at least two
-    generations. Writes <image>.qualification.json and <work>/qualification.json.
+    Takes submit's options, --config file and extra sbatch arguments after `--`; the
+    mode is always the hand-off demo, with at least two generations (two unless
+    --depth, NVRX_CHAIN_DEPTH or the config file says more). Writes
+    <image>.qualification.json and <work>/qualification.json.
     """
-    flags = spec_flags(params)
-    if not flags.get("image"):
+    if params.get("mode") not in (None, "handoff"):
+        _fail(f"--mode {params['mode']}: qualify always runs the hand-off demo; drop --mode")
+    params["mode"] = "handoff"  # as a flag, so it beats NVRX_MODE and the config file
+    resolved = commands.resolve_chain(params, config_file, extra)
+    resolved = _qualify_shape(resolved)
+    if not resolved.spec.image:
         _fail("--image: name the image to qualify (.sqsh or .sif)")
-    if flags.get("mode") not in (None, "handoff"):
-        _fail(f"--mode {flags['mode']}: qualify always runs the hand-off demo; drop --mode")
-    if flags.get("depth") is not None and flags["depth"] < 2:
-        _fail(
-            "--depth: qualify needs at least 2 generations (the one that loses task 0 and its successor)"
-        )
-    flags["mode"] = "handoff"
-    flags["depth"] = flags.get("depth") or 2
-    flags["job_name"] = flags.get("job_name") or f"nvrx-qualify-{uuid.uuid4().hex[:6]}"
-    try:
-        resolved = resolve.resolve(flags, os.environ, {}, cwd=os.getcwd(), python=sys.executable)
-    except resolve.SettingError as exc:
-        _fail(str(exc))
+    # Progress goes to stderr under --json, so that stdout is the one document.
+    say = functools.partial(click.echo, err=as_json)
     user = slurmcli.current_user()
     try:
-        plan = submitting.plan(resolved, dry_run=False, force=False, user=user)
+        plan = submitting.plan(resolved, dry_run=False, force=False, user=user, extra=extra)
     except submitting.Refused as exc:
         for problem in exc.problems:
             click.echo(f"nvrx-appliance qualify: {problem}", err=True)
@@ -203,12 +214,12 @@ def qualify_command(deadline: float, **params: Any) -> None:
         click.echo(f"nvrx-appliance qualify: {exc}", err=True)
         sys.exit(1)
     first, second = done.job_ids[0], done.job_ids[1]
-    click.echo(
+    say(
         f"Qualifying {spec.image} on this cluster: hand-off demo {spec.job_name!r}, "
         f"generations {first} -> {second}, work dir {spec.work_dir}"
     )
     try:
-        checks, evidence = _watch(layout, first, second, spec, user, deadline)
+        checks, evidence = _watch(layout, first, second, spec, user, deadline, say)
     finally:
         # Already over, or Slurm unreachable: then the chain's own teardown ends it.
         with contextlib.suppress(NotFound, slurmcli.SlurmUnavailable):
@@ -223,9 +234,30 @@ def qualify_command(deadline: float, **params: Any) -> None:
         finished=_now(),
         tool_version=__version__,
     )
-    for path in _write_records(data, spec.image, layout):
-        click.echo(f"Qualification record: {path}")
+    written = _write_records(data, spec.image, layout)
+    for path in written:
+        say(f"Qualification record: {path}")
+    if as_json:
+        click.echo(jsondoc.dumps("qualification", {**data, "written": [str(p) for p in written]}))
     if data["result"] != "passed":
         click.echo(f"{spec.image}: qualification FAILED on this cluster", err=True)
         sys.exit(1)
-    click.echo(f"{spec.image}: qualified on this cluster (hand-off recovered)")
+    say(f"{spec.image}: qualified on this cluster (hand-off recovered)")
+
+
+def _qualify_shape(resolved: resolve.Resolved) -> resolve.Resolved:
+    """Two generations and a name of its own unless the user chose them; never fewer
+    than the two the checks need (the one that loses task 0 and its successor)."""
+    spec, origins = resolved.spec, dict(resolved.origins)
+    changes: dict[str, Any] = {}
+    if origins["depth"] == "default":
+        changes["depth"], origins["depth"] = 2, "default (qualify: 2)"
+    elif spec.depth < 2:
+        _fail(
+            f"--depth {spec.depth} (from {origins['depth']}): qualify needs at least 2 "
+            "generations (the one that loses task 0 and its successor)"
+        )
+    if origins["job_name"] == "default":
+        changes["job_name"] = f"nvrx-qualify-{uuid.uuid4().hex[:6]}"
+        origins["job_name"] = "default (qualify: a name of its own)"
+    return resolve.Resolved(dataclasses.replace(spec, **changes), origins)

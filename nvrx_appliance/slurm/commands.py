@@ -24,7 +24,7 @@ from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.options import spec_flags, spec_options
+from nvrx_appliance.slurm.options import chain_options, spec_flags
 
 
 def _fail(message: str) -> NoReturn:
@@ -34,19 +34,10 @@ def _fail(message: str) -> NoReturn:
 
 
 def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve.Resolved:
-    config: dict[str, Any] = {}
-    if config_file:
-        try:
-            text = Path(config_file).read_text()
-        except OSError as exc:
-            _fail(f"--config {config_file}: cannot read it ({exc.strerror}); fix the path")
-        except UnicodeDecodeError:
-            _fail(f"--config {config_file}: not UTF-8 text; save it as UTF-8 TOML")
-        config = resolve.parse_config(text, config_file)
     return resolve.resolve(
         spec_flags(params),
         os.environ,
-        config,
+        resolve.read_config(config_file) if config_file else {},
         config_source=config_file or "",
         cwd=os.getcwd(),
         python=sys.executable,
@@ -81,26 +72,29 @@ def show_config(resolved: resolve.Resolved, as_json: bool) -> None:
         click.echo(f"sbatch environment: {key}={value}")
 
 
-def _check_extra(extra: tuple[str, ...]) -> None:
+def resolve_chain(
+    params: dict[str, Any], config_file: str | None, extra: tuple[str, ...]
+) -> resolve.Resolved:
+    """What submit and qualify do first: check the extra sbatch arguments, resolve every
+    setting (flags > env > config > defaults), tell about the seeds' names read."""
     found = extra_args.problem(extra)
     if found:
         _fail(f"after `--`: {found}")
+    try:
+        resolved = resolve_from_cli(params, config_file)
+    except resolve.SettingError as exc:
+        _fail(str(exc))
+    for notice in resolve.seed_notices(resolved, os.environ):
+        click.echo(f"notice: {notice}", err=True)
+    return resolved
 
 
 @click.command("submit", context_settings={"show_default": False})
-@spec_options
-@click.option(
-    "--config",
-    "config_file",
-    type=click.Path(dir_okay=False),
-    help='TOML file of settings keyed by flag name (time = "02:00:00"; docs/knobs.md). '
-    "Flags beat the environment, which beats this file.",
-)
+@chain_options
 @click.option("--print-config", is_flag=True, help="Show every resolved value and its origin.")
 @click.option("--dry-run", is_flag=True, help="Print the sbatch lines and script; change nothing.")
 @click.option("--force", is_flag=True, help="Submit although the job name is in use.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@click.argument("extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- SBATCH_ARGS...]")
 def submit_command(
     config_file: str | None,
     print_config: bool,
@@ -114,13 +108,7 @@ def submit_command(
 
     Arguments after `--` go to every sbatch unchanged; SBATCH_* variables apply as usual.
     """
-    _check_extra(extra)
-    try:
-        resolved = resolve_from_cli(params, config_file)
-    except resolve.SettingError as exc:
-        _fail(str(exc))
-    for notice in resolve.seed_notices(resolved, os.environ):
-        click.echo(f"notice: {notice}", err=True)
+    resolved = resolve_chain(params, config_file, extra)
     if os.environ.get("NVRX_DRY_RUN", "").strip() not in ("", "0") and not dry_run:
         click.echo("notice: NVRX_DRY_RUN is set: a dry run, as --dry-run", err=True)
         dry_run = True

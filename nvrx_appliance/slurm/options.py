@@ -13,8 +13,8 @@ from typing import Any
 
 import click
 
+from nvrx_appliance import clihelp
 from nvrx_appliance.chain import (
-    FAULT_TYPES,
     MODES,
     PROFILES,
     RUNTIMES,
@@ -39,14 +39,7 @@ def shown_default(field: dataclasses.Field) -> str:
 
 def _help(field: dataclasses.Field) -> str:
     meta = field.metadata
-    shown = shown_default(field)
-    parts = [meta["help"], f"[default: {shown}"]
-    if meta.get("env"):
-        parts[-1] += f"; env: {meta['env']}"
-    parts[-1] += "]"
-    if field.name == "fault_types":
-        parts.insert(1, f"({', '.join(FAULT_TYPES)})")
-    return " ".join(parts)
+    return f"{meta['help']}  {clihelp.extra(env=meta.get('env'), default=shown_default(field))}"
 
 
 def _option(field: dataclasses.Field) -> Callable[[Any], Any]:
@@ -72,6 +65,22 @@ def spec_options(command: Callable[..., Any]) -> Callable[..., Any]:
     for field in reversed(spec_fields()):
         command = _option(field)(command)
     return command
+
+
+def chain_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Everything a command that queues a chain takes (submit, qualify): one option per
+    setting, a --config file and extra sbatch arguments after `--`."""
+    command = click.argument(
+        "extra", nargs=-1, type=click.UNPROCESSED, metavar="[-- SBATCH_ARGS...]"
+    )(command)
+    command = click.option(
+        "--config",
+        "config_file",
+        type=click.Path(dir_okay=False),
+        help='TOML file of settings keyed by flag name (time = "02:00:00"; docs/knobs.md). '
+        "Flags beat the environment, which beats this file.",
+    )(command)
+    return spec_options(command)
 
 
 def spec_flags(params: dict[str, Any]) -> dict[str, Any]:

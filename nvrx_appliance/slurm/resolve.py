@@ -89,16 +89,21 @@ def env_name(field: dataclasses.Field) -> str | None:
     return field.metadata.get("env")
 
 
-def args_from_file(path: str, source: str, read_file: ReadFile) -> list[str]:
-    """An arguments file's words; `source` says where its path came from."""
+def _file_text(path: str, source: str, read_file: ReadFile, kind: str = "") -> str:
+    """A settings file's text; one that cannot be read is a SettingError naming it."""
     try:
-        text = read_file(path)
+        return read_file(path)
     except OSError as exc:
         raise SettingError(
             f"{source} {path}: cannot read it ({exc.strerror}); fix the path"
         ) from None
     except UnicodeDecodeError:
-        raise SettingError(f"{source} {path}: not UTF-8 text; save it as UTF-8") from None
+        raise SettingError(f"{source} {path}: not UTF-8 text; save it as UTF-8{kind}") from None
+
+
+def args_from_file(path: str, source: str, read_file: ReadFile) -> list[str]:
+    """An arguments file's words; `source` says where its path came from."""
+    text = _file_text(path, source, read_file)
     try:
         return workload_args.parse_args_file(text, f"{source} {path}")
     except workload_args.ArgsFileError as exc:
@@ -171,6 +176,11 @@ def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dic
             raise SettingError(f"--config {source}: {key!r} sets {flag(name)} a second time")
         values[name] = from_config(fields[name], value, f"--config {source}", read_file)
     return values
+
+
+def read_config(path: str) -> dict[str, Any]:
+    """The --config file read and parsed; an unreadable one is a SettingError naming it."""
+    return parse_config(_file_text(path, "--config", read_text, " TOML"), path)
 
 
 def _config_key(text: str) -> str:

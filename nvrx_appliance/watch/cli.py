@@ -20,6 +20,7 @@ from typing import Any
 
 import click
 
+from nvrx_appliance import __version__, clihelp
 from nvrx_appliance.watch import detectors, persistence, resolve, sinks
 from nvrx_appliance.watch.config import (
     Settings,
@@ -81,13 +82,14 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 
 @click.command(
     "watch",
-    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+    context_settings=clihelp.CONTEXT,
     epilog="Exit status: 0 clean, 1 degraded (a source could not be observed; no heartbeat), "
     "2 at least one critical finding (or a usage error). Secrets come from the environment: "
     + ", ".join(SECRETS.values())
     + ", or from the --...-file flags.",
 )
 @click.argument("job_id", required=False, envvar="NVRX_WATCH_JOB_ID")
+@click.version_option(__version__, prog_name="nvrx-watch")
 @_option(
     "--job-name",
     fallback_env="NVRX_JOB_NAME",
@@ -215,6 +217,13 @@ def _settings(options: dict[str, Any]) -> Settings:
         problem = url and sinks.url_problem(url)
         if problem:  # the URL itself stays out of the message: it may carry a token
             raise ValueError(f"the {what} ({source}) {problem}; fix it")
+    metrics = options["metrics_file"]
+    if metrics and not metrics.endswith(".prom"):
+        # node_exporter's textfile collector reads *.prom only: any other name is never scraped.
+        raise ValueError(
+            f"--metrics-file {metrics}: node_exporter's textfile collector reads only "
+            "files named *.prom; name it so"
+        )
     plain = options["pagerduty_url"].startswith("http://")
     if plain and secrets["pagerduty_routing_key"] and not options["pagerduty_allow_http"]:
         raise ValueError(

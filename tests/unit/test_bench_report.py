@@ -91,13 +91,19 @@ def test_cli_refuses_bad_options_naming_them(argv, message, capsys):
 
 
 def test_process_start_costs_come_from_the_machine_facts():
-    machine = {"import_s": {"worker (torch)": [2.0, 3.0, 2.5], "python": [0.05]}}
+    machine = {
+        "import_s": {"worker (torch)": [2.0, 3.0, 2.5], "python": [0.05]},
+        "help_s": [0.07, 0.08, 0.06],
+    }
     result = report.process_start(machine)
     assert [m.label for m in result.metrics] == [
         "fresh Python: import worker (torch)",
         "fresh Python: import python",
+        "nvrx-appliance --help (host tool start)",
     ]
     assert result.metrics[0].figures()["median_s"] == 2.5
+    assert result.metrics[2].figures()["median_s"] == 0.07
+    assert result.metrics[2].met() is True
 
 
 def test_a_scenario_that_fails_midway_keeps_what_it_measured():

@@ -121,3 +121,21 @@ def test_a_passed_record_vouches_only_for_the_same_combination():
 
 def test_the_record_sits_next_to_the_image():
     assert str(q.record_path("/images/a.sqsh")) == "/images/a.sqsh.qualification.json"
+
+
+def test_progress_while_waiting_tells_the_hand_off_as_it_happens():
+    events = _events()
+    lines = [
+        q.progress(_evidence(ledger=[], events=[], tracker=None)),
+        q.progress(_evidence(ledger=[], events=events[:2], tracker=10)),
+        q.progress(_evidence(ledger=[], events=events[:3], tracker=10)),
+        q.progress(_evidence(events=events[:3], tracker=10)),
+        q.progress(_evidence(tracker=15)),
+    ]
+    assert lines == [
+        "waiting for generation 101 to train; last checkpoint: none yet",
+        "generation 101 training; last checkpoint: iteration 10",
+        "fault injected in generation 101; waiting for the hand-off; last checkpoint: iteration 10",
+        "generation 101 ended; waiting for 102 to start; last checkpoint: iteration 10",
+        "generation 102 resumed; last checkpoint: iteration 15",
+    ]

@@ -44,6 +44,34 @@ def test_sbatch_args_carry_the_chain_shape_once():
     assert args[-1] == "--qos=hi"  # extra args come last, so they win
 
 
+# The #SBATCH lines of NVRx's reference nvrx_singleton_array.sbatch, by option, with the
+# value each must have here: the chain's shape, or the setting that replaces the
+# reference's demo default (its --time=00:25:00 and --job-name=nvrx_singleton).
+REFERENCE_DIRECTIVES = {
+    "--job-name": "=nvrx-chain",
+    "--nodes": "=1",
+    "--ntasks-per-node": "=1",
+    "--exclusive": "",
+    "--mem": "=0",
+    "--array": "=0-4%3",
+    "--dependency": "=singleton",
+    "--no-requeue": "",
+    "--time": "=01:00:00",
+}
+
+
+def test_every_directive_of_the_reference_sbatch_is_in_the_command_and_the_script():
+    m = _manifest()
+    args = render.sbatch_args(m)
+    lines = [line.removeprefix("#SBATCH ") for line in _script(m).splitlines()]
+    for option, value in REFERENCE_DIRECTIVES.items():
+        assert option + value in args, option
+        assert option + value in lines, option
+    # Each is a setting or part of the shape, never a constant a user must edit the script for.
+    assert "--time=03:00:00" in render.sbatch_args(_manifest(time_limit="03:00:00"))
+    assert "--nodes=2" in render.sbatch_args(_manifest(nodes_per_task=2))
+
+
 def test_a_generation_asks_for_the_whole_nodes_memory_as_the_reference_does():
     # Under DefMemPerCPU, a task without --mem gets a per-CPU default, not the node.
     assert "--mem=0" in render.sbatch_args(_manifest())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nvrx_appliance import manifest
+from nvrx_appliance import __version__, manifest
 from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.watch import cli, detectors, persistence, resolve
 from nvrx_appliance.watch.cli import build, watch
@@ -360,7 +360,7 @@ def test_the_console_script_and_the_subcommand_are_the_same_command():
 
     from nvrx_appliance.cli import cli
 
-    assert cli.commands["watch"] is watch
+    assert cli.get_command(None, "watch") is watch
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "nvrx-watch"]
     assert script.value == "nvrx_appliance.watch.cli:main"
 
@@ -466,3 +466,16 @@ def test_plain_http_pagerduty_is_refused_unless_asked(tmp_path):
     assert "R0UTING" not in refused.output
     allowed = CliRunner().invoke(watch, [*args, "--pagerduty-allow-http"], env=env)
     assert allowed.exit_code != 2, allowed.output
+
+
+def test_a_metrics_file_node_exporter_would_not_read_is_refused(tmp_path):
+    result = invoke("--platform", "none", "--metrics-file", str(tmp_path / "nvrx.txt"))
+    assert result.exit_code == 2
+    assert "--metrics-file" in result.output and "*.prom" in result.output
+    assert not (tmp_path / "nvrx.txt").exists()
+
+
+def test_nvrx_watch_says_its_version():
+    result = invoke("--version")
+    assert result.exit_code == 0
+    assert result.output.strip() == f"nvrx-watch, version {__version__}"

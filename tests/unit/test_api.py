@@ -1,0 +1,68 @@
+"""The Python API builds a ChainSpec exactly as the CLI resolves and checks its flags."""
+
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance import api
+from nvrx_appliance.cli import cli
+
+SHARED = "/shared/alice/run"
+
+
+def test_keywords_beat_the_environment_which_beats_the_config_file(tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('time = "02:00:00"\ndepth = 5\nhot-spares = 3\n')
+    spec = api.chain_spec(config, environ={"NVRX_CHAIN_DEPTH": "4"}, work_dir=SHARED, hot_spares=2)
+    assert (spec.time_limit, spec.depth, spec.hot_spares) == ("02:00:00", 4, 2)
+
+
+def test_a_relative_work_dir_is_made_absolute_against_cwd():
+    spec = api.chain_spec(environ={}, cwd="/shared/alice", work_dir="run", workload="cpu")
+    assert spec.work_dir == SHARED
+
+
+def test_the_api_refuses_what_the_cli_refuses_with_the_same_lines(tmp_path):
+    from click.testing import CliRunner
+
+    with pytest.raises(api.SettingsError) as refused:
+        api.chain_spec(environ={}, work_dir=SHARED, train_tasks=0, hot_spares=-1)
+    cli_says = (
+        CliRunner()
+        .invoke(
+            cli,
+            [
+                "submit",
+                "--dry-run",
+                "--work-dir",
+                SHARED,
+                "--train-tasks",
+                "0",
+                "--hot-spares",
+                "-1",
+            ],
+            env={"SLURM_CONF": str(tmp_path / "none")},
+        )
+        .stderr
+    )
+    assert refused.value.problems
+    for problem in refused.value.problems:
+        assert problem.startswith("--") and problem in cli_says
+
+
+def test_an_unknown_setting_and_a_bad_config_are_settings_errors(tmp_path):
+    with pytest.raises(api.SettingsError, match="trian_tasks: no such setting"):
+        api.chain_spec(environ={}, trian_tasks=2)
+    with pytest.raises(api.SettingsError, match="cannot"):
+        api.chain_spec(tmp_path / "missing.toml", environ={})
+
+
+def test_extra_sbatch_arguments_are_checked_before_anything_is_written(tmp_path):
+    spec = api.chain_spec(environ={}, work_dir=str(tmp_path / "w"), workload="cpu")
+    with pytest.raises(api.SettingsError, match=r"sbatch_args: .*--array"):
+        api.submit(spec, sbatch_args=["--array=0-3"])
+    assert not Path(spec.work_dir).exists()
+
+
+def test_the_package_declares_its_types():
+    assert (Path(api.__file__).parent / "py.typed").is_file()
