@@ -94,7 +94,8 @@ def chain_spec(
     """A checked ChainSpec, resolved as `submit` resolves its flags.
 
     `settings` are keyed by field name (`train_tasks=32`); list settings (`megatron_args`,
-    `script_args`) name an arguments file, as their flags do. `environ` defaults to
+    `script_args`) take the arguments as a list, or a string naming an arguments file, as
+    their flags do. `environ` defaults to
     os.environ; pass {} to ignore NVRX_* variables.
     """
     names = {f.name for f in spec_fields()}
@@ -128,7 +129,12 @@ def submit(spec: ChainSpec, *, sbatch_args: Sequence[str] = (), force: bool = Fa
     found = extra_args.problem(extra)
     if found:
         raise SettingsError([f"sbatch_args: {found}"])
-    resolved = resolve.Resolved(spec, {f.name: "api" for f in spec_fields()})
+    defaults = ChainSpec()
+    origins = {
+        f.name: "default" if getattr(spec, f.name) == getattr(defaults, f.name) else "api"
+        for f in spec_fields()
+    }
+    resolved = resolve.Resolved(spec, origins)
     user = slurmcli.current_user()
     try:
         plan = submitting.plan(resolved, dry_run=False, force=force, user=user, extra=extra)

@@ -259,7 +259,8 @@ def resolve(
         name = field.name
         if flags.get(name) is not None:
             value, origins[name] = flags[name], f"flag {flag(name)}"
-            if _kind(field) == "list[str]":
+            # A flag names an arguments file; the Python API may pass the arguments.
+            if _kind(field) == "list[str]" and isinstance(value, str):
                 value = args_from_file(flags[name], flag(name), read_file)
                 origins[name] += f" {flags[name]}"
             values[name] = value

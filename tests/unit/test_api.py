@@ -66,3 +66,18 @@ def test_extra_sbatch_arguments_are_checked_before_anything_is_written(tmp_path)
 
 def test_the_package_declares_its_types():
     assert (Path(api.__file__).parent / "py.typed").is_file()
+
+
+def test_a_users_megatron_arguments_go_in_as_a_list_or_as_their_file(tmp_path):
+    args = ["--num-layers", "4", "--data-path", "/lustre/corpus_text_document"]
+    as_list = api.chain_spec(environ={}, work_dir="/shared/run", megatron_args=args,
+                             train_samples=1000)  # fmt: skip
+    path = tmp_path / "args.txt"
+    path.write_text("--num-layers 4\n--data-path /lustre/corpus_text_document  # the corpus\n")
+    from_file = api.chain_spec(environ={}, work_dir="/shared/run", megatron_args=str(path),
+                               train_samples=1000)  # fmt: skip
+    assert as_list.megatron_args == from_file.megatron_args == args
+    assert as_list.profile == "none"
+    with pytest.raises(api.SettingsError, match="--save is set by the appliance"):
+        api.chain_spec(environ={}, work_dir="/shared/run", megatron_args=["--save", "/x"],
+                       train_samples=1000)  # fmt: skip
