@@ -291,10 +291,12 @@ def _caller() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def _paging(settings: Settings) -> list:
+def _paging(settings: Settings, job_id: str) -> list:
     paging: list = []
     if settings.pagerduty_routing_key and settings.pagerduty_url:
-        paging.append(sinks.PagerDutySink(settings.pagerduty_url, settings.pagerduty_routing_key))
+        paging.append(
+            sinks.PagerDutySink(settings.pagerduty_url, settings.pagerduty_routing_key, job_id)
+        )
     if settings.webhook_url:
         paging.append(sinks.WebhookSink(settings.webhook_url))
     return paging
@@ -313,7 +315,7 @@ def build(request, settings, thresholds, logger) -> Watcher:
         settings=settings,
         caller=caller,
         logger=logger,
-        paging=_paging(settings),
+        paging=_paging(settings, request.job_id),
     )
     try:
         info = resolve.identify(request, platform, caller, known)
