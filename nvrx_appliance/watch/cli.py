@@ -325,13 +325,19 @@ def build(request, settings, thresholds, logger) -> Watcher:
     run, notes = resolve.locate(request, info)
     for note in notes:
         logger.warning("%s", note)
-    logger.info(
-        "watching chain %s of %s; files from %s",
-        run.job_name,
-        run.owner,
-        run.origin or "nowhere (chain detectors only)",
-    )
+    logger.info("%s", watching(run, slurm=platform is not None))
     return Watcher(run=run, platform=platform, job_id=request.job_id, identity=info, **common)
+
+
+def watching(run: Run, slurm: bool) -> str:
+    """What this watcher looks at, said once at start: the paths it will read and where
+    they came from, so a wrong glob shows up in the first line, not as silence."""
+    where = "through Slurm" if slurm else "without Slurm (--platform none: chain detectors off)"
+    return (
+        f"watching chain {run.job_name} of {run.owner} {where}; "
+        f"cycle infos: {run.cycle_glob or 'none'}; checkpoint tracker: {run.tracker or 'none'}; "
+        f"work dir: {run.work_dir or 'none'}; from {run.origin or 'nowhere (chain detectors only)'}"
+    )
 
 
 def _loop(request, settings, thresholds, logger, interval: int) -> int:

@@ -113,11 +113,14 @@ def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:
         run = _from_script(run, info, notes)
     if not run.job_name:  # --platform none without a name: call the run by its directory
         run = replace(run, job_name=Path(request.work_dir or ".").resolve().name or "run")
+    flags = [flag for flag, given in (("--cycle-info-glob", request.cycle_info_glob),
+                                      ("--checkpoint-file", request.checkpoint_file)) if given]  # fmt: skip
     run = replace(
         run,
         cycle_glob=request.cycle_info_glob or run.cycle_glob,
         tracker=request.checkpoint_file or run.tracker,
         max_restarts=request.max_restarts if request.max_restarts is not None else run.max_restarts,
+        origin=" + ".join([*([run.origin] if run.origin else []), *flags]),
     )
     if not run.cycle_glob:
         notes.append(

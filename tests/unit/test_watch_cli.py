@@ -59,6 +59,20 @@ def test_platform_none_needs_a_place_to_find_cycle_infos():
     assert result.exit_code == 2 and "--platform none needs --work-dir" in result.output
 
 
+def test_platform_none_with_a_cycle_info_glob_says_what_it_watches(tmp_path):
+    work = killed_run(tmp_path)
+    glob = f"{work}/nvrx/*/cycle_infos/cycle_info.*"
+    result = invoke(
+        "--platform", "none", "--cycle-info-glob", glob, "--stall-seconds", "1e9",
+        "--state-file", str(tmp_path / "state.json"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "without Slurm (--platform none: chain detectors off)" in result.output
+    assert f"cycle infos: {glob}; checkpoint tracker: none; work dir: none" in result.output
+    assert "; from --cycle-info-glob" in result.output and "nowhere" not in result.output
+    assert "1 cycle(s)" in result.output
+
+
 def test_once_and_interval_exclude_each_other(tmp_path):
     result = invoke("--once", "--interval", "60", "--platform", "none", "--work-dir", str(tmp_path))
     assert result.exit_code == 2 and "--once and --interval" in result.output
