@@ -36,6 +36,7 @@ class Request:
     checkpoint_file: str = ""
     max_restarts: int | None = None
     platform: str = "slurm"
+    user: str = ""  # the chain's owner, over what the job id says (or the caller)
 
 
 def cycle_glob(layout: Layout) -> str:
@@ -44,7 +45,15 @@ def cycle_glob(layout: Layout) -> str:
 
 def identify(request: Request, platform: SlurmPlatform | None, caller: str, known: dict) -> JobInfo:
     """Name and owner. Raises SlurmUnavailable when Slurm cannot answer and the job id has
-    no remembered identity (`known`: job id -> identity from the state file)."""
+    no remembered identity (`known`: job id -> identity from the state file). --user
+    names the owner over all of them (an SRE watching another's chain by name)."""
+    info = _identify(request, platform, request.user or caller, known)
+    return replace(info, owner=request.user) if request.user else info
+
+
+def _identify(
+    request: Request, platform: SlurmPlatform | None, caller: str, known: dict
+) -> JobInfo:
     if platform is None or not request.job_id:
         if not request.job_name and not request.work_dir and not request.cycle_info_glob:
             raise ResolveError("give a job id, or --job-name, or --work-dir with --platform none")

@@ -358,3 +358,20 @@ def test_the_textfile_keeps_every_series_at_zero_and_holds_no_job_id_in_a_label(
         assert generation not in "".join(after.keys())
         current = f'nvrx_watch_current_generation{{chain="empty",owner="{cli._caller()}"}}'
         assert after[current] == generation
+
+
+def test_a_dry_run_pages_nobody_and_writes_no_state_metrics_or_heartbeat(
+    tmp_path, receiver, capsys
+):
+    watcher = make_watcher(tmp_path, receiver.url)
+    watcher.settings = dataclasses.replace(watcher.settings, dry_run=True)
+    result = watcher.pass_once()
+    logged = capsys.readouterr().err
+    assert result.exit_code == 2  # it still decides: cycle_stalled is critical
+    assert receiver.requests == []  # no PagerDuty, webhook or heartbeat
+    assert not Path(watcher.settings.state_file).exists()
+    assert not Path(watcher.settings.metrics_file).exists()
+    key = next(f.key for f in result.findings if f.detector == "cycle_stalled")
+    assert f"dry run: would send {key} to pagerduty" in logged
+    make_watcher(tmp_path, receiver.url).pass_once()  # the first real pass still pages it
+    assert [b["dedup_key"] for b in receiver.bodies("/v2/enqueue")] == [key]
