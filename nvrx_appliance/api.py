@@ -45,6 +45,7 @@ __all__ = [
     "SubmitFailed",
     "cancel",
     "chain_spec",
+    "locate",
     "logs",
     "status",
     "submit",
@@ -146,35 +147,43 @@ def submit(spec: ChainSpec, *, sbatch_args: Sequence[str] = (), force: bool = Fa
     return Chain(spec.job_name, Path(spec.work_dir), tuple(done.job_ids))
 
 
-def _work_dir(target: Target) -> tuple[Path, str | None]:
-    """(work dir, the generation a job id names) of the chain `target` belongs to."""
+def locate(target: Target, *, work_dir: str | Path | None = None) -> tuple[Path, str | None]:
+    """(work dir, the generation a job id names) of the chain `target` belongs to.
+    `work_dir` finds the chain without Slurm, once Slurm has forgotten the job."""
     if isinstance(target, Chain):
         return target.work_dir, None
+    if work_dir:
+        return Path(work_dir).resolve(), (target if target.isdigit() else None)
     return sources.locate_job(target, user=slurmcli.current_user())
 
 
-def status(target: Target) -> ChainView:
+def status(target: Target, *, work_dir: str | Path | None = None) -> ChainView:
     """The chain at a glance, as `status --json` shows it; `blind` names what could not
     be read (a ChainView with `slurm_reachable` False when Slurm did not answer)."""
-    folder, _ = _work_dir(target)
+    folder, _ = locate(target, work_dir=work_dir)
     return sources.read_chain(folder, user=slurmcli.current_user())
 
 
-def cancel(target: Target) -> Cancelled:
+def cancel(target: Target, *, work_dir: str | Path | None = None) -> Cancelled:
     """Cancel every generation of the chain, queued or running; only the caller's jobs."""
-    folder, _ = _work_dir(target)
+    folder, _ = locate(target, work_dir=work_dir)
     return cancelling.cancel_chain(folder, user=slurmcli.current_user())
 
 
 def logs(
-    target: Target, *, task: int = 0, cycle: int | None = None, launcher: bool = False
+    target: Target,
+    *,
+    task: int = 0,
+    cycle: int | None = None,
+    launcher: bool = False,
+    work_dir: str | Path | None = None,
 ) -> LogFile:
     """One log of a generation: task 0's batch log unless `task`, `cycle` or `launcher`.
 
     A job id names its generation; a Chain or a name, the newest generation that wrote
     that log. Raises LookupError when there is no such log (yet).
     """
-    folder, generation = _work_dir(target)
+    folder, generation = locate(target, work_dir=work_dir)
     manifest = sources.load_manifest(folder)
     which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
     generation, path = chainlogs.pick(

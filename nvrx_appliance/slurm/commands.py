@@ -17,12 +17,12 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from nvrx_appliance import exitcodes, jsondoc
+from nvrx_appliance import api, exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import cancel, resolve, slurmcli, sources, status_view
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
+from nvrx_appliance.slurm import resolve, slurmcli, sources, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options, spec_flags
 
@@ -185,10 +185,8 @@ def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
 
 def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str | None]:
     """(work dir, generation a job id names) of the chain `target` belongs to."""
-    if work_dir:
-        return Path(work_dir).resolve(), (target if target.isdigit() else None)
     try:
-        return sources.locate_job(target, user=slurmcli.current_user())
+        return api.locate(target, work_dir=work_dir)
     except sources.NotFound as exc:
         _fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:
@@ -219,12 +217,11 @@ MIN_WATCH_S = 2.0
 )
 def status_command(target: str, work_dir: str | None, as_json: bool, every: float | None) -> None:
     """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""
-    user = slurmcli.current_user()
     folder, _ = _locate("status", target, work_dir)
 
     def look():
         try:
-            return sources.read_chain(folder, user=user)
+            return api.status(target, work_dir=folder)
         except sources.NotFound as exc:
             _fail(str(exc))
 
@@ -254,7 +251,7 @@ def cancel_command(target: str, work_dir: str | None) -> None:
     """Cancel a whole chain (every generation, queued or running); only your own jobs."""
     folder, _ = _locate("cancel", target, work_dir)
     try:
-        done = cancel.cancel_chain(folder, user=slurmcli.current_user())
+        done = api.cancel(target, work_dir=folder)
     except sources.NotFound as exc:
         _fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:

@@ -18,6 +18,11 @@ import sys
 import time
 from typing import Any
 
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the backport the wheel requires there
+    import tomli as tomllib
+
 import click
 
 from nvrx_appliance import __version__, clihelp
@@ -46,6 +51,67 @@ def _option(*decls: str, fallback_env: str = "", **kwargs: Any):
     `fallback_env` is read after it (the name the submit side uses for the same value)."""
     envvar = [env_name(decls[0]), *([fallback_env] if fallback_env else [])]
     return click.option(*decls, envvar=envvar, show_envvar=True, **kwargs)
+
+
+def _dashed(name: str) -> str:
+    return name.replace("_", "-")
+
+
+# The reference watcher's flags that carried a secret on the command line, where every
+# user sees it in `ps` and it lands in shell history: refused, naming what replaces them.
+REFUSED_SECRET_FLAGS = {
+    "webhook_url": "NVRX_WATCH_WEBHOOK_URL or --webhook-url-file",
+    "heartbeat_url": "NVRX_WATCH_HEARTBEAT_URL or --heartbeat-url-file",
+    "pd_routing_key": "NVRX_WATCH_PAGERDUTY_ROUTING_KEY or --pagerduty-routing-key-file",
+}
+# Parameters a --config file may not set: they act at once or are not settings.
+NOT_IN_CONFIG = {"config", "list_detectors", "version", "help", *REFUSED_SECRET_FLAGS}
+
+
+def _refused_secret_message(name: str) -> str:
+    return (
+        f"--{_dashed(name)} would show the secret to every user of this machine (ps, shell "
+        f"history); set {REFUSED_SECRET_FLAGS[name]} instead"
+    )
+
+
+def _refused_secret_flags(func):
+    def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None and not ctx.resilient_parsing:
+            raise click.UsageError(_refused_secret_message(param.name or ""), ctx)
+
+    for name in REFUSED_SECRET_FLAGS:  # hidden: they exist only to say what replaced them
+        func = click.option(
+            "--" + _dashed(name), name, hidden=True, expose_value=False, callback=refuse
+        )(func)
+    return func
+
+
+def _read_config(ctx: click.Context, _param: Any, path: str | None) -> None:
+    """--config FILE: a flat TOML table keyed by the flags' names (dashes or
+    underscores); the command line and NVRX_WATCH_* variables win over it."""
+    if not path or ctx.resilient_parsing:
+        return
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except OSError as exc:
+        raise click.BadParameter(f"cannot read {path} ({exc.strerror}); fix the path") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise click.BadParameter(f"{path} is not valid TOML: {exc}") from None
+    settable = {p.name for p in ctx.command.params if p.name not in NOT_IN_CONFIG}
+    defaults: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.lstrip("-").replace("-", "_")
+        if name in REFUSED_SECRET_FLAGS:
+            raise click.BadParameter(f"{path}: {key}: {_refused_secret_message(name)}")
+        if name not in settable:
+            raise click.BadParameter(
+                f"{path}: unknown setting {key!r}; keys are nvrx-watch's flag names "
+                "(see nvrx-watch --help)"
+            )
+        defaults[name] = value
+    ctx.default_map = {**(ctx.default_map or {}), **defaults}
 
 
 def _threshold_options(func):
@@ -91,10 +157,25 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 @click.argument("job_id", required=False, envvar="NVRX_WATCH_JOB_ID")
 @click.version_option(__version__, prog_name="nvrx-watch")
 @_option(
+    "--config",
+    type=click.Path(dir_okay=False),
+    is_eager=True,
+    expose_value=False,
+    callback=_read_config,
+    help="TOML file of settings keyed by the flags' names (grace = 300, act = true); "
+    "flags and NVRX_WATCH_* variables win over it.",
+)
+@_option(
     "--job-name",
     fallback_env="NVRX_JOB_NAME",
     default="",
     help="Chain (Slurm job) name; default: the job id's.",
+)
+@_option(
+    "--user",
+    default="",
+    help="The chain's owner (an SRE watching another's chain by --job-name); default: the "
+    "job id's owner, else you. --act still acts only on your own jobs.",
 )
 @_option(
     "--work-dir",
@@ -104,7 +185,12 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 )
 @_option("--cycle-info-glob", default="", help="Where the NVRx cycle-info files are (a glob).")
 @_option(
-    "--checkpoint-file", default="", help="The checkpoint-iteration tracker file (may be a glob)."
+    "--checkpoint-file",
+    "--checkpoint-iteration-file",
+    "checkpoint_file",
+    fallback_env="NVRX_WATCH_CHECKPOINT_ITERATION_FILE",
+    default="",
+    help="The checkpoint-iteration tracker file (may be a glob).",
 )
 @_option(
     "--max-restarts",
@@ -131,6 +217,12 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 @_option(
     "--act", is_flag=True, help="Run the corrective action (only on your own jobs of this chain)."
 )
+@_option(
+    "--dry-run",
+    is_flag=True,
+    help="Decide and log only: run no action (even with --act), page nobody, write no state, "
+    "metrics or heartbeat. Start here.",
+)
 @_option("--disable", default="", help="Comma list of detectors to skip.")
 @click.option(
     "--list-detectors",
@@ -155,6 +247,11 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
     help="Seconds each Slurm command may take.",
 )
 @_option("--state-file", default="", help="The watcher's state (default ~/.nvrx_watch/state.json).")
+@_option(
+    "--state-dir",
+    default="",
+    help="Keep the state in DIR/state.json (and its cycle cache beside it); or --state-file.",
+)
 @_option("--metrics-file", default="", help="Prometheus textfile to write (node_exporter).")
 @_option(
     "--pagerduty-url",
@@ -173,6 +270,10 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 )
 @_option("--heartbeat-url-file", default="", help="File holding the dead-man heartbeat URL.")
 @_option("--log-file", default="", help="Also append the log here.")
+@_option(
+    "--verbose", "-v", is_flag=True, help="Also log each source's state and the skipped detectors."
+)
+@_refused_secret_flags
 @_threshold_options
 def watch(**options: Any) -> None:
     """Watch a chain from outside the job: reconcile it, detect restart anomalies, page.
@@ -180,7 +281,7 @@ def watch(**options: Any) -> None:
     JOB_ID is any Slurm job id of the chain; name, owner and the run's files resolve
     from it. Observe-only unless --act.
     """
-    logger = _logger(options["log_file"])
+    logger = _logger(options["log_file"], options["verbose"])
     try:
         settings = _settings(options)
     except ValueError as exc:
@@ -194,6 +295,7 @@ def watch(**options: Any) -> None:
         checkpoint_file=options["checkpoint_file"],
         max_restarts=options["max_restarts"],
         platform=options["platform"],
+        user=options["user"],
     )
     if request.platform == "none" and not (request.work_dir or request.cycle_info_glob):
         raise click.UsageError("--platform none needs --work-dir or --cycle-info-glob")
@@ -230,20 +332,24 @@ def _settings(options: dict[str, Any]) -> Settings:
             "--pagerduty-url is plain http, so the routing key would cross the network in "
             "clear; use https, or --pagerduty-allow-http for a local relay"
         )
+    if options["state_file"] and options["state_dir"]:
+        raise ValueError("--state-file and --state-dir both place the state; give one")
+    state_file = options["state_file"] or (
+        os.path.join(options["state_dir"], "state.json")
+        if options["state_dir"]
+        else persistence.default_state_file()
+    )
     return Settings(
         act=options["act"],
+        dry_run=options["dry_run"],
         disable=parse_disable(options["disable"], detectors.NAMES),
         alert_cooldown=options["alert_cooldown"],
         command_timeout=options["command_timeout"],
-        state_file=options["state_file"] or persistence.default_state_file(),
+        state_file=state_file,
         metrics_file=options["metrics_file"],
         pagerduty_url=options["pagerduty_url"],
         **secrets,
     )
-
-
-def _dashed(name: str) -> str:
-    return name.replace("_", "-")
 
 
 def _secret(name: str, options: dict[str, Any]) -> str:
@@ -271,9 +377,9 @@ def _secret(name: str, options: dict[str, Any]) -> str:
     return value
 
 
-def _logger(log_file: str) -> logging.Logger:
+def _logger(log_file: str, verbose: bool = False) -> logging.Logger:
     logger = logging.getLogger("nvrx_watch")
-    logger.setLevel(logging.INFO)
+    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
     logger.propagate = False
     for handler in list(logger.handlers):
         logger.removeHandler(handler)
@@ -291,10 +397,12 @@ def _caller() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
-def _paging(settings: Settings) -> list:
+def _paging(settings: Settings, job_id: str) -> list:
     paging: list = []
     if settings.pagerduty_routing_key and settings.pagerduty_url:
-        paging.append(sinks.PagerDutySink(settings.pagerduty_url, settings.pagerduty_routing_key))
+        paging.append(
+            sinks.PagerDutySink(settings.pagerduty_url, settings.pagerduty_routing_key, job_id)
+        )
     if settings.webhook_url:
         paging.append(sinks.WebhookSink(settings.webhook_url))
     return paging
@@ -313,7 +421,7 @@ def build(request, settings, thresholds, logger) -> Watcher:
         settings=settings,
         caller=caller,
         logger=logger,
-        paging=_paging(settings),
+        paging=_paging(settings, request.job_id),
     )
     try:
         info = resolve.identify(request, platform, caller, known)
@@ -323,13 +431,19 @@ def build(request, settings, thresholds, logger) -> Watcher:
     run, notes = resolve.locate(request, info)
     for note in notes:
         logger.warning("%s", note)
-    logger.info(
-        "watching chain %s of %s; files from %s",
-        run.job_name,
-        run.owner,
-        run.origin or "nowhere (chain detectors only)",
-    )
+    logger.info("%s", watching(run, slurm=platform is not None))
     return Watcher(run=run, platform=platform, job_id=request.job_id, identity=info, **common)
+
+
+def watching(run: Run, slurm: bool) -> str:
+    """What this watcher looks at, said once at start: the paths it will read and where
+    they came from, so a wrong glob shows up in the first line, not as silence."""
+    where = "through Slurm" if slurm else "without Slurm (--platform none: chain detectors off)"
+    return (
+        f"watching chain {run.job_name} of {run.owner} {where}; "
+        f"cycle infos: {run.cycle_glob or 'none'}; checkpoint tracker: {run.tracker or 'none'}; "
+        f"work dir: {run.work_dir or 'none'}; from {run.origin or 'nowhere (chain detectors only)'}"
+    )
 
 
 def _loop(request, settings, thresholds, logger, interval: int) -> int:

@@ -99,6 +99,7 @@ class Settings:
     """How one invocation behaves (the detectors never see these)."""
 
     act: bool = False  # observe-only unless the owner passes --act
+    dry_run: bool = False  # decide and log only: no action, no page, no file written
     disable: frozenset[str] = frozenset()
     alert_cooldown: float = HOUR  # re-page a condition that persists this long
     command_timeout: float = 30.0  # per Slurm command: a hung slurmctld must not hang cron

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import posixpath
 import re
-from datetime import datetime, timezone
+from datetime import datetime
 
 from nvrx_appliance.watch.types import LIVE_STATES, Cycle, Ending, Generation, LedgerEntry, Task
 
@@ -70,10 +70,6 @@ def parse_time(text: str | None) -> float | None:
         return datetime.fromisoformat(value).timestamp()
     except ValueError:
         return None
-
-
-def iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def age_text(seconds: float) -> str:

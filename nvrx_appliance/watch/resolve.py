@@ -36,6 +36,7 @@ class Request:
     checkpoint_file: str = ""
     max_restarts: int | None = None
     platform: str = "slurm"
+    user: str = ""  # the chain's owner, over what the job id says (or the caller)
 
 
 def cycle_glob(layout: Layout) -> str:
@@ -44,7 +45,15 @@ def cycle_glob(layout: Layout) -> str:
 
 def identify(request: Request, platform: SlurmPlatform | None, caller: str, known: dict) -> JobInfo:
     """Name and owner. Raises SlurmUnavailable when Slurm cannot answer and the job id has
-    no remembered identity (`known`: job id -> identity from the state file)."""
+    no remembered identity (`known`: job id -> identity from the state file). --user
+    names the owner over all of them (an SRE watching another's chain by name)."""
+    info = _identify(request, platform, request.user or caller, known)
+    return replace(info, owner=request.user) if request.user else info
+
+
+def _identify(
+    request: Request, platform: SlurmPlatform | None, caller: str, known: dict
+) -> JobInfo:
     if platform is None or not request.job_id:
         if not request.job_name and not request.work_dir and not request.cycle_info_glob:
             raise ResolveError("give a job id, or --job-name, or --work-dir with --platform none")
@@ -113,11 +122,14 @@ def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:
         run = _from_script(run, info, notes)
     if not run.job_name:  # --platform none without a name: call the run by its directory
         run = replace(run, job_name=Path(request.work_dir or ".").resolve().name or "run")
+    flags = [flag for flag, given in (("--cycle-info-glob", request.cycle_info_glob),
+                                      ("--checkpoint-file", request.checkpoint_file)) if given]  # fmt: skip
     run = replace(
         run,
         cycle_glob=request.cycle_info_glob or run.cycle_glob,
         tracker=request.checkpoint_file or run.tracker,
         max_restarts=request.max_restarts if request.max_restarts is not None else run.max_restarts,
+        origin=" + ".join([*([run.origin] if run.origin else []), *flags]),
     )
     if not run.cycle_glob:
         notes.append(

@@ -195,13 +195,32 @@ class Watcher:
         degraded = any(s.state == UNAVAILABLE for s in snap.sources.values())
         result = PassResult(snapshot=snap, findings=findings, degraded=degraded)
         self._act(snap, findings, result)
-        alerts = self._report(snap, findings, section, result)
-        self._remember(snap, section, alerts, state_file)
+        for finding in findings:
+            self.log_sink.send(finding, snap)
+        if self.settings.dry_run:
+            self._would_page(findings, section, snap.observed_at)
+        else:
+            alerts = self._report(snap, findings, section, result)
+            self._remember(snap, section, alerts, state_file)
         result.duration_s = time.monotonic() - started
-        self._metrics(snap, result)
-        self._heartbeat(result)
+        if not self.settings.dry_run:
+            self._metrics(snap, result)
+            self._heartbeat(result)
         self._summary(result)
         return result
+
+    def _would_page(self, findings: list[Finding], section: dict, now: float) -> None:
+        """--dry-run: what the sinks would have been sent; nothing is sent or recorded,
+        so the real passes that follow page as if this one had not run."""
+        prior = section.get("alerts", {})
+        for sink in self.paging:
+            sent = prior.get(sink.name, {})
+            for finding in findings:
+                if finding.severity != INFO and persistence.due(
+                    sent, finding.key, now, self.settings.alert_cooldown
+                ):
+                    self.logger.info("dry run: would send %s to %s", finding.key, sink.name)
+        self.logger.info("dry run: nothing run, paged or written (no state, metrics or heartbeat)")
 
     def _act(self, snap: Snapshot, findings: list[Finding], result: PassResult) -> None:
         for finding in findings:
@@ -211,6 +230,8 @@ class Watcher:
             why_not = gate.refusal(action, snap, self.caller)
             if why_not is not None:
                 self.logger.warning("not acting on %s: %s", finding.detector, why_not)
+            elif self.settings.dry_run:
+                self.logger.warning("dry run (not run): %s", action.command)
             elif not self.settings.act:
                 self.logger.warning("observe-only (pass --act to run it): %s", action.command)
             elif self.platform is not None:
@@ -227,8 +248,6 @@ class Watcher:
         now = snap.observed_at
         prior = section.get("alerts", {})
         alerts = {s.name: dict(prior.get(s.name, {})) for s in self.paging}
-        for finding in findings:
-            self.log_sink.send(finding, snap)
         for sink in self.paging:
             sent = alerts[sink.name]
             for finding in findings:
@@ -314,6 +333,13 @@ class Watcher:
 
     def _summary(self, result: PassResult) -> None:
         snap = result.snapshot
+        for name, status in snap.sources.items():
+            self.logger.debug("source %s: %s%s", name, status.state,
+                              f" ({status.reason})" if status.reason else "")  # fmt: skip
+        skipped = [d.name for d in detectors.ALL if not detectors.runnable(d, snap)]
+        self.logger.debug(
+            "detectors skipped for want of a source: %s", ", ".join(skipped) or "none"
+        )
         blind = [f"{n} ({s.reason})" for n, s in snap.sources.items() if s.state == UNAVAILABLE]
         running = sum(len(g.running) for g in snap.generations)
         pending = sum(len(g.pending) for g in snap.generations)

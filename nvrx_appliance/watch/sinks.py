@@ -10,8 +10,10 @@ redacted against them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import shlex
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -21,6 +23,8 @@ from pathlib import Path
 
 from nvrx_appliance import __version__
 from nvrx_appliance.files import write_atomic
+from nvrx_appliance.jsondoc import iso_utc
+from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.types import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes
@@ -105,29 +109,57 @@ class LogSink:
         self.logger.log(level, redact(line(finding), self.secrets))
 
 
+DEDUP_KEY_LIMIT = 255  # PagerDuty Events v2 refuses a longer dedup_key
+
+
+def pagerduty_dedup_key(key: str) -> str:
+    """The finding's key, or for one past PagerDuty's limit (a long chain or owner name)
+    its head and a digest of the whole: the same on every pass and every login node, so
+    a trigger and its resolve still meet."""
+    if len(key) <= DEDUP_KEY_LIMIT:
+        return key
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return f"{key[: DEDUP_KEY_LIMIT - len(digest) - 1]}~{digest}"
+
+
+def status_command(snap: Snapshot, job_id: str) -> str:
+    """What the person paged runs first: the chain's status, by the id being watched."""
+    if job_id:
+        return f"nvrx-appliance status {job_id}"
+    command = f"nvrx-appliance status {shlex.quote(snap.run.job_name)}"
+    work_dir = snap.run.work_dir
+    return f"{command} --work-dir {shlex.quote(work_dir)}" if work_dir else command
+
+
 class PagerDutySink:
     """Events API v2: one trigger per finding, deduplicated by the finding's key; a
     resolve once the condition is gone."""
 
     name = "pagerduty"
 
-    def __init__(self, url: str, routing_key: str) -> None:
+    def __init__(self, url: str, routing_key: str, job_id: str = "") -> None:
         self.url = url
         self.routing_key = routing_key
+        self.job_id = job_id  # the id the watcher was given, for the status command
 
     def send(self, finding: Finding, snap: Snapshot) -> None:
-        details = {"detail": finding.detail, "work_dir": snap.run.work_dir}
+        details = {
+            "detail": finding.detail,
+            "work_dir": snap.run.work_dir,
+            "status": status_command(snap, self.job_id),
+        }
         if finding.action is not None:
             details["command"] = finding.action.command
         body = {
             "routing_key": self.routing_key,
             "event_action": "trigger",
-            "dedup_key": finding.key,
+            "dedup_key": pagerduty_dedup_key(finding.key),
             "client": USER_AGENT,
             "payload": {
                 "summary": finding.summary[:1024],
                 "source": f"{snap.run.owner}/{snap.run.job_name}",
                 "severity": finding.severity,
+                "timestamp": iso_utc(snap.observed_at),
                 "component": snap.run.job_name,
                 "group": snap.run.owner,
                 "class": finding.detector,
@@ -137,7 +169,11 @@ class PagerDutySink:
         _post_json(self.url, body, "pagerduty", (self.routing_key,))
 
     def resolve(self, key: str) -> None:
-        body = {"routing_key": self.routing_key, "event_action": "resolve", "dedup_key": key}
+        body = {
+            "routing_key": self.routing_key,
+            "event_action": "resolve",
+            "dedup_key": pagerduty_dedup_key(key),
+        }
         _post_json(self.url, body, "pagerduty", (self.routing_key,))
 
 
@@ -189,28 +225,41 @@ def _labels(**labels: str) -> str:
     return "{" + ",".join(f'{k}="{esc(v)}"' for k, v in labels.items()) + "}"
 
 
-def _number(value: float) -> str:
+def _number(value: float | None) -> str:
+    if value is None:
+        return "NaN"  # no value yet: the series stays, so a graph or alert never loses it
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def _generation_number(job_id: str) -> float | None:
+    return float(job_id) if job_id.isdigit() else None
+
+
 def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
+    """One textfile per pass. The set of series is the same on every pass of a chain:
+    a count that is zero is written as 0 and a value not known yet as NaN, never left
+    out (an absent series reads as "no data", not "none"); and no label holds a job id,
+    so a chain of a thousand generations still has one series per metric, with the
+    current generation as a value (nvrx_watch_current_generation)."""
     chain = {"chain": snap.run.job_name, "owner": snap.run.owner}
     out: list[str] = []
 
-    def metric(name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float]]) -> None:
+    def metric(
+        name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float | None]]
+    ) -> None:
         out.append(f"# HELP {name} {help_text}")
         out.append(f"# TYPE {name} gauge")
         out.extend(
             f"{name}{_labels(**chain, **labels)} {_number(value)}" for labels, value in samples
         )
 
-    by_kind: dict[tuple[str, str], int] = {}
+    counts = {(d.name, d.severity): 0 for d in detectors.ALL}
     for f in figures.findings:
-        by_kind[(f.detector, f.severity)] = by_kind.get((f.detector, f.severity), 0) + 1
+        counts[(f.detector, f.severity)] = counts.get((f.detector, f.severity), 0) + 1
     metric(
         "nvrx_watch_findings",
-        "Findings of the last pass, by detector and severity.",
-        [({"detector": d, "severity": s}, n) for (d, s), n in sorted(by_kind.items())],
+        "Findings of the last pass, by detector and severity (0: none).",
+        [({"detector": d, "severity": s}, n) for (d, s), n in sorted(counts.items())],
     )
     metric(
         "nvrx_watch_source_up",
@@ -236,18 +285,29 @@ def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
         [({"state": k}, v) for k, v in states.items()],
     )
     metric("nvrx_watch_cycles", "NVRx cycles recorded for the run.", [({}, len(snap.cycles))])
-    if snap.latest_cycle is not None:
-        metric(
-            "nvrx_watch_current_cycle",
-            "Number of the newest NVRx cycle.",
-            [({"generation": snap.latest_cycle.job_id}, snap.latest_cycle.number)],
-        )
-    if snap.checkpoint.value is not None:
-        metric(
-            "nvrx_watch_checkpoint_iteration",
-            "The checkpoint tracker's iteration.",
-            [({}, snap.checkpoint.value)],
-        )
+    latest = snap.latest_cycle
+    metric(
+        "nvrx_watch_current_generation",
+        "Array job id of the generation that wrote the newest NVRx cycle (NaN: none yet).",
+        [({}, _generation_number(latest.job_id) if latest else None)],
+    )
+    metric(
+        "nvrx_watch_current_cycle",
+        "Number of the newest NVRx cycle (NaN: none yet).",
+        [({}, latest.number if latest else None)],
+    )
+    checkpoint = snap.checkpoint
+    metric(
+        "nvrx_watch_checkpoint_iteration",
+        "The checkpoint tracker's iteration (NaN: no checkpoint yet).",
+        [({}, checkpoint.value)],
+    )
+    since = (checkpoint.since or checkpoint.mtime) if checkpoint.value is not None else None
+    metric(
+        "nvrx_watch_checkpoint_age_seconds",
+        "Seconds since the checkpoint iteration last moved (NaN: no checkpoint yet).",
+        [({}, max(0.0, snap.observed_at - since) if since is not None else None)],
+    )
     metric(
         "nvrx_watch_degraded",
         "1 if the last pass could not observe a source.",

@@ -260,7 +260,7 @@ def test_a_script_that_finds_its_libraries_through_scontrol_is_followed_there(cl
     assert cycle_dir == f"{cell.parent}/runs/{name}/nvrx/{job}/cycle_infos"
     result = watch(cluster, tmp_path, job)
     lib = cell.parent / "lib"
-    assert f"files from batch script {cell} + {lib}/paths.sh + {lib}/launch.sh" in result.stderr
+    assert f"; from batch script {cell} + {lib}/paths.sh + {lib}/launch.sh" in result.stderr
     assert "1 cycle(s)" in result.stderr  # the recorded cycle in runs/NAME/nvrx/4343/
     assert result.returncode == 0, result.stderr
 
@@ -424,7 +424,8 @@ def test_a_real_chain_resolves_through_its_run_json_and_its_real_cycle_infos(clu
     metrics = tmp_path / "nvrx.prom"
     result = watch(cluster, tmp_path, first, "--metrics-file", str(metrics))
     assert result.returncode == 0, result.stderr
-    assert f"watching chain {name} of root; files from run.json ({work}/run.json)" in result.stderr
+    assert f"watching chain {name} of root through Slurm;" in result.stderr
+    assert f"; from run.json ({work}/run.json)" in result.stderr
     files = sorted(p.name for p in (work / "nvrx" / first / "cycle_infos").iterdir())
     cycles = [f for f in files if not f.endswith(".current")]
     assert cycles and all(f.startswith(f"cycle_info.{first}.") for f in cycles)

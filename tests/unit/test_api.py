@@ -81,3 +81,14 @@ def test_a_users_megatron_arguments_go_in_as_a_list_or_as_their_file(tmp_path):
     with pytest.raises(api.SettingsError, match="--save is set by the appliance"):
         api.chain_spec(environ={}, work_dir="/shared/run", megatron_args=["--save", "/x"],
                        train_samples=1000)  # fmt: skip
+
+
+def test_the_cli_and_the_api_find_a_chain_by_its_work_dir_without_slurm(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "no-slurm"))  # no squeue, scontrol or sacct here
+    monkeypatch.chdir(tmp_path)
+    assert api.locate("4343", work_dir="run") == (tmp_path / "run", "4343")
+    assert api.locate("llm", work_dir=tmp_path / "run") == (tmp_path / "run", None)
+    chain = api.Chain("llm", tmp_path / "elsewhere", ("1",))
+    assert api.locate(chain, work_dir="run") == (tmp_path / "elsewhere", None)
+    with pytest.raises(api.sources.NotFound):  # the same refusal `status --work-dir` prints
+        api.status("llm", work_dir=tmp_path / "run")

@@ -59,6 +59,20 @@ def test_platform_none_needs_a_place_to_find_cycle_infos():
     assert result.exit_code == 2 and "--platform none needs --work-dir" in result.output
 
 
+def test_platform_none_with_a_cycle_info_glob_says_what_it_watches(tmp_path):
+    work = killed_run(tmp_path)
+    glob = f"{work}/nvrx/*/cycle_infos/cycle_info.*"
+    result = invoke(
+        "--platform", "none", "--cycle-info-glob", glob, "--stall-seconds", "1e9",
+        "--state-file", str(tmp_path / "state.json"),
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "without Slurm (--platform none: chain detectors off)" in result.output
+    assert f"cycle infos: {glob}; checkpoint tracker: none; work dir: none" in result.output
+    assert "; from --cycle-info-glob" in result.output and "nowhere" not in result.output
+    assert "1 cycle(s)" in result.output
+
+
 def test_once_and_interval_exclude_each_other(tmp_path):
     result = invoke("--once", "--interval", "60", "--platform", "none", "--work-dir", str(tmp_path))
     assert result.exit_code == 2 and "--once and --interval" in result.output
@@ -479,3 +493,99 @@ def test_nvrx_watch_says_its_version():
     result = invoke("--version")
     assert result.exit_code == 0
     assert result.output.strip() == f"nvrx-watch, version {__version__}"
+
+
+# --- the reference watcher's flags ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flag", "instead"),
+    [
+        ("--webhook-url", "NVRX_WATCH_WEBHOOK_URL or --webhook-url-file"),
+        ("--heartbeat-url", "NVRX_WATCH_HEARTBEAT_URL or --heartbeat-url-file"),
+        ("--pd-routing-key", "NVRX_WATCH_PAGERDUTY_ROUTING_KEY or --pagerduty-routing-key-file"),
+    ],
+)
+def test_the_reference_watchers_secret_flags_are_refused_naming_the_replacement(
+    tmp_path, flag, instead
+):
+    secret = "https://hooks.example/T0KEN-secret"
+    state = tmp_path / "state.json"
+    result = invoke("--platform", "none", "--work-dir", str(tmp_path), "--state-file", str(state),
+                    flag, secret)  # fmt: skip
+    assert result.exit_code == 2
+    assert f"{flag} would show the secret to every user" in result.output
+    assert f"set {instead} instead" in result.output
+    assert secret not in result.output and not state.exists()  # refused before any pass
+
+
+def quiet_pass(tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+    work = tmp_path / "run" if (tmp_path / "run").exists() else killed_run(tmp_path)
+    return invoke("--platform", "none", "--work-dir", str(work), *args, env=env)
+
+
+def test_a_config_file_sets_flags_by_name_and_flags_and_variables_win(tmp_path):
+    config = tmp_path / "watch.toml"
+    state = tmp_path / "cfg-state"
+    config.write_text(f'stall-seconds = 1\nstate_dir = "{state}"\ndisable = ""\n')
+    assert quiet_pass(tmp_path, "--config", str(config)).exit_code == 2  # stalled after 1 s
+    assert (state / "state.json").exists()  # --state-dir from the file
+    assert quiet_pass(tmp_path, "--config", str(config), "--stall-seconds", "1e9").exit_code == 0
+    env = {"NVRX_WATCH_CONFIG": str(config), "NVRX_WATCH_DISABLE": "cycle_stalled"}
+    assert quiet_pass(tmp_path, env=env).exit_code == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "named"),
+    [
+        ("grace_period = 3\n", "unknown setting 'grace_period'; keys are nvrx-watch's flag names"),
+        ('webhook-url = "https://x/T0KEN"\n', "webhook-url: --webhook-url would show the secret"),
+        ("stall-seconds = \n", "is not valid TOML"),
+    ],
+)
+def test_a_config_file_with_a_bad_key_is_one_line_and_exit_2(tmp_path, text, named):
+    config = tmp_path / "watch.toml"
+    config.write_text(text)
+    result = quiet_pass(tmp_path, "--config", str(config), "--state-dir", str(tmp_path / "s"))
+    assert result.exit_code == 2 and named in result.output, result.output
+    assert "T0KEN" not in result.output and not (tmp_path / "s").exists()
+
+
+def test_state_dir_holds_the_state_and_excludes_state_file(tmp_path):
+    state = tmp_path / "watch-state"
+    assert quiet_pass(tmp_path, "--state-dir", str(state), "--stall-seconds", "1e9").exit_code == 0
+    assert (state / "state.json").is_file() and (state / "cycles").is_dir()
+    both = quiet_pass(tmp_path, "--state-dir", str(state), "--state-file", str(state / "x.json"))
+    assert (
+        both.exit_code == 2 and "--state-file and --state-dir both place the state" in both.output
+    )
+
+
+def test_checkpoint_iteration_file_is_the_reference_name_of_checkpoint_file(tmp_path):
+    tracker = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
+    tracker.parent.mkdir()
+    tracker.write_text("120")
+    common = ("--stall-seconds", "1e9", "--state-dir", str(tmp_path / "s"))
+    for given in (("--checkpoint-iteration-file", str(tracker)),
+                  ("--checkpoint-file", str(tracker))):  # fmt: skip
+        result = quiet_pass(tmp_path, *given, *common)
+        assert (
+            f"checkpoint tracker: {tracker};" in result.output and "checkpoint 120" in result.output
+        )
+    env = {"NVRX_WATCH_CHECKPOINT_ITERATION_FILE": str(tracker)}  # the reference's variable
+    assert "checkpoint 120" in quiet_pass(tmp_path, *common, env=env).output
+
+
+def test_user_names_the_owner_of_a_chain_watched_by_name(tmp_path):
+    result = quiet_pass(tmp_path, "--user", "bob", "--job-name", "llm", "--stall-seconds", "1e9",
+                        "--state-dir", str(tmp_path / "s"))  # fmt: skip
+    assert result.exit_code == 0 and "pass over llm (bob)" in result.output
+
+
+def test_verbose_also_logs_each_sources_state(tmp_path):
+    common = ("--stall-seconds", "1e9", "--state-dir", str(tmp_path / "s"))
+    assert "source cycles: observed" not in quiet_pass(tmp_path, *common).output
+    verbose = quiet_pass(tmp_path, "-v", *common).output
+    assert "source cycles: observed" in verbose
+    assert "source slurm: not configured (--platform none)" in verbose
+    assert "detectors skipped for want of a source: orphaned_generation" in verbose

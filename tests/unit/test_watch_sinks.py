@@ -9,12 +9,13 @@ import os
 import shutil
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.watch import cli, resolve, sinks
+from nvrx_appliance.watch import cli, detectors, resolve, sinks
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.runner import Watcher
 from tests.unit.test_watch_slurm import SACCT_TIMED_OUT, Replay, one_pass
@@ -124,6 +125,10 @@ def test_pagerduty_receives_an_events_v2_trigger_with_the_dedup_key(tmp_path, re
     )
     payload = event["payload"]
     assert payload["severity"] == "critical"
+    stamp = result.snapshot.observed_at
+    assert payload["timestamp"] == time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(stamp))
+    work = tmp_path / "chain-a"
+    assert payload["custom_details"]["status"] == f"nvrx-appliance status chain-a --work-dir {work}"
     assert payload["summary"] == finding.summary
     assert payload["class"] == "cycle_stalled" and payload["component"] == "chain-a"
 
@@ -176,6 +181,30 @@ def test_pagerduty_gets_a_resolve_once_the_condition_is_gone(tmp_path, receiver)
         (e["event_action"], e["dedup_key"].split("/")[3]) for e in receiver.bodies("/v2/enqueue")
     ]
     assert actions == [("trigger", "cycle_stalled"), ("resolve", "cycle_stalled")]
+
+
+def test_a_dedup_key_past_pagerdutys_limit_is_shortened_the_same_way_to_trigger_and_resolve(
+    tmp_path, receiver
+):
+    name = "pretraining-" + "x" * 300  # Slurm takes job names this long
+    work = killed_run(tmp_path)
+    settings = Settings(state_file=str(tmp_path / "state.json"))
+    pagerduty = [sinks.PagerDutySink(f"{receiver.url}/v2/enqueue", ROUTING_KEY, "4343")]
+    request = resolve.Request(platform="none", work_dir=str(work), job_name=name)
+    watcher = cli.build(request, settings, Thresholds(stall_seconds=1), cli._logger(""))
+    watcher.paging = pagerduty
+    watcher.pass_once()
+    cycle = work / "nvrx" / "4343" / "cycle_infos" / "cycle_info.4343.0.0"
+    data = json.loads(cycle.read_text())
+    cycle.write_text(json.dumps(data | {"cycle_end_time": data["cycle_start_time"]}))
+    watcher.pass_once()
+    trigger, resolved = receiver.bodies("/v2/enqueue")
+    assert (trigger["event_action"], resolved["event_action"]) == ("trigger", "resolve")
+    assert len(trigger["dedup_key"]) == 255 and trigger["dedup_key"] == resolved["dedup_key"]
+    assert trigger["dedup_key"].startswith(f"nvrx/{watcher.run.owner}/pretraining-x")
+    assert trigger["payload"]["custom_details"]["status"] == "nvrx-appliance status 4343"
+    other = sinks.pagerduty_dedup_key(f"nvrx/{watcher.run.owner}/{name}y/cycle_stalled/4343.0.0")
+    assert other != trigger["dedup_key"]  # another chain's key stays another key
 
 
 def test_a_finding_a_failed_follow_up_hides_is_not_resolved(tmp_path, receiver):
@@ -267,8 +296,11 @@ def test_the_prometheus_textfile_describes_the_pass(tmp_path, receiver):
     labels = f'chain="chain-a",owner="{watcher.run.owner}"'
     assert f'nvrx_watch_findings{{{labels},detector="cycle_stalled",severity="critical"}} 1' in text
     assert f"nvrx_watch_cycles{{{labels}}} 1" in text
-    assert f'nvrx_watch_current_cycle{{{labels},generation="4343"}} 0' in text
+    assert f"nvrx_watch_current_cycle{{{labels}}} 0" in text
+    assert f"nvrx_watch_current_generation{{{labels}}} 4343" in text
     assert f"nvrx_watch_checkpoint_iteration{{{labels}}} 40" in text
+    [age] = [ln for ln in text.splitlines() if ln.startswith("nvrx_watch_checkpoint_age_seconds")]
+    assert float(age.rsplit(" ", 1)[1]) >= time.time() - 1_700_000_000 - 60
     assert f"nvrx_watch_degraded{{{labels}}} 0" in text
     assert "nvrx_watch_pass_duration_seconds{" in text
     assert 'source="slurm"' not in text  # --platform none: not configured is not "down"
@@ -289,3 +321,57 @@ def test_a_sink_url_urllib_refuses_mid_pass_is_a_redacted_error_and_the_pass_goe
     assert Path(watcher.settings.state_file).exists()  # and the state was saved
     for secret in (HOOK_TOKEN, BEAT_TOKEN):
         assert secret not in logged and secret not in " ".join(result.sink_errors)
+
+
+def series(text: str) -> dict[str, str]:
+    """The textfile's samples: series (name and labels) -> value."""
+    return dict(ln.rsplit(" ", 1) for ln in text.splitlines() if not ln.startswith("#"))
+
+
+def test_the_textfile_keeps_every_series_at_zero_and_holds_no_job_id_in_a_label(tmp_path):
+    """An alert on `nvrx_watch_findings{detector="x"} > 0` needs the 0 to be there, and a
+    label per generation would grow a new series with every hand-off."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    settings = Settings(
+        state_file=str(tmp_path / "state" / "state.json"),
+        metrics_file=str(tmp_path / "empty.prom"),
+    )
+    request = resolve.Request(platform="none", work_dir=str(empty))
+    cli.build(request, settings, Thresholds(), cli._logger("")).pass_once()
+    before = series(Path(settings.metrics_file).read_text())
+    for name in detectors.NAMES:
+        assert any(s.startswith("nvrx_watch_findings{") and f'detector="{name}"' in s
+                   for s in before), name  # fmt: skip
+    assert all(v == "0" for s, v in before.items() if s.startswith("nvrx_watch_findings{"))
+    assert before[f'nvrx_watch_current_cycle{{chain="empty",owner="{cli._caller()}"}}'] == "NaN"
+
+    recorded = json.loads((FIXTURES / "killed" / "cycle_info.4343.0.0").read_text())
+    for hour, generation in enumerate(("4343", "4400")):  # a hand-off to the next generation
+        cycles = empty / "nvrx" / generation / "cycle_infos"
+        cycles.mkdir(parents=True)
+        info = recorded | {"job_id": generation, "cycle_start_time": f"2026-11-30T1{hour}:00:00Z"}
+        (cycles / f"cycle_info.{generation}.0.0").write_text(json.dumps(info))
+        cli.build(request, settings, Thresholds(), cli._logger("")).pass_once()
+        after = series(Path(settings.metrics_file).read_text())
+        assert after.keys() == before.keys()  # the same series, pass after pass
+        assert generation not in "".join(after.keys())
+        current = f'nvrx_watch_current_generation{{chain="empty",owner="{cli._caller()}"}}'
+        assert after[current] == generation
+
+
+def test_a_dry_run_pages_nobody_and_writes_no_state_metrics_or_heartbeat(
+    tmp_path, receiver, capsys
+):
+    watcher = make_watcher(tmp_path, receiver.url)
+    watcher.settings = dataclasses.replace(watcher.settings, dry_run=True)
+    result = watcher.pass_once()
+    logged = capsys.readouterr().err
+    assert result.exit_code == 2  # it still decides: cycle_stalled is critical
+    assert receiver.requests == []  # no PagerDuty, webhook or heartbeat
+    assert not Path(watcher.settings.state_file).exists()
+    assert not Path(watcher.settings.metrics_file).exists()
+    key = next(f.key for f in result.findings if f.detector == "cycle_stalled")
+    assert f"dry run: would send {key} to pagerduty" in logged
+    make_watcher(tmp_path, receiver.url).pass_once()  # the first real pass still pages it
+    assert [b["dedup_key"] for b in receiver.bodies("/v2/enqueue")] == [key]

@@ -68,6 +68,8 @@ class Replay:
             if "-j" in argv and self.follow_up_error:
                 raise SlurmUnavailable(self.follow_up_error)
             return recorded(self.sacct)
+        if argv[0] == "scancel":
+            return ""
         raise AssertionError(f"unexpected command {argv}")
 
 
@@ -77,7 +79,9 @@ def one_pass(tmp_path: Path, replay: Replay, name: str, at: str, **settings) -> 
         run=Run(job_name=name, owner="root"),
         platform=SlurmPlatform(run=replay),
         thresholds=Thresholds(),
-        settings=Settings(state_file=str(tmp_path / "state" / "state.json")),
+        settings=settings.pop(
+            "settings", Settings(state_file=str(tmp_path / "state" / "state.json"))
+        ),
         caller="root",
         logger=logging.getLogger("test_watch_slurm"),
         clock=lambda: parsing.parse_time(at),
@@ -273,3 +277,19 @@ def test_sacct_names_the_script_a_plain_job_was_submitted_with():
 )
 def test_the_script_in_a_submit_line_skips_sbatch_options_and_their_values(submit_line, script):
     assert parsing.submitted_script(submit_line, "/w") == script
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+def test_dry_run_runs_no_action_even_with_act_and_logs_the_command(tmp_path, caplog, dry_run):
+    replay = Replay(sacct="sacct_no_restart.txt")  # task 0 of 18 SIGKILLed, spares left
+    settings = Settings(state_file=str(tmp_path / "state.json"), act=True, dry_run=dry_run)
+    caplog.set_level(logging.INFO, logger="test_watch_slurm")
+    result = one_pass(tmp_path, replay, "watch-rec-7357", "2026-11-30T18:25:00", settings=settings)
+    ran = [c for c in replay.calls if c[0] == "scancel"]
+    release = "scancel --state=PENDING --user=root --name=watch-rec-7357 18"
+    if dry_run:
+        assert ran == [] and result.acted == []
+        assert f"dry run (not run): {release}" in caplog.text
+        assert not (tmp_path / "state.json").exists()  # a dry run writes nothing
+    else:  # the same pass with --act alone does run it
+        assert release.split() in ran
