@@ -357,7 +357,8 @@ def check(spec: ChainSpec) -> list[Problem]:
         problems.append(Problem(flag(name), message))
 
     for name, value in to_dict(spec).items():
-        found = isinstance(value, str) and control_character(value)
+        texts = value if isinstance(value, list) else [value]
+        found = next((c for t in texts if isinstance(t, str) and (c := control_character(t))), None)
         if found:
             bad(name, f"contains the control character {found!r}; remove it")
     if problems:

@@ -156,6 +156,13 @@ def test_an_unreadable_or_badly_quoted_arguments_file_is_one_line(tmp_path):
     assert f"{bad}, line 2: No closing quotation; fix the quoting" in result.stderr
 
 
+def test_a_control_character_in_an_argument_is_refused(tmp_path):
+    config = tmp_path / "chain.toml"
+    config.write_text('megatron_args = ["--run-name", "a\\u001b[2Jb"]\n')
+    lines = refusal(tmp_path, *MEGATRON, "--config", str(config))
+    assert any("--megatron-args: contains the control character '\\x1b'" in m for m in lines)
+
+
 def test_profile_none_needs_arguments_and_a_length(tmp_path):
     lines = refusal(tmp_path, "--image", IMAGE, "--profile", "none")
     assert any("--profile: none passes only your arguments" in m for m in lines)
