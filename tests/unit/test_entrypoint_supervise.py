@@ -4,6 +4,7 @@ The supervisor runs in a driver process of its own (as nvrx-entrypoint does unde
 srun), so the tests can signal it and kill it like Slurm would.
 """
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from nvrx_appliance import exitcodes
 
@@ -56,12 +58,27 @@ def gone(pid: int) -> bool:
         return True
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _no_leftovers():
+    """A test that fails midway must not leave its driver and child running: each driver
+    leads a process group of its own, which is killed whole after the test."""
+    yield
+    while STARTED:
+        proc = STARTED.pop()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
 def supervise(tmp_path: Path, child: str, grace: float = 1.0) -> subprocess.Popen:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     script = tmp_path / "child.py"
     script.write_text(textwrap.dedent(child))
-    return subprocess.Popen(
+    proc = subprocess.Popen(
         [
             sys.executable,
             str(driver),
@@ -72,7 +89,10 @@ def supervise(tmp_path: Path, child: str, grace: float = 1.0) -> subprocess.Pope
         ],
         stderr=subprocess.PIPE,
         text=True,
+        start_new_session=True,
     )
+    STARTED.append(proc)
+    return proc
 
 
 def test_exit_93_passes_through_untouched(tmp_path):
