@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx_appliance import workload_args
+from nvrx_appliance import lease, workload_args
 
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).
@@ -406,6 +406,10 @@ def check(spec: ChainSpec) -> list[Problem]:
     ):
         if getattr(spec, name) < 0:
             bad(name, f"cannot be negative (got {getattr(spec, name)})")
+    if spec.lease_stale_after > 0 and spec.closed_flag_grace >= 0:
+        margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)
+        if margins:
+            bad("lease_stale_after", margins)
     if spec.max_no_progress_cycles < 1:
         bad("max_no_progress_cycles", "must be at least 1")
     if not 1 <= spec.rdzv_port <= 65535:

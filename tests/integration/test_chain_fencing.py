@@ -1,0 +1,107 @@
+"""Fencing: when task 0's node dies, a peer closes the generation on its behalf one lease
+after the death, and the successor starts before Slurm has even noticed the node.
+
+Two hot spares watch task 0's lease at once, so two peers race to fence it: one wins,
+and the ledger records the fence once. The cold spare, pending behind the throttle, is
+cancelled with the generation or, if Slurm admits it first, leaves on the closed flag
+without starting ft_launcher.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+
+import pytest
+
+from .conftest import Cluster, cluster_cli
+from .test_chain_support import (
+    cli,
+    ledger,
+    logs_on_failure,
+    ran,
+    state,
+    submit,
+    tasks,
+    unique,
+    wait_event,
+    wait_idle,
+    wait_ledger,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
+
+GENERATION_S = 240
+# Short, so that the fence comes well before Slurm's node-failure detection (about 20 s
+# on this cluster); the grace shortened with it to keep task 0's self-fence margin.
+LEASE = ("--lease-stale-after", "5", "--closed-flag-grace", "1")
+DOWN_S = 120  # SlurmdTimeout and the ping period, with room
+
+
+def _slurm_time(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text)
+
+
+def _marked_down_at(cluster: Cluster, node: str) -> datetime.datetime:
+    """When slurmctld declared the node dead (the stamp of its "Not responding" reason)."""
+
+    def stamp():
+        out = cluster.slurm("scontrol", "-o", "show", "node", node).stdout
+        found = re.search(r"Reason=Not responding \[\S+@(\S+)\]", out)
+        return _slurm_time(found.group(1)) if found and "DOWN" in out else None
+
+    return cluster.wait_until(stamp, DOWN_S, f"Slurm to mark {node} down", 0.5)
+
+
+def test_a_peer_fences_a_dead_task_0_once_and_the_successor_starts_before_slurm_notices(
+    cluster: Cluster,
+):
+    work = cluster.workdir("fence")
+    name = unique("fence")
+    first, second = submit(
+        cluster, work, name, *LEASE,
+        "--mode", "train", "--train-tasks", "1", "--hot-spares", "2", "--cold-spares", "1",
+        "--depth", "2",
+    )  # fmt: skip
+    victim = ""
+    try:
+        wait_event(
+            work,
+            lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == first,
+            GENERATION_S,
+            f"a checkpoint of generation {first}",
+        )
+        victim = tasks(cluster, first)[0]["NodeList"]
+        assert cluster_cli("kill-node", victim).returncode == 0
+
+        wait_event(
+            work,
+            lambda e: e["event"] == "step" and e.get("slurm_array_job_id") == second,
+            GENERATION_S,
+            f"generation {second} to train",
+        )
+        down = _marked_down_at(cluster, victim)
+        successor = tasks(cluster, second)[0]
+        assert successor["NodeList"] != victim
+        assert _slurm_time(successor["Start"]) < down, logs_on_failure(work)
+
+        # Task 0's job was cancelled by the fence, not ended by Slurm's node failure.
+        gen1 = tasks(cluster, first)
+        assert state(gen1[0]) == "CANCELLED", gen1[0]
+        # Two hot spares saw the stale lease; one fence, one ledger entry.
+        fenced = [e for e in wait_ledger(work, 1, 60) if e["array_job_id"] == first]
+        assert [e["action"] for e in fenced] == ["fenced"], ledger(work)
+        assert fenced[0]["scancel_ok"] is True and fenced[0]["task0_node"] == victim
+        # The cold spare never trained in the dead generation: cancelled while pending,
+        # or admitted late and gone on the closed flag before starting anything.
+        cold = gen1[3]
+        if ran(cold):
+            log = (work / "logs").glob(f"*{first}_3*")
+            assert any("task 3 leaves" in p.read_text() for p in log), logs_on_failure(work)
+        else:
+            assert state(cold) == "CANCELLED"
+    finally:
+        cli(cluster, "cancel", name)
+        if victim:
+            assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
+        wait_idle(cluster, name, timeout=90)
