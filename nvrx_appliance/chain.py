@@ -162,8 +162,12 @@ class ChainSpec:
     )
     rdzv_port: int = _opt(29500, "Rendezvous (TCP store) port on task 0.", "NVRX_RDZV_PORT")
     lease_stale_after: int = _opt(
-        60,
-        "Seconds without a task-0 lease refresh before peers treat task 0 as gone.",
+        # Rides out a 40 s stall of the shared file system (GPFS's failure detection is
+        # 35 s by default) before a live task 0 stops itself; a dead one is replaced about
+        # this long after its death instead of Slurm's SlurmdTimeout (300 s by default).
+        45,
+        "Seconds without a task-0 lease refresh before a peer fences task 0 as dead "
+        "(task 0 stops itself earlier: see README, Task 0's lease).",
         "NVRX_LEASE_STALE_AFTER",
     )
     closed_flag_grace: int = _opt(
