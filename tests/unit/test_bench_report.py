@@ -72,7 +72,17 @@ def test_readme_with_torn_markers_is_refused():
 def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
     assert parse_args(["--only", "restart,handoff"]).chosen == ["floor", "handoff", "restart"]
     assert parse_args(["--only", "watcher"]).chosen == ["watcher"]
-    assert parse_args([]).chosen == ["floor", "handoff", "spare", "norestart", "restart", "watcher"]
+    everything = [
+        "floor",
+        "handoff",
+        "sigkill",
+        "seeds",
+        "spare",
+        "norestart",
+        "restart",
+        "watcher",
+    ]
+    assert parse_args([]).chosen == everything
 
 
 @pytest.mark.parametrize(
