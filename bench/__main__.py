@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     results, facts = run_all(args, say)
     results = [report.process_start(facts), *results]
+    side_by_side = report.versus(results, handoff.NAME, seeds.NAME)
+    if side_by_side:
+        next(r for r in results if r.scenario == seeds.NAME).notes.append(side_by_side)
     when = started.strftime("%Y-%m-%d %H:%M UTC")
     command = (
         "python -m bench"
