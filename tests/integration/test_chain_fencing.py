@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import datetime
 import re
+import subprocess
 
 import pytest
+
+from nvrx_appliance.slurm.demo import QUICK
 
 from .conftest import Cluster, cluster_cli
 from .test_chain_support import (
@@ -104,4 +107,49 @@ def test_a_peer_fences_a_dead_task_0_once_and_the_successor_starts_before_slurm_
         cli(cluster, "cancel", name)
         if victim:
             assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
+        wait_idle(cluster, name, timeout=90)
+
+
+def test_a_partitioned_task_0_stops_itself_before_its_lease_is_stale_and_the_chain_goes_on(
+    cluster: Cluster,
+):
+    # Task 0 alive, but the shared file system refuses its lease refreshes (an immutable
+    # file refuses them even to root): it must stop training before any peer may call
+    # it dead, and its own trap then closes the generation as after any failure.
+    work = cluster.workdir("partition")
+    name = unique("partition")
+    first, second = submit(
+        cluster, work, name,
+        "--mode", "train", "--train-tasks", "1", "--hot-spares", "1", "--cold-spares", "0",
+        "--depth", "2",
+    )  # fmt: skip
+    lease = work / "nvrx" / first / "control" / "task0.lease"
+    frozen = False
+    try:
+        wait_event(
+            work,
+            lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == first,
+            GENERATION_S,
+            f"a checkpoint of generation {first}",
+        )
+        frozen = subprocess.run(["chattr", "+i", str(lease)], check=False).returncode == 0
+        if not frozen:
+            pytest.skip(f"the cluster's work root cannot make {lease} immutable")
+        [entry] = [e for e in wait_ledger(work, 1, 120) if e["array_job_id"] == first]
+        assert (entry["exit_code"], entry["action"]) == (77, "released_spares"), entry
+        # Task 0 was done (its trap ran after ft_launcher and the workers stopped) while
+        # its lease was still fresh enough for every peer to believe it alive.
+        stale_at = lease.stat().st_mtime + QUICK["lease_stale_after"]
+        ended = datetime.datetime.fromisoformat(entry["end"].replace("Z", "+00:00"))
+        assert ended.timestamp() <= stale_at + 1  # the ledger keeps whole seconds
+        wait_event(
+            work,
+            lambda e: e["event"] == "step" and e.get("slurm_array_job_id") == second,
+            GENERATION_S,
+            f"generation {second} to train",
+        )
+    finally:
+        if frozen:
+            subprocess.run(["chattr", "-i", str(lease)], check=False)
+        cli(cluster, "cancel", name)
         wait_idle(cluster, name, timeout=90)
