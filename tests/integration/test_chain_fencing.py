@@ -84,7 +84,12 @@ def test_a_peer_fences_a_dead_task_0_once_and_the_successor_starts_before_slurm_
             f"generation {second} to train",
         )
         down = _marked_down_at(cluster, victim)
-        successor = tasks(cluster, second)[0]
+        # Accounting lags the controller: wait until it has the successor's start.
+        successor = cluster.wait_until(
+            lambda: next((r for r in [tasks(cluster, second)[0]] if ran(r)), None),
+            60,
+            f"accounting to record {second}_0's start",
+        )
         assert successor["NodeList"] != victim
         assert _slurm_time(successor["Start"]) < down, logs_on_failure(work)
 
