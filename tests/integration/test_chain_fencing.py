@@ -1,10 +1,11 @@
 """Fencing: when task 0's node dies, a peer closes the generation on its behalf one lease
 after the death, and the successor starts before Slurm has even noticed the node.
 
-Two hot spares watch task 0's lease at once, so two peers race to fence it: one wins,
-and the ledger records the fence once. The cold spare, pending behind the throttle, is
-cancelled with the generation or, if Slurm admits it first, leaves on the closed flag
-without starting ft_launcher.
+Two hot spares and a cold spare may each see task 0's lease go stale: one fences, and
+the ledger records the fence once. (Which one varies: the hot spares' ft_launchers may
+give up on the dead store first, and the throttle then admits the cold spare, which
+finds the stale lease in its gate.) The exclusive claim itself is raced by 32
+processes in tests/unit/test_entrypoint_gate.py.
 """
 
 from __future__ import annotations
@@ -101,11 +102,14 @@ def test_a_peer_fences_a_dead_task_0_once_and_the_successor_starts_before_slurm_
         assert [e["action"] for e in fenced] == ["fenced"], ledger(work)
         assert fenced[0]["scancel_ok"] is True and fenced[0]["task0_node"] == victim
         # The cold spare never trained in the dead generation: cancelled while pending,
-        # or admitted late and gone on the closed flag before starting anything.
+        # or admitted late (the hot spares' ft_launchers may give up on the dead store
+        # before the lease is stale) and gone before starting ft_launcher: on the closed
+        # flag, or fencing task 0 itself from the gate.
         cold = gen1[3]
         if ran(cold):
-            log = (work / "logs").glob(f"*{first}_3*")
-            assert any("task 3 leaves" in p.read_text() for p in log), logs_on_failure(work)
+            [log] = (work / "logs").glob(f"*-{first}_3.out")
+            assert "joins rendezvous" not in log.read_text(), logs_on_failure(work)
+            assert state(cold) != "COMPLETED"
         else:
             assert state(cold) == "CANCELLED"
     finally:
