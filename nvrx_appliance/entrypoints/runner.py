@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import signal
 import socket
 import time
 from pathlib import Path
@@ -226,6 +227,26 @@ def publish(pre: Preflight, record: control.Record, directory: Path) -> controld
     return keeper
 
 
+def closer(node: Node, directory: Path, token: str):
+    """Task 0's answer to Slurm's TERM: the generation ends now, whether or not a trap
+    will run (its batch shell may be the one that was killed), so the closed flag goes
+    out at once and the peers leave instead of waiting for the lease to go stale while
+    task 0's ft_launcher shuts down. The trap, if it runs, rewrites it with the exit
+    code; exit 93 and the chain's fate stay the trap's decision."""
+
+    def close(signum: int) -> None:
+        why = f"task 0 ({node.label}) got {signal.Signals(signum).name} from Slurm"
+        try:
+            controldir.close(
+                directory,
+                {"generation": token, "exit_code": None, "reason": why, "time": _now()},
+            )
+        except OSError as exc:
+            say(f"could not write the closed flag on {signal.Signals(signum).name}: {exc}")
+
+    return close
+
+
 def supervise(
     pre: Preflight,
     record: control.Record,
@@ -250,6 +271,7 @@ def supervise(
             grace=pre.manifest.spec.closed_flag_grace,
             poll=RUN_POLL_S,
             log=say,
+            on_stop_signal=closer(pre.node, directory, record.generation) if keeper else None,
         ).run()
     except OSError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None

@@ -368,6 +368,28 @@ def test_a_task_0_whose_lease_writes_fail_stops_its_workers_before_the_lease_is_
         stop(proc)
 
 
+def test_task_0_told_to_stop_by_slurm_closes_the_generation_at_once(tmp_path):
+    # Its batch shell may be what died (no trap will run): without the flag, the peers
+    # would wait for the lease to go stale while task 0's ft_launcher shuts down.
+    run_json = write_manifest(tmp_path, mode="train")
+    proc = subprocess.Popen(
+        [*ENTRYPOINT, "--manifest", str(run_json)],
+        env=srun_stand_in(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        ft_launcher_of(proc)
+        flag = control_dir(run_json) / control.CLOSED
+        assert not flag.exists()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        assert code not in (exitcodes.NVRX_NO_RESTART, exitcodes.STOPPED_BY_CLOSED_FLAG)
+        closed = json.loads(flag.read_text())
+        assert closed["generation"] == f"{support.CHAIN}/700/"
+        assert "got SIGTERM from Slurm" in closed["reason"]
+    finally:
+        stop(proc)
+
+
 def alive(process) -> bool:
     """Running, and not a zombie that only waits for this machine's init to reap it."""
     try:
