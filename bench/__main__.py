@@ -21,12 +21,26 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import floor, handoff, machine, norestart, readme, report, restart, spare, watcher
+from bench import (
+    floor,
+    handoff,
+    machine,
+    norestart,
+    readme,
+    report,
+    restart,
+    seeds,
+    sigkill,
+    spare,
+    watcher,
+)
 from bench.harness import Harness
 from bench.report import Result
 from nvrx_appliance.devcluster.lock import cluster_lock
 
-SCENARIOS = {m.NAME: m for m in (floor, handoff, spare, norestart, restart, watcher)}
+SCENARIOS = {
+    m.NAME: m for m in (floor, handoff, sigkill, seeds, spare, norestart, restart, watcher)
+}
 NEEDS_NO_CLUSTER = {watcher.NAME}
 RESULTS = Path(__file__).parent / "results"
 README = Path(__file__).parent.parent / "README.md"
@@ -117,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     results, facts = run_all(args, say)
     results = [report.process_start(facts), *results]
+    side_by_side = report.versus(results, handoff.NAME, seeds.NAME)
+    if side_by_side:
+        next(r for r in results if r.scenario == seeds.NAME).notes.append(side_by_side)
     when = started.strftime("%Y-%m-%d %H:%M UTC")
     command = (
         "python -m bench"

@@ -272,20 +272,33 @@ class Harness:
     # --- processes ---------------------------------------------------------------------------
 
     @staticmethod
-    def worker_pid(run_json: Path, rank: int) -> int | None:
-        """The training process of one global rank of this chain (via /proc)."""
-        want = {f"NVRX_RUN_MANIFEST={run_json}".encode(), f"RANK={rank}".encode()}
+    def _find_process(marker: bytes, environ: set[bytes]) -> int | None:
+        """A process whose command line holds `marker` and whose environment holds
+        every entry of `environ` (the nodes share this PID namespace)."""
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
                 continue
             try:
                 cmdline = (entry / "cmdline").read_bytes()
-                environ = set((entry / "environ").read_bytes().split(b"\0"))
+                found = set((entry / "environ").read_bytes().split(b"\0"))
             except OSError:
                 continue
-            if b"workloads.cpu" in cmdline and want <= environ:
+            if marker in cmdline and environ <= found:
                 return int(entry.name)
         return None
+
+    @classmethod
+    def worker_pid(cls, run_json: Path, rank: int) -> int | None:
+        """The training process of one global rank of this chain."""
+        want = {f"NVRX_RUN_MANIFEST={run_json}".encode(), f"RANK={rank}".encode()}
+        return cls._find_process(b"workloads.cpu", want)
+
+    @classmethod
+    def batch_shell_pid(cls, array_job_id: str, task: int) -> int | None:
+        """The batch script's shell of one array task."""
+        want = {f"SLURM_ARRAY_JOB_ID={array_job_id}".encode(),
+                f"SLURM_ARRAY_TASK_ID={task}".encode()}  # fmt: skip
+        return cls._find_process(b"slurm_script", want)
 
     @staticmethod
     def kill_process(pid: int) -> float:

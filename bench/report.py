@@ -81,6 +81,21 @@ def floor_median(results: Sequence[Result]) -> float | None:
     return None
 
 
+def versus(results: Sequence[Result], ours: str, theirs: str) -> str | None:
+    """One line holding two scenarios' headline medians against each other (the first
+    metric of each), or None when either is missing."""
+    heads = {r.scenario: r.metrics[0] for r in results if r.metrics}
+    if ours not in heads or theirs not in heads:
+        return None
+    a, b = heads[ours].figures()["median_s"], heads[theirs].figures()["median_s"]
+    if not a or b is None:
+        return None
+    return (
+        f"{heads[theirs].label}: {_seconds(b)} s, {b / a:.1f}x the appliance's "
+        f"{_seconds(a)} s ({heads[ours].label}), medians of the same run"
+    )
+
+
 # --- the table ---------------------------------------------------------------------------------
 
 

@@ -23,7 +23,7 @@ from nvrx_appliance.manifest import Layout
 
 NAME = "spare"
 TITLE = "3 escaped cold spare"
-TARGET_S = 5.0  # admitted -> exit (issue 7; the reference design allows 300 s)
+TARGET_S = 2.5  # admitted -> exit (issue 11, was 5 s in issue 7; the reference design allows 300 s)
 ATTEMPTS_PER_SAMPLE = 3  # a spare escapes only when the scheduler admits it in the window
 
 

@@ -16,7 +16,7 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx_appliance import workload_args
+from nvrx_appliance import lease, workload_args
 
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).
@@ -162,8 +162,12 @@ class ChainSpec:
     )
     rdzv_port: int = _opt(29500, "Rendezvous (TCP store) port on task 0.", "NVRX_RDZV_PORT")
     lease_stale_after: int = _opt(
-        60,
-        "Seconds without a task-0 lease refresh before peers treat task 0 as gone.",
+        # Rides out a 40 s stall of the shared file system (GPFS's failure detection is
+        # 35 s by default) before a live task 0 stops itself; a dead one is replaced about
+        # this long after its death instead of Slurm's SlurmdTimeout (300 s by default).
+        45,
+        "Seconds without a task-0 lease refresh before a peer fences task 0 as dead "
+        "(task 0 stops itself earlier: see README, Task 0's lease).",
         "NVRX_LEASE_STALE_AFTER",
     )
     closed_flag_grace: int = _opt(
@@ -407,6 +411,10 @@ def check(spec: ChainSpec) -> list[Problem]:
     ):
         if getattr(spec, name) < 0:
             bad(name, f"cannot be negative (got {getattr(spec, name)})")
+    if spec.lease_stale_after > 0 and spec.closed_flag_grace >= 0:
+        margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)
+        if margins:
+            bad("lease_stale_after", margins)
     if spec.max_no_progress_cycles < 1:
         bad("max_no_progress_cycles", "must be at least 1")
     if not 1 <= spec.rdzv_port <= 65535:

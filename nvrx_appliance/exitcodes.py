@@ -19,6 +19,7 @@ SEGMENT_MISMATCH = 73  # this node disagrees with task 0's segment decision
 RECORD_TIMEOUT = 74  # task 0 started but never published its record in time
 LAUNCH_FAILED = 75  # ft_launcher could not be started at all
 STOPPED_BY_CLOSED_FLAG = 76  # ft_launcher was running when the closed flag appeared
+SELF_FENCED = 77  # task 0 could not refresh its lease in time and stopped its ft_launcher
 
 ENTRYPOINT_CODES = {
     MANIFEST_INVALID: "run manifest missing, unreadable, of an unknown version, or inconsistent",
@@ -28,6 +29,7 @@ ENTRYPOINT_CODES = {
     RECORD_TIMEOUT: "task 0 started but did not publish its rendezvous record in time",
     LAUNCH_FAILED: "ft_launcher could not be started",
     STOPPED_BY_CLOSED_FLAG: "ft_launcher was stopped because the generation was closed",
+    SELF_FENCED: "task 0 could not refresh its liveness lease and stopped its own ft_launcher",
 }
 
 assert NVRX_NO_RESTART not in ENTRYPOINT_CODES

@@ -140,6 +140,12 @@ class Manifest:
     def layout(self) -> Layout:
         return Layout(Path(self.spec.work_dir))
 
+    @property
+    def chain_id(self) -> str:
+        """What tells this submission from any other in the same work dir: the ledger
+        files entries under it, and every control file of its generations names it."""
+        return self.created
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema": SCHEMA,

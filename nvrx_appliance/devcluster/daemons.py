@@ -1,8 +1,9 @@
 """Starting the cluster's daemons and knowing when each is ready (shell).
 
 Every daemon runs in the foreground of the process we start (no self-daemonising), so
-the pid we record is the daemon's own from the first instant, and a daemon that dies
-during start-up is noticed at once instead of by a timeout.
+the pid we record is the daemon's own from the first instant (for slurmd: its reaping
+parent's, which lives exactly as long), and a daemon that dies during start-up is
+noticed at once instead of by a timeout.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from nvrx_appliance.devcluster.plan import Host, Plan
@@ -245,9 +247,12 @@ def start_slurmctld(plan: Plan) -> subprocess.Popen:
 
 def start_slurmd(plan: Plan, node: Host) -> subprocess.Popen:
     p = plan.paths
+    # Under a reaping parent, as on a node whose init is systemd: a job ends when its
+    # step ends, not when this VM's PID 1 gets round to an orphan (reaper.py).
+    reaper = [sys.executable, "-m", "nvrx_appliance.devcluster.reaper"]
     return spawn(
         plan,
-        [executable("slurmd"), "-D", "-f", str(p.slurm_conf), "-N", node.name],
+        [*reaper, executable("slurmd"), "-D", "-f", str(p.slurm_conf), "-N", node.name],
         p.log / f"slurmd-{node.name}.out",
         host=node,
     )

@@ -17,16 +17,47 @@ from typing import Any
 
 RECORD = "rdzv.json"  # task 0's rendezvous record, published by rename
 LEASE = "task0.lease"  # task 0's liveness lease; its mtime is refreshed while task 0 lives
-CLOSED = "closed"  # the closed flag, written by task 0's teardown trap
+CLOSED = "closed"  # the closed flag: task 0's teardown trap, or a peer that fenced task 0
+# The fence claim: created exclusively by the one peer that ends the generation on the
+# behalf of a task 0 whose lease went stale; whoever fails to create it leaves quietly.
+FENCE = "fence"
 # Written by an entrypoint whose ft_launcher exited 93, before it exits: where the site
 # kills a step on the first bad exit, srun can hand the trap 143 instead of 93, and the
 # flag is the witness that survives that (the seeds measured it).
 NO_RESTART = "no_restart"
 
 RECORD_SCHEMA = "nvrx-appliance/rdzv"
-RECORD_VERSION = 1
+RECORD_VERSION = 2  # 2: the record names its generation
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+
+
+def generation(chain: str, array_job_id: str, submitted: str = "") -> str:
+    """The identity every control file carries: which submission (run.json's chain id),
+    which array job, and when Slurm accepted that array. Array job ids repeat (a rebuilt
+    controller, a wrapped counter); the three together do not."""
+    return f"{chain}/{array_job_id}/{submitted}"
+
+
+def same_generation(theirs: str, ours: str) -> bool:
+    """Chain and array job must match; the submit time too, where both sides know it
+    (a node whose scontrol call timed out does not)."""
+    a, b = theirs.split("/"), ours.split("/")
+    if len(a) != 3 or len(b) != 3 or a[:2] != b[:2]:
+        return False
+    return a[2] == b[2] or not a[2] or not b[2]
+
+
+def foreign(text: str, ours: str) -> bool:
+    """Does this control file name another generation than ours? Another run's closed
+    flag, lease or record, left under a reused array job id, must be ignored, never
+    obeyed. A file that names no generation is not foreign: the gate judges it."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    theirs = data.get("generation") if isinstance(data, dict) else None
+    return isinstance(theirs, str) and not same_generation(theirs, ours)
 
 
 class RecordError(ValueError):
@@ -45,6 +76,7 @@ class Record:
     array_job_id: str
     task_id: int
     job_id: str
+    generation: str  # see generation(): a record of another run is never joined
 
     @property
     def endpoint(self) -> str:
@@ -101,7 +133,7 @@ def decode(text: str) -> Record:
         not isinstance(segment, int) or isinstance(segment, bool) or segment < 1
     ):
         raise RecordError(f"segment {segment!r} is neither null nor a node count >= 1")
-    for name in ("started", "array_job_id", "job_id"):
+    for name in ("started", "array_job_id", "job_id", "generation"):
         if not isinstance(data.get(name), str) or not data[name]:
             raise RecordError(f"field {name!r} is missing or not a string")
     if data.get("task_id") != 0:
@@ -118,6 +150,7 @@ def decode(text: str) -> Record:
         array_job_id=data["array_job_id"],
         task_id=0,
         job_id=data["job_id"],
+        generation=data["generation"],
     )
 
 

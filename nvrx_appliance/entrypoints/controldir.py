@@ -91,25 +91,65 @@ class Clock:
             self.path.unlink()
 
 
-def lease_age(directory: Path, clock: Clock) -> float | None:
+def _ours(path: Path, generation: str) -> gate.FileSeen | None:
+    """The file as read, or None when it is missing or names another generation."""
+    seen = read_file(path)
+    if seen is None or control.foreign(seen.text, generation):
+        return None
+    return seen
+
+
+def lease_age(directory: Path, clock: Clock, generation: str) -> float | None:
+    path = directory / control.LEASE
     try:
-        mtime = os.stat(directory / control.LEASE).st_mtime
+        mtime = os.stat(path).st_mtime
     except FileNotFoundError:
+        return None
+    if _ours(path, generation) is None:
         return None
     return max(0.0, clock.now() - mtime)
 
 
-def observe(directory: Path, clock: Clock) -> gate.Observation:
+def observe(directory: Path, clock: Clock, generation: str) -> gate.Observation:
     return gate.Observation(
         directory=_dir_seen(directory),
-        closed=os.path.lexists(directory / control.CLOSED),
-        lease_age=lease_age(directory, clock),
-        record=read_file(directory / control.RECORD),
+        closed=closed(directory, generation),
+        lease_age=lease_age(directory, clock, generation),
+        record=_ours(directory / control.RECORD, generation),
     )
 
 
-def closed(directory: Path) -> bool:
-    return os.path.lexists(directory / control.CLOSED)
+def closed(directory: Path, generation: str) -> bool:
+    return _ours(directory / control.CLOSED, generation) is not None
+
+
+def lease_holder(directory: Path, generation: str) -> dict:
+    """What task 0 wrote into its lease (host, start, checkpoint), for the fence's
+    ledger entry; {} when unreadable."""
+    seen = _ours(directory / control.LEASE, generation)
+    try:
+        holder = json.loads(seen.text) if seen is not None and seen.is_file else {}
+    except ValueError:
+        return {}
+    return holder if isinstance(holder, dict) else {}
+
+
+def claim_fence(directory: Path, claim: dict) -> bool:
+    """Create the fence claim, exclusively: True for the one caller that created it,
+    False for every other (however many peers race, one fences)."""
+    try:
+        fd = os.open(
+            directory / control.FENCE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+        )
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(claim, sort_keys=True) + "\n")
+    return True
+
+
+def close(directory: Path, flag: dict) -> None:
+    write_atomic(directory / control.CLOSED, json.dumps(flag, sort_keys=True) + "\n", 0o600)
 
 
 def publish(directory: Path, record: control.Record) -> Path:
@@ -133,6 +173,8 @@ class LeaseKeeper:
 
     Never removed: a peer that saw no lease would take task 0 for not started yet and
     wait without a timeout. A lease that stops moving is what tells peers task 0 died.
+    The keeper also knows how long ago its last successful refresh began, so that task 0
+    can stop itself in time when the refreshes fail (lease.py).
     """
 
     def __init__(self, directory: Path, interval: float, holder: dict, warn):
@@ -142,17 +184,28 @@ class LeaseKeeper:
         self.warn = warn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="task0-lease", daemon=True)
+        self._refreshed = time.monotonic()
 
     def start(self) -> None:
+        began = time.monotonic()
         write_atomic(self.path, json.dumps(self.holder, sort_keys=True) + "\n", 0o600)
+        self._refreshed = began
         self._thread.start()
+
+    def unrefreshed_for(self) -> float:
+        return time.monotonic() - self._refreshed
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
+            # Taken before the call: the server stamps the lease at or after this
+            # moment, so the self-fence deadline counts from no later than the stamp.
+            began = time.monotonic()
             try:
                 os.utime(self.path, None)
             except OSError as exc:
                 self.warn(f"could not refresh task 0's lease {self.path}: {exc.strerror}")
+            else:
+                self._refreshed = began
 
     def stop(self) -> None:
         self._stop.set()

@@ -7,7 +7,9 @@ same files. Both are pure; controldir.py reads the files and main.py loops.
 Order matters and is the contract: the closed flag is checked before anything else on
 every poll, because once task 0 is gone the record it left is stale; a stale lease
 counts as a closed flag, since a task 0 whose node died never runs the trap that
-writes one.
+writes one, and the peer that sees it first fences the generation (Leave.fence). Files
+of another run (a reused array job id) never reach these functions: controldir drops
+them on reading.
 """
 
 from __future__ import annotations
@@ -76,14 +78,14 @@ class Join:
 class Leave:
     exit_code: int
     message: str
+    # Task 0's lease went stale: close the generation on its behalf before leaving.
+    fence: bool = False
 
 
 Decision = Wait | Join | Leave
 
 
-def _gone(closed: bool, lease_age: float | None, stale_after: float) -> str | None:
-    if closed:
-        return "the closed flag is present: task 0 has ended this generation"
+def _stale(lease_age: float | None, stale_after: float) -> str | None:
     if lease_age is not None and lease_age > stale_after:
         return (
             f"task 0's liveness lease is {lease_age:.1f} s old (stale after "
@@ -135,9 +137,13 @@ def step(
         return state, Leave(
             exitcodes.RECORD_REFUSED, f"refusing the control directory: it {problem}"
         )
-    gone = _gone(seen.closed, seen.lease_age, limits.lease_stale_after)
-    if gone:
-        return state, Leave(exitcodes.TASK0_GONE, gone)
+    if seen.closed:
+        return state, Leave(
+            exitcodes.TASK0_GONE, "the closed flag is present: task 0 has ended this generation"
+        )
+    stale = _stale(seen.lease_age, limits.lease_stale_after)
+    if stale:
+        return state, Leave(exitcodes.TASK0_GONE, stale, fence=True)
 
     # Anything but a regular file (a planted symlink, say) counts as published, so that
     # it is refused rather than waited on.
@@ -180,14 +186,21 @@ def while_running(
             exitcodes.STOPPED_BY_CLOSED_FLAG,
             "the closed flag appeared: task 0 has ended this generation; stopping ft_launcher",
         )
-    if watch_lease:
-        gone = _gone(False, lease_age, stale_after)
-        if gone:
-            return Leave(exitcodes.TASK0_GONE, f"{gone}; stopping ft_launcher")
+    stale = _stale(lease_age, stale_after) if watch_lease else None
+    if stale:
+        return Leave(exitcodes.TASK0_GONE, f"{stale}; stopping ft_launcher", fence=True)
     return None
 
 
-def lease_refresh_interval(stale_after: float) -> float:
-    """How often task 0 refreshes its lease: several refreshes fit in the stale window,
-    so one slow write on a busy file system never makes a live task 0 look dead."""
-    return max(1.0, min(5.0, stale_after / 6))
+def self_fence(unrefreshed_for: float, deadline: float) -> Leave | None:
+    """Task 0's own verdict, from its own clock alone (no file system call, which may be
+    what hangs): past the deadline its peers may soon call it dead, so it must stop
+    training before a successor can start (lease.py has the margins)."""
+    if unrefreshed_for < deadline:
+        return None
+    return Leave(
+        exitcodes.SELF_FENCED,
+        f"task 0 has not refreshed its liveness lease for {unrefreshed_for:.1f} s (limit "
+        f"{deadline:.0f} s): the shared file system is failing or stalled here, and the "
+        "peers will soon take task 0 for dead; stopping ft_launcher and its workers",
+    )

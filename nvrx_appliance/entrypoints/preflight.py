@@ -105,6 +105,17 @@ def decide(manifest: run_manifest.Manifest, fabric: detect.Fabric) -> detect.Seg
         raise Refused(exitcodes.SEGMENT_MISMATCH, str(exc)) from None
 
 
+# Set by the sbatch: when Slurm accepted this array (scontrol's SubmitTime), shared by
+# every task of it; part of the generation's identity. Empty when scontrol failed.
+SUBMITTED_ENV = "NVRX_ARRAY_SUBMITTED"
+
+
+def generation(manifest: run_manifest.Manifest, node: Node) -> str:
+    return control.generation(
+        manifest.chain_id, node.array_job_id, os.environ.get(SUBMITTED_ENV, "")
+    )
+
+
 def task0_record(
     manifest: run_manifest.Manifest, node: Node, fabric: detect.Fabric
 ) -> control.Record:
@@ -118,6 +129,7 @@ def task0_record(
         array_job_id=node.array_job_id,
         task_id=0,
         job_id=node.job_id,
+        generation=generation(manifest, node),
     )
 
 

@@ -7,6 +7,7 @@
     write lease, publish record          gate: wait for task 0's record, or leave
     ft_launcher (hosts the store)        ft_launcher (dials the store)
               supervised: signals forwarded, closed flag and lease watched
+    stops itself if its lease fails      fences task 0 if its lease goes stale
     exit with ft_launcher's code         exit with ft_launcher's code
 
 Our own failures use the codes in exitcodes.py, never 93.
@@ -14,12 +15,14 @@ Our own failures use the codes in exitcodes.py, never 93.
 
 from __future__ import annotations
 
+import datetime
 import os
+import signal
 import socket
 import time
 from pathlib import Path
 
-from nvrx_appliance import exitcodes
+from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, probe
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
@@ -27,6 +30,7 @@ from nvrx_appliance.entrypoints.preflight import (
     Preflight,
     Refused,
     decide,
+    generation,
     load,
     preflight,
     say,
@@ -34,9 +38,10 @@ from nvrx_appliance.entrypoints.preflight import (
     workload_argv,
 )
 from nvrx_appliance.entrypoints.supervise import Supervisor
+from nvrx_appliance.entrypoints.workloads.tracker import parse_tracker
 
-GATE_POLL_S = 1.0
-RUN_POLL_S = 1.0  # while training: every node stats the shared file system this often
+# Every node stats the shared file system this often, waiting or training.
+GATE_POLL_S = RUN_POLL_S = lease.POLL_S
 WAIT_REPORT_S = 60.0
 # Polls in a row that may fail to read the control dir (its clock probe cannot be
 # created: quota, a read-only mount) before a peer gives up: a minute of a flaky shared
@@ -67,8 +72,52 @@ def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
     return directory
 
 
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def fence(node: Node, directory: Path, token: str, reason: str) -> None:
+    """Close the generation on behalf of a task 0 whose lease went stale: its node died
+    or hangs, and no trap of its own will. Exactly one peer wins the claim; it writes
+    the closed flag at once (every other node and every late spare leaves on it), and
+    its batch script, on the host where Slurm's commands are, cancels task 0's job and
+    the pending spares and writes the ledger entry. Exit 93 stays task 0's decision:
+    the chain is never cancelled here."""
+    if node.task_id == 0:
+        # Another node of task 0's own job: its batch script runs on task 0's node,
+        # which is the one that died, so a claim made here would never be acted on.
+        return
+    holder = controldir.lease_holder(directory, token)
+    claim = {
+        "generation": token,
+        "job_id": node.job_id,
+        "by": node.label,
+        "reason": reason,
+        "time": _now(),
+        "task0_host": holder.get("host", ""),
+        "task0_started": holder.get("started", ""),
+        "checkpoint_start": holder.get("checkpoint_start"),
+    }
+    try:
+        if not controldir.claim_fence(directory, claim):
+            say(f"{node.label}: another peer has already fenced task 0")
+            return
+        flag = {"generation": token, "exit_code": None, "time": claim["time"]}
+        controldir.close(directory, flag | {"reason": f"fenced by {node.label}: {reason}"})
+    except OSError as exc:
+        say(f"could not fence the generation in {directory}: {exc}; nvrx-watch "
+            "(orphaned_generation) is the backstop")  # fmt: skip
+        return
+    say(f"{node.label} fenced task 0: closed flag written; this task's batch script "
+        "cancels task 0's job and this generation's pending spares")  # fmt: skip
+
+
 def gate_loop(
-    manifest: run_manifest.Manifest, node: Node, fabric: detect.Fabric, directory: Path
+    manifest: run_manifest.Manifest,
+    node: Node,
+    fabric: detect.Fabric,
+    directory: Path,
+    token: str,
 ) -> control.Record:
     spec = manifest.spec
     peer = gate.Peer(
@@ -81,11 +130,11 @@ def gate_loop(
     try:
         while True:
             try:
-                seen = controldir.observe(directory, clock)
+                seen = controldir.observe(directory, clock, token)
                 failures = 0
             except OSError as exc:
                 # The closed flag first: it needs no clock, and it ends the wait.
-                if controldir.closed(directory):
+                if controldir.closed(directory, token):
                     raise Refused(
                         exitcodes.TASK0_GONE,
                         f"{node.label}: generation {node.array_job_id} is closed; leaving",
@@ -103,6 +152,8 @@ def gate_loop(
             if isinstance(decision, gate.Join):
                 return decision.record
             if isinstance(decision, gate.Leave):
+                if decision.fence:
+                    fence(node, directory, token, decision.message)
                 raise Refused(decision.exit_code, decision.message)
             if decision.reason.split(" (")[0] != last_reason or (
                 time.monotonic() - reported >= WAIT_REPORT_S
@@ -114,30 +165,61 @@ def gate_loop(
         clock.remove()
 
 
-def watch(manifest: run_manifest.Manifest, node: Node, directory: Path, clock):
-    stale_after = manifest.spec.lease_stale_after
-    watch_lease = not node.hosts_rendezvous
+def watch(
+    manifest: run_manifest.Manifest,
+    node: Node,
+    directory: Path,
+    clock,
+    token: str,
+    keeper: controldir.LeaseKeeper | None,
+):
+    spec = manifest.spec
+    stale_after = spec.lease_stale_after
+    deadline = lease.self_fence_after(stale_after, spec.closed_flag_grace)
+    watch_lease = keeper is None  # task 0 judges its own lease by its own refreshes
 
     def check() -> gate.Leave | None:
-        return gate.while_running(
-            closed=controldir.closed(directory),
-            lease_age=controldir.lease_age(directory, clock) if watch_lease else None,
+        if keeper is not None:
+            # First, and without touching the file system, which may be what hangs.
+            stop = gate.self_fence(keeper.unrefreshed_for(), deadline)
+            if stop:
+                return stop
+        verdict = gate.while_running(
+            closed=controldir.closed(directory, token),
+            lease_age=controldir.lease_age(directory, clock, token) if watch_lease else None,
             watch_lease=watch_lease,
             stale_after=stale_after,
         )
+        if verdict is not None and verdict.fence:
+            fence(node, directory, token, verdict.message)
+        return verdict
 
     return check
+
+
+def checkpoint_start(manifest: run_manifest.Manifest) -> int | None:
+    try:
+        text = files.read_text(manifest.layout.tracker, 64)
+    except OSError:
+        return None
+    return parse_tracker(text) if text is not None else None
 
 
 def publish(pre: Preflight, record: control.Record, directory: Path) -> controldir.LeaseKeeper:
     spec = pre.manifest.spec
     if spec.mode == "no-restart":
         controldir.seed_static_tracker(pre.manifest.layout.static_tracker)
+    holder = {
+        "host": pre.node.hostname,
+        "pid": os.getpid(),
+        "started": record.started,
+        "generation": record.generation,
+        # Where this generation started from: a peer that fences task 0 puts it in the
+        # ledger, so that the burn guard can tell whether the generation trained.
+        "checkpoint_start": checkpoint_start(pre.manifest),
+    }
     keeper = controldir.LeaseKeeper(
-        directory,
-        gate.lease_refresh_interval(spec.lease_stale_after),
-        holder={"host": pre.node.hostname, "pid": os.getpid(), "started": record.started},
-        warn=say,
+        directory, lease.refresh_period(spec.lease_stale_after), holder=holder, warn=say
     )
     keeper.start()  # before the record: a peer never joins a record without a lease
     controldir.publish(directory, record)
@@ -145,7 +227,32 @@ def publish(pre: Preflight, record: control.Record, directory: Path) -> controld
     return keeper
 
 
-def supervise(pre: Preflight, record: control.Record, directory: Path):
+def closer(node: Node, directory: Path, token: str):
+    """Task 0's answer to Slurm's TERM: the generation ends now, whether or not a trap
+    will run (its batch shell may be the one that was killed), so the closed flag goes
+    out at once and the peers leave instead of waiting for the lease to go stale while
+    task 0's ft_launcher shuts down. The trap, if it runs, rewrites it with the exit
+    code; exit 93 and the chain's fate stay the trap's decision."""
+
+    def close(signum: int) -> None:
+        why = f"task 0 ({node.label}) got {signal.Signals(signum).name} from Slurm"
+        try:
+            controldir.close(
+                directory,
+                {"generation": token, "exit_code": None, "reason": why, "time": _now()},
+            )
+        except OSError as exc:
+            say(f"could not write the closed flag on {signal.Signals(signum).name}: {exc}")
+
+    return close
+
+
+def supervise(
+    pre: Preflight,
+    record: control.Record,
+    directory: Path,
+    keeper: controldir.LeaseKeeper | None,
+):
     argv = launch.command(
         pre.manifest,
         record,
@@ -160,10 +267,11 @@ def supervise(pre: Preflight, record: control.Record, directory: Path):
         return Supervisor(
             argv,
             child_env,
-            check=watch(pre.manifest, pre.node, directory, clock),
+            check=watch(pre.manifest, pre.node, directory, clock, record.generation, keeper),
             grace=pre.manifest.spec.closed_flag_grace,
             poll=RUN_POLL_S,
             log=say,
+            on_stop_signal=closer(pre.node, directory, record.generation) if keeper else None,
         ).run()
     except OSError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
@@ -181,10 +289,10 @@ def run(manifest_path: Path | None) -> int:
     if record is not None:
         keeper = publish(pre, record, directory)
     else:
-        record = gate_loop(manifest, node, pre.fabric, directory)
+        record = gate_loop(manifest, node, pre.fabric, directory, generation(manifest, node))
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     try:
-        outcome = supervise(pre, record, directory)
+        outcome = supervise(pre, record, directory, keeper)
     finally:
         if keeper is not None:
             keeper.stop()
@@ -228,6 +336,7 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
             array_job_id=node.array_job_id,
             task_id=0,
             job_id="",
+            generation=generation(manifest, node),
         )
         assumed.append("not task 0: task 0's host and segment decision are placeholders")
     workload = workload_argv(manifest)

@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover - degraded: only the process group is ki
     psutil = None
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+STOPPING = (signal.SIGTERM, signal.SIGINT)  # Slurm ends the job: time limit, scancel, ...
 REAP_S = 2.0  # after SIGKILL, how long we wait for the kernel to reap
 
 # Runs in the child just before it becomes ft_launcher. If this entrypoint dies, even by
@@ -67,8 +68,10 @@ class Supervisor:
         grace: float,
         poll: float,
         log: Callable[[str], None],
+        on_stop_signal: Callable[[int], None] | None = None,
     ):
         self.argv = list(argv)
+        self.on_stop_signal = on_stop_signal
         self.env = env
         self.check = check
         self.grace = grace
@@ -81,8 +84,13 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.child.pid, signum)
 
+    def _signalled(self, signum: int, frame) -> None:
+        self._forward(signum, frame)
+        if signum in STOPPING and self.on_stop_signal is not None:
+            self.on_stop_signal(signum)
+
     def run(self) -> Outcome:
-        previous = {sig: signal.signal(sig, self._forward) for sig in FORWARDED}
+        previous = {sig: signal.signal(sig, self._signalled) for sig in FORWARDED}
         try:
             self.child = subprocess.Popen(
                 [sys.executable, "-c", _TRAMPOLINE, str(os.getpid()), *self.argv],

@@ -17,7 +17,7 @@ from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Manifest
 
 # The variables the sbatch sets for the entrypoint; pyxis only passes named ones through.
-FORWARDED_ENV = ("NVRX_ARRAY_THROTTLE", "NVRX_RUN_MANIFEST")
+FORWARDED_ENV = ("NVRX_ARRAY_THROTTLE", "NVRX_ARRAY_SUBMITTED", "NVRX_RUN_MANIFEST")
 ENTRYPOINT = "nvrx-entrypoint"
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _DIRECTIVE_PLAIN = re.compile(r"[A-Za-z0-9_./:=,%@+-]+")
@@ -181,6 +181,8 @@ def render(
         "host_python": shlex.quote(host_python(manifest)),
         "no_restart": str(exitcodes.NVRX_NO_RESTART),
         "closed_name": control.CLOSED,
+        "fence_name": control.FENCE,
+        "chain_id": shlex.quote(manifest.chain_id),
         "no_restart_name": control.NO_RESTART,
         "task0_gone": str(exitcodes.TASK0_GONE),
         "active_tasks": str(manifest.shape.active_tasks),

@@ -1,4 +1,6 @@
-"""Task 0's teardown decision, run from the generation's EXIT trap after the closed flag.
+"""Task 0's teardown decision, run from the generation's EXIT trap after the closed flag;
+and the host half of a fence, run by the batch script of the peer that fenced a dead
+task 0 (`--fence CLAIM`).
 
 Why Python and why stdlib only: in container mode the batch script runs on the host,
 which may not have this package. The burn guard needs the ledger (JSON lines) and a
@@ -33,6 +35,7 @@ BENIGN_SCANCEL = "Invalid job id specified"
 RELEASED_SPARES = "released_spares"
 CANCELLED_CHAIN = "cancelled_chain"
 BURN_GUARD = "burn_guard"
+FENCED = "fenced"
 NONE = "none"
 
 # The ledger line, one per generation (SEAMS.md); status and the watcher read it.
@@ -124,6 +127,18 @@ def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) ->
     return ["scancel", "--state=PENDING", f"--user={user}", array_job_id]
 
 
+def fence_argvs(*, user: str, array_job_id: str) -> List[List[str]]:
+    """What a fence cancels: task 0's job, which sits on a node that stopped answering
+    (Slurm counts a cancelled job as ended for the singleton dependency at once, while
+    it would otherwise wait for the node to be declared dead), and this generation's
+    pending spares. Scoped to the user and this array; never the chain: whether the
+    chain goes on is task 0's decision (exit 93), and a dead task 0 made none."""
+    return [
+        ["scancel", "--user=" + user, array_job_id + "_0"],
+        ["scancel", "--state=PENDING", "--user=" + user, array_job_id],
+    ]
+
+
 def parse_ledger(text: str) -> List[Dict[str, Any]]:
     """Ledger lines; a torn or foreign line is skipped rather than stopping the teardown."""
     entries = []
@@ -138,8 +153,15 @@ def parse_ledger(text: str) -> List[Dict[str, Any]]:
 
 
 def chain_history(entries: List[Dict[str, Any]], chain: str) -> List[Dict[str, Any]]:
-    """Only this chain's entries: a work dir reused by a later submit starts a new count."""
-    return [e for e in entries if e.get("chain") == chain]
+    """Only this chain's entries: a work dir reused by a later submit starts a new count.
+    One per generation, its last: a fenced task 0 that was alive after all (a partition)
+    writes its own entry after the fencer's, and a generation counts once."""
+    last = {}  # type: Dict[str, Dict[str, Any]]
+    for entry in entries:
+        if entry.get("chain") == chain:
+            last.pop(str(entry["array_job_id"]), None)
+            last[str(entry["array_job_id"])] = entry
+    return list(last.values())
 
 
 def parse_iteration(text: str) -> Optional[int]:
@@ -223,6 +245,102 @@ def _append(path: str, entry: Dict[str, Any]) -> None:
         os.close(fd)
 
 
+def _load_manifest(path: str) -> Dict[str, Any]:
+    distrust = untrusted(path, os.geteuid())
+    if distrust:
+        _log(f"ERROR: ignoring {path} ({distrust}): no burn guard for this generation")
+        return {}
+    try:
+        manifest = json.loads(_read(path) or "{}")
+    except ValueError:
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def _history(path: str, chain: str) -> List[Dict[str, Any]]:
+    ledger_text = _read(path)
+    entries = parse_ledger(ledger_text)
+    skipped = sum(1 for line in ledger_text.splitlines() if line.strip()) - len(entries)
+    if skipped:
+        _log(f"skipped {skipped} unreadable line(s) of the ledger {path}")
+    return chain_history(entries, chain)
+
+
+def _record(path: str, entry: Dict[str, Any]) -> None:
+    try:
+        _append(path, entry)
+    except OSError as exc:
+        _log(f"ERROR: could not append to the ledger {path}: {exc}")
+
+
+def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
+    """The fence claim the entrypoint created, if it is ours to trust."""
+    problem = untrusted(path, uid)
+    if problem:
+        _log(f"ERROR: ignoring the fence claim {path} ({problem})")
+        return None
+    try:
+        claim = json.loads(_read(path) or "null")
+    except ValueError:
+        claim = None
+    return claim if isinstance(claim, dict) else None
+
+
+def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
+    """The host half of a fence: only the job whose entrypoint won the claim acts, so
+    the ledger gets one entry however many peers raced."""
+    claim = _claim(args.fence, os.geteuid())
+    if claim is None or claim.get("job_id") != args.job_id or not args.job_id:
+        return 0
+    reason = "fenced by {}: {}".format(claim.get("by", "a peer"), claim.get("reason", ""))
+    this.update(
+        task0_node=str(claim.get("task0_host", "")),
+        start=str(claim.get("task0_started", "")),
+        exit_code=None,
+        checkpoint_iteration_start=claim.get("checkpoint_start"),
+        action=FENCED,
+        reason=reason,
+    )
+    _log(reason + "; cancelling task 0's job and this generation's pending spares")
+    ok = bool(args.user) and bool(args.array_job_id)
+    if ok:
+        results = [_scancel(a) for a in fence_argvs(user=args.user, array_job_id=args.array_job_id)]
+        ok = all(results)
+    else:
+        _log("ERROR: user or array job id unknown: nothing cancelled")
+    this["scancel_ok"] = ok
+    _record(args.ledger, this)
+    return 0
+
+
+def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) -> int:
+    history = _history(args.ledger, this["chain"])
+    action, reason = decide(
+        args.exit_code, history, this, burn_guard, bool(args.no_restart_witness)
+    )
+    job_name = this["job_name"]
+    if not job_name or not args.user:
+        action, reason = NONE, "job name or user unknown: refusing to scancel by name"
+    _log(reason)
+
+    ok = True
+    if action != NONE:
+        ok = _scancel(
+            scancel_argv(action, job_name=job_name, user=args.user, array_job_id=args.array_job_id)
+        )
+    this.update(action=action, reason=reason, scancel_ok=ok)
+    _record(args.ledger, this)
+    if action in (CANCELLED_CHAIN, BURN_GUARD) and ok and args.marker:
+        # The chain ended on purpose: the watcher must not page "chain exhausted".
+        try:
+            os.unlink(args.marker)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log(f"could not remove the chain marker {args.marker}: {exc}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-teardown")
     for name in (
@@ -236,68 +354,33 @@ def main(argv: Optional[List[str]] = None) -> int:
         "task0-node",
         "start",
         "checkpoint-start",
+        "fence",
+        "job-id",
     ):
-        parser.add_argument(f"--{name}", default="")
-    parser.add_argument("--exit-code", type=int, required=True)
+        parser.add_argument("--" + name, default="")
+    parser.add_argument("--exit-code", type=int)
     parser.add_argument("--no-restart-witness", type=int, default=0)
     args = parser.parse_args(argv)
+    if not args.fence and args.exit_code is None:
+        parser.error("--exit-code is required (or --fence CLAIM)")
 
-    distrust = untrusted(args.run_json, os.geteuid())
-    if distrust:
-        _log(f"ERROR: ignoring {args.run_json} ({distrust}): no burn guard for this generation")
-    try:
-        manifest = json.loads("{}" if distrust else _read(args.run_json) or "{}")
-    except ValueError:
-        manifest = {}
+    manifest = _load_manifest(args.run_json)
     spec = manifest.get("spec", {})
-    burn_guard = int(spec.get("burn_guard", 0))
-    job_name = args.job_name or spec.get("job_name", "")
-    chain = str(manifest.get("created", ""))
-
     this = {
         "array_job_id": args.array_job_id,
-        "job_name": job_name,
+        "job_name": args.job_name or spec.get("job_name", ""),
         "task0_node": args.task0_node,
         "start": args.start,
         "end": _now(),
         "exit_code": args.exit_code,
         "checkpoint_iteration": parse_iteration(_read(args.tracker)),
         "checkpoint_iteration_start": parse_iteration(args.checkpoint_start),
-        "chain": chain,
+        "chain": str(manifest.get("created", "")),
         "mode": spec.get("mode", ""),
     }
-    ledger_text = _read(args.ledger)
-    entries = parse_ledger(ledger_text)
-    skipped = sum(1 for line in ledger_text.splitlines() if line.strip()) - len(entries)
-    if skipped:
-        _log(f"skipped {skipped} unreadable line(s) of the ledger {args.ledger}")
-    history = chain_history(entries, chain)
-    action, reason = decide(
-        args.exit_code, history, this, burn_guard, bool(args.no_restart_witness)
-    )
-    if not job_name or not args.user:
-        action, reason = NONE, "job name or user unknown: refusing to scancel by name"
-    _log(reason)
-
-    ok = True
-    if action != NONE:
-        ok = _scancel(
-            scancel_argv(action, job_name=job_name, user=args.user, array_job_id=args.array_job_id)
-        )
-    this.update(action=action, reason=reason, scancel_ok=ok)
-    try:
-        _append(args.ledger, this)
-    except OSError as exc:
-        _log(f"ERROR: could not append to the ledger {args.ledger}: {exc}")
-    if action in (CANCELLED_CHAIN, BURN_GUARD) and ok and args.marker:
-        # The chain ended on purpose: the watcher must not page "chain exhausted".
-        try:
-            os.unlink(args.marker)
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            _log(f"could not remove the chain marker {args.marker}: {exc}")
-    return 0
+    if args.fence:
+        return fence(args, this)
+    return teardown(args, this, int(spec.get("burn_guard", 0)))
 
 
 if __name__ == "__main__":

@@ -48,9 +48,14 @@ def test_exit_93_cancels_every_queued_generation(cluster: Cluster):
         assert not any(ran(r) for r in records.values())
     # The first generation's own cold spare (task 2) was cancelled, or, when the hot
     # spare's exit let the throttle admit it just before task 0's trap ran, it left on
-    # the closed flag (71 before its ft_launcher started, 76 after) without training.
+    # the closed flag (71 before its ft_launcher started, 76 after), or its ft_launcher
+    # reached the closing rendezvous and NVRx told it too not to restart (93): never
+    # training (the progress check below).
     spare = gen1[2]
-    assert state(spare) == "CANCELLED" or spare["ExitCode"] in ("71:0", "76:0"), spare
+    left = ("71:0", "76:0", "93:0")
+    assert state(spare) == "CANCELLED" or spare["ExitCode"] in left, spare
+    starts = [e for e in progress(work) if e["event"] == "start"]
+    assert not [e for e in starts if e.get("host") == spare["NodeList"] and e.get("cycle", 0) > 0]
     assert squeue_ids(cluster, name) == []
     # On disk: only the first generation ever trained, and it saw the fault.
     generations = {e.get("slurm_array_job_id") for e in progress(work) if e["event"] == "start"}

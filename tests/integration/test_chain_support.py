@@ -56,9 +56,12 @@ def wait_idle(cluster: Cluster, name: str, timeout: float) -> None:
 
 
 def tasks(cluster: Cluster, array_job_id: str) -> dict[int, dict[str, str]]:
-    """sacct's record of each task of one generation (pending ranges expanded)."""
+    """sacct's record of each task of one generation (pending ranges expanded). A task's
+    own record wins over a pending range: accounting may still list the range that held
+    it (e.g. `7_[0-3%3]`) after the task has started."""
     out: dict[int, dict[str, str]] = {}
-    for record in cluster.sacct(array_job_id):
+    records = cluster.sacct(array_job_id)
+    for record in sorted(records, key=lambda r: "[" not in r["JobID"]):
         _, _, task = record["JobID"].partition("_")
         body = task.strip("[]").split("%")[0]
         for part in body.split(","):

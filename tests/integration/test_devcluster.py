@@ -117,6 +117,27 @@ def test_gpu_stand_ins_are_scheduled_like_gpus(cluster: Cluster):
     assert too_many.returncode != 0
 
 
+def test_an_orphan_a_job_step_leaves_is_reaped_on_its_node_not_by_this_machines_init(
+    cluster: Cluster,
+):
+    # As on a systemd node: orphans of a job go to a reaper on the node, so the job ends
+    # when its step does (this VM's PID 1 reaps late, and slurmstepd waits for it).
+    work = cluster.workdir("orphan")
+    pid_file = work / "orphan.pid"
+    job = cluster.sbatch(
+        "--job-name", unique("orphan"), "-o", f"{work}/%j.out",
+        "--wrap", f"srun sh -c 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}'",
+    )  # fmt: skip
+    cluster.wait_finished(job, 1, timeout=60)
+    orphan = int(pid_file.read_text())
+    try:
+        status = Path(f"/proc/{orphan}/status").read_text()
+        parent = int(next(x for x in status.splitlines() if x.startswith("PPid:")).split()[1])
+        assert "nvrx_appliance.devcluster.reaper" in " ".join(procs.cmdline(parent))
+    finally:
+        os.kill(orphan, signal.SIGKILL)
+
+
 def test_up_on_a_healthy_cluster_changes_nothing(cluster: Cluster):
     before = json.loads(cluster_cli("status", "--json").stdout)
     again = cluster_cli("up")

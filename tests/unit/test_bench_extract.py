@@ -236,8 +236,18 @@ def test_an_in_job_restart_without_nvrxs_log_is_dropped_naming_it():
 
 def test_handoff_overhead_leaves_out_the_floor_and_the_workloads_restore():
     sample = extract.handoff_sample(handoff_seen())  # 30.7 s, of it 0.5 s restore, 19 s detection
-    metrics = {m.label: m for m in handoff.metrics([sample], floor=1.2)}
+    metrics = {m.label: m for m in handoff.metrics([sample], 1.2, "node death", None)}
     overhead = metrics["overhead beyond floor and restore"]
     assert overhead.samples == [pytest.approx(29.0)]
     assert overhead.met() is False  # 3 s target
     assert metrics["of which not Slurm's node-failure detection"].samples == [pytest.approx(10.0)]
+
+
+def test_the_hand_off_target_is_the_lease_the_floor_and_six_seconds():
+    # Issue 11: a dead task 0 is fenced one lease after its death; what follows is the
+    # scheduler and the successor's start.
+    assert handoff.target(None) is None
+    assert handoff.target(1.0) == pytest.approx(handoff.LEASE_S + 7.0)
+    sample = extract.handoff_sample(handoff_seen())  # 30.7 s
+    [total, *_] = handoff.metrics([sample], 1.0, "node death", handoff.target(1.0))
+    assert total.label == "node death -> successor's first step" and total.met() is False

@@ -6,7 +6,7 @@ import pytest
 
 from bench import readme, report
 from bench.__main__ import _one, parse_args
-from bench.report import FLOOR_LABEL, Metric, Result
+from bench.report import FLOOR_LABEL, Metric, Result, versus
 
 
 def results() -> list[Result]:
@@ -72,7 +72,17 @@ def test_readme_with_torn_markers_is_refused():
 def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
     assert parse_args(["--only", "restart,handoff"]).chosen == ["floor", "handoff", "restart"]
     assert parse_args(["--only", "watcher"]).chosen == ["watcher"]
-    assert parse_args([]).chosen == ["floor", "handoff", "spare", "norestart", "restart", "watcher"]
+    everything = [
+        "floor",
+        "handoff",
+        "sigkill",
+        "seeds",
+        "spare",
+        "norestart",
+        "restart",
+        "watcher",
+    ]
+    assert parse_args([]).chosen == everything
 
 
 @pytest.mark.parametrize(
@@ -124,3 +134,11 @@ def test_a_scenario_that_fails_midway_keeps_what_it_measured():
     text = report.table([result])
     assert "| 2 hand-off | FAILED: TimeoutError" in text
     assert "| total | 1 | 21.00 |" in text
+
+
+def test_the_seeds_design_is_held_against_the_appliance_on_the_same_failure():
+    ours = Result("handoff", "2", metrics=[Metric("node death -> first step", [17.0, 18.0, 19.0])])
+    theirs = Result("seeds", "2c", metrics=[Metric("node death (seeds)", [300.0, 306.0, 340.0])])
+    line = versus([ours, theirs], "handoff", "seeds")
+    assert line.startswith("node death (seeds): 306.00 s, 17.0x the appliance's 18.00 s")
+    assert versus([ours], "handoff", "seeds") is None

@@ -1,5 +1,7 @@
 """The peer gate as a state machine: what a node does for each state of the control dir."""
 
+import json
+import multiprocessing
 import os
 
 import pytest
@@ -120,10 +122,15 @@ def test_a_control_dir_of_another_user_is_refused():
     assert decision.exit_code == exitcodes.RECORD_REFUSED
 
 
-def test_a_stale_lease_means_task_0_died_without_its_trap():
+def test_a_stale_lease_means_task_0_died_without_its_trap_and_must_be_fenced():
     _, decision = decide(seen(lease_age=61, text=control.encode(record())))
-    assert decision.exit_code == exitcodes.TASK0_GONE
+    assert decision.exit_code == exitcodes.TASK0_GONE and decision.fence
     assert "lease is 61.0 s old" in decision.message
+
+
+def test_a_closed_flag_is_left_on_without_fencing():
+    _, decision = decide(seen(closed=True, lease_age=61))
+    assert decision.exit_code == exitcodes.TASK0_GONE and not decision.fence
 
 
 def test_a_node_on_task_0s_old_host_refuses_to_host_the_rendezvous():
@@ -185,10 +192,13 @@ def _generation_dir(tmp_path, array_job_id):
     return directory
 
 
-def _observe(directory):
+OURS = control.generation(support.CHAIN, "4242", "2026-01-01T00:00:00")
+
+
+def _observe(directory, generation=OURS):
     clock = controldir.Clock(directory, "test")
     try:
-        return controldir.observe(directory, clock)
+        return controldir.observe(directory, clock, generation)
     finally:
         clock.remove()
 
@@ -244,3 +254,63 @@ def test_the_lease_age_is_judged_by_the_file_systems_clock(tmp_path):
     os.utime(directory / control.LEASE, (old, old))
     _, decision = gate.step(gate.Waiting(), _observe(directory), 0.0, _me(), LIMITS)
     assert decision.exit_code == exitcodes.TASK0_GONE
+
+
+def test_a_running_peer_that_finds_the_lease_stale_fences_and_one_that_sees_the_flag_does_not():
+    stale = gate.while_running(closed=False, lease_age=61, watch_lease=True, stale_after=60)
+    assert stale.exit_code == exitcodes.TASK0_GONE and stale.fence
+    flagged = gate.while_running(closed=True, lease_age=61, watch_lease=True, stale_after=60)
+    assert flagged.exit_code == exitcodes.STOPPED_BY_CLOSED_FLAG and not flagged.fence
+
+
+def test_task_0_stops_itself_once_its_lease_has_gone_unrefreshed_past_the_deadline():
+    assert gate.self_fence(unrefreshed_for=4.9, deadline=5) is None
+    stop = gate.self_fence(unrefreshed_for=5.0, deadline=5)
+    assert stop.exit_code == exitcodes.SELF_FENCED and not stop.fence
+    assert "stopping ft_launcher" in stop.message
+
+
+# --- files of another run under a reused array job id (issue 15.3) ----------------------
+
+
+def test_another_runs_flag_lease_and_record_under_a_reused_job_id_are_not_seen(tmp_path):
+    directory = _generation_dir(tmp_path, "4242")
+    other = control.generation("2025-06-01T00:00:00Z", "4242", "2025-06-01T00:00:00")
+    _publish(directory, record(host="oldhost", generation=other))
+    (directory / control.LEASE).write_text(json.dumps({"generation": other}) + "\n")
+    old = os.stat(directory / control.LEASE).st_mtime - 600
+    os.utime(directory / control.LEASE, (old, old))
+    (directory / control.CLOSED).write_text(json.dumps({"generation": other}) + "\n")
+
+    observed = _observe(directory)
+    assert (observed.closed, observed.lease_age, observed.record) == (False, None, None)
+    # So a peer that starts before the new task 0 waits for it, without a timeout.
+    _, decision = gate.step(gate.Waiting(), observed, 0.0, _me(), LIMITS)
+    assert isinstance(decision, gate.Wait) and "not started yet" in decision.reason
+    # The same files of this generation would have sent it away.
+    assert _observe(directory, other).closed
+
+
+def test_the_same_array_job_submitted_again_is_another_generation():
+    ours = control.generation("c1", "4242", "2026-01-01T00:00:00")
+    assert control.same_generation(ours, ours)
+    assert not control.same_generation(
+        control.generation("c1", "4242", "2026-02-01T00:00:00"), ours
+    )
+    assert not control.same_generation(
+        control.generation("c2", "4242", "2026-01-01T00:00:00"), ours
+    )
+    # A node whose scontrol failed knows no submit time: chain and array job decide.
+    assert control.same_generation(control.generation("c1", "4242"), ours)
+    assert not control.same_generation("garbage", ours)
+
+
+def test_only_one_of_many_racing_peers_wins_the_fence_claim(tmp_path):
+    directory = _generation_dir(tmp_path, "4242")
+    with multiprocessing.get_context("fork").Pool(8) as pool:
+        won = pool.starmap(
+            controldir.claim_fence, [(directory, {"job_id": str(n)}) for n in range(32)]
+        )
+    assert won.count(True) == 1
+    claim = json.loads((directory / control.FENCE).read_text())
+    assert claim["job_id"] == str(won.index(True))

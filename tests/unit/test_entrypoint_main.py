@@ -6,6 +6,7 @@ task per node (a stand-in named as such); ft_launcher and the workload are the r
 
 import json
 import os
+import shutil
 import signal
 import socket
 import stat
@@ -301,11 +302,12 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp
         stop(proc)
 
 
-def test_a_peer_whose_task_0_died_without_a_trap_leaves_when_the_lease_goes_stale(tmp_path):
-    grace, stale = 1, 3
+def test_a_peer_whose_task_0_died_without_a_trap_fences_it_when_the_lease_goes_stale(tmp_path):
+    grace, stale = 1, 5
     run_json = write_manifest(tmp_path, closed_flag_grace=grace, lease_stale_after=stale)
     directory = publish_as_task_0(run_json, DEAD_HOST)
-    task0 = controldir.LeaseKeeper(directory, 0.5, holder={}, warn=print)
+    holder = {"host": "node1", "started": "2026-01-01T00:00:01+00:00", "checkpoint_start": 40}
+    task0 = controldir.LeaseKeeper(directory, 0.5, holder=holder, warn=print)
     task0.start()
     proc = start_peer(run_json)
     try:
@@ -314,11 +316,106 @@ def test_a_peer_whose_task_0_died_without_a_trap_leaves_when_the_lease_goes_stal
         died = time.monotonic()
         assert proc.wait(timeout=30) == exitcodes.TASK0_GONE
         assert time.monotonic() - died <= stale + 1 + grace + 2
-        assert "lease" in proc.stderr.read()
+        assert "fenced task 0" in proc.stderr.read()
         assert not launcher.is_running()
+        # The generation is closed on task 0's behalf, for every node and late spare...
+        flag = json.loads((directory / control.CLOSED).read_text())
+        assert (
+            flag["generation"] == f"{support.CHAIN}/700/" and "fenced by task 1" in flag["reason"]
+        )
+        # ...and the claim tells this job's batch script to cancel task 0's job.
+        claim = json.loads((directory / control.FENCE).read_text())
+        assert (claim["job_id"], claim["task0_host"], claim["checkpoint_start"]) == (
+            "701",
+            "node1",
+            40,
+        )
     finally:
         task0.stop()
         stop(proc)
+
+
+def test_a_task_0_whose_lease_writes_fail_stops_its_workers_before_the_lease_is_stale(tmp_path):
+    # The partition case: task 0 is alive and trains, but the shared file system refuses
+    # its lease refreshes (an immutable file refuses them even to root).
+    if shutil.which("chattr") is None or os.geteuid() != 0:
+        pytest.skip("needs root and chattr (e2fsprogs) to make the lease refuse writes")
+    grace, stale = 1, 5
+    run_json = write_manifest(
+        tmp_path, closed_flag_grace=grace, lease_stale_after=stale, mode="train"
+    )
+    proc = subprocess.Popen(
+        [*ENTRYPOINT, "--manifest", str(run_json)],
+        env=srun_stand_in(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lease = control_dir(run_json) / control.LEASE
+    frozen = False
+    try:
+        launcher = ft_launcher_of(proc)
+        workers = wait_for_workers(launcher)
+        frozen = subprocess.run(["chattr", "+i", str(lease)], check=False).returncode == 0
+        if not frozen:
+            pytest.skip(f"this file system cannot make {lease} immutable")
+        assert proc.wait(timeout=60) == exitcodes.SELF_FENCED
+        stopped_at = fs_now(tmp_path)
+        assert "not refreshed its liveness lease" in proc.stderr.read()
+        assert not any(alive(p) for p in [launcher, *workers])
+        # Everything was down while a peer would still have judged task 0 alive.
+        assert stopped_at - lease.stat().st_mtime < stale
+    finally:
+        if frozen:
+            subprocess.run(["chattr", "-i", str(lease)], check=False)
+        stop(proc)
+
+
+def test_task_0_told_to_stop_by_slurm_closes_the_generation_at_once(tmp_path):
+    # Its batch shell may be what died (no trap will run): without the flag, the peers
+    # would wait for the lease to go stale while task 0's ft_launcher shuts down.
+    run_json = write_manifest(tmp_path, mode="train")
+    proc = subprocess.Popen(
+        [*ENTRYPOINT, "--manifest", str(run_json)],
+        env=srun_stand_in(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        ft_launcher_of(proc)
+        flag = control_dir(run_json) / control.CLOSED
+        assert not flag.exists()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        assert code not in (exitcodes.NVRX_NO_RESTART, exitcodes.STOPPED_BY_CLOSED_FLAG)
+        closed = json.loads(flag.read_text())
+        assert closed["generation"] == f"{support.CHAIN}/700/"
+        assert "got SIGTERM from Slurm" in closed["reason"]
+    finally:
+        stop(proc)
+
+
+def alive(process) -> bool:
+    """Running, and not a zombie that only waits for this machine's init to reap it."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_for_workers(launcher) -> list:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        workers = [
+            c for c in launcher.children(recursive=True) if "workloads.cpu" in " ".join(c.cmdline())
+        ]
+        if workers:
+            return workers
+        time.sleep(0.1)
+    raise AssertionError("the workers never started")
+
+
+def fs_now(directory: Path) -> float:
+    """The file system's clock, as the peers read it."""
+    probe = directory / ".now"
+    probe.touch()
+    os.utime(probe, None)
+    return probe.stat().st_mtime
 
 
 def test_a_peer_on_task_0s_old_node_never_starts_ft_launcher(tmp_path):
@@ -386,7 +483,8 @@ def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives
 
     monkeypatch.setattr(runner.time, "sleep", pause)
     with pytest.raises(runner.Refused) as refused:
-        runner.gate_loop(m, peer, detect.Fabric(cluster_uuid=None, reason="none"), directory)
+        fabric = detect.Fabric(cluster_uuid=None, reason="none")
+        runner.gate_loop(m, peer, fabric, directory, control.generation(support.CHAIN, "700"))
     if closed:
         assert refused.value.exit_code == exitcodes.TASK0_GONE and polls == []
     else:

@@ -97,7 +97,7 @@ def test_pyxis_runs_the_entrypoint_in_the_image_with_the_work_dir_mounted_by_def
     assert "--container-mounts=/shared/alice/run:/shared/alice/run" in srun
     assert "--no-container-mount-home" in srun
     assert "--container-name=nvrx_${ARRAY_JOB_ID}_${TASK_ID}" in srun
-    assert "--container-env=NVRX_ARRAY_THROTTLE,NVRX_RUN_MANIFEST" in srun
+    assert "--container-env=NVRX_ARRAY_THROTTLE,NVRX_ARRAY_SUBMITTED,NVRX_RUN_MANIFEST" in srun
     assert srun[-3:] == ["nvrx-entrypoint", "--manifest", f"{WORK}/run.json"]
 
 
@@ -151,7 +151,8 @@ def test_the_script_is_self_contained_and_arms_the_trap_before_anything_can_fail
 
 def test_a_spare_checks_the_closed_flag_before_starting_a_container():
     text = _script(_manifest(image="/img/a.sqsh", runtime="pyxis"))
-    assert text.index("elif [[ -e $CLOSED ]]") < text.index("--container-image")
+    check = text.index('grep -qsF "\\"generation\\": \\"$GENERATION\\"" "$CLOSED"')
+    assert check < text.index("--container-image")
     assert "exit 71" in text  # TASK0_GONE, never 93
 
 

@@ -291,3 +291,75 @@ def test_every_slurm_call_of_the_batch_script_is_bounded_by_a_timeout():
     pattern = r"(?:^\s*|\$\()((?:" + re.escape(bounded) + r")?(?:scancel|scontrol|squeue|sacct))\b"
     calls = re.findall(pattern, text, flags=re.MULTILINE)
     assert len(calls) == 3 and all(call.startswith(bounded) for call in calls), calls
+
+
+# --- a peer's batch script: the closed flag of its own generation, and the fence -----------
+
+
+def _as_peer(env, job_id="502"):
+    return env | {"SLURM_ARRAY_TASK_ID": "2", "SLURM_JOB_ID": job_id}
+
+
+def _control(work):
+    directory = work / "nvrx" / "500" / "control"
+    directory.mkdir(parents=True, mode=0o700)
+    return directory
+
+
+@pytest.mark.parametrize(
+    "generation, leaves", [("chain-1/500/", True), ("chain-0/500/2025-06-01T00:00:00", False)]
+)
+def test_a_late_spare_leaves_on_its_own_generations_flag_and_not_on_another_runs(
+    tmp_path, generation, leaves
+):
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    flag = {"exit_code": None, "generation": generation, "reason": "fenced by task 1"}
+    (_control(work) / "closed").write_text(json.dumps(flag) + "\n")
+    done = subprocess.run(["bash", str(script)], env=_as_peer(env), capture_output=True, text=True)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    started = any(call.startswith("srun ") for call in calls)
+    assert (done.returncode, started) == ((71, False) if leaves else (0, True)), done.stdout
+
+
+def _fence_claim(work, job_id):
+    claim = {"generation": "chain-1/500/", "job_id": job_id, "by": "task 1 node 0 (node2)",
+             "reason": "task 0's liveness lease is 16.0 s old", "task0_host": "node1",
+             "task0_started": "2026-01-01T00:00:01+00:00", "checkpoint_start": 40}  # fmt: skip
+    path = _control(work) / "fence"
+    path.write_text(json.dumps(claim) + "\n")
+    path.chmod(0o600)
+
+
+def test_the_peer_that_won_the_fence_cancels_task_0_and_the_pending_spares_and_records_it_once(
+    tmp_path,
+):
+    script, work, env = _prepare(tmp_path, srun_exit=71)
+    _fence_claim(work, job_id="502")
+    (work / "checkpoints").mkdir()
+    (work / "checkpoints" / "latest_checkpointed_iteration.txt").write_text("40\n")
+    # The winner, and another peer of the same generation that also saw the stale lease.
+    for job_id in ("502", "501"):
+        done = subprocess.run(
+            ["bash", str(script)], env=_as_peer(env, job_id), capture_output=True, text=True
+        )
+        assert done.returncode == 71  # the entrypoint's own code, untouched
+    calls, ledger = _outcome(tmp_path, work)
+    scancels = [call for call in calls if call.startswith("scancel")]
+    assert scancels == ["scancel --user=alice 500_0", "scancel --state=PENDING --user=alice 500"]
+    [entry] = ledger
+    assert (entry["action"], entry["array_job_id"], entry["task0_node"]) == (
+        "fenced",
+        "500",
+        "node1",
+    )
+    assert entry["exit_code"] is None and entry["scancel_ok"] is True
+    assert "fenced by task 1" in entry["reason"]
+    # It did not train after all: it counts as burnt for the burn guard.
+    assert teardown.burnt(entry)
+
+
+def test_a_fenced_generation_whose_task_0_ends_after_all_counts_once_for_the_burn_guard():
+    fenced = _entry(None, 5, 5, chain="c1") | {"action": "fenced"}
+    own = _entry(143, 5, 5, chain="c1")
+    assert teardown.chain_history([fenced, own], "c1") == [own]
+    assert teardown.consecutive_burnt(teardown.chain_history([fenced, own], "c1")) == 1

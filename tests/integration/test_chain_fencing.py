@@ -1,0 +1,164 @@
+"""Fencing: when task 0's node dies, a peer closes the generation on its behalf one lease
+after the death, and the successor starts before Slurm has even noticed the node.
+
+Two hot spares and a cold spare may each see task 0's lease go stale: one fences, and
+the ledger records the fence once. (Which one varies: the hot spares' ft_launchers may
+give up on the dead store first, and the throttle then admits the cold spare, which
+finds the stale lease in its gate.) The exclusive claim itself is raced by 32
+processes in tests/unit/test_entrypoint_gate.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import re
+import subprocess
+
+import pytest
+
+from nvrx_appliance.slurm.demo import QUICK
+
+from .conftest import Cluster, cluster_cli
+from .test_chain_support import (
+    cli,
+    ledger,
+    logs_on_failure,
+    ran,
+    state,
+    submit,
+    tasks,
+    unique,
+    wait_event,
+    wait_idle,
+    wait_ledger,
+)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
+
+GENERATION_S = 240
+# Short, so that the fence comes well before Slurm's node-failure detection (about 20 s
+# on this cluster); the grace shortened with it to keep task 0's self-fence margin.
+LEASE = ("--lease-stale-after", "5", "--closed-flag-grace", "1")
+DOWN_S = 120  # SlurmdTimeout and the ping period, with room
+
+
+def _slurm_time(text: str) -> datetime.datetime:
+    return datetime.datetime.fromisoformat(text)
+
+
+def _marked_down_at(cluster: Cluster, node: str) -> datetime.datetime:
+    """When slurmctld declared the node dead (the stamp of its "Not responding" reason)."""
+
+    def stamp():
+        out = cluster.slurm("scontrol", "-o", "show", "node", node).stdout
+        found = re.search(r"Reason=Not responding \[\S+@(\S+)\]", out)
+        return _slurm_time(found.group(1)) if found and "DOWN" in out else None
+
+    return cluster.wait_until(stamp, DOWN_S, f"Slurm to mark {node} down", 0.5)
+
+
+def test_a_peer_fences_a_dead_task_0_once_and_the_successor_starts_before_slurm_notices(
+    cluster: Cluster,
+):
+    work = cluster.workdir("fence")
+    name = unique("fence")
+    first, second = submit(
+        cluster, work, name, *LEASE,
+        "--mode", "train", "--train-tasks", "1", "--hot-spares", "2", "--cold-spares", "1",
+        "--depth", "2",
+    )  # fmt: skip
+    victim = ""
+    try:
+        wait_event(
+            work,
+            lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == first,
+            GENERATION_S,
+            f"a checkpoint of generation {first}",
+        )
+        victim = tasks(cluster, first)[0]["NodeList"]
+        assert cluster_cli("kill-node", victim).returncode == 0
+
+        wait_event(
+            work,
+            lambda e: e["event"] == "step" and e.get("slurm_array_job_id") == second,
+            GENERATION_S,
+            f"generation {second} to train",
+        )
+        down = _marked_down_at(cluster, victim)
+        # Accounting lags the controller: wait until it has the successor's start.
+        successor = cluster.wait_until(
+            lambda: next((r for r in [tasks(cluster, second)[0]] if ran(r)), None),
+            60,
+            f"accounting to record {second}_0's start",
+        )
+        assert successor["NodeList"] != victim
+        assert _slurm_time(successor["Start"]) < down, logs_on_failure(work)
+
+        # Task 0's job was cancelled by the fence, not ended by Slurm's node failure.
+        gen1 = tasks(cluster, first)
+        assert state(gen1[0]) == "CANCELLED", gen1[0]
+        # Two hot spares saw the stale lease; one fence, one ledger entry.
+        fenced = [e for e in wait_ledger(work, 1, 60) if e["array_job_id"] == first]
+        assert [e["action"] for e in fenced] == ["fenced"], ledger(work)
+        assert fenced[0]["scancel_ok"] is True and fenced[0]["task0_node"] == victim
+        # The cold spare never trained in the dead generation: cancelled while pending,
+        # or admitted late (the hot spares' ft_launchers may give up on the dead store
+        # before the lease is stale) and gone before starting ft_launcher: on the closed
+        # flag, or fencing task 0 itself from the gate.
+        cold = gen1[3]
+        if ran(cold):
+            [log] = (work / "logs").glob(f"*-{first}_3.out")
+            assert "joins rendezvous" not in log.read_text(), logs_on_failure(work)
+            assert state(cold) != "COMPLETED"
+        else:
+            assert state(cold) == "CANCELLED"
+    finally:
+        cli(cluster, "cancel", name)
+        if victim:
+            assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
+        wait_idle(cluster, name, timeout=90)
+
+
+def test_a_partitioned_task_0_stops_itself_before_its_lease_is_stale_and_the_chain_goes_on(
+    cluster: Cluster,
+):
+    # Task 0 alive, but the shared file system refuses its lease refreshes (an immutable
+    # file refuses them even to root): it must stop training before any peer may call
+    # it dead, and its own trap then closes the generation as after any failure.
+    work = cluster.workdir("partition")
+    name = unique("partition")
+    first, second = submit(
+        cluster, work, name,
+        "--mode", "train", "--train-tasks", "1", "--hot-spares", "1", "--cold-spares", "0",
+        "--depth", "2",
+    )  # fmt: skip
+    lease = work / "nvrx" / first / "control" / "task0.lease"
+    frozen = False
+    try:
+        wait_event(
+            work,
+            lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == first,
+            GENERATION_S,
+            f"a checkpoint of generation {first}",
+        )
+        frozen = subprocess.run(["chattr", "+i", str(lease)], check=False).returncode == 0
+        if not frozen:
+            pytest.skip(f"the cluster's work root cannot make {lease} immutable")
+        [entry] = [e for e in wait_ledger(work, 1, 120) if e["array_job_id"] == first]
+        assert (entry["exit_code"], entry["action"]) == (77, "released_spares"), entry
+        # Task 0 was done (its trap ran after ft_launcher and the workers stopped) while
+        # its lease was still fresh enough for every peer to believe it alive.
+        stale_at = lease.stat().st_mtime + QUICK["lease_stale_after"]
+        ended = datetime.datetime.fromisoformat(entry["end"].replace("Z", "+00:00"))
+        assert ended.timestamp() <= stale_at + 1  # the ledger keeps whole seconds
+        wait_event(
+            work,
+            lambda e: e["event"] == "step" and e.get("slurm_array_job_id") == second,
+            GENERATION_S,
+            f"generation {second} to train",
+        )
+    finally:
+        if frozen:
+            subprocess.run(["chattr", "-i", str(lease)], check=False)
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)
