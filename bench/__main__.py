@@ -2,7 +2,7 @@
 
     python -m bench                               # everything, 5 samples each
     python -m bench --only handoff --repeat 5     # a partial run
-    python -m bench --readme                      # and refresh the README's table
+    python -m bench --publish                     # and refresh docs/benchmarks.md's table
 
 Holds the machine-wide cluster lock for the whole run, so no test session touches the
 cluster meanwhile; brings the cluster up if it is not (never takes it down); revives
@@ -43,7 +43,7 @@ SCENARIOS = {
 }
 NEEDS_NO_CLUSTER = {watcher.NAME}
 RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).parent.parent / "README.md"
+RESULTS_DOC = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 MIN_REPEAT = 5  # issue 7: every figure over at least five samples
 
 
@@ -57,7 +57,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--repeat", type=int, default=MIN_REPEAT, help="Samples per scenario.")
     p.add_argument("--out", type=Path, help="JSON file (default: bench/results/...).")
-    p.add_argument("--readme", action="store_true", help="Refresh the README's results table.")
+    p.add_argument(
+        "--publish", action="store_true", help="Refresh the results table in docs/benchmarks.md."
+    )
     args = p.parse_args(argv)
     chosen = [s for s in args.only.split(",") if s] or list(SCENARIOS)
     unknown = [s for s in chosen if s not in SCENARIOS]
@@ -65,8 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--only: unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
     if args.repeat < 1:
         p.error("--repeat: at least 1 (issue 7 asks for 5 or more)")
-    if args.readme and (args.only or args.repeat < MIN_REPEAT):
-        p.error("--readme: only a full run (no --only, --repeat >= 5) may replace the table")
+    if args.publish and (args.only or args.repeat < MIN_REPEAT):
+        p.error("--publish: only a full run (no --only, --repeat >= 5) may replace the table")
     if set(chosen) - NEEDS_NO_CLUSTER:
         chosen = [floor.NAME, *[s for s in chosen if s != floor.NAME]]
     args.chosen = [s for s in SCENARIOS if s in chosen]
@@ -153,12 +155,12 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report.document(results, facts, run), indent=2) + "\n")
     say(f"written: {out}")
-    if args.readme:
+    if args.publish:
         text = readme.with_results(
-            README.read_text(), readme.block(table, when, machine.describe(facts), command)
+            RESULTS_DOC.read_text(), readme.block(table, when, machine.describe(facts), command)
         )
-        README.write_text(text)
-        say(f"README table refreshed: {README}")
+        RESULTS_DOC.write_text(text)
+        say(f"results table refreshed: {RESULTS_DOC}")
     return 1 if any(r.error for r in results) else 0
 
 

@@ -109,7 +109,7 @@ def facts(cluster_status: dict[str, Any] | None = None) -> dict[str, Any]:
 
 
 def describe(machine: dict[str, Any]) -> str:
-    """One line for the README: what ran it."""
+    """One line for the results document: what ran it."""
     cluster = machine.get("cluster") or {}
     return (
         f"{machine['cores']} cores ({machine['cpu']}), {machine['memory_gib']} GiB, "

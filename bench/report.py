@@ -117,7 +117,7 @@ def _verdict(metric: Metric) -> str:
 
 
 def table(results: Sequence[Result]) -> str:
-    """One Markdown table: readable in a terminal, pasted as is into the README."""
+    """One Markdown table: readable in a terminal, pasted as is into docs/benchmarks.md."""
     floor = floor_median(results)
     lines = [
         "| scenario | measure | n | median s | min s | max s | / floor | target |",

@@ -3,7 +3,7 @@ design behaves, side by side in the same run: no lease (a threshold no sample re
 so nothing fences a dead task 0, and NVRx's store_connect_wait at its 300 s. The peers
 then dial the dead store until it runs out, and the successor waits for them. (NVRx's
 60 s log-server drain does not enter this failure: it runs on the store host, which
-is the node that died.) The README's ratio of the appliance to that design comes from
+is the node that died.) The results table's ratio of the appliance to that design comes from
 this scenario's median and the hand-off's, on identical failures.
 """
 

@@ -1,4 +1,4 @@
-"""The benchmark's table, JSON, README block and command line."""
+"""The benchmark's table, JSON, results-document block and command line."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
     [
         (["--only", "handof"], "--only: unknown scenario 'handof'"),
         (["--repeat", "0"], "--repeat: at least 1"),
-        (["--readme", "--only", "floor"], "--readme: only a full run"),
+        (["--publish", "--only", "floor"], "--publish: only a full run"),
     ],
 )
 def test_cli_refuses_bad_options_naming_them(argv, message, capsys):
