@@ -21,6 +21,8 @@ _ACTIONS = {
     "released_spares": "released spares",
     "cancelled_chain": "cancelled chain",
     "burn_guard": "burn guard",
+    # A peer closed the generation for a task 0 whose lease went stale (issue 11).
+    "fenced": "fenced dead task 0",
     "none": "nothing cancelled",
 }
 

@@ -135,6 +135,15 @@ def test_the_table_reads_like_the_chain():
     assert "released spares" in text and "waiting for the scheduler" in text
 
 
+def test_a_generation_a_peer_fenced_says_so():
+    fenced = [{**LEDGER[0], "action": "fenced", "reason": "task 0's lease went stale"}]
+    view = status.assemble(
+        manifest=MANIFEST, queue=parse.squeue_rows(SQUEUE), acct=parse.sacct_rows(SACCT),
+        ledger=fenced, cycles={}, checkpoint_now=60, chain_marker=True, now=parse_time(NOW),
+    )  # fmt: skip
+    assert "fenced dead task 0" in _rendered(view)
+
+
 def test_status_json_round_trips():
     doc = json.loads(json.dumps(_view().to_json()))
     assert doc["generations"][0]["cycles"][1]["number"] == 1
