@@ -73,7 +73,14 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
     [b_entry] = wait_ledger(work_b, 1, timeout=240)
     wait_idle(cluster, name_b, timeout=60)
     assert b_entry["action"] == "cancelled_chain", logs_on_failure(work_b)
-    assert {state(r) for r in tasks(cluster, b2).values()} == {"CANCELLED"}
+
+    # Accounting lags squeue: wait until it holds b2's end, then say what that end was.
+    def b2_ended() -> set[str] | None:
+        found = {state(r) for r in tasks(cluster, b2).values()}
+        return found if found and not found & {"PENDING", "RUNNING"} else None
+
+    b2_states = cluster.wait_until(b2_ended, 60, f"accounting to record how {b2} ended")
+    assert b2_states == {"CANCELLED"}
     # ...and this chain's queued generation is untouched by it.
     assert a2 in {i.split("_")[0] for i in squeue_ids(cluster, name_a)} or any(
         ran(r) for r in tasks(cluster, a2).values()

@@ -194,8 +194,8 @@ def test_when_task_0_dies_hard_every_other_task_leaves_and_none_hosts_the_rendez
     cluster: Cluster,
 ):
     # 2 training tasks + 1 hot spare on three nodes, 1 cold spare that can only be
-    # placed on the node task 0 leaves behind: exactly where the reference design's
-    # spare hosted the store itself and trained on without task 0.
+    # placed on a node one of them leaves behind; task 0's is where the reference
+    # design's spare hosted the store itself and trained on without task 0.
     name = unique("task0")
     spare_node = cluster.nodes[-1]
     work, script = generation(
@@ -228,13 +228,17 @@ def test_when_task_0_dies_hard_every_other_task_leaves_and_none_hosts_the_rendez
         for task in (1, 2, 3):
             code = (work / f"srun-exit.{task}").read_text().strip()
             assert code not in ("0", str(exitcodes.NVRX_NO_RESTART)), (task, outputs(work))
-        # The cold spare was placed on task 0's old node and refused to host there.
-        assert tasks[3]["NodeList"] == task0_node
+        # The cold spare hosted nothing, wherever Slurm placed it. On task 0's old node
+        # (where the reference design's spare hosted the store itself) it refuses to host;
+        # on a node a peer left (which peers now free as fast as task 0's), it may even
+        # dial the dead host while the lease is fresh, then leaves on the stale lease or
+        # the closed flag.
         spare_log = output(work, job, 3)
         assert any(
             why in spare_log for why in ("refusing to host the rendezvous", "lease", "closed flag")
-        )
-        assert "joins rendezvous" not in spare_log
+        ), spare_log
+        if tasks[3]["NodeList"] == task0_node:
+            assert "joins rendezvous" not in spare_log
         # Nothing trained after task 0 was gone: no new rendezvous round, no restart.
         assert not [e for e in progress(work) if e["event"] == "start" and e["time"] > killed_wall]
         cycle_infos = work / "nvrx" / job / "cycle_infos"
