@@ -44,6 +44,15 @@ LEASE = ("--lease-stale-after", "5", "--closed-flag-grace", "1")
 DOWN_S = 120  # SlurmdTimeout and the ping period, with room
 
 
+def _checkpointed(work, generation: str) -> None:
+    wait_event(
+        work,
+        lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == generation,
+        GENERATION_S,
+        f"a checkpoint of generation {generation}",
+    )
+
+
 def _slurm_time(text: str) -> datetime.datetime:
     return datetime.datetime.fromisoformat(text)
 
@@ -71,12 +80,7 @@ def test_a_peer_fences_a_dead_task_0_once_and_the_successor_starts_before_slurm_
     )  # fmt: skip
     victim = ""
     try:
-        wait_event(
-            work,
-            lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == first,
-            GENERATION_S,
-            f"a checkpoint of generation {first}",
-        )
+        _checkpointed(work, first)
         victim = tasks(cluster, first)[0]["NodeList"]
         killed_at = time.time()
         assert cluster_cli("kill-node", victim).returncode == 0
@@ -143,12 +147,7 @@ def test_a_partitioned_task_0_stops_itself_before_its_lease_is_stale_and_the_cha
     lease = work / "nvrx" / first / "control" / "task0.lease"
     frozen = False
     try:
-        wait_event(
-            work,
-            lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == first,
-            GENERATION_S,
-            f"a checkpoint of generation {first}",
-        )
+        _checkpointed(work, first)
         frozen = subprocess.run(["chattr", "+i", str(lease)], check=False).returncode == 0
         if not frozen:
             pytest.skip(f"the cluster's work root cannot make {lease} immutable")
