@@ -217,11 +217,11 @@ def test_an_image_nothing_vouched_for_at_submit_says_not_qualified_and_why():
 def test_a_registry_image_has_no_manifest_to_qualify():
     manifest = {
         **MANIFEST,
-        "spec": {**MANIFEST["spec"], "image": "nvcr.io#nvidia/pytorch:25.01-py3"},
+        "spec": {**MANIFEST["spec"], "image": "registry.example#nvidia/pytorch:25.01-py3"},
     }
     text = _rendered(_image_view(manifest))
     assert (
-        "image: nvcr.io#nvidia/pytorch:25.01-py3   qualification at submit: not qualified" in text
+        "image: registry.example#nvidia/pytorch:25.01-py3   qualification at submit: not qualified" in text
     )
 
 
