@@ -221,7 +221,8 @@ def test_a_registry_image_has_no_manifest_to_qualify():
     }
     text = _rendered(_image_view(manifest))
     assert (
-        "image: registry.example#nvidia/pytorch:25.01-py3   qualification at submit: not qualified" in text
+        "image: registry.example#nvidia/pytorch:25.01-py3   qualification at submit: not qualified"
+        in text
     )
 
 
