@@ -347,6 +347,11 @@ def faults_active(spec: ChainSpec) -> bool:
     return spec.mode in DEMO_MODES and spec.fault_inject
 
 
+def effective_mounts(spec: ChainSpec) -> str:
+    """Unset mounts the work dir at the same path; explicitly empty mounts nothing."""
+    return f"{spec.work_dir}:{spec.work_dir}" if spec.mounts is None else spec.mounts
+
+
 def effective_runtime(spec: ChainSpec) -> str:
     if spec.runtime:
         return spec.runtime

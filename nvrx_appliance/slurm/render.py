@@ -13,6 +13,7 @@ import shlex
 from dataclasses import dataclass
 
 from nvrx_appliance import exitcodes
+from nvrx_appliance.chain import effective_mounts
 from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Manifest
 
@@ -28,14 +29,6 @@ class Var:
     """A srun argument that the batch script expands at run time (e.g. the array id)."""
 
     text: str  # bash double-quoted content, e.g. nvrx_${ARRAY_JOB_ID}_${TASK_ID}
-
-
-def effective_mounts(manifest: Manifest) -> str:
-    """Unset mounts the work dir at the same path; explicitly empty mounts nothing."""
-    spec = manifest.spec
-    if spec.mounts is None:
-        return f"{spec.work_dir}:{spec.work_dir}"
-    return spec.mounts
 
 
 def uses_gpus(manifest: Manifest) -> bool:
@@ -85,7 +78,7 @@ def launch_argv(manifest: Manifest) -> list[str | Var]:
     """srun ... nvrx-entrypoint, for the spec's runtime."""
     spec = manifest.spec
     run_json = str(manifest.layout.run_json)
-    mounts = effective_mounts(manifest)
+    mounts = effective_mounts(manifest.spec)
     srun: list[str | Var] = [
         "srun",
         "--label",

@@ -18,6 +18,7 @@ from nvrx_appliance.chain import (
     Problem,
     check,
     derive,
+    effective_mounts,
     effective_runtime,
     flag,
     parse_mounts,
@@ -203,9 +204,8 @@ def _cluster(spec: ChainSpec, facts: Facts, *, force: bool, shape_ok: bool) -> l
 def mount_pairs(spec: ChainSpec) -> list[tuple[str, str]]:
     """(host source, container destination) of every container mount (none if malformed:
     chain.check refuses those)."""
-    text = f"{spec.work_dir}:{spec.work_dir}" if spec.mounts is None else spec.mounts
     try:
-        return [(src, dst) for src, dst, _ in parse_mounts(text)]
+        return [(src, dst) for src, dst, _ in parse_mounts(effective_mounts(spec))]
     except ValueError:
         return []
 
@@ -263,8 +263,7 @@ def host_checks(spec: ChainSpec) -> list[HostCheck]:
 
 def _suggest_mount(spec: ChainSpec, path: str) -> str:
     directory = path.rsplit("/", 1)[0] or "/"
-    current = f"{spec.work_dir}:{spec.work_dir}" if spec.mounts is None else spec.mounts
-    return ",".join(filter(None, [current, f"{directory}:{directory}"]))
+    return ",".join(filter(None, [effective_mounts(spec), f"{directory}:{directory}"]))
 
 
 def _workload_paths(spec: ChainSpec, facts: Facts) -> list[Problem]:
