@@ -124,9 +124,15 @@ def test_an_orphan_a_job_step_leaves_is_reaped_on_its_node_not_by_this_machines_
     # when its step does (this VM's PID 1 reaps late, and slurmstepd waits for it).
     work = cluster.workdir("orphan")
     pid_file = work / "orphan.pid"
+    # The step's shell waits until the orphan is in its own session: exiting before the
+    # orphan's setsid() would let slurmstepd's end-of-step kill of the group take it too.
+    orphan_cmd = f"setsid sh -c 'echo \\$\\$ > {pid_file}.new && mv {pid_file}.new {pid_file} && exec sleep 300'"
+    step = (
+        f"{orphan_cmd} </dev/null >/dev/null 2>&1 & while [ ! -s {pid_file} ]; do sleep 0.05; done"
+    )
     job = cluster.sbatch(
         "--job-name", unique("orphan"), "-o", f"{work}/%j.out",
-        "--wrap", f"srun sh -c 'setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {pid_file}'",
+        "--wrap", f"srun sh -c \"{step}\"",
     )  # fmt: skip
     cluster.wait_finished(job, 1, timeout=60)
     orphan = int(pid_file.read_text())
