@@ -9,6 +9,11 @@
     text = api.logs(chain).text       # task 0's batch log of the newest generation
     api.cancel(chain)
 
+To review before queueing, `plan = api.prepare(spec)` checks against the cluster and
+renders the sbatch without writing anything (plan.script, plan.command_lines,
+plan.warnings); `api.submit(plan)` then queues exactly that. The CLI is this module plus
+flag parsing and printing.
+
 Settings resolve exactly as the CLI's (keywords, the flags' names with underscores, beat
 NVRX_* variables, which beat a config file, which beats the defaults) and are checked by
 the same rules; a refusal raises SettingsError with every problem, each naming the flag
@@ -19,10 +24,10 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from nvrx_appliance.chain import ChainSpec, check, spec_fields
 from nvrx_appliance.manifest import Layout
@@ -37,21 +42,30 @@ from nvrx_appliance.slurm.status import ChainView
 __all__ = [
     "Cancelled",
     "Chain",
+    "ChainNotFound",
     "ChainSpec",
     "ChainView",
     "LogFile",
+    "LogMissing",
     "SettingsError",
     "SlurmUnreachable",
     "SubmitFailed",
+    "SubmitPlan",
     "cancel",
     "chain_spec",
+    "follow_logs",
     "locate",
     "logs",
+    "prepare",
     "status",
     "submit",
 ]
 
 SlurmUnreachable = slurmcli.SlurmUnavailable
+ChainNotFound = sources.NotFound  # no chain of this user behind a job id, name or work dir
+# A checked, rendered submission (run manifest, sbatch script, sbatch lines, warnings);
+# nothing of it is written until it is submitted.
+SubmitPlan = submitting.Plan
 
 
 class SettingsError(ValueError):
@@ -79,7 +93,20 @@ class Chain:
 class LogFile:
     generation: str  # the array job id of the generation the log belongs to
     path: Path
-    text: str
+    others: tuple[str, ...] = ()  # the `logs` options that show this generation's other logs
+
+    @property
+    def text(self) -> str:
+        """The log as it is now (read on each access; undecodable bytes replaced)."""
+        return self.path.read_text(errors="replace")
+
+
+class LogMissing(LookupError):
+    """The asked-for log does not exist yet (its generation may still be queued)."""
+
+    def __init__(self, message: str, generation: str, path: Path):
+        super().__init__(message)
+        self.generation, self.path = generation, path
 
 
 Target = Chain | str  # a Chain, or any job id of the chain, or its job name
@@ -120,31 +147,55 @@ def chain_spec(
     return resolved.spec
 
 
-def submit(spec: ChainSpec, *, sbatch_args: Sequence[str] = (), force: bool = False) -> Chain:
-    """Write run.json and the sbatch into the work dir and queue the chain.
-
-    Checks against the cluster first (MaxArraySize, the work dir, a job name in use
-    unless `force`), as `submit` does; `sbatch_args` are what follows `--` there.
+def prepare(
+    spec: ChainSpec,
+    *,
+    sbatch_args: Sequence[str] = (),
+    force: bool = False,
+    dry_run: bool = False,
+    origins: Mapping[str, str] | None = None,
+) -> SubmitPlan:
+    """Check `spec` against the cluster (MaxArraySize, the work dir, a job name in use
+    unless `force`) and render the sbatch; writes and queues nothing. `sbatch_args` are
+    what follows `--` on the command line. With `dry_run`, an unreachable Slurm skips
+    the cluster's checks with a warning instead of refusing. `origins` says where each
+    setting came from (flag, env, config), for the warnings; by default a setting that
+    differs from its default counts as given.
     """
     extra = tuple(sbatch_args)
     found = extra_args.problem(extra)
     if found:
         raise SettingsError([f"sbatch_args: {found}"])
-    defaults = ChainSpec()
-    origins = {
-        f.name: "default" if getattr(spec, f.name) == getattr(defaults, f.name) else "api"
-        for f in spec_fields()
-    }
-    resolved = resolve.Resolved(spec, origins)
+    if origins is None:
+        defaults = ChainSpec()
+        origins = {
+            f.name: "default" if getattr(spec, f.name) == getattr(defaults, f.name) else "api"
+            for f in spec_fields()
+        }
+    resolved = resolve.Resolved(spec, dict(origins))
     user = slurmcli.current_user()
     try:
-        plan = submitting.plan(resolved, dry_run=False, force=force, user=user, extra=extra)
-        done = submitting.submit(plan)
+        return submitting.plan(resolved, dry_run=dry_run, force=force, user=user, extra=extra)
     except submitting.Refused as exc:
         raise SettingsError([str(p) for p in exc.problems]) from None
+
+
+def submit(
+    spec: ChainSpec | SubmitPlan, *, sbatch_args: Sequence[str] = (), force: bool = False
+) -> Chain:
+    """Write run.json and the sbatch into the work dir and queue the chain: a ChainSpec
+    is prepared first (see `prepare`); a SubmitPlan is queued as it was reviewed."""
+    if isinstance(spec, SubmitPlan):
+        plan = spec
+    else:
+        plan = prepare(spec, sbatch_args=sbatch_args, force=force)
+    try:
+        done = submitting.submit(plan)
     except submitting.SubmitFailed as exc:
         raise SubmitFailed(str(exc)) from None
-    return Chain(spec.job_name, Path(spec.work_dir), tuple(done.job_ids))
+    return Chain(
+        plan.manifest.spec.job_name, Path(plan.manifest.spec.work_dir), tuple(done.job_ids)
+    )
 
 
 def locate(target: Target, *, work_dir: str | Path | None = None) -> tuple[Path, str | None]:
@@ -170,6 +221,17 @@ def cancel(target: Target, *, work_dir: str | Path | None = None) -> Cancelled:
     return cancelling.cancel_chain(folder, user=slurmcli.current_user())
 
 
+def _log_choice(
+    target: Target, task: int, cycle: int | None, launcher: bool, work_dir: str | Path | None
+) -> tuple[Layout, str, chainlogs.Which, str | None, dict[str, Any]]:
+    if sum((task != 0, cycle is not None, launcher)) > 1:
+        raise ValueError("task, cycle and launcher each pick one log; give one of them")
+    folder, generation = locate(target, work_dir=work_dir)
+    manifest = sources.load_manifest(folder)
+    which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
+    return Layout(folder), manifest["spec"]["job_name"], which, generation, manifest
+
+
 def logs(
     target: Target,
     *,
@@ -181,17 +243,37 @@ def logs(
     """One log of a generation: task 0's batch log unless `task`, `cycle` or `launcher`.
 
     A job id names its generation; a Chain or a name, the newest generation that wrote
-    that log. Raises LookupError when there is no such log (yet).
+    that log. Raises LogMissing when that log does not exist yet, LookupError when the
+    work dir records no generation at all, ChainNotFound when there is no such chain.
     """
-    folder, generation = locate(target, work_dir=work_dir)
-    manifest = sources.load_manifest(folder)
-    which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
-    generation, path = chainlogs.pick(
-        Layout(folder), manifest["spec"]["job_name"], which, generation
+    layout, job_name, which, generation, manifest = _log_choice(
+        target, task, cycle, launcher, work_dir
     )
-    try:
-        text = path.read_text(errors="replace")
-    except FileNotFoundError:
-        raise LookupError(f"the {which.describe()} of generation {generation} ({path}) "
-                          "does not exist yet") from None  # fmt: skip
-    return LogFile(generation, path, text)
+    generation, path = chainlogs.pick(layout, job_name, which, generation)
+    if not path.exists():
+        raise LogMissing(
+            f"the {which.describe()} of generation {generation} ({path}) does not exist yet",
+            generation,
+            path,
+        )
+    more = chainlogs.others(layout, job_name, generation, manifest["shape"]["array_size"])
+    return LogFile(generation, path, tuple(more))
+
+
+def follow_logs(
+    target: Target,
+    out: TextIO,
+    *,
+    task: int = 0,
+    cycle: int | None = None,
+    launcher: bool = False,
+    work_dir: str | Path | None = None,
+    announce: Callable[[Path], None] = lambda path: None,
+) -> None:
+    """Write one log to `out` as it grows, moving on to the same log of each later
+    generation as it appears (a job id pins its generation); runs until interrupted.
+    `announce` is called with each file as it is opened."""
+    layout, job_name, which, generation, _ = _log_choice(target, task, cycle, launcher, work_dir)
+    chainlogs.pick(layout, job_name, which, generation)  # LookupError before following
+    pinned = generation if isinstance(target, str) and target.isdigit() else None
+    chainlogs.follow(lambda: chainlogs.pick(layout, job_name, which, pinned)[1], out, announce)

@@ -19,10 +19,8 @@ from rich.live import Live
 
 from nvrx_appliance import api, exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
-from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import extra as extra_args
-from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import resolve, slurmcli, sources, status_view
+from nvrx_appliance.slurm import resolve, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options, spec_flags
 
@@ -115,10 +113,12 @@ def submit_command(
     if print_config:
         show_config(resolved, as_json)
         return
-    user = slurmcli.current_user()
     try:
-        plan = submitting.plan(resolved, dry_run=dry_run, force=force, user=user, extra=extra)
-    except submitting.Refused as exc:
+        plan = api.prepare(
+            resolved.spec, sbatch_args=extra, force=force, dry_run=dry_run,
+            origins=resolved.origins,
+        )  # fmt: skip
+    except api.SettingsError as exc:
         for problem in exc.problems:
             click.echo(f"nvrx-appliance submit: {problem}", err=True)
         click.echo("nvrx-appliance submit: nothing was written or submitted", err=True)
@@ -132,14 +132,14 @@ def submit_command(
         _print_dry_run(plan, as_json)
         return
     try:
-        done = submitting.submit(plan)
-    except submitting.SubmitFailed as exc:
+        chain = api.submit(plan)
+    except api.SubmitFailed as exc:
         click.echo(f"nvrx-appliance submit: {exc}", err=True)
         sys.exit(1)
-    _print_submitted(done, as_json)
+    _print_submitted(submitting.Submitted(list(chain.job_ids), plan), as_json)
 
 
-def _print_dry_run(plan: submitting.Plan, as_json: bool) -> None:
+def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
     if as_json:
         doc = {
             "mode": plan.manifest.spec.mode,
@@ -187,9 +187,9 @@ def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str 
     """(work dir, generation a job id names) of the chain `target` belongs to."""
     try:
         return api.locate(target, work_dir=work_dir)
-    except sources.NotFound as exc:
+    except api.ChainNotFound as exc:
         _fail(str(exc))
-    except slurmcli.SlurmUnavailable as exc:
+    except api.SlurmUnreachable as exc:
         _unreachable(command, str(exc), "pass the chain's --work-dir to read its files")
 
 
@@ -222,7 +222,7 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
     def look():
         try:
             return api.status(target, work_dir=folder)
-        except sources.NotFound as exc:
+        except api.ChainNotFound as exc:
             _fail(str(exc))
 
     if every is None:
@@ -252,9 +252,9 @@ def cancel_command(target: str, work_dir: str | None) -> None:
     folder, _ = _locate("cancel", target, work_dir)
     try:
         done = api.cancel(target, work_dir=folder)
-    except sources.NotFound as exc:
+    except api.ChainNotFound as exc:
         _fail(str(exc))
-    except slurmcli.SlurmUnavailable as exc:
+    except api.SlurmUnreachable as exc:
         _unreachable("cancel", str(exc), "nothing more was done")
     if not done.running and not done.queued:
         click.echo(f"Nothing of chain {done.job_name!r} was queued or running; marked it ended")
@@ -284,37 +284,28 @@ def logs_command(
     """
     if sum((task != 0, cycle is not None, launcher)) > 1:
         _fail("--task, --cycle and --launcher each pick one log; give one of them")
-    folder, generation = _locate("logs", target, work_dir)
-    try:
-        manifest = sources.load_manifest(folder)
-    except sources.NotFound as exc:
-        _fail(str(exc))
-    layout, job_name = Layout(folder), manifest["spec"]["job_name"]
-    which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
-    try:
-        generation, path = chainlogs.pick(layout, job_name, which, generation)
-    except LookupError as exc:
-        _fail(str(exc))
+    folder, _ = _locate("logs", target, work_dir)
 
     def announce(found: Path) -> None:
         click.echo(f"==> {found} <==", err=True)
 
-    if follow:
-        pinned = generation if target.isdigit() else None
-        with contextlib.suppress(KeyboardInterrupt):
-            chainlogs.follow(lambda: chainlogs.pick(layout, job_name, which, pinned)[1],
-                             sys.stdout, announce)  # fmt: skip
-        return
-    if not path.exists():
+    which = {"task": task, "cycle": cycle, "launcher": launcher, "work_dir": folder}
+    try:
+        if follow:
+            with contextlib.suppress(KeyboardInterrupt):
+                api.follow_logs(target, sys.stdout, announce=announce, **which)
+            return
+        log = api.logs(target, **which)
+    except api.LogMissing as exc:
         click.echo(
-            f"nvrx-appliance logs: the {which.describe()} of generation {generation} ({path}) "
-            "does not exist yet; is it still queued? see `nvrx-appliance status`",
+            f"nvrx-appliance logs: {exc}; is it still queued? see `nvrx-appliance status`",
             err=True,
         )
         sys.exit(1)
-    announce(path)
-    with path.open(errors="replace") as handle:
+    except (api.ChainNotFound, LookupError) as exc:
+        _fail(str(exc))
+    announce(log.path)
+    with log.path.open(errors="replace") as handle:
         shutil.copyfileobj(handle, sys.stdout)
-    more = chainlogs.others(layout, job_name, generation, manifest["shape"]["array_size"])
-    if more:
-        click.echo(f"other logs of generation {generation}: {', '.join(more)}", err=True)
+    if log.others:
+        click.echo(f"other logs of generation {log.generation}: {', '.join(log.others)}", err=True)

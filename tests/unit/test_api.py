@@ -92,3 +92,38 @@ def test_the_cli_and_the_api_find_a_chain_by_its_work_dir_without_slurm(tmp_path
     assert api.locate(chain, work_dir="run") == (tmp_path / "elsewhere", None)
     with pytest.raises(api.sources.NotFound):  # the same refusal `status --work-dir` prints
         api.status("llm", work_dir=tmp_path / "run")
+
+
+def test_a_prepared_plan_shows_the_script_and_sbatch_lines_and_writes_nothing(
+    tmp_path, monkeypatch
+):
+    # Reviewed as `submit --dry-run` reviews it: with Slurm out of reach, the cluster's
+    # checks are skipped with a warning rather than refused.
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none"))
+    spec = api.chain_spec(environ={}, work_dir="/shared/api/run", workload="cpu", depth=3)
+    plan = api.prepare(spec, sbatch_args=["--account=ml"], dry_run=True)
+    assert len(plan.command_lines) == 3
+    assert all("--account=ml" in line for line in plan.command_lines)
+    assert plan.script.startswith("#!") and str(plan.script_path.parent) == "/shared/api/run"
+    assert any("Slurm unreachable" in w for w in plan.warnings)
+    assert not Path("/shared/api").exists()
+
+
+def test_submit_dry_run_prints_the_plan_the_api_prepares(tmp_path, monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none"))
+    args = ["--work-dir", "/shared/api/run", "--workload", "cpu", "--depth", "2"]
+    shown = CliRunner().invoke(cli, ["submit", "--dry-run", "--json", *args, "--", "--qos=x"])
+    assert shown.exit_code == 0, shown.output
+    doc = json.loads(shown.stdout)
+    spec = api.chain_spec(environ={}, work_dir="/shared/api/run", workload="cpu", depth=2)
+    plan = api.prepare(spec, sbatch_args=["--qos=x"], dry_run=True)
+    assert doc["commands"] == plan.command_lines
+
+    def unstamped(script: str) -> list[str]:  # the chain id is the submit time
+        return [line for line in script.splitlines() if not line.startswith("CHAIN_ID=")]
+
+    assert unstamped(doc["script"]) == unstamped(plan.script)

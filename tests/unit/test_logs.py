@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 from click.testing import CliRunner
 from nvidia_resiliency_ext.fault_tolerance.per_cycle_logs import PipeBasedLogsSpecs
 
@@ -129,3 +130,20 @@ def test_follow_prints_what_is_appended_and_moves_on_to_the_next_generation(tmp_
     finally:
         proc.terminate()
         proc.wait()
+
+
+def test_the_api_gives_the_same_log_its_other_logs_and_a_typed_miss(tmp_path):
+    from nvrx_appliance import api
+
+    m = _chain(tmp_path)
+    newest = _write(m.layout.batch_log("llm", "4250", 0), "0: step 10\n")
+    _write(m.layout.launcher_log("4250"), "launcher\n")
+    log = api.logs("llm", work_dir=tmp_path)
+    assert (log.generation, log.path, log.text) == ("4250", newest, "0: step 10\n")
+    assert log.others == ("--task 0", "--launcher")
+    with pytest.raises(api.LogMissing) as missing:
+        api.logs("4242", cycle=3, work_dir=tmp_path)
+    assert missing.value.generation == "4242"
+    assert missing.value.path == m.layout.app_log("llm", "4242", 3)
+    with pytest.raises(ValueError, match="give one of them"):
+        api.logs("llm", cycle=1, launcher=True, work_dir=tmp_path)
