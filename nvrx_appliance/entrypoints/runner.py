@@ -171,30 +171,33 @@ def watch(
     directory: Path,
     clock,
     token: str,
-    keeper: controldir.LeaseKeeper | None,
+    watch_lease: bool,
 ):
+    """The supervisor's look at the control directory (file system calls: it runs where
+    a hang cannot keep task 0 from fencing itself)."""
     spec = manifest.spec
-    stale_after = spec.lease_stale_after
-    deadline = lease.self_fence_after(stale_after, spec.closed_flag_grace)
-    watch_lease = keeper is None  # task 0 judges its own lease by its own refreshes
 
     def check() -> gate.Leave | None:
-        if keeper is not None:
-            # First, and without touching the file system, which may be what hangs.
-            stop = gate.self_fence(keeper.unrefreshed_for(), deadline)
-            if stop:
-                return stop
         verdict = gate.while_running(
             closed=controldir.closed(directory, token),
             lease_age=controldir.lease_age(directory, clock, token) if watch_lease else None,
             watch_lease=watch_lease,
-            stale_after=stale_after,
+            stale_after=spec.lease_stale_after,
         )
         if verdict is not None and verdict.fence:
             fence(node, directory, token, verdict.message)
         return verdict
 
     return check
+
+
+def self_fence_watch(manifest: run_manifest.Manifest, keeper: controldir.LeaseKeeper):
+    """Task 0's own deadline, from its own clock alone: no file system call, which may
+    be what hangs."""
+    deadline = lease.self_fence_after(
+        manifest.spec.lease_stale_after, manifest.spec.closed_flag_grace
+    )
+    return lambda: gate.self_fence(keeper.unrefreshed_for(), deadline)
 
 
 def checkpoint_start(manifest: run_manifest.Manifest) -> int | None:
@@ -267,7 +270,11 @@ def supervise(
         return Supervisor(
             argv,
             child_env,
-            check=watch(pre.manifest, pre.node, directory, clock, record.generation, keeper),
+            # Task 0 judges its own lease by its own refreshes, the others by its age.
+            check=watch(
+                pre.manifest, pre.node, directory, clock, record.generation, keeper is None
+            ),
+            urgent=self_fence_watch(pre.manifest, keeper) if keeper is not None else None,
             grace=pre.manifest.spec.closed_flag_grace,
             poll=RUN_POLL_S,
             log=say,

@@ -12,6 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -25,6 +27,9 @@ except ImportError:  # pragma: no cover - degraded: only the process group is ki
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT)  # Slurm ends the job: time limit, scancel, ...
 REAP_S = 2.0  # after SIGKILL, how long we wait for the kernel to reap
+# A control-dir check that has not returned after this long is reported once: the file
+# system is stalled here (the self-fence deadline is still judged meanwhile).
+STUCK_REPORT_S = 5.0
 
 # Runs in the child just before it becomes ft_launcher. If this entrypoint dies, even by
 # SIGKILL, the kernel sends ft_launcher SIGTERM, so it stops its workers rather than live
@@ -49,6 +54,39 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+class _Probe:
+    """`check` on a thread of its own, one call at a time. A call stuck in a hung shared
+    file system then holds only that thread, and the loop goes on judging what needs no
+    file system (task 0's self-fence deadline) and stopping ft_launcher when it must."""
+
+    def __init__(self, check: Callable[[], Leave | None]):
+        self._check = check
+        self._idle = threading.Event()
+        self._idle.set()
+        self._result: tuple[Leave | None, OSError | None] | None = None
+        self.began = 0.0  # monotonic start of the call in flight
+
+    def result(self, wait: float) -> tuple[Leave | None, OSError | None] | None:
+        """The next check's (verdict, error), waiting up to `wait` seconds for it;
+        None while the call in flight has not returned."""
+        if self._idle.is_set() and self._result is None:
+            self._idle.clear()
+            self.began = time.monotonic()
+            threading.Thread(target=self._run, name="control-dir-check", daemon=True).start()
+        if not self._idle.wait(wait):
+            return None
+        result, self._result = self._result, None
+        return result
+
+    def _run(self) -> None:
+        try:
+            self._result = (self._check(), None)
+        except OSError as exc:  # a shared file system stall is not a verdict
+            self._result = (None, exc)
+        finally:
+            self._idle.set()
+
+
 def _descendants(pid: int) -> list:
     if psutil is None:
         return []
@@ -65,6 +103,7 @@ class Supervisor:
         env: dict[str, str],
         *,
         check: Callable[[], Leave | None],
+        urgent: Callable[[], Leave | None] | None = None,
         grace: float,
         poll: float,
         log: Callable[[str], None],
@@ -73,7 +112,8 @@ class Supervisor:
         self.argv = list(argv)
         self.on_stop_signal = on_stop_signal
         self.env = env
-        self.check = check
+        self.check = check  # may read the file system: run where a hang cannot stop us
+        self.urgent = urgent  # judged from memory alone, every poll, hang or not
         self.grace = grace
         self.poll = poll
         self.log = log
@@ -106,16 +146,28 @@ class Supervisor:
 
     def _watch(self) -> Outcome:
         assert self.child is not None
+        probe = _Probe(self.check)
+        reported = False
         while True:
             try:
                 return Outcome(exit_code(self.child.wait(timeout=self.poll)), None)
             except subprocess.TimeoutExpired:
                 pass
-            try:
-                verdict = self.check()
-            except OSError as exc:  # a shared file system stall is not a verdict
-                self.log(f"could not read the control directory: {exc}; still watching")
-                continue
+            verdict = self.urgent() if self.urgent is not None else None
+            if verdict is None:
+                result = probe.result(wait=self.poll)
+                if result is None:
+                    stuck = time.monotonic() - probe.began
+                    if stuck >= STUCK_REPORT_S and not reported:
+                        self.log(f"reading the control directory has not returned in "
+                                 f"{stuck:.0f} s; still watching")  # fmt: skip
+                        reported = True
+                    continue
+                reported = False
+                verdict, error = result
+                if error is not None:
+                    self.log(f"could not read the control directory: {error}; still watching")
+                    continue
             if verdict is not None:
                 self.log(verdict.message)
                 self._stop()

@@ -190,3 +190,44 @@ def test_ft_launcher_does_not_outlive_a_killed_entrypoint(tmp_path):
     finally:
         if not gone(child_pid):
             os.kill(child_pid, signal.SIGKILL)
+
+
+def test_task_0_fences_itself_while_a_control_dir_read_hangs(tmp_path):
+    # A hung shared file system blocks the control-dir check inside a system call; the
+    # self-fence deadline, judged from memory, must still stop ft_launcher and its tree.
+    import threading
+
+    from nvrx_appliance.entrypoints import gate
+    from nvrx_appliance.entrypoints.supervise import Supervisor
+
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
+
+    def hung_check():
+        entered.set()
+        release.wait(timeout=120)  # as a read of a stalled mount would block
+        returned.set()
+        return None
+
+    pid_file = tmp_path / "child.pid"
+
+    def past_deadline():
+        if not (entered.is_set() and pid_file.exists() and pid_file.read_text()):
+            return None
+        return gate.self_fence(unrefreshed_for=99.0, deadline=10.0)
+
+    child = (
+        f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(300)"
+    )
+    lines: list[str] = []
+    try:
+        outcome = Supervisor(
+            [sys.executable, "-c", child], dict(os.environ), check=hung_check,
+            urgent=past_deadline, grace=1.0, poll=0.2, log=lines.append,
+        ).run()  # fmt: skip
+        stuck_when_stopped = not returned.is_set()
+    finally:
+        release.set()
+    assert stuck_when_stopped
+    assert outcome.exit_code == exitcodes.SELF_FENCED
+    assert gone(int(pid_file.read_text()))
+    assert any("has not refreshed its liveness lease" in line for line in lines)
