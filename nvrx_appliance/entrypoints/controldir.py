@@ -116,6 +116,7 @@ def observe(directory: Path, clock: Clock, generation: str) -> gate.Observation:
         closed=closed(directory, generation),
         lease_age=lease_age(directory, clock, generation),
         record=_ours(directory / control.RECORD, generation),
+        no_restart=_ours(directory / control.NO_RESTART, generation) is not None,
     )
 
 
@@ -158,8 +159,11 @@ def publish(directory: Path, record: control.Record) -> Path:
     return path
 
 
-def mark_no_restart(directory: Path, exit_code: int) -> None:
-    write_atomic(directory / control.NO_RESTART, json.dumps({"exit_code": exit_code}) + "\n", 0o600)
+def mark_no_restart(directory: Path, exit_code: int, generation: str) -> None:
+    """The witness of a peer's exit 93: task 0's teardown reads it (the chain ends), and
+    spares admitted from now on leave at once (the batch script and the gate)."""
+    doc = {"exit_code": exit_code, "generation": generation}
+    write_atomic(directory / control.NO_RESTART, json.dumps(doc) + "\n", 0o600)
 
 
 def seed_static_tracker(path: Path) -> None:

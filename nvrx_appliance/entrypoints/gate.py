@@ -43,6 +43,9 @@ class Observation:
     closed: bool
     lease_age: float | None  # seconds, by the shared file system's clock; None: no lease
     record: FileSeen | None
+    # A peer's ft_launcher exited 93: NVRx ends the whole generation, and task 0's own
+    # closed flag follows once its ft_launcher has drained (seconds later).
+    no_restart: bool = False
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,11 @@ def step(
     if seen.closed:
         return state, Leave(
             exitcodes.TASK0_GONE, "the closed flag is present: task 0 has ended this generation"
+        )
+    if seen.no_restart:
+        return state, Leave(
+            exitcodes.TASK0_GONE,
+            "a peer's ft_launcher exited 93: NVRx will not restart this generation",
         )
     stale = _stale(seen.lease_age, limits.lease_stale_after)
     if stale:

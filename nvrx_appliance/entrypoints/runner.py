@@ -305,7 +305,7 @@ def run(manifest_path: Path | None) -> int:
             keeper.stop()
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
         try:
-            controldir.mark_no_restart(directory, outcome.exit_code)
+            controldir.mark_no_restart(directory, outcome.exit_code, record.generation)
         except OSError as exc:
             say(f"warning: could not write the no-restart flag: {exc}")
     if outcome.stopped is None and outcome.exit_code != exitcodes.OK:

@@ -314,3 +314,19 @@ def test_only_one_of_many_racing_peers_wins_the_fence_claim(tmp_path):
     assert won.count(True) == 1
     claim = json.loads((directory / control.FENCE).read_text())
     assert claim["job_id"] == str(won.index(True))
+
+
+def test_a_peers_exit_93_sends_a_late_spare_away_before_it_joins(tmp_path):
+    # The hot spare's ft_launcher exited 93 and the scheduler admitted a cold spare in its
+    # place while task 0's launcher still drains: the spare must not join that rendezvous.
+    directory = _generation_dir(tmp_path, "4242")
+    _publish(directory, record())
+    controldir.mark_no_restart(directory, exitcodes.NVRX_NO_RESTART, OURS)
+    _, decision = gate.step(gate.Waiting(), _observe(directory), 0.0, _me(), LIMITS)
+    assert isinstance(decision, gate.Leave) and not decision.fence
+    assert decision.exit_code == exitcodes.TASK0_GONE != exitcodes.NVRX_NO_RESTART
+    assert "exited 93" in decision.message
+    # Bound to its generation: the same file of another run is not a witness.
+    other = control.generation(support.CHAIN, "4242", "2026-02-02T00:00:00")
+    _, decision = gate.step(gate.Waiting(), _observe(directory, other), 0.0, _me(), LIMITS)
+    assert not isinstance(decision, gate.Leave)

@@ -216,6 +216,41 @@ def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_pa
         assert json.loads(m.layout.ledger.read_text())["action"] == "released_spares"
 
 
+@pytest.mark.parametrize("witness", ["closed", "no_restart"])
+def test_a_spare_admitted_after_the_generation_ended_leaves_without_srun(tmp_path, witness):
+    # task 0's closed flag, or a peer's exit-93 witness (written before task 0's launcher
+    # has drained): a cold spare admitted now must not start anything.
+    from nvrx_appliance.entrypoints import control, controldir
+
+    m = _manifest(work_dir=str(tmp_path / "work"), runtime="bare", workload="cpu")
+    manifest.save(m)
+    script = tmp_path / "g.sbatch"
+    script.write_text(_script(m))
+    stand_ins, log = tmp_path / "slurm-stand-ins", tmp_path / "log"
+    for folder in (stand_ins, log):
+        folder.mkdir()
+    for name in ("srun", "scontrol", "scancel"):
+        _stand_in(stand_ins, name)
+    directory = m.layout.control("77")
+    controldir.prepare(directory, os.geteuid())
+    ours = control.generation(m.chain_id, "77")  # the scontrol stand-in gives no SubmitTime
+    if witness == "closed":
+        controldir.close(directory, {"exit_code": 0, "generation": ours})
+    else:
+        controldir.mark_no_restart(directory, 93, ours)
+    env = {
+        "PATH": f"{stand_ins}:/usr/bin:/bin",
+        "STANDIN_LOG": str(log),
+        "SLURM_ARRAY_JOB_ID": "77",
+        "SLURM_ARRAY_TASK_ID": "2",
+        "SLURM_JOB_NUM_NODES": "1",
+    }
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 71, done.stderr  # TASK0_GONE, never 93
+    assert _recorded(log, "srun") == []
+    assert "task 2 leaves" in done.stdout
+
+
 @pytest.mark.skipif(
     shutil.which("sbatch") is None, reason="needs Slurm's sbatch (Debian slurm-client)"
 )
