@@ -3,11 +3,12 @@
 The race the seeds measured (306 s there): in the no-restart demo every node's
 ft_launcher exits 93, the hot spare's first (task 0's drains its log server for a few
 seconds more), so the array throttle admits the cold spare while task 0's teardown
-trap has not yet written the closed flag. The spare passes the sbatch's own check and
-starts the entrypoint, which must now leave within seconds: its gate and supervisor
-watch the closed flag. One chain of one generation per attempt; every spare Slurm
-admitted before the flag is a sample: admitted -> its job ended (slurmctld), split at
-its srun's end (slurmd), against the closed flag's mtime.
+trap has not yet written the closed flag. The hot spare's entrypoint leaves a witness
+of its exit 93 before its job ends, so the spare's batch script (or, if it gets that
+far, its gate) finds the generation over and leaves without starting srun. One chain of
+one generation per attempt; every spare Slurm admitted before the closed flag is a
+sample: admitted -> its job ended (slurmctld); when the spare did start srun, that time
+is split at its srun's end (slurmd), against the closed flag's mtime.
 """
 
 from __future__ import annotations
