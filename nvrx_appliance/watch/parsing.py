@@ -15,7 +15,7 @@ import posixpath
 import re
 from datetime import datetime
 
-from nvrx_appliance.watch.types import LIVE_STATES, Cycle, Ending, Generation, LedgerEntry, Task
+from nvrx_appliance.observe.types import LIVE_STATES, Cycle, Ending, Generation, LedgerEntry, Task
 
 # One line per array task (squeue --array). %F is the array job id, which every task of
 # one generation shares; %i is the task's own job id, which Slurm assigns as it starts.
@@ -116,18 +116,20 @@ def squeue_generations(out: str) -> tuple[Generation, ...]:
         parts = line.strip().split("|", 6)
         if len(parts) < 7 or not parts[0].strip():
             continue
-        array_id, task_raw, job_id, state, user, submit, nodes = (p.strip() for p in parts)
+        array_job_id, task_raw, job_id, state, user, submit, nodes = (p.strip() for p in parts)
         task_id = _task_id(task_raw)
         if task_id == -1:
             continue  # an unexpanded range: --array was ignored, never guess
-        tasks.setdefault(array_id, []).append(
+        tasks.setdefault(array_job_id, []).append(
             Task(task_id=task_id, job_id=job_id, state=state, user=user, nodes=nodes)
         )
         seen = parse_time(submit)
-        if seen is not None and (submitted.get(array_id) is None or seen < submitted[array_id]):
-            submitted[array_id] = seen
+        if seen is not None and (
+            submitted.get(array_job_id) is None or seen < submitted[array_job_id]
+        ):
+            submitted[array_job_id] = seen
     return tuple(
-        Generation(array_id=a, tasks=tuple(ts), submitted=submitted.get(a))
+        Generation(array_job_id=a, tasks=tuple(ts), submitted=submitted.get(a))
         for a, ts in sorted(tasks.items(), key=lambda item: _numeric(item[0]))
     )
 
@@ -167,12 +169,12 @@ def sacct_task0_endings(out: str) -> tuple[Ending, ...]:
         parts = line.strip().split("|")
         if len(parts) < 4:
             continue
-        array_id, array, task = parts[0].partition("_")
+        array_job_id, array, task = parts[0].partition("_")
         state = first_word(parts[1])
-        if (array and task != "0") or not array_id.isdigit() or not terminal(state):
+        if (array and task != "0") or not array_job_id.isdigit() or not terminal(state):
             continue
-        endings[array_id] = Ending(
-            array_id=array_id,
+        endings[array_job_id] = Ending(
+            array_job_id=array_job_id,
             state=state,
             exit_code=exit_code(parts[2]),
             end=parse_time(parts[3]),
@@ -251,11 +253,11 @@ def scontrol_owner(record: dict[str, str]) -> str:
 
 def scontrol_ending(record: dict[str, str]) -> Ending | None:
     state = first_word(record.get("JobState", ""))
-    array_id = record.get("ArrayJobId") or record.get("JobId", "")
-    if not terminal(state) or not array_id:
+    array_job_id = record.get("ArrayJobId") or record.get("JobId", "")
+    if not terminal(state) or not array_job_id:
         return None
     return Ending(
-        array_id=array_id,
+        array_job_id=array_job_id,
         state=state,
         exit_code=exit_code(record.get("ExitCode", "")),
         end=parse_time(record.get("EndTime")),
@@ -329,7 +331,7 @@ def ledger_entries(text: str) -> tuple[LedgerEntry, ...]:
         code = data.get("exit_code")
         entries.append(
             LedgerEntry(
-                array_id=str(data["array_job_id"]),
+                array_job_id=str(data["array_job_id"]),
                 end=parse_time(_text(data.get("end"))),
                 exit_code=code if isinstance(code, int) and not isinstance(code, bool) else None,
                 action=_text(data.get("action")),

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from nvrx_appliance.observe.types import Ending, Generation
 from nvrx_appliance.slurm import slurmcli
 from nvrx_appliance.slurm.slurmcli import SlurmUnavailable
 from nvrx_appliance.watch import parsing
-from nvrx_appliance.watch.types import Ending, Generation
 
 Runner = Callable[[Sequence[str], float], str]
 
@@ -121,27 +121,31 @@ class SlurmPlatform:
         )
         return parsing.sacct_task0_endings(out)
 
-    def task0_endings(self, array_ids: Sequence[str]) -> tuple[Ending, ...]:
+    def task0_endings(self, array_job_ids: Sequence[str]) -> tuple[Ending, ...]:
         """Task 0 of generations the windowed sacct did not cover: sacct by id first, then
         scontrol, which still knows a job for MinJobAge even where accounting lags."""
-        if not array_ids:
+        if not array_job_ids:
             return ()
-        ids = ",".join(f"{a}_0" for a in array_ids)
+        ids = ",".join(f"{a}_0" for a in array_job_ids)
         out = self.call(["sacct", "-X", "-n", "-P", "-j", ids, "--format", parsing.SACCT_FIELDS])
-        found = {e.array_id: e for e in parsing.sacct_task0_endings(out) if e.array_id in array_ids}
-        for array_id in array_ids:
-            if array_id in found:
+        found = {
+            e.array_job_id: e
+            for e in parsing.sacct_task0_endings(out)
+            if e.array_job_id in array_job_ids
+        }
+        for array_job_id in array_job_ids:
+            if array_job_id in found:
                 continue
             try:
-                text = self.call(["scontrol", "--oneliner", "show", "job", f"{array_id}_0"])
+                text = self.call(["scontrol", "--oneliner", "show", "job", f"{array_job_id}_0"])
             except SlurmUnavailable as exc:
                 if "invalid job id" in str(exc).lower():
                     continue  # gone from scontrol too: unknown, never "ended"
                 raise
             for record in parsing.scontrol_records(text):
                 ending = parsing.scontrol_ending(record)
-                if ending is not None and ending.array_id == array_id:
-                    found[array_id] = ending
+                if ending is not None and ending.array_job_id == array_job_id:
+                    found[array_job_id] = ending
         return tuple(found.values())
 
     def scancel(self, argv: Sequence[str]) -> None:

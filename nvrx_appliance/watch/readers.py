@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance.files import read_text
+from nvrx_appliance.observe.types import Checkpoint, Cycle, LedgerEntry
 from nvrx_appliance.watch import parsing
-from nvrx_appliance.watch.types import Checkpoint, Cycle, LedgerEntry
 
 MAX_SCRIPT_BYTES = 1 << 20  # a batch script or a library it sources; anything larger is not one
 MAX_CYCLE_BYTES = 1 << 16  # a cycle-info file is a few hundred bytes

@@ -92,7 +92,7 @@ def one_pass(tmp_path: Path, replay: Replay, name: str, at: str, **settings) -> 
 
 def test_squeue_groups_array_tasks_into_generations():
     running, queued = parsing.squeue_generations(recorded("squeue_running.txt"))
-    assert (running.array_id, queued.array_id) == ("18", "21")
+    assert (running.array_job_id, queued.array_job_id) == ("18", "21")
     assert running.task0.state == "RUNNING" and running.task0.nodes == "node3"
     assert [t.task_id for t in running.pending] == [2, 3]
     assert len(queued.pending) == 4 and queued.task0.state == "PENDING"
@@ -108,16 +108,16 @@ def test_after_a_sigkill_task0_is_gone_from_the_queue_and_spares_were_admitted()
 
 def test_sacct_reports_how_task0_ended_and_nothing_for_live_or_folded_tasks():
     [killed] = parsing.sacct_task0_endings(recorded("sacct_task0_killed.txt"))
-    assert (killed.array_id, killed.state, killed.exit_code) == ("18", "FAILED", 0)
+    assert (killed.array_job_id, killed.state, killed.exit_code) == ("18", "FAILED", 0)
     assert killed.end == parsing.parse_time("2026-11-30T18:19:20")
     [verdict] = parsing.sacct_task0_endings(recorded("sacct_no_restart.txt"))
-    assert (verdict.array_id, verdict.exit_code) == ("23", 93)
+    assert (verdict.array_job_id, verdict.exit_code) == ("23", 93)
 
 
 def test_scontrol_still_knows_the_dead_task0():
     [record] = parsing.scontrol_records(recorded("scontrol_task0.txt"))
     ending = parsing.scontrol_ending(record)
-    assert (ending.array_id, ending.state, ending.exit_code, ending.source) == (
+    assert (ending.array_job_id, ending.state, ending.exit_code, ending.source) == (
         "18",
         "FAILED",
         0,
@@ -194,7 +194,7 @@ def test_the_recorded_sigkill_state_is_an_orphaned_and_stranded_generation_after
 def test_task0_missing_from_the_windowed_sacct_is_asked_for_by_id_then_scontrol():
     replay = Replay(sacct="sacct_no_restart.txt")  # knows nothing of generation 18
     endings = SlurmPlatform(run=replay).task0_endings(["18"])
-    assert [(e.array_id, e.source) for e in endings] == [("18", "scontrol")]
+    assert [(e.array_job_id, e.source) for e in endings] == [("18", "scontrol")]
     assert [c[0] for c in replay.calls] == ["sacct", "scontrol"]
 
 
@@ -206,11 +206,15 @@ PLAIN_ENDED = "2026-12-01T01:55:23"
 
 def test_each_plain_job_is_a_generation_that_is_its_own_task0():
     running, waiting = parsing.squeue_generations(recorded("singleton/squeue.txt"))
-    assert (running.array_id, running.task0.state, running.task0.nodes) == ("2", "RUNNING", "node1")
-    assert (waiting.array_id, waiting.task0.state) == ("3", "PENDING")
+    assert (running.array_job_id, running.task0.state, running.task0.nodes) == (
+        "2",
+        "RUNNING",
+        "node1",
+    )
+    assert (waiting.array_job_id, waiting.task0.state) == ("3", "PENDING")
     assert waiting.pending == (waiting.task0,) and running.alive
     [verdict] = parsing.sacct_task0_endings(recorded("singleton/sacct.txt"))
-    assert (verdict.array_id, verdict.state, verdict.exit_code) == ("1", "FAILED", 93)
+    assert (verdict.array_job_id, verdict.state, verdict.exit_code) == ("1", "FAILED", 93)
     assert verdict.end == parsing.parse_time(PLAIN_ENDED)
 
 
