@@ -26,10 +26,11 @@ from typing import Any
 
 from nvrx_appliance.chain import ChainSpec, check, spec_fields
 from nvrx_appliance.manifest import Layout
+from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.slurm import cancel as cancelling
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import resolve, slurmcli, sources
+from nvrx_appliance.slurm import resolve, sources
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.cancel import Cancelled
 from nvrx_appliance.slurm.status import ChainView
@@ -184,7 +185,7 @@ def logs(
     that log. Raises LookupError when there is no such log (yet).
     """
     folder, generation = locate(target, work_dir=work_dir)
-    manifest = sources.load_manifest(folder)
+    manifest = workdir.load_manifest(folder)
     which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
     generation, path = chainlogs.pick(
         Layout(folder), manifest["spec"]["job_name"], which, generation

@@ -29,11 +29,11 @@ from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import cancel, commands, resolve, slurmcli
+from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.workdir import NotFound
+from nvrx_appliance.slurm import cancel, commands, resolve
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options
-from nvrx_appliance.slurm.sources import NotFound
-from nvrx_appliance.slurm.teardown import parse_iteration, parse_ledger
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
 DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
@@ -44,20 +44,6 @@ Echo = Callable[[str], None]
 def _fail(message: str) -> NoReturn:
     click.echo(f"nvrx-appliance qualify: {message}", err=True)
     sys.exit(exitcodes.USAGE)
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    try:
-        text = path.read_text()
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line being appended right now
-    return rows
 
 
 def _megatron_resumed(layout: Layout, array_job_id: str) -> int | None:
@@ -81,15 +67,13 @@ def _live(job_name: str, work_dir: str, user: str) -> bool:
 def gather(
     layout: Layout, *, first: str, second: str, job_name: str, workload: str, user: str
 ) -> q.Evidence:
-    ledger_text = layout.ledger.read_text() if layout.ledger.exists() else ""
-    tracker_text = layout.tracker.read_text() if layout.tracker.exists() else ""
     return q.Evidence(
         first=first,
         second=second,
-        ledger=parse_ledger(ledger_text),
-        events=_read_jsonl(layout.progress_log) if workload == "cpu" else [],
+        ledger=workdir.ledger(layout),
+        events=workdir.json_lines(layout.progress_log) if workload == "cpu" else [],
         megatron_resumed=_megatron_resumed(layout, second) if workload == "megatron" else None,
-        tracker=parse_iteration(tracker_text),
+        tracker=workdir.checkpoint_iteration(layout),
         chain_live=_live(job_name, str(layout.work_dir), user),
     )
 

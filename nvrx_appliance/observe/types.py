@@ -44,13 +44,18 @@ def terminal(state: str) -> bool:
 
 @dataclass(frozen=True)
 class Task:
-    """One array task as squeue lists it."""
+    """One array task as squeue lists it (only the fields the caller asked squeue for)."""
 
     task_id: int | None  # None for a job that is not an array task
     job_id: str  # the task's own Slurm job id
-    state: str
+    state: str  # PENDING, RUNNING, COMPLETING, ...
     user: str
-    nodes: str = ""
+    nodes: str = ""  # "" while pending
+    array_job_id: str = ""  # the generation: every task of one array shares it
+    name: str = ""
+    reason: str = ""  # why it is pending
+    work_dir: str = ""
+    submitted: float | None = None
 
     @property
     def running(self) -> bool:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance.manifest import Layout
+from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import PENDING_STATES, RUNNING_STATES
-from nvrx_appliance.slurm import slurmcli
-from nvrx_appliance.slurm.sources import load_manifest
+from nvrx_appliance.observe.workdir import load_manifest
 
 
 @dataclass(frozen=True)

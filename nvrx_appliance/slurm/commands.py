@@ -20,9 +20,10 @@ from rich.live import Live
 from nvrx_appliance import api, exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.manifest import Layout
+from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import resolve, slurmcli, sources, status_view
+from nvrx_appliance.slurm import resolve, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options, spec_flags
 
@@ -187,7 +188,7 @@ def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str 
     """(work dir, generation a job id names) of the chain `target` belongs to."""
     try:
         return api.locate(target, work_dir=work_dir)
-    except sources.NotFound as exc:
+    except workdir.NotFound as exc:
         _fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:
         _unreachable(command, str(exc), "pass the chain's --work-dir to read its files")
@@ -222,7 +223,7 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
     def look():
         try:
             return api.status(target, work_dir=folder)
-        except sources.NotFound as exc:
+        except workdir.NotFound as exc:
             _fail(str(exc))
 
     if every is None:
@@ -252,7 +253,7 @@ def cancel_command(target: str, work_dir: str | None) -> None:
     folder, _ = _locate("cancel", target, work_dir)
     try:
         done = api.cancel(target, work_dir=folder)
-    except sources.NotFound as exc:
+    except workdir.NotFound as exc:
         _fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:
         _unreachable("cancel", str(exc), "nothing more was done")
@@ -286,8 +287,8 @@ def logs_command(
         _fail("--task, --cycle and --launcher each pick one log; give one of them")
     folder, generation = _locate("logs", target, work_dir)
     try:
-        manifest = sources.load_manifest(folder)
-    except sources.NotFound as exc:
+        manifest = workdir.load_manifest(folder)
+    except workdir.NotFound as exc:
         _fail(str(exc))
     layout, job_name = Layout(folder), manifest["spec"]["job_name"]
     which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)

@@ -22,7 +22,8 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.chain import flag
 from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import demo_report, resolve, slurmcli, sources
+from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.slurm import demo_report, resolve, sources
 from nvrx_appliance.slurm import submit as submitting
 
 # Timeouts sized for a local cluster on a couple of cores, where a lost node should cost
@@ -89,14 +90,6 @@ def _submit(work: Path, name: str, user: str, say) -> list[str]:
     return done.job_ids
 
 
-def _read_events(layout: Layout) -> list[dict[str, Any]]:
-    return sources.read_jsonl(layout.progress_log)
-
-
-def _ledger(layout: Layout) -> list[dict[str, Any]]:
-    return [e for e in sources.read_jsonl(layout.ledger) if "array_job_id" in e]
-
-
 def _follow(work: Path, name: str, user: str, say) -> None:
     say("[3/4] following the chain (Ctrl-C stops following; the chain keeps running)")
     layout = Layout(work)
@@ -105,7 +98,7 @@ def _follow(work: Path, name: str, user: str, say) -> None:
     deadline = time.monotonic() + DEADLINE_S
     beat = time.monotonic()
     while time.monotonic() < deadline:
-        events, ledger = _read_events(layout), _ledger(layout)
+        events, ledger = workdir.json_lines(layout.progress_log), workdir.ledger(layout)
         for event in events[shown_events:]:
             line = demo_report.event_line(event)
             if line:
@@ -166,7 +159,9 @@ def run(say=click.echo) -> Outcome:
     view = sources.read_chain(work, user=user)
     layout = Layout(work)
     logs = {g.array_job_id: _nvrx_log(view, g.array_job_id) for g in view.generations}
-    result = demo_report.report(view, _read_events(layout), _ledger(layout), logs)
+    result = demo_report.report(
+        view, workdir.json_lines(layout.progress_log), workdir.ledger(layout), logs
+    )
     for line in result.lines:
         say("      " + line if line else "")
     say(f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again.")

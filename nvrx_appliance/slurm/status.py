@@ -16,9 +16,9 @@ from typing import Any
 
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.jsondoc import iso_utc
-from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle
-from nvrx_appliance.slurm.parse import AcctRow, QueueRow, slurm_seconds
-from nvrx_appliance.watch.parsing import parse_time
+from nvrx_appliance.observe.slurm_output import AcctRow, slurm_seconds
+from nvrx_appliance.observe.times import parse_time
+from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle, Task
 
 IMAGE_FILE, REGISTRY, BARE_METAL = "image file", "registry image", "bare metal"
 
@@ -119,7 +119,7 @@ def _ours(rows, work_dir: str):
 
 
 def _task_states(
-    queue: Sequence[QueueRow] | None, acct: Sequence[AcctRow] | None
+    queue: Sequence[Task] | None, acct: Sequence[AcctRow] | None
 ) -> dict[str, dict[int, str]]:
     """array job id -> task id -> state; squeue (the live truth) over sacct."""
     states: dict[str, dict[int, str]] = {}
@@ -133,7 +133,7 @@ def _task_states(
 
 
 def _task0(
-    array_job_id: str, queue: Sequence[QueueRow] | None, acct: Sequence[AcctRow] | None
+    array_job_id: str, queue: Sequence[Task] | None, acct: Sequence[AcctRow] | None
 ) -> tuple[str, str, int | None]:
     """(node, state, exit code) of task 0, from squeue while it lives, else sacct."""
     for row in queue or ():
@@ -145,7 +145,7 @@ def _task0(
     return "", "", None
 
 
-def _pending_reason(array_job_id: str, queue: Sequence[QueueRow] | None) -> str:
+def _pending_reason(array_job_id: str, queue: Sequence[Task] | None) -> str:
     for row in queue or ():
         if row.array_job_id == array_job_id and row.task_id == 0 and row.state in PENDING_STATES:
             return row.reason
@@ -241,7 +241,7 @@ def qualify_run_view(record: Any) -> QualifyRunView | None:
 def assemble(
     *,
     manifest: dict[str, Any],
-    queue: Sequence[QueueRow] | None,
+    queue: Sequence[Task] | None,
     acct: Sequence[AcctRow] | None,
     ledger: Sequence[dict[str, Any]],
     cycles: dict[str, Sequence[Cycle]],

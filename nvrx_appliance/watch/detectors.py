@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from nvrx_appliance.exitcodes import NVRX_NO_RESTART
+from nvrx_appliance.observe.slurm_output import expand_nodelist
+from nvrx_appliance.observe.times import age_text
 from nvrx_appliance.observe.types import Cycle, Ending, Generation
 from nvrx_appliance.watch.config import Thresholds
-from nvrx_appliance.watch.parsing import age_text, expand_nodelist
 from nvrx_appliance.watch.types import (
     CANCEL_GENERATION,
     CHECKPOINT,

@@ -7,8 +7,9 @@ from dataclasses import replace
 
 import pytest
 
+from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry, Task
-from nvrx_appliance.watch import detectors, parsing
+from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.config import Thresholds
 from nvrx_appliance.watch.types import (
     CANCEL_GENERATION,
@@ -449,4 +450,4 @@ def test_stalled_progress_says_the_tracker_holds_junk_when_it_exists():
 
 
 def test_a_tracker_of_superscript_digits_holds_no_iteration():
-    assert parsing.tracker_value("²\n") is None and parsing.tracker_value(" 40\n") == 40
+    assert run_files.tracker_value("²\n") is None and run_files.tracker_value(" 40\n") == 40

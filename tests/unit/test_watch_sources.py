@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.watch import persistence, readers
-from nvrx_appliance.watch.parsing import parse_time
 from nvrx_appliance.watch.readers import CycleReader, ReadError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
