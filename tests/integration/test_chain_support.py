@@ -16,7 +16,7 @@ from typing import Any
 
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.observe.workdir import json_lines as read_jsonl
-from nvrx_appliance.slurm.demo import QUICK, cli_flags
+from nvrx_appliance.workflows.demo import QUICK, cli_flags
 
 from .conftest import Cluster
 
