@@ -27,7 +27,7 @@ from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.entrypoints.launch import nvrx_logfile
 from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.observe import slurm_output, slurmcli
+from nvrx_appliance.observe import slurm_output, slurmcli, workdir
 
 T = TypeVar("T")
 CLI = str(Path(sys.executable).parent / "nvrx-appliance")
@@ -201,8 +201,7 @@ class Harness:
 
     @staticmethod
     def progress(work: Path) -> list[dict]:
-        path = Layout(work).progress_log
-        return timing.progress_events(path.read_text()) if path.exists() else []
+        return timing.progress_events(workdir.read(Layout(work).progress_log))
 
     def wait_event(
         self, work: Path, what: str, timeout: float, event: str, after: float = float("-inf"),

@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shlex
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -21,9 +21,11 @@ from nvrx_appliance import api, exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.follow import follow
+from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import resolve, status_view
+from nvrx_appliance.slurm import resolve, sources, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options, spec_flags
 
@@ -220,9 +222,9 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
     """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""
     folder, _ = _locate("status", target, work_dir)
 
-    def look():
+    def look(slurm: Slurm | None = None):
         try:
-            return api.status(target, work_dir=folder)
+            return sources.read_chain(folder, user=slurmcli.current_user(), slurm=slurm)
         except workdir.NotFound as exc:
             _fail(str(exc))
 
@@ -235,14 +237,16 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
         if not view.slurm_reachable:
             _unreachable("status", "; ".join(view.blind), "only the work dir's records are shown")
         return
-    console = Console()
-    with Live(status_view.render(look()), console=console, auto_refresh=False) as live:
-        try:
-            while True:
-                time.sleep(every)
-                live.update(status_view.render(look()), refresh=True)
-        except KeyboardInterrupt:
-            pass
+    with (
+        Live(console=Console(), auto_refresh=False) as live,
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        follow(
+            lambda slurm: live.update(status_view.render(look(slurm)), refresh=True),
+            lambda _: False,  # until Ctrl-C
+            deadline_s=math.inf,
+            poll_s=every,
+        )
 
 
 @click.command("cancel")

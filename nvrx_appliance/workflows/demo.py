@@ -23,6 +23,7 @@ from nvrx_appliance.chain import flag
 from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.slurm import resolve, sources
 from nvrx_appliance.slurm import submit as submitting
@@ -129,7 +130,7 @@ def _follow(work: Path, name: str, user: str, say) -> None:
             say("      " + _heartbeat(events))
         return not rows and bool(ledger)
 
-    if chain.follow(tick, bool, deadline_s=DEADLINE_S, poll_s=POLL_S).timed_out:
+    if follow(tick, bool, deadline_s=DEADLINE_S, poll_s=POLL_S).timed_out:
         say(f"      still running after {DEADLINE_S} s: cancelling the demo chain")
         subprocess.run([_cli(), "cancel", name], env=os.environ)
 

@@ -30,6 +30,7 @@ from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.observe.workdir import NotFound
 from nvrx_appliance.slurm import cancel, commands, resolve
@@ -139,7 +140,7 @@ def _watch(
             shown[check.name] = check.passed
         return checks, evidence
 
-    followed = chain.follow(
+    followed = follow(
         tick, lambda seen: q.verdict(seen[0]) != "pending", deadline_s=deadline, poll_s=POLL_S
     )
     checks, evidence = followed.last
