@@ -27,7 +27,7 @@ from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.entrypoints.launch import nvrx_logfile
 from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import parse, slurmcli
+from nvrx_appliance.observe import slurm_output, slurmcli, workdir
 
 T = TypeVar("T")
 CLI = str(Path(sys.executable).parent / "nvrx-appliance")
@@ -122,12 +122,8 @@ class Harness:
     def squeue_ids(self, name: str) -> list[str]:
         return self.slurm("squeue", "-h", "-r", "--name", name, "-o", "%i").split()
 
-    def sacct(self, job_ids: Sequence[str]) -> list[parse.AcctRow]:
-        out = self.slurm(
-            "sacct", "--noheader", "--parsable2", "--allocations",
-            "-j", ",".join(job_ids), "--format", parse.SACCT_FORMAT,
-        )  # fmt: skip
-        return parse.sacct_rows(out)
+    def sacct(self, job_ids: Sequence[str]) -> list[slurm_output.AcctRow]:
+        return slurmcli.Slurm(env=self.env).sacct(jobs=job_ids)
 
     def ctld_events(self) -> list[timing.CtldEvent]:
         return timing.ctld_events(self._since_up(self.ctld_log))
@@ -205,8 +201,7 @@ class Harness:
 
     @staticmethod
     def progress(work: Path) -> list[dict]:
-        path = Layout(work).progress_log
-        return timing.progress_events(path.read_text()) if path.exists() else []
+        return timing.progress_events(workdir.read(Layout(work).progress_log))
 
     def wait_event(
         self, work: Path, what: str, timeout: float, event: str, after: float = float("-inf"),

@@ -21,7 +21,8 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from nvrx_appliance.slurm.parse import AcctRow
+from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe.slurm_output import AcctRow
 
 # --- clocks ----------------------------------------------------------------------------
 
@@ -255,15 +256,7 @@ def segments(marks: Sequence[Mark]) -> list[tuple[str, float]]:
 
 def progress_events(text: str) -> list[dict]:
     """The cpu trainer's events; a torn last line (being appended) is skipped."""
-    events = []
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(event, dict) and "event" in event and "time" in event:
-            events.append(event)
-    return events
+    return [e for e in run_files.json_lines(text) if "event" in e and "time" in e]
 
 
 def first_event(events: Iterable[dict], event: str, after: float = float("-inf"), **match):

@@ -97,7 +97,7 @@ def squeue_text() -> str:
             running = g == 0 and t < 64
             state = "RUNNING" if running else "PENDING"
             node = f"node{t + 1}" if running else ""
-            lines.append(f"{array}|{t}|{array}_{t}|{state}|alice|2026-11-30T18:19:14|{node}")
+            lines.append(f"{array}|{t}|{state}|alice|2026-11-30T18:19:14|{node}")
     return "\n".join(lines) + "\n"
 
 

@@ -31,10 +31,12 @@ from typing import Any, TextIO
 
 from nvrx_appliance.chain import ChainSpec, check, spec_fields
 from nvrx_appliance.manifest import Layout
+from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.slurm import cancel as cancelling
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import resolve, slurmcli, sources
+from nvrx_appliance.slurm import resolve, sources
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.cancel import Cancelled
 from nvrx_appliance.slurm.status import ChainView
@@ -62,7 +64,7 @@ __all__ = [
 ]
 
 SlurmUnreachable = slurmcli.SlurmUnavailable
-ChainNotFound = sources.NotFound  # no chain of this user behind a job id, name or work dir
+ChainNotFound = workdir.NotFound  # no chain of this user behind a job id, name or work dir
 # A checked, rendered submission (run manifest, sbatch script, sbatch lines, warnings);
 # nothing of it is written until it is submitted.
 SubmitPlan = submitting.Plan
@@ -208,11 +210,13 @@ def locate(target: Target, *, work_dir: str | Path | None = None) -> tuple[Path,
     return sources.locate_job(target, user=slurmcli.current_user())
 
 
-def status(target: Target, *, work_dir: str | Path | None = None) -> ChainView:
+def status(
+    target: Target, *, work_dir: str | Path | None = None, slurm: Slurm | None = None
+) -> ChainView:
     """The chain at a glance, as `status --json` shows it; `blind` names what could not
     be read (a ChainView with `slurm_reachable` False when Slurm did not answer)."""
     folder, _ = locate(target, work_dir=work_dir)
-    return sources.read_chain(folder, user=slurmcli.current_user())
+    return sources.read_chain(folder, user=slurmcli.current_user(), slurm=slurm)
 
 
 def cancel(target: Target, *, work_dir: str | Path | None = None) -> Cancelled:
@@ -227,7 +231,7 @@ def _log_choice(
     if sum((task != 0, cycle is not None, launcher)) > 1:
         raise ValueError("task, cycle and launcher each pick one log; give one of them")
     folder, generation = locate(target, work_dir=work_dir)
-    manifest = sources.load_manifest(folder)
+    manifest = workdir.load_manifest(folder)
     which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
     return Layout(folder), manifest["spec"]["job_name"], which, generation, manifest
 

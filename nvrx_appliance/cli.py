@@ -25,7 +25,7 @@ COMMANDS = {
     ),
     "watch": ("nvrx_appliance.watch.cli:watch", "Watch a chain from outside the job (nvrx-watch)."),
     "qualify": (
-        "nvrx_appliance.image.qualify:qualify_command",
+        "nvrx_appliance.workflows.qualify:qualify_command",
         "Qualify an image on this cluster.",
     ),
     "image": ("nvrx_appliance.image.cli:image", "Build, inspect and verify appliance images."),
@@ -38,7 +38,7 @@ LOCAL_COMMANDS = {
         "A local Slurm cluster on this machine (demo, tests; root).",
     ),
     "demo": (
-        "nvrx_appliance.slurm.demo:demo_command",
+        "nvrx_appliance.workflows.demo:demo_command",
         "Run the hand-off demo on the local cluster.",
     ),
 }

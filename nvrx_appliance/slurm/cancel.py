@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import slurmcli
-from nvrx_appliance.slurm.sources import load_manifest
-from nvrx_appliance.slurm.status import LIVE, QUEUED
+from nvrx_appliance.observe import slurmcli
+from nvrx_appliance.observe.types import PENDING_STATES, RUNNING_STATES
+from nvrx_appliance.observe.workdir import load_manifest
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,10 @@ def cancel_chain(work_dir: Path, *, user: str) -> Cancelled:
         # By array id, not by name: a chain forced onto the same name elsewhere is not ours.
         if os.path.realpath(r.work_dir) == here
     ]
-    running = sorted({r.array_job_id for r in rows if r.state in LIVE}, key=int)
-    queued = sorted({r.array_job_id for r in rows if r.state in QUEUED} - set(running), key=int)
+    running = sorted({r.array_job_id for r in rows if r.state in RUNNING_STATES}, key=int)
+    queued = sorted(
+        {r.array_job_id for r in rows if r.state in PENDING_STATES} - set(running), key=int
+    )
     # Queued generations first: once the running one ends, the singleton dependency
     # would otherwise let the next one start before our second call reached it.
     if queued:

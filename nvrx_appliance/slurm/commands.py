@@ -5,11 +5,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shlex
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -19,6 +19,8 @@ from rich.live import Live
 
 from nvrx_appliance import api, exitcodes, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
+from nvrx_appliance.observe.follow import follow
+from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import resolve, status_view
 from nvrx_appliance.slurm import submit as submitting
@@ -219,9 +221,9 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
     """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""
     folder, _ = _locate("status", target, work_dir)
 
-    def look():
+    def look(slurm: Slurm | None = None):
         try:
-            return api.status(target, work_dir=folder)
+            return api.status(target, work_dir=folder, slurm=slurm)
         except api.ChainNotFound as exc:
             _fail(str(exc))
 
@@ -234,14 +236,16 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
         if not view.slurm_reachable:
             _unreachable("status", "; ".join(view.blind), "only the work dir's records are shown")
         return
-    console = Console()
-    with Live(status_view.render(look()), console=console, auto_refresh=False) as live:
-        try:
-            while True:
-                time.sleep(every)
-                live.update(status_view.render(look()), refresh=True)
-        except KeyboardInterrupt:
-            pass
+    with (
+        Live(console=Console(), auto_refresh=False) as live,
+        contextlib.suppress(KeyboardInterrupt),
+    ):
+        follow(
+            lambda slurm: live.update(status_view.render(look(slurm)), refresh=True),
+            lambda _: False,  # until Ctrl-C
+            deadline_s=math.inf,
+            poll_s=every,
+        )
 
 
 @click.command("cancel")

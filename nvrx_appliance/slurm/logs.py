@@ -7,7 +7,6 @@ ledger, the per-generation NVRx directories), so `logs` works without Slurm.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,8 +14,7 @@ from pathlib import Path
 from typing import TextIO
 
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm.sources import submitted_ids
-from nvrx_appliance.slurm.teardown import parse_ledger
+from nvrx_appliance.observe import workdir
 
 # How often --follow looks for new output and for a newer generation's file.
 FOLLOW_POLL_S = 0.5
@@ -48,9 +46,8 @@ class Which:
 
 def generations(layout: Layout) -> list[str]:
     """Array job ids of the chain's generations, oldest first."""
-    ids = set(submitted_ids(layout))
-    with contextlib.suppress(OSError):
-        ids |= {str(e["array_job_id"]) for e in parse_ledger(layout.ledger.read_text())}
+    ids = set(workdir.submitted_ids(layout))
+    ids |= {str(e["array_job_id"]) for e in workdir.ledger(layout)}
     if layout.generations_root.is_dir():
         ids |= {p.name for p in layout.generations_root.iterdir() if p.name.isdigit()}
     return sorted(ids, key=lambda x: (len(x), x))

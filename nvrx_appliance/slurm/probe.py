@@ -12,14 +12,10 @@ from pathlib import Path
 from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
-from nvrx_appliance.slurm import parse, slurmcli
+from nvrx_appliance.observe import slurm_output, slurmcli
+from nvrx_appliance.observe.types import LIVE_STATES
 from nvrx_appliance.slurm.resolve import HOST_PYTHON_RUNTIMES
 from nvrx_appliance.slurm.validate import Facts, host_checks, is_image_file
-
-# A name still held by one of these states would have its generations cancelled by ours.
-LIVE_STATES = frozenset(
-    {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING"}
-)
 
 
 def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
@@ -129,15 +125,16 @@ def _slurm(job_name: str, existing_chain: str, user: str) -> dict:
         config = slurmcli.show_config()
         # All of this user's jobs in one call: the controller is shared.
         rows = slurmcli.squeue(user=user)
-    except (slurmcli.SlurmUnavailable, parse.ParseError) as exc:
+    except (slurmcli.SlurmUnavailable, slurm_output.ParseError) as exc:
         return {"slurm_error": str(exc)}
 
     def live(name: str) -> tuple[str, ...]:
+        # A name still held by a live job would have its generations cancelled by ours.
         ids = {r.array_job_id for r in rows if r.name == name and r.state in LIVE_STATES}
         return tuple(sorted(ids, key=int))
 
     return {
-        "max_array_size": parse.max_array_size(config),
+        "max_array_size": slurm_output.max_array_size(config),
         "cluster_name": str(config.get("ClusterName", "")),
         "name_in_use": live(job_name),
         "work_dir_chain": existing_chain,

@@ -16,12 +16,10 @@ from typing import Any
 
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.jsondoc import iso_utc
-from nvrx_appliance.slurm.parse import AcctRow, QueueRow, slurm_seconds
-from nvrx_appliance.watch.parsing import parse_time
-from nvrx_appliance.watch.types import Cycle
+from nvrx_appliance.observe.slurm_output import AcctRow, slurm_seconds
+from nvrx_appliance.observe.times import parse_time
+from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle, Task
 
-LIVE = frozenset({"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"})
-QUEUED = frozenset({"PENDING", "REQUEUED"})
 IMAGE_FILE, REGISTRY, BARE_METAL = "image file", "registry image", "bare metal"
 
 
@@ -121,7 +119,7 @@ def _ours(rows, work_dir: str):
 
 
 def _task_states(
-    queue: Sequence[QueueRow] | None, acct: Sequence[AcctRow] | None
+    queue: Sequence[Task] | None, acct: Sequence[AcctRow] | None
 ) -> dict[str, dict[int, str]]:
     """array job id -> task id -> state; squeue (the live truth) over sacct."""
     states: dict[str, dict[int, str]] = {}
@@ -135,7 +133,7 @@ def _task_states(
 
 
 def _task0(
-    array_job_id: str, queue: Sequence[QueueRow] | None, acct: Sequence[AcctRow] | None
+    array_job_id: str, queue: Sequence[Task] | None, acct: Sequence[AcctRow] | None
 ) -> tuple[str, str, int | None]:
     """(node, state, exit code) of task 0, from squeue while it lives, else sacct."""
     for row in queue or ():
@@ -147,9 +145,9 @@ def _task0(
     return "", "", None
 
 
-def _pending_reason(array_job_id: str, queue: Sequence[QueueRow] | None) -> str:
+def _pending_reason(array_job_id: str, queue: Sequence[Task] | None) -> str:
     for row in queue or ():
-        if row.array_job_id == array_job_id and row.task_id == 0 and row.state in QUEUED:
+        if row.array_job_id == array_job_id and row.task_id == 0 and row.state in PENDING_STATES:
             return row.reason
     return ""
 
@@ -172,9 +170,9 @@ def _clock(
 
 
 def _state(tasks: dict[int, str]) -> str:
-    if any(s in LIVE for s in tasks.values()):
+    if any(s in RUNNING_STATES for s in tasks.values()):
         return "running"
-    if tasks and all(s in QUEUED for s in tasks.values()):
+    if tasks and all(s in PENDING_STATES for s in tasks.values()):
         return "queued"
     return "ended"
 
@@ -182,8 +180,8 @@ def _state(tasks: dict[int, str]) -> str:
 def _admission(tasks: dict[int, str], active: int) -> str:
     """Array admission is not atomic, and the singleton dependency reserves nothing: a
     running generation can still wait for some of its active set to be scheduled."""
-    running = sum(1 for s in tasks.values() if s in LIVE)
-    pending = sum(1 for s in tasks.values() if s in QUEUED)
+    running = sum(1 for s in tasks.values() if s in RUNNING_STATES)
+    pending = sum(1 for s in tasks.values() if s in PENDING_STATES)
     if running and running < active and pending:
         return f"{running} of {active} active tasks admitted; waiting for the scheduler"
     return ""
@@ -243,7 +241,7 @@ def qualify_run_view(record: Any) -> QualifyRunView | None:
 def assemble(
     *,
     manifest: dict[str, Any],
-    queue: Sequence[QueueRow] | None,
+    queue: Sequence[Task] | None,
     acct: Sequence[AcctRow] | None,
     ledger: Sequence[dict[str, Any]],
     cycles: dict[str, Sequence[Cycle]],
@@ -273,9 +271,9 @@ def assemble(
             GenerationView(
                 array_job_id=array_job_id,
                 state=state,
-                running=sum(1 for s in tasks.values() if s in LIVE),
-                pending=sum(1 for s in tasks.values() if s in QUEUED),
-                done=sum(1 for s in tasks.values() if s not in LIVE | QUEUED),
+                running=sum(1 for s in tasks.values() if s in RUNNING_STATES),
+                pending=sum(1 for s in tasks.values() if s in PENDING_STATES),
+                done=sum(1 for s in tasks.values() if s not in LIVE_STATES),
                 task0_node=entry.get("task0_node") or node,
                 task0_state=task0_state,
                 exit_code=entry.get("exit_code", code),

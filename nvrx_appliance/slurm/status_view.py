@@ -8,6 +8,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from nvrx_appliance.observe.times import age_text
 from nvrx_appliance.slurm.status import (
     BARE_METAL,
     ChainView,
@@ -15,7 +16,6 @@ from nvrx_appliance.slurm.status import (
     ImageView,
     QualifyRunView,
 )
-from nvrx_appliance.watch.parsing import age_text
 
 _ACTIONS = {
     "released_spares": "released spares",

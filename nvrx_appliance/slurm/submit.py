@@ -21,7 +21,8 @@ from nvrx_appliance.entrypoints import workloads
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.manifest import Manifest
-from nvrx_appliance.slurm import probe, render, slurmcli
+from nvrx_appliance.observe import slurmcli
+from nvrx_appliance.slurm import probe, render
 from nvrx_appliance.slurm.resolve import Resolved
 from nvrx_appliance.slurm.validate import Facts, judge
 

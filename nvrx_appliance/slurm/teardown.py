@@ -38,24 +38,6 @@ BURN_GUARD = "burn_guard"
 FENCED = "fenced"
 NONE = "none"
 
-# The ledger line, one per generation (SEAMS.md); status and the watcher read it.
-LEDGER_KEYS = (
-    "array_job_id",
-    "job_name",
-    "task0_node",
-    "start",
-    "end",
-    "exit_code",
-    "checkpoint_iteration",
-    "action",
-    "reason",
-    # additions: which chain wrote it, where the generation started, whether scancel worked
-    "chain",
-    "checkpoint_iteration_start",
-    "scancel_ok",
-)
-
-
 # --- pure ---------------------------------------------------------------------------
 
 

@@ -19,8 +19,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from nvrx_appliance.exitcodes import NVRX_NO_RESTART
+from nvrx_appliance.observe.slurm_output import expand_nodelist
+from nvrx_appliance.observe.times import age_text
+from nvrx_appliance.observe.types import Cycle, Ending, Generation
 from nvrx_appliance.watch.config import Thresholds
-from nvrx_appliance.watch.parsing import age_text, expand_nodelist
 from nvrx_appliance.watch.types import (
     CANCEL_GENERATION,
     CHECKPOINT,
@@ -34,10 +36,7 @@ from nvrx_appliance.watch.types import (
     UNAVAILABLE,
     WARNING,
     Action,
-    Cycle,
-    Ending,
     Finding,
-    Generation,
     Snapshot,
 )
 
@@ -87,7 +86,7 @@ def _task0_gone(snap: Snapshot, t: Thresholds) -> Iterator[tuple[Generation, End
     queue with no terminal record from sacct or scontrol is *unknown*, never gone.
     """
     for gen in snap.generations:
-        ending = snap.ending(gen.array_id)
+        ending = snap.ending(gen.array_job_id)
         if gen.task0 is not None or ending is None or ending.end is None:
             continue
         age = snap.observed_at - ending.end
@@ -103,23 +102,23 @@ def orphaned_generation(snap: Snapshot, t: Thresholds) -> list[Finding]:
             continue
         action = Action(
             RELEASE_SPARES,
-            gen.array_id,
+            gen.array_job_id,
             (
                 "scancel",
                 "--state=PENDING",
                 f"--user={snap.run.owner}",
                 f"--name={snap.run.job_name}",
-                gen.array_id,
+                gen.array_job_id,
             ),
         )
         findings.append(
             _finding(
                 snap,
                 "orphaned_generation",
-                gen.array_id,
+                gen.array_job_id,
                 WARNING,
                 summary=(
-                    f"generation {gen.array_id} of {snap.run.job_name}: task 0 ended "
+                    f"generation {gen.array_job_id} of {snap.run.job_name}: task 0 ended "
                     f"{ending.state} {age_text(age)} ago, but "
                     f"{len(gen.pending)} cold spare(s) are still pending"
                 ),
@@ -143,18 +142,23 @@ def stranded_generation(snap: Snapshot, t: Thresholds) -> list[Finding]:
             continue
         action = Action(
             CANCEL_GENERATION,
-            gen.array_id,
-            ("scancel", f"--user={snap.run.owner}", f"--name={snap.run.job_name}", gen.array_id),
+            gen.array_job_id,
+            (
+                "scancel",
+                f"--user={snap.run.owner}",
+                f"--name={snap.run.job_name}",
+                gen.array_job_id,
+            ),
         )
         nodes = ",".join(sorted({task.nodes for task in gen.running if task.nodes}))
         findings.append(
             _finding(
                 snap,
                 "stranded_generation",
-                gen.array_id,
+                gen.array_job_id,
                 CRITICAL,
                 summary=(
-                    f"generation {gen.array_id} of {snap.run.job_name}: task 0 ended "
+                    f"generation {gen.array_job_id} of {snap.run.job_name}: task 0 ended "
                     f"{age_text(age)} ago but {len(gen.running)} task(s) still run"
                     + (f" on {nodes}" if nodes else "")
                 ),
@@ -177,7 +181,7 @@ def chain_exhausted(snap: Snapshot, t: Thresholds) -> list[Finding]:
         return []
     last = snap.ledger[-1] if snap.ledger else None
     history = (
-        f" The last generation recorded, {last.array_id}, ended with exit {last.exit_code}"
+        f" The last generation recorded, {last.array_job_id}, ended with exit {last.exit_code}"
         f" ({last.reason or last.action})."
         if last
         else ""
@@ -203,21 +207,21 @@ def _no_restart_endings(snap: Snapshot) -> dict[str, float | None]:
     ended: dict[str, float | None] = {}
     for ending in snap.endings:
         if ending.exit_code == NVRX_NO_RESTART:
-            ended[ending.array_id] = ending.end
+            ended[ending.array_job_id] = ending.end
     for entry in snap.ledger:
         if entry.exit_code == NVRX_NO_RESTART:
-            ended[entry.array_id] = ended.get(entry.array_id) or entry.end
+            ended[entry.array_job_id] = ended.get(entry.array_job_id) or entry.end
     return ended
 
 
 def chain_not_cancelled(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """A generation ended 93 (NVRx: do not restart) but successors are still queued or running."""
     findings = []
-    for array_id, end in _no_restart_endings(snap).items():
+    for array_job_id, end in _no_restart_endings(snap).items():
         successors = [
-            g.array_id
+            g.array_job_id
             for g in snap.generations
-            if g.array_id != array_id
+            if g.array_job_id != array_job_id
             # Queued before that verdict: a chain resubmitted afterwards is a new decision.
             and (end is None or g.submitted is None or g.submitted <= end)
         ]
@@ -228,10 +232,10 @@ def chain_not_cancelled(snap: Snapshot, t: Thresholds) -> list[Finding]:
             _finding(
                 snap,
                 "chain_not_cancelled",
-                array_id,
+                array_job_id,
                 CRITICAL,
                 summary=(
-                    f"generation {array_id} of {snap.run.job_name} ended {NVRX_NO_RESTART} (NVRx: "
+                    f"generation {array_job_id} of {snap.run.job_name} ended {NVRX_NO_RESTART} (NVRx: "
                     f"do not restart) but generation(s) {', '.join(successors)} are still queued"
                 ),
                 detail=(
@@ -248,11 +252,11 @@ def generation_churn(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """More generations of the chain ended within the churn window than the threshold allows."""
     cutoff = snap.observed_at - t.churn_window
     ends: dict[str, float] = {}
-    for array_id, end in [(e.array_id, e.end) for e in snap.endings] + [
-        (e.array_id, e.end) for e in snap.ledger
+    for array_job_id, end in [(e.array_job_id, e.end) for e in snap.endings] + [
+        (e.array_job_id, e.end) for e in snap.ledger
     ]:
         if end is not None and end >= cutoff:
-            ends[array_id] = end
+            ends[array_job_id] = end
     if len(ends) <= t.max_generations_per_window:
         return []
     recent = sorted(ends, key=ends.__getitem__)
@@ -277,11 +281,11 @@ def generation_churn(snap: Snapshot, t: Thresholds) -> list[Finding]:
 # --- restart anomalies -----------------------------------------------------------------
 
 
-def _alive(snap: Snapshot, array_id: str) -> bool:
+def _alive(snap: Snapshot, array_job_id: str) -> bool:
     """Whether the generation that wrote a cycle still runs; without Slurm, assume so."""
     if not snap.has(SLURM):
         return True
-    gen = snap.generation(array_id)
+    gen = snap.generation(array_job_id)
     return gen is not None and gen.alive
 
 

@@ -16,15 +16,15 @@ def refusal(action: Action, snap: Snapshot, caller: str) -> str | None:
     """None if the action may run; otherwise why not, in words for the log."""
     if caller != snap.run.owner:
         return f"chain {snap.run.job_name} belongs to {snap.run.owner}, not to {caller}"
-    gen = snap.generation(action.array_id)
+    gen = snap.generation(action.array_job_id)
     if gen is None:
-        return f"{action.array_id} is not a queued generation of chain {snap.run.job_name}"
+        return f"{action.array_job_id} is not a queued generation of chain {snap.run.job_name}"
     foreign = sorted({t.user for t in gen.tasks if t.user != caller})
     if foreign:
-        return f"generation {action.array_id} has tasks of {', '.join(foreign)}"
-    scoped = {f"--user={caller}", f"--name={snap.run.job_name}", action.array_id}
+        return f"generation {action.array_job_id} has tasks of {', '.join(foreign)}"
+    scoped = {f"--user={caller}", f"--name={snap.run.job_name}", action.array_job_id}
     if not scoped <= set(action.argv):
         return "the command is not scoped to this user, chain and generation"
     if action.kind == RELEASE_SPARES and not gen.pending:
-        return f"generation {action.array_id} has no pending task left"
+        return f"generation {action.array_job_id} has no pending task left"
     return None

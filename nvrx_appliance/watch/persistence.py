@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.files import write_atomic
-from nvrx_appliance.watch.types import Checkpoint, Cycle
+from nvrx_appliance.observe.types import Checkpoint, Cycle
 
 VERSION = 1
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance.files import read_text
-from nvrx_appliance.watch import parsing
-from nvrx_appliance.watch.types import Checkpoint, Cycle, LedgerEntry
+from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe.types import Checkpoint, Cycle, LedgerEntry
 
 MAX_SCRIPT_BYTES = 1 << 20  # a batch script or a library it sources; anything larger is not one
 MAX_CYCLE_BYTES = 1 << 16  # a cycle-info file is a few hundred bytes
@@ -127,7 +127,7 @@ def _files(directory: str, name_pattern: str) -> Iterator[tuple[str, os.stat_res
     wanted = re.compile(fnmatch.translate(name_pattern)).match
     for entry in entries:
         name = entry.name
-        if not (parsing.cycle_file_name(name) and wanted(name)):
+        if not (run_files.cycle_file_name(name) and wanted(name)):
             continue  # the .current symlink, a writer's .tmp, anything else
         if not entry.is_file(follow_symlinks=False):
             continue
@@ -163,7 +163,7 @@ def _parse_file(path: str, size: int) -> Cycle | None:
         return None
     try:
         with open(path, "rb") as fh:
-            return parsing.cycle_info(fh.read())
+            return run_files.cycle_info(fh.read())
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -209,12 +209,12 @@ def read_checkpoint(path_or_glob: str) -> Checkpoint:
     if best is None:
         return Checkpoint(value=None, mtime=None)
     text = _read_small(best[1], "checkpoint tracker", 4096)
-    return Checkpoint(value=None if text is None else parsing.tracker_value(text), mtime=best[0])
+    return Checkpoint(value=None if text is None else run_files.tracker_value(text), mtime=best[0])
 
 
 def read_ledger(path: str) -> tuple[LedgerEntry, ...]:
     text = _read_small(path, "ledger", 64 << 20)
-    return () if text is None else parsing.ledger_entries(text)
+    return () if text is None else run_files.ledger_entries(text)
 
 
 def marker_present(path: str) -> bool:

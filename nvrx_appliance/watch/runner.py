@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.manifest import Layout
+from nvrx_appliance.observe.types import Checkpoint
 from nvrx_appliance.watch import detectors, gate, persistence, readers, sinks
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
@@ -33,7 +34,6 @@ from nvrx_appliance.watch.types import (
     OBSERVED,
     SLURM,
     UNAVAILABLE,
-    Checkpoint,
     Finding,
     Run,
     Snapshot,
@@ -126,8 +126,10 @@ class Watcher:
             sources[SLURM] = SourceStatus(UNAVAILABLE, str(exc))
             return (), ()
         sources[SLURM] = SourceStatus(OBSERVED)
-        known = {e.array_id for e in endings}
-        unknown = [g.array_id for g in generations if g.task0 is None and g.array_id not in known]
+        known = {e.array_job_id for e in endings}
+        unknown = [
+            g.array_job_id for g in generations if g.task0 is None and g.array_job_id not in known
+        ]
         try:
             endings += self.platform.task0_endings(unknown)
             sources[FOLLOW_UP] = SourceStatus(OBSERVED)

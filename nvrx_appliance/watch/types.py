@@ -1,12 +1,9 @@
 """The watcher's vocabulary: what one pass observes and what it concludes.
 
 Every other watch module imports from here and nothing here imports them, so the
-module graph is a DAG rooted at this file. Times are seconds since the epoch (float)
-throughout: detectors only subtract them, and floats keep a 10,000-cycle pass cheap.
-
-Word use: a *generation* is one job array of the chain (its id is the array job id);
-a *cycle* is one NVRx in-job restart cycle inside a generation. The `generation` field
-inside a cycle-info file is NVRx's compare-and-swap counter and is not read here.
+module graph is a DAG rooted at this file and at the observation vocabulary it builds on
+(observe/types.py: tasks, generations, endings, cycles, the tracker, the ledger). Times
+are seconds since the epoch (float) throughout.
 
 Pure: no I/O.
 """
@@ -15,7 +12,8 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from typing import NamedTuple
+
+from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry
 
 # --- severities: what reaches a person -------------------------------------------------
 INFO = "info"  # logged and counted, never paged
@@ -39,24 +37,6 @@ OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
 NOT_CONFIGURED = "not configured"
 
-# --- Slurm job states, by what they mean for a generation ------------------------------
-PENDING_STATES = frozenset(
-    {"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
-)
-RUNNING_STATES = frozenset(
-    {
-        "RUNNING",
-        "CONFIGURING",
-        "COMPLETING",
-        "SUSPENDED",
-        "STOPPED",
-        "SIGNALING",
-        "STAGE_OUT",
-        "RESIZING",
-    }
-)
-LIVE_STATES = PENDING_STATES | RUNNING_STATES
-
 # --- actions: the only two things the watcher may ever do, and only with --act -----------
 RELEASE_SPARES = "release_spares"  # scancel the PENDING tasks of one generation
 CANCEL_GENERATION = "cancel_generation"  # scancel every remaining task of one generation
@@ -67,101 +47,6 @@ ACTION_KINDS = (RELEASE_SPARES, CANCEL_GENERATION)
 class SourceStatus:
     state: str  # OBSERVED, UNAVAILABLE or NOT_CONFIGURED
     reason: str = ""  # why it is unavailable / not configured, for the person on call
-
-
-@dataclass(frozen=True)
-class Task:
-    """One array task as squeue lists it."""
-
-    task_id: int | None  # None for a job that is not an array task
-    job_id: str  # the task's own Slurm job id
-    state: str
-    user: str
-    nodes: str = ""
-
-    @property
-    def running(self) -> bool:
-        return self.state in RUNNING_STATES
-
-    @property
-    def pending(self) -> bool:
-        return self.state in PENDING_STATES
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One job array of the chain with at least one task still in the queue, or one plain
-    job of a chain that does not use arrays (a generation of one task)."""
-
-    array_id: str
-    tasks: tuple[Task, ...]
-    submitted: float | None = None  # submit time; successors queued before an ending
-
-    @property
-    def task0(self) -> Task | None:
-        """The task that speaks for the generation: task 0 of an array, or the job itself
-        when the chain is made of plain jobs (no array, so squeue gives no task id)."""
-        return next((t for t in self.tasks if t.task_id in (0, None)), None)
-
-    @property
-    def pending(self) -> tuple[Task, ...]:
-        return tuple(t for t in self.tasks if t.pending)
-
-    @property
-    def running(self) -> tuple[Task, ...]:
-        return tuple(t for t in self.tasks if t.running)
-
-    @property
-    def alive(self) -> bool:
-        return any(t.running for t in self.tasks)
-
-
-@dataclass(frozen=True)
-class Ending:
-    """How a generation's task 0 ended, as Slurm (sacct or scontrol) recorded it."""
-
-    array_id: str
-    state: str  # terminal Slurm state: COMPLETED, FAILED, CANCELLED, ...
-    exit_code: int | None
-    end: float | None
-    source: str  # "sacct" or "scontrol"
-
-
-class Cycle(NamedTuple):
-    """One NVRx cycle-info file. A named tuple, not a dataclass: a pass over a long run
-    builds tens of thousands of them from the cycle cache, and a tuple is built fastest."""
-
-    job_id: str  # the generation (array job id) whose task 0 wrote it
-    attempt: int
-    number: int
-    start: float
-    end: float | None  # None: still running, *or* ended without recording it
-    active_nodes: str = ""
-    standby_nodes: str = ""
-    log_file: str = ""
-
-    @property
-    def key(self) -> str:
-        return f"{self.job_id}.{self.attempt}.{self.number}"
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    """The checkpoint-iteration tracker: its value, when it was written, and since when
-    this value has been seen (the state file remembers across passes)."""
-
-    value: int | None  # None: no tracker yet (or unreadable content)
-    mtime: float | None
-    since: float | None = None  # first time this value was observed
-
-
-@dataclass(frozen=True)
-class LedgerEntry:
-    array_id: str
-    end: float | None
-    exit_code: int | None
-    action: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -198,11 +83,11 @@ class Snapshot:
             self.sources.get(s, SourceStatus(NOT_CONFIGURED)).state == OBSERVED for s in sources
         )
 
-    def generation(self, array_id: str) -> Generation | None:
-        return next((g for g in self.generations if g.array_id == array_id), None)
+    def generation(self, array_job_id: str) -> Generation | None:
+        return next((g for g in self.generations if g.array_job_id == array_job_id), None)
 
-    def ending(self, array_id: str) -> Ending | None:
-        return next((e for e in self.endings if e.array_id == array_id), None)
+    def ending(self, array_job_id: str) -> Ending | None:
+        return next((e for e in self.endings if e.array_job_id == array_job_id), None)
 
     @property
     def latest_cycle(self) -> Cycle | None:
@@ -229,7 +114,7 @@ class Snapshot:
 @dataclass(frozen=True)
 class Action:
     kind: str  # RELEASE_SPARES or CANCEL_GENERATION
-    array_id: str
+    array_job_id: str
     argv: tuple[str, ...]  # the exact command, printed in observe-only mode
 
     @property

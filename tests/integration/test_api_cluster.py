@@ -7,7 +7,7 @@ import pytest
 
 from nvrx_appliance import api
 from nvrx_appliance.devcluster.poll import wait_until
-from nvrx_appliance.slurm.demo import QUICK
+from nvrx_appliance.workflows.demo import QUICK
 
 from .conftest import Cluster
 from .test_chain_support import logs_on_failure, unique

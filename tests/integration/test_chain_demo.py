@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.slurm import demo
+from nvrx_appliance.workflows import demo
 
 from .conftest import Cluster
 from .test_chain_support import ledger, logs_on_failure, progress, squeue_ids, state, tasks

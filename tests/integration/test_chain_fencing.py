@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from nvrx_appliance.slurm.demo import QUICK
+from nvrx_appliance.workflows.demo import QUICK
 
 from .conftest import Cluster, cluster_cli
 from .test_chain_support import (

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.watch.parsing import cycle_info, expand_nodelist
+from nvrx_appliance.observe.run_files import cycle_info
+from nvrx_appliance.observe.slurm_output import expand_nodelist
 
 from .conftest import Cluster, cluster_cli
 from .test_chain_support import (

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.devcluster.poll import wait_until
-from nvrx_appliance.slurm.demo import QUICK, cli_flags
-from nvrx_appliance.slurm.sources import read_jsonl
+from nvrx_appliance.observe.workdir import json_lines as read_jsonl
+from nvrx_appliance.workflows.demo import QUICK, cli_flags
 
 from .conftest import Cluster
 

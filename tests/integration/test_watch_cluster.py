@@ -81,32 +81,35 @@ class Chain:
             self.plain.add(job)
         return job
 
-    def tasks(self, array_id: str) -> dict[int, str]:
+    def tasks(self, array_job_id: str) -> dict[int, str]:
         """Task id -> state of the array's tasks still in the queue."""
         out = self.cluster.slurm(
-            "squeue", "-h", "-r", "-j", array_id, "-o", "%K|%T", check=False
+            "squeue", "-h", "-r", "-j", array_job_id, "-o", "%K|%T", check=False
         ).stdout
         tasks = (line.split("|") for line in out.split())
         return {int(k) if k.isdigit() else 0: s for k, s in tasks}  # a plain job: its own 0
 
     def wait_tasks(
-        self, array_id: str, predicate, what: str, timeout: float = 90
+        self, array_job_id: str, predicate, what: str, timeout: float = 90
     ) -> dict[int, str]:
         def check():
-            tasks = self.tasks(array_id)
+            tasks = self.tasks(array_job_id)
             return [tasks] if predicate(tasks) else None  # a list: an empty queue is an answer
 
         return self.cluster.wait_until(check, timeout, what, 0.5)[0]
 
-    def kill_task0(self, array_id: str) -> None:
+    def kill_task0(self, array_job_id: str) -> None:
         """SIGKILL task 0's batch shell: the trap never runs, as on a hard node death."""
-        self.cluster.slurm("scancel", "--signal=KILL", "--batch", f"{array_id}_0")
+        self.cluster.slurm("scancel", "--signal=KILL", "--batch", f"{array_job_id}_0")
         self.cluster.wait_until(
-            lambda: self.task0_end(array_id), 90, f"sacct to record the end of {array_id}_0", 0.5
+            lambda: self.task0_end(array_job_id),
+            90,
+            f"sacct to record the end of {array_job_id}_0",
+            0.5,
         )
 
-    def task0_end(self, array_id: str) -> str | None:
-        task0 = array_id if array_id in self.plain else f"{array_id}_0"
+    def task0_end(self, array_job_id: str) -> str | None:
+        task0 = array_job_id if array_job_id in self.plain else f"{array_job_id}_0"
         for record in self.cluster.sacct(task0):
             if record["JobName"] != self.name:
                 continue  # accounting still holds an earlier cluster's job of that id

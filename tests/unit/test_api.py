@@ -90,7 +90,7 @@ def test_the_cli_and_the_api_find_a_chain_by_its_work_dir_without_slurm(tmp_path
     assert api.locate("llm", work_dir=tmp_path / "run") == (tmp_path / "run", None)
     chain = api.Chain("llm", tmp_path / "elsewhere", ("1",))
     assert api.locate(chain, work_dir="run") == (tmp_path / "elsewhere", None)
-    with pytest.raises(api.sources.NotFound):  # the same refusal `status --work-dir` prints
+    with pytest.raises(api.workdir.NotFound):  # the same refusal `status --work-dir` prints
         api.status("llm", work_dir=tmp_path / "run")
 
 

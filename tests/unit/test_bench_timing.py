@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench import timing
-from nvrx_appliance.slurm.parse import sacct_rows
+from nvrx_appliance.observe.slurm_output import sacct_rows
 
 CTLD_LOG = """\
 [2026-11-30T18:28:35.989] _slurm_rpc_submit_batch_job: JobId=1 InitPrio=4294901759 usec=520
@@ -23,7 +23,7 @@ CTLD_LOG = """\
 a line without a stamp JobId=9_0(11) done
 """
 
-# sacct --parsable2, parse.SACCT_FORMAT
+# sacct --parsable2, slurm_output.CHAIN_ACCOUNTING
 SACCT = """\
 1_0|4|c|root|NODE_FAIL|0:0|node1|2026-11-30T18:28:36|2026-11-30T18:28:40|/w
 1_1|5|c|root|FAILED|71:0|node2|2026-11-30T18:28:36|2026-11-30T18:28:41|/w

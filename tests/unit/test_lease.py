@@ -6,7 +6,7 @@ import pytest
 from bench import chains
 from nvrx_appliance import lease
 from nvrx_appliance.chain import ChainSpec, check
-from nvrx_appliance.slurm.demo import QUICK
+from nvrx_appliance.workflows.demo import QUICK
 
 
 def _flag(flags: tuple[str, ...], name: str, default: float) -> float:

@@ -12,8 +12,10 @@ from rich.console import Console
 
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
-from nvrx_appliance.slurm import parse, status, status_view
-from nvrx_appliance.watch.parsing import cycle_info, parse_time
+from nvrx_appliance.observe import slurm_output
+from nvrx_appliance.observe.run_files import cycle_info
+from nvrx_appliance.observe.times import parse_time
+from nvrx_appliance.slurm import status, status_view
 from tests.unit.images import cpu_manifest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
@@ -69,8 +71,8 @@ def _view():
               ("cycle_info.4242.0.0", "cycle_info.4242.0.1")]  # fmt: skip
     return status.assemble(
         manifest=MANIFEST,
-        queue=parse.squeue_rows(SQUEUE),
-        acct=parse.sacct_rows(SACCT),
+        queue=slurm_output.squeue_tasks(SQUEUE),
+        acct=slurm_output.sacct_rows(SACCT),
         ledger=LEDGER,
         cycles={"4242": cycles},
         checkpoint_now=60,
@@ -138,7 +140,7 @@ def test_the_table_reads_like_the_chain():
 def test_a_generation_a_peer_fenced_says_so():
     fenced = [{**LEDGER[0], "action": "fenced", "reason": "task 0's lease went stale"}]
     view = status.assemble(
-        manifest=MANIFEST, queue=parse.squeue_rows(SQUEUE), acct=parse.sacct_rows(SACCT),
+        manifest=MANIFEST, queue=slurm_output.squeue_tasks(SQUEUE), acct=slurm_output.sacct_rows(SACCT),
         ledger=fenced, cycles={}, checkpoint_now=60, chain_marker=True, now=parse_time(NOW),
     )  # fmt: skip
     assert "fenced dead task 0" in _rendered(view)
@@ -333,7 +335,7 @@ def test_status_says_plainly_when_slurm_cannot_be_reached_and_fails(tmp_path):
 
 def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, monkeypatch):
     from nvrx_appliance.cli import cli
-    from nvrx_appliance.slurm import slurmcli
+    from nvrx_appliance.observe import slurmcli
 
     # This machine has no Slurm configuration of its own: the real squeue fails.
     monkeypatch.delenv("SLURM_CONF", raising=False)

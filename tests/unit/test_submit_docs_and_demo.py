@@ -3,8 +3,9 @@
 from pathlib import Path
 
 from nvrx_appliance.chain import flag, spec_fields
-from nvrx_appliance.slurm import demo_report, knobs
+from nvrx_appliance.slurm import knobs
 from nvrx_appliance.slurm.status import ChainView, CycleView, GenerationView
+from nvrx_appliance.workflows import demo_report
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

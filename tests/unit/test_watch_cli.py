@@ -303,7 +303,7 @@ class AgingOut:
             raise SlurmUnavailable(f"scontrol --oneliner failed: {unknown}")
         if argv[0] == "scontrol":
             return self.scontrol
-        if argv[0] == "sacct" and "-j" in argv:
+        if argv[0] == "sacct" and "--jobs" in argv:
             return self.sacct
         return ""  # the pass's squeue and windowed sacct: nothing of the chain left
 

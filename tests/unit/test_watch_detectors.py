@@ -7,7 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from nvrx_appliance.watch import detectors, parsing
+from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry, Task
+from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.config import Thresholds
 from nvrx_appliance.watch.types import (
     CANCEL_GENERATION,
@@ -21,15 +23,9 @@ from nvrx_appliance.watch.types import (
     RELEASE_SPARES,
     SLURM,
     UNAVAILABLE,
-    Checkpoint,
-    Cycle,
-    Ending,
-    Generation,
-    LedgerEntry,
     Run,
     Snapshot,
     SourceStatus,
-    Task,
 )
 
 NOW = 1_800_000_000.0
@@ -48,25 +44,27 @@ def snapshot(**kw) -> Snapshot:
 
 
 def gen(
-    array_id: str, *states: str, task0: bool = True, submitted: float | None = None
+    array_job_id: str, *states: str, task0: bool = True, submitted: float | None = None
 ) -> Generation:
     """A generation whose tasks have the given states, task 0 first (unless task0=False)."""
     first = 0 if task0 else 1
     tasks = tuple(
         Task(
             task_id=first + i,
-            job_id=f"{array_id}{i}",
+            job_id=f"{array_job_id}{i}",
             state=s,
             user="alice",
             nodes=f"node{i + 1}" if s == "RUNNING" else "",
         )
         for i, s in enumerate(states)
     )
-    return Generation(array_id=array_id, tasks=tasks, submitted=submitted)
+    return Generation(array_job_id=array_job_id, tasks=tasks, submitted=submitted)
 
 
-def ended(array_id: str, ago: float, code: int = 0, state: str = "FAILED") -> Ending:
-    return Ending(array_id=array_id, state=state, exit_code=code, end=NOW - ago, source="sacct")
+def ended(array_job_id: str, ago: float, code: int = 0, state: str = "FAILED") -> Ending:
+    return Ending(
+        array_job_id=array_job_id, state=state, exit_code=code, end=NOW - ago, source="sacct"
+    )
 
 
 def cycle(
@@ -248,7 +246,7 @@ def test_generation_churn_fires_one_past_the_allowed_count():
 
 def test_generation_churn_counts_only_inside_the_window_and_once_per_generation():
     old = ended("90", T.churn_window + 1)
-    ledger = tuple(LedgerEntry(e.array_id, e.end, 1, "none", "") for e in _endings(3))
+    ledger = tuple(LedgerEntry(e.array_job_id, e.end, 1, "none", "") for e in _endings(3))
     snap = snapshot(endings=(*_endings(3), old), ledger=ledger)
     assert detectors.generation_churn(snap, T) == []
 
@@ -452,4 +450,4 @@ def test_stalled_progress_says_the_tracker_holds_junk_when_it_exists():
 
 
 def test_a_tracker_of_superscript_digits_holds_no_iteration():
-    assert parsing.tracker_value("²\n") is None and parsing.tracker_value(" 40\n") == 40
+    assert run_files.tracker_value("²\n") is None and run_files.tracker_value(" 40\n") == 40

@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.watch import detectors, parsing
+from nvrx_appliance.observe import slurm_output
+from nvrx_appliance.observe.slurm_output import CHAIN_TASKS, ENDINGS, IDENTITY
+from nvrx_appliance.observe.times import parse_time
+from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.runner import PassResult, Watcher
@@ -63,9 +66,9 @@ class Replay:
                 )
             return recorded("scontrol_task0.txt" if job.endswith("_0") else "scontrol_array.txt")
         if argv[0] == "sacct":
-            if parsing.DESCRIBE_FIELDS in argv:
-                return "" if argv[argv.index("-j") + 1] == "999" else recorded("sacct_describe.txt")
-            if "-j" in argv and self.follow_up_error:
+            if slurm_output.sacct_format(IDENTITY) in argv:
+                return "" if argv[-1] == "999" else recorded("sacct_describe.txt")
+            if "--jobs" in argv and self.follow_up_error:
                 raise SlurmUnavailable(self.follow_up_error)
             return recorded(self.sacct)
         if argv[0] == "scancel":
@@ -84,40 +87,48 @@ def one_pass(tmp_path: Path, replay: Replay, name: str, at: str, **settings) -> 
         ),
         caller="root",
         logger=logging.getLogger("test_watch_slurm"),
-        clock=lambda: parsing.parse_time(at),
+        clock=lambda: parse_time(at),
         **settings,
     )
     return watcher.pass_once()
 
 
 def test_squeue_groups_array_tasks_into_generations():
-    running, queued = parsing.squeue_generations(recorded("squeue_running.txt"))
-    assert (running.array_id, queued.array_id) == ("18", "21")
+    running, queued = slurm_output.generations(
+        slurm_output.squeue_tasks(recorded("squeue_running.txt"), CHAIN_TASKS)
+    )
+    assert (running.array_job_id, queued.array_job_id) == ("18", "21")
     assert running.task0.state == "RUNNING" and running.task0.nodes == "node3"
     assert [t.task_id for t in running.pending] == [2, 3]
     assert len(queued.pending) == 4 and queued.task0.state == "PENDING"
-    assert running.submitted == parsing.parse_time("2026-11-30T18:19:14")
+    assert running.submitted == parse_time("2026-11-30T18:19:14")
 
 
 def test_after_a_sigkill_task0_is_gone_from_the_queue_and_spares_were_admitted():
-    killed, _ = parsing.squeue_generations(recorded("squeue_task0_killed.txt"))
+    killed, _ = slurm_output.generations(
+        slurm_output.squeue_tasks(recorded("squeue_task0_killed.txt"), CHAIN_TASKS)
+    )
     assert killed.task0 is None
     assert sorted(t.task_id for t in killed.running) == [1, 2]
     assert [t.task_id for t in killed.pending] == [3]
 
 
 def test_sacct_reports_how_task0_ended_and_nothing_for_live_or_folded_tasks():
-    [killed] = parsing.sacct_task0_endings(recorded("sacct_task0_killed.txt"))
-    assert (killed.array_id, killed.state, killed.exit_code) == ("18", "FAILED", 0)
-    assert killed.end == parsing.parse_time("2026-11-30T18:19:20")
-    [verdict] = parsing.sacct_task0_endings(recorded("sacct_no_restart.txt"))
-    assert (verdict.array_id, verdict.exit_code) == ("23", 93)
+    [killed] = slurm_output.task0_endings(
+        slurm_output.sacct_rows(recorded("sacct_task0_killed.txt"), ENDINGS)
+    )
+    assert (killed.array_job_id, killed.state, killed.exit_code) == ("18", "FAILED", 0)
+    assert killed.end == parse_time("2026-11-30T18:19:20")
+    [verdict] = slurm_output.task0_endings(
+        slurm_output.sacct_rows(recorded("sacct_no_restart.txt"), ENDINGS)
+    )
+    assert (verdict.array_job_id, verdict.exit_code) == ("23", 93)
 
 
 def test_scontrol_still_knows_the_dead_task0():
-    [record] = parsing.scontrol_records(recorded("scontrol_task0.txt"))
-    ending = parsing.scontrol_ending(record)
-    assert (ending.array_id, ending.state, ending.exit_code, ending.source) == (
+    [record] = slurm_output.scontrol_records(recorded("scontrol_task0.txt"))
+    ending = slurm_output.scontrol_ending(record)
+    assert (ending.array_job_id, ending.state, ending.exit_code, ending.source) == (
         "18",
         "FAILED",
         0,
@@ -194,7 +205,7 @@ def test_the_recorded_sigkill_state_is_an_orphaned_and_stranded_generation_after
 def test_task0_missing_from_the_windowed_sacct_is_asked_for_by_id_then_scontrol():
     replay = Replay(sacct="sacct_no_restart.txt")  # knows nothing of generation 18
     endings = SlurmPlatform(run=replay).task0_endings(["18"])
-    assert [(e.array_id, e.source) for e in endings] == [("18", "scontrol")]
+    assert [(e.array_job_id, e.source) for e in endings] == [("18", "scontrol")]
     assert [c[0] for c in replay.calls] == ["sacct", "scontrol"]
 
 
@@ -205,13 +216,21 @@ PLAIN_ENDED = "2026-12-01T01:55:23"
 
 
 def test_each_plain_job_is_a_generation_that_is_its_own_task0():
-    running, waiting = parsing.squeue_generations(recorded("singleton/squeue.txt"))
-    assert (running.array_id, running.task0.state, running.task0.nodes) == ("2", "RUNNING", "node1")
-    assert (waiting.array_id, waiting.task0.state) == ("3", "PENDING")
+    running, waiting = slurm_output.generations(
+        slurm_output.squeue_tasks(recorded("singleton/squeue.txt"), CHAIN_TASKS)
+    )
+    assert (running.array_job_id, running.task0.state, running.task0.nodes) == (
+        "2",
+        "RUNNING",
+        "node1",
+    )
+    assert (waiting.array_job_id, waiting.task0.state) == ("3", "PENDING")
     assert waiting.pending == (waiting.task0,) and running.alive
-    [verdict] = parsing.sacct_task0_endings(recorded("singleton/sacct.txt"))
-    assert (verdict.array_id, verdict.state, verdict.exit_code) == ("1", "FAILED", 93)
-    assert verdict.end == parsing.parse_time(PLAIN_ENDED)
+    [verdict] = slurm_output.task0_endings(
+        slurm_output.sacct_rows(recorded("singleton/sacct.txt"), ENDINGS)
+    )
+    assert (verdict.array_job_id, verdict.state, verdict.exit_code) == ("1", "FAILED", 93)
+    assert verdict.end == parse_time(PLAIN_ENDED)
 
 
 def test_a_chain_of_plain_jobs_that_ended_93_with_successors_queued_is_reported(tmp_path):
@@ -254,11 +273,12 @@ def test_a_failed_follow_up_keeps_what_squeue_and_sacct_showed_and_pages_the_bli
 
 def test_sacct_names_the_script_a_plain_job_was_submitted_with():
     [line] = recorded("singleton/sacct_describe.txt").splitlines()
-    name, owner, work, submit_line = parsing.sacct_identity(line)
-    assert (name, owner, work) == (PLAIN, "root", "/shared/work/watch-record")
+    [row] = slurm_output.sacct_rows(line, IDENTITY)
+    assert (row.name, row.user, row.work_dir) == (PLAIN, "root", "/shared/work/watch-record")
     # Submitted from its work dir as `sbatch ... plain.sbatch`; scontrol said the same file.
-    assert parsing.submitted_script(submit_line, work) == "/shared/work/watch-record/plain.sbatch"
-    [record] = parsing.scontrol_records(recorded("singleton/scontrol_P.txt"))
+    script = slurm_output.submitted_script(row.submit_line, row.work_dir)
+    assert script == "/shared/work/watch-record/plain.sbatch"
+    [record] = slurm_output.scontrol_records(recorded("singleton/scontrol_P.txt"))
     assert record["Command"] == "/shared/work/watch-record/plain.sbatch"
 
 
@@ -276,7 +296,7 @@ def test_sacct_names_the_script_a_plain_job_was_submitted_with():
     ],
 )
 def test_the_script_in_a_submit_line_skips_sbatch_options_and_their_values(submit_line, script):
-    assert parsing.submitted_script(submit_line, "/w") == script
+    assert slurm_output.submitted_script(submit_line, "/w") == script
 
 
 @pytest.mark.parametrize("dry_run", [False, True])

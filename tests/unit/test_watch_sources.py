@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.watch import persistence, readers
-from nvrx_appliance.watch.parsing import parse_time
 from nvrx_appliance.watch.readers import CycleReader, ReadError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
@@ -142,7 +142,7 @@ def test_the_ledger_skips_a_torn_last_line(tmp_path):
         + '{"array_job_id": "38", "exit_co'
     )
     [entry] = readers.read_ledger(str(ledger))
-    assert (entry.array_id, entry.exit_code, entry.action) == ("37", 93, "cancelled_chain")
+    assert (entry.array_job_id, entry.exit_code, entry.action) == ("37", 93, "cancelled_chain")
     assert entry.end == parse_time("2026-11-30T18:00:00Z")
     assert readers.read_ledger(str(tmp_path / "missing.jsonl")) == ()
 

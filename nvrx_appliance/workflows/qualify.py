@@ -29,11 +29,14 @@ from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import cancel, commands, resolve, slurmcli
+from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.follow import follow
+from nvrx_appliance.observe.slurmcli import Slurm
+from nvrx_appliance.observe.workdir import NotFound
+from nvrx_appliance.slurm import cancel, commands, resolve
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options
-from nvrx_appliance.slurm.sources import NotFound
-from nvrx_appliance.slurm.teardown import parse_iteration, parse_ledger
+from nvrx_appliance.workflows import chain
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
 DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
@@ -46,20 +49,6 @@ def _fail(message: str) -> NoReturn:
     sys.exit(exitcodes.USAGE)
 
 
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    rows = []
-    try:
-        text = path.read_text()
-    except OSError:
-        return rows
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue  # a line being appended right now
-    return rows
-
-
 def _megatron_resumed(layout: Layout, array_job_id: str) -> int | None:
     texts = []
     for path in sorted(layout.logs.glob(f"*{array_job_id}*")):
@@ -70,27 +59,32 @@ def _megatron_resumed(layout: Layout, array_job_id: str) -> int | None:
     return q.megatron_resumed_iteration("\n".join(texts))
 
 
-def _live(job_name: str, work_dir: str, user: str) -> bool:
+def _live(slurm: Slurm, job_name: str, work_dir: str, user: str) -> bool:
     try:
-        rows = slurmcli.squeue(user=user, name=job_name)
+        rows = slurm.squeue(user=user, name=job_name)
     except slurmcli.SlurmUnavailable:
         return True  # blind, not ended: the deadline decides
     return any(r.work_dir.rstrip("/") == work_dir.rstrip("/") for r in rows)
 
 
 def gather(
-    layout: Layout, *, first: str, second: str, job_name: str, workload: str, user: str
+    layout: Layout,
+    *,
+    first: str,
+    second: str,
+    job_name: str,
+    workload: str,
+    user: str,
+    slurm: Slurm,
 ) -> q.Evidence:
-    ledger_text = layout.ledger.read_text() if layout.ledger.exists() else ""
-    tracker_text = layout.tracker.read_text() if layout.tracker.exists() else ""
     return q.Evidence(
         first=first,
         second=second,
-        ledger=parse_ledger(ledger_text),
-        events=_read_jsonl(layout.progress_log) if workload == "cpu" else [],
+        ledger=workdir.ledger(layout),
+        events=workdir.json_lines(layout.progress_log) if workload == "cpu" else [],
         megatron_resumed=_megatron_resumed(layout, second) if workload == "megatron" else None,
-        tracker=parse_iteration(tracker_text),
-        chain_live=_live(job_name, str(layout.work_dir), user),
+        tracker=workdir.checkpoint_iteration(layout),
+        chain_live=_live(slurm, job_name, str(layout.work_dir), user),
     )
 
 
@@ -123,8 +117,9 @@ def _watch(
 ) -> tuple[list[q.Check], q.Evidence]:
     started = time.monotonic()
     shown: dict[str, bool | None] = {}
-    last_progress = ""
-    while True:
+    last_progress = [""]
+
+    def tick(slurm: Slurm) -> tuple[list[q.Check], q.Evidence]:
         evidence = gather(
             layout,
             first=first,
@@ -132,21 +127,24 @@ def _watch(
             job_name=spec.job_name,
             workload=spec.workload,
             user=user,
+            slurm=slurm,
         )
         checks = q.judge(evidence)
         now = q.progress(evidence)
-        if now != last_progress:  # a line per change: readable in a CI log, not a spinner
+        if now != last_progress[0]:  # a line per change: readable in a CI log, not a spinner
             say(f"  [{time.monotonic() - started:5.0f} s] {now}")
-            last_progress = now
+            last_progress[0] = now
         for check in checks:
             if check.passed is not None and shown.get(check.name) is None:
                 say(f"  {'ok  ' if check.passed else 'FAIL'}  {check.name}: {check.detail}")
             shown[check.name] = check.passed
-        if q.verdict(checks) != "pending":
-            return checks, evidence
-        if time.monotonic() - started > deadline:
-            return q.timed_out(checks, deadline), evidence
-        time.sleep(POLL_S)
+        return checks, evidence
+
+    followed = follow(
+        tick, lambda seen: q.verdict(seen[0]) != "pending", deadline_s=deadline, poll_s=POLL_S
+    )
+    checks, evidence = followed.last
+    return (q.timed_out(checks, deadline) if followed.timed_out else checks), evidence
 
 
 def _write_records(data: dict[str, Any], image: str, layout: Layout) -> list[Path]:
@@ -194,25 +192,19 @@ def qualify_command(
     # Progress goes to stderr under --json, so that stdout is the one document.
     say = functools.partial(click.echo, err=as_json)
     user = slurmcli.current_user()
+    started = _now()
     try:
-        plan = submitting.plan(resolved, dry_run=False, force=False, user=user, extra=extra)
+        done = chain.submit_resolved(resolved, user=user, extra=extra, vet=_image_file_only)
     except submitting.Refused as exc:
         for problem in exc.problems:
             click.echo(f"nvrx-appliance qualify: {problem}", err=True)
         sys.exit(exitcodes.USAGE)
-    if not plan.manifest.image:
-        _fail(
-            "--image: qualify needs an image file whose manifest it can record, not a registry reference"
-        )
-    # The record holds the image's own manifest, not what submit thought of it.
-    image_manifest = standing.image_manifest(plan.manifest.image)
-    spec, layout = plan.manifest.spec, plan.manifest.layout
-    started = _now()
-    try:
-        done = submitting.submit(plan)
     except submitting.SubmitFailed as exc:
         click.echo(f"nvrx-appliance qualify: {exc}", err=True)
         sys.exit(1)
+    # The record holds the image's own manifest, not what submit thought of it.
+    image_manifest = standing.image_manifest(done.plan.manifest.image)
+    spec, layout = done.plan.manifest.spec, done.plan.manifest.layout
     first, second = done.job_ids[0], done.job_ids[1]
     say(
         f"Qualifying {spec.image} on this cluster: hand-off demo {spec.job_name!r}, "
@@ -243,6 +235,13 @@ def qualify_command(
         click.echo(f"{spec.image}: qualification FAILED on this cluster", err=True)
         sys.exit(1)
     say(f"{spec.image}: qualified on this cluster (hand-off recovered)")
+
+
+def _image_file_only(plan: submitting.Plan) -> None:
+    if not plan.manifest.image:
+        _fail(
+            "--image: qualify needs an image file whose manifest it can record, not a registry reference"
+        )
 
 
 def _qualify_shape(resolved: resolve.Resolved) -> resolve.Resolved:

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,12 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.chain import flag
 from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import demo_report, resolve, slurmcli, sources
+from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.follow import follow
+from nvrx_appliance.observe.slurmcli import Slurm
+from nvrx_appliance.slurm import resolve, sources
 from nvrx_appliance.slurm import submit as submitting
+from nvrx_appliance.workflows import chain, demo_report
 
 # Timeouts sized for a local cluster on a couple of cores, where a lost node should cost
 # seconds: the production defaults (minutes) suit real clusters and container starts.
@@ -79,53 +83,56 @@ def _submit(work: Path, name: str, user: str, say) -> list[str]:
     say("[2/4] nvrx-appliance submit " + " ".join(cli_flags(settings)))
     resolved = resolve.resolve(settings, os.environ, {}, cwd=os.getcwd(), python=sys.executable)
     try:
-        plan = submitting.plan(resolved, dry_run=False, force=False, user=user)
-        done = submitting.submit(plan)
+        job_ids = chain.submit_resolved(resolved, user=user).job_ids
     except submitting.Refused as exc:
         raise click.ClickException(f"submit refused: {exc}") from None
     except submitting.SubmitFailed as exc:
         raise click.ClickException(str(exc)) from None
-    say(f"      queued generations {', '.join(done.job_ids)}; work dir {work}")
-    return done.job_ids
+    say(f"      queued generations {', '.join(job_ids)}; work dir {work}")
+    return job_ids
 
 
-def _read_events(layout: Layout) -> list[dict[str, Any]]:
-    return sources.read_jsonl(layout.progress_log)
+@dataclass
+class _Shown:
+    """What the follower has said so far, so each tick says only what is new."""
 
-
-def _ledger(layout: Layout) -> list[dict[str, Any]]:
-    return [e for e in sources.read_jsonl(layout.ledger) if "array_job_id" in e]
+    events: int = 0
+    ledger: int = 0
+    running: set[str] = field(default_factory=set)
+    beat: float = field(default_factory=time.monotonic)
 
 
 def _follow(work: Path, name: str, user: str, say) -> None:
     say("[3/4] following the chain (Ctrl-C stops following; the chain keeps running)")
-    layout = Layout(work)
-    shown_events = shown_ledger = 0
-    running: set[str] = set()
-    deadline = time.monotonic() + DEADLINE_S
-    beat = time.monotonic()
-    while time.monotonic() < deadline:
-        events, ledger = _read_events(layout), _ledger(layout)
-        for event in events[shown_events:]:
+    layout, shown = Layout(work), _Shown()
+
+    def tick(slurm: Slurm) -> bool:
+        """Reports what is new; True once the chain has left the queue after an ending."""
+        events, ledger = workdir.json_lines(layout.progress_log), workdir.ledger(layout)
+        for event in events[shown.events :]:
             line = demo_report.event_line(event)
             if line:
                 say("      " + line)
-        for entry in ledger[shown_ledger:]:
+        for entry in ledger[shown.ledger :]:
             say("      " + demo_report.ledger_line(entry))
-        shown_events, shown_ledger = len(events), len(ledger)
-        rows = slurmcli.squeue(user=user, name=name)
+        shown.events, shown.ledger = len(events), len(ledger)
+        rows = slurm.squeue(user=user, name=name)
         for row in rows:
-            if row.task_id == 0 and row.state == "RUNNING" and row.array_job_id not in running:
-                running.add(row.array_job_id)
+            if (
+                row.task_id == 0
+                and row.state == "RUNNING"
+                and row.array_job_id not in shown.running
+            ):
+                shown.running.add(row.array_job_id)
                 say(f"      generation {row.array_job_id} is running: task 0 on {row.nodes}")
-        if not rows and ledger:
-            return
-        if time.monotonic() - beat >= HEARTBEAT_S:
-            beat = time.monotonic()
+        if time.monotonic() - shown.beat >= HEARTBEAT_S:
+            shown.beat = time.monotonic()
             say("      " + _heartbeat(events))
-        time.sleep(POLL_S)
-    say(f"      still running after {DEADLINE_S} s: cancelling the demo chain")
-    subprocess.run([_cli(), "cancel", name], env=os.environ)
+        return not rows and bool(ledger)
+
+    if follow(tick, bool, deadline_s=DEADLINE_S, poll_s=POLL_S).timed_out:
+        say(f"      still running after {DEADLINE_S} s: cancelling the demo chain")
+        subprocess.run([_cli(), "cancel", name], env=os.environ)
 
 
 def _nvrx_log(view, array_job_id: str) -> demo_report.NvrxLog:
@@ -166,7 +173,9 @@ def run(say=click.echo) -> Outcome:
     view = sources.read_chain(work, user=user)
     layout = Layout(work)
     logs = {g.array_job_id: _nvrx_log(view, g.array_job_id) for g in view.generations}
-    result = demo_report.report(view, _read_events(layout), _ledger(layout), logs)
+    result = demo_report.report(
+        view, workdir.json_lines(layout.progress_log), workdir.ledger(layout), logs
+    )
     for line in result.lines:
         say("      " + line if line else "")
     say(f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again.")

@@ -1,0 +1,28 @@
+"""Times as Slurm, NVRx and the ledger write them, and ages as a person reads them. Pure."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+_UNKNOWN_TIMES = {"", "unknown", "none", "n/a"}
+
+
+def parse_time(text: str | None) -> float | None:
+    """ISO-8601 (NVRx writes UTC with 'Z') or Slurm's zone-less local time -> epoch seconds."""
+    if not text or text.strip().lower() in _UNKNOWN_TIMES:
+        return None
+    value = text.strip()
+    if value.endswith("Z"):
+        value = value[:-1] + "+00:00"
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
+
+
+def age_text(seconds: float) -> str:
+    if seconds < 90:
+        return f"{int(seconds)}s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

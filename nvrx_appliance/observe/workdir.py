@@ -1,0 +1,101 @@
+"""A chain's work dir, read by its Layout: run.json, the ledger, the checkpoint
+tracker, the cycle-info files, the ids submit recorded, the chain marker and a
+qualify run's record.
+
+For the host tools (status, cancel, the workflows): a file that is missing, being
+replaced or unreadable reads as absent, so one bad file never hides the rest. Every
+read is bounded and non-blocking (files.read_text): a FIFO in place of a file, or a
+byte that is not UTF-8, must neither hang nor crash a reader.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance.files import read_text
+from nvrx_appliance.manifest import Layout
+from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe.types import Cycle
+
+MAX_FILE_BYTES = 64 << 20
+
+
+class NotFound(Exception):
+    """The job id, name or work dir leads to no chain of this user; the message says
+    what to try."""
+
+
+def read(path: Path) -> str:
+    """A file's text, "" when it is absent or cannot be read."""
+    try:
+        return read_text(path, MAX_FILE_BYTES) or ""
+    except OSError:
+        return ""
+
+
+def read_json(path: Path) -> Any:
+    """A whole JSON file; None when absent or unreadable (a record being replaced)."""
+    try:
+        return json.loads(read(path) or "null")
+    except ValueError:
+        return None
+
+
+def load_manifest(work_dir: Path) -> dict[str, Any]:
+    """run.json as a plain dict: status reads what an older or newer submit wrote too."""
+    path = Layout(work_dir).run_json
+    try:
+        text = read_text(path, MAX_FILE_BYTES)
+        if text is None:
+            raise FileNotFoundError(path)
+        data = json.loads(text)
+    except FileNotFoundError:
+        raise NotFound(
+            f"{path} does not exist: this work dir holds no nvrx-appliance chain"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise NotFound(f"{path} is unreadable ({exc}); was it edited by hand?") from None
+    if not isinstance(data, dict) or "spec" not in data or "shape" not in data:
+        raise NotFound(f"{path} is not an nvrx-appliance run manifest")
+    return data
+
+
+def ledger(layout: Layout) -> list[dict[str, Any]]:
+    return run_files.ledger_lines(read(layout.ledger))
+
+
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    return run_files.json_lines(read(path))
+
+
+def checkpoint_iteration(layout: Layout) -> int | None:
+    """The tracker's value: the last iteration with a complete checkpoint."""
+    return run_files.tracker_value(read(layout.tracker))
+
+
+def cycles(layout: Layout, array_job_ids: list[str]) -> dict[str, list[Cycle]]:
+    """array job id -> the cycles its task 0's ft_launcher recorded, by file name."""
+    found: dict[str, list[Cycle]] = {}
+    for array_job_id in array_job_ids:
+        folder = layout.cycle_infos(array_job_id)
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if run_files.cycle_file_name(path.name):
+                cycle = run_files.cycle_info(read(path))
+                if cycle is not None:
+                    found.setdefault(array_job_id, []).append(cycle)
+    return found
+
+
+def submitted_ids(layout: Layout) -> list[str]:
+    """The array job ids submit recorded, oldest first."""
+    record = read_json(layout.submitted)
+    ids = record.get("job_ids", []) if isinstance(record, dict) else []
+    return [str(i) for i in ids if str(i).isdigit()]
+
+
+def chain_marker(layout: Layout) -> bool:
+    return layout.chain_marker.exists()
