@@ -23,7 +23,10 @@ COMMANDS = {
         "nvrx_appliance.slurm.commands:cancel_command",
         "Cancel every generation of a chain.",
     ),
-    "watch": ("nvrx_appliance.watch.cli:watch", "Watch a chain from outside the job (nvrx-watch)."),
+    "watch": (
+        "nvrx_appliance.watch.main:watch",
+        "Watch a chain from outside the job (nvrx-watch).",
+    ),
     "qualify": (
         "nvrx_appliance.image.qualify:qualify_command",
         "Qualify an image on this cluster.",

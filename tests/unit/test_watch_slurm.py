@@ -15,7 +15,6 @@ import pytest
 from nvrx_appliance.watch import detectors, parsing
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.runner import PassResult, Watcher
 from nvrx_appliance.watch.types import (
     CRITICAL,
     FOLLOW_UP,
@@ -26,6 +25,7 @@ from nvrx_appliance.watch.types import (
     Snapshot,
     SourceStatus,
 )
+from nvrx_appliance.watch.watcher import PassResult, Watcher
 
 RECORDED = Path(__file__).parent / "fixtures" / "watch" / "slurm"
 
