@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.devcluster import daemons, hosts, net, procs, render
+from nvrx_appliance.devcluster import cluster_conf, daemons, hosts, net, procs
 from nvrx_appliance.devcluster.plan import (
     CLUSTER_NAME,
     DEFAULT_ROOT,
@@ -157,7 +157,7 @@ def observe(plan: Plan, state: State | None) -> Observed:
     hosts_text = HOSTS_FILE.read_text()
     configs_ok = all(
         Path(path).exists() and Path(path).read_text() == text
-        for path, text in render.config_files(plan).items()
+        for path, text in cluster_conf.config_files(plan).items()
     )
     alive = frozenset(
         key for key, d in (state.daemons.items() if state else []) if procs.is_alive(d)
@@ -252,7 +252,7 @@ def build(plan: Plan, say: Say) -> None:
     _record(p, state, MUNGED, daemons.start_munged(plan))
     say("[4/7] MariaDB for accounting (own data directory, in ctl's namespace)")
     daemons.init_mariadb(plan)
-    proc = daemons.start_mariadb(plan, render.accounting_sql(db_password))
+    proc = daemons.start_mariadb(plan, cluster_conf.accounting_sql(db_password))
     _record(p, state, MARIADB, proc, plan.controller)
     say("[5/7] slurmdbd")
     _record(p, state, SLURMDBD, daemons.start_slurmdbd(plan), plan.controller)
@@ -297,9 +297,9 @@ def _write_files(plan: Plan, db_password: str) -> None:
     _mkdir(p.root)
     _write(p.marker, "made by `nvrx-appliance cluster up`; `cluster down` removes this tree\n")
     _mkdir(p.etc)
-    for path, text in render.config_files(plan).items():
+    for path, text in cluster_conf.config_files(plan).items():
         _write(Path(path), text)
-    _write(p.slurmdbd_conf, render.slurmdbd_conf(plan, db_password), 0o600, "slurm")
+    _write(p.slurmdbd_conf, cluster_conf.slurmdbd_conf(plan, db_password), 0o600, "slurm")
     _mkdir(p.run, owner="slurm")
     _mkdir(p.log, owner="slurm")
     _mkdir(p.spool)
@@ -437,7 +437,7 @@ def kill_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> int:
     net.set_link(node, up=False)
     say(
         f"{name}: killed {len(victims)} processes (slurmd and its jobs) and took its link "
-        f"down; Slurm marks it DOWN within about {render.SLURMD_TIMEOUT_S + 10} s"
+        f"down; Slurm marks it DOWN within about {cluster_conf.SLURMD_TIMEOUT_S + 10} s"
     )
     return len(victims)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.image import sif
+from nvrx_appliance.image.image_manifest import SCHEMA
 from nvrx_appliance.image.pins import MANIFEST_PATH
-from nvrx_appliance.image.probe import SCHEMA
 
 SQUASHFS_MAGIC = b"hsqs"
 UNSQUASHFS_TIMEOUT_S = 60  # one small file; a stuck read means a broken image or disk

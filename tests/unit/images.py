@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance.image.image_manifest import compose
 from nvrx_appliance.image.pins import MANIFEST_PATH, build_settings, load
-from nvrx_appliance.image.probe import compose
 
 needs_squashfs = pytest.mark.skipif(
     not (shutil.which("mksquashfs") and shutil.which("unsquashfs")),

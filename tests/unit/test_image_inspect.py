@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance.image import sif
-from nvrx_appliance.image.cli import image
+from nvrx_appliance.image.commands import image
 from nvrx_appliance.image.inspect import ImageError, manifest_rows, read_image_manifest
 from nvrx_appliance.image.pins import MANIFEST_PATH
 from tests.unit.images import cpu_manifest, needs_squashfs, squash, squash_image
