@@ -8,8 +8,7 @@ import pytest
 
 from nvrx_appliance.watch.parsing import cycle_info, expand_nodelist
 
-from .conftest import Cluster, cluster_cli
-from .test_chain_support import (
+from .chain_support import (
     cli,
     logs_on_failure,
     progress,
@@ -20,6 +19,7 @@ from .test_chain_support import (
     wait_event,
     wait_idle,
 )
+from .conftest import Cluster, cluster_cli
 
 pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
 

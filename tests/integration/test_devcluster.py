@@ -18,8 +18,8 @@ import pytest
 from nvrx_appliance.devcluster import cluster_conf, hosts, net, procs
 from nvrx_appliance.devcluster.report import in_service, seen_dead
 
+from .chain_support import submit, tasks, unique, wait_event, wait_idle, wait_ledger
 from .conftest import Cluster, cluster_cli
-from .test_chain_support import submit, tasks, unique, wait_event, wait_idle, wait_ledger
 
 pytestmark = pytest.mark.cluster
 
