@@ -96,7 +96,7 @@ class Outcome:
     builder: str
     flavor: str
     seconds: float
-    manifest: dict
+    image_manifest: dict
 
 
 # ---------------------------------------------------------------- shell: context --
@@ -305,9 +305,9 @@ def build(
         echo(f"[1/{total}] build context (install script, pins, appliance wheel)")
         make_context(work / "context", pins, flavor, builder, echo)
         run_steps(steps, log, echo, verbose=verbose, first=2, total=total)
-        echo(f"[{total}/{total}] read the manifest back and move the image into place")
+        echo(f"[{total}/{total}] read the image manifest back and move the image into place")
         try:
-            manifest = read_image_manifest(partial)
+            image_manifest = read_image_manifest(partial)
         except ImageError as exc:
             raise BuildError(f"the built image is unusable: {exc}") from None
         os.replace(partial, final)
@@ -321,7 +321,7 @@ def build(
                 echo(f"warning: clean-up failed: {exc}")
         partial.unlink(missing_ok=True)
         _remove_work(work, echo)
-    return Outcome(final, builder, flavor, time.monotonic() - started, manifest)
+    return Outcome(final, builder, flavor, time.monotonic() - started, image_manifest)
 
 
 def human_size(n: int) -> str:

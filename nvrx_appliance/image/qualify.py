@@ -4,7 +4,7 @@ Submits the hand-off demo with the image through submit's own code, watches the
 evidence until the checks in qualification.py are decided (or the deadline passes),
 cancels what is left of the chain, and writes the qualification record next to the
 image and into the work directory. Later submits judge the record next to the image
-(standing.py) and record the outcome in run.json; status shows it, and the work
+(qualification_status.py) and record the outcome in run.json; status shows it, and the work
 directory's record too.
 """
 
@@ -27,7 +27,7 @@ import click
 from nvrx_appliance import __version__, exitcodes, jsondoc
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
-from nvrx_appliance.image import standing
+from nvrx_appliance.image import qualification_status
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import cancel, commands, resolve, slurmcli
 from nvrx_appliance.slurm import submit as submitting
@@ -205,7 +205,7 @@ def qualify_command(
             "--image: qualify needs an image file whose manifest it can record, not a registry reference"
         )
     # The record holds the image's own manifest, not what submit thought of it.
-    image_manifest = standing.image_manifest(plan.manifest.image)
+    image_manifest = qualification_status.image_manifest(plan.manifest.image)
     spec, layout = plan.manifest.spec, plan.manifest.layout
     started = _now()
     try:
@@ -226,7 +226,7 @@ def qualify_command(
             cancel.cancel_chain(layout.work_dir, user=user)
     data = q.record(
         image=str(Path(spec.image).resolve()),
-        manifest=image_manifest,
+        image_manifest=image_manifest,
         checks=checks,
         cluster=cluster_facts(evidence, spec),
         chain={"job_name": spec.job_name, "generations": done.job_ids, "work_dir": spec.work_dir},

@@ -148,7 +148,7 @@ def _print_dry_run(plan: submitting.Plan, as_json: bool) -> None:
             "script_path": str(plan.script_path),
             "script": plan.script,
             "warnings": list(plan.warnings),
-            "image_qualification": plan.image_standing and plan.image_standing.to_json(),
+            "image_qualification": plan.image_qualification and plan.image_qualification.to_json(),
         }
         click.echo(jsondoc.dumps("dry-run", doc))
         return
