@@ -10,16 +10,11 @@ from pathlib import Path
 
 import click
 
-from nvrx_appliance import exitcodes
+from nvrx_appliance.clifail import fail
 from nvrx_appliance.image import build as builder_mod
 from nvrx_appliance.image import verify as verify_mod
 from nvrx_appliance.image.inspect import ImageError, image_manifest_rows, read_image_manifest
 from nvrx_appliance.image.pins import BUILDERS, FLAVORS, PinsError, load
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
 
 
 @click.group("image")
@@ -65,11 +60,11 @@ def build_command(
         pins = load()
         chosen = builder_mod.choose_builder(builder, builder_mod.available_builders())
     except (PinsError, builder_mod.BuildError) as exc:
-        _fail(str(exc), exitcodes.USAGE)
+        fail(str(exc), prefix="error")
     flavor = flavor or builder_mod.default_flavor(chosen)
     refusal = builder_mod.refusal(chosen, flavor, is_root=os.geteuid() == 0)
     if refusal:
-        _fail(refusal, exitcodes.USAGE)
+        fail(refusal, prefix="error")
     try:
         outcome = builder_mod.build(
             pins,
@@ -81,7 +76,7 @@ def build_command(
             verbose=verbose,
         )
     except builder_mod.BuildError as exc:
-        _fail(f"image build failed, no image written: {exc}", 1)
+        fail(f"image build failed, no image written: {exc}", prefix="error", code=1)
     size = builder_mod.human_size(outcome.image.stat().st_size)
     minutes, seconds = divmod(round(outcome.seconds), 60)
     probed = outcome.image_manifest.get("probed", {})
@@ -101,7 +96,7 @@ def inspect_command(image_path: Path, as_json: bool) -> None:
     try:
         image_manifest = read_image_manifest(image_path)
     except ImageError as exc:
-        _fail(str(exc), exitcodes.USAGE)
+        fail(str(exc), prefix="error")
     if as_json:
         click.echo(json.dumps(image_manifest, indent=2, sort_keys=True))
         return
@@ -130,7 +125,7 @@ def verify_command(image_path: Path, runtime: str | None) -> None:
         image_manifest = read_image_manifest(image_path)
         chosen = verify_mod.choose_runtime(image_path, runtime, verify_mod.runtimes_here())
     except (ImageError, ValueError) as exc:
-        _fail(str(exc), exitcodes.USAGE)
+        fail(str(exc), prefix="error")
     note = " (a test stand-in for pyxis+enroot)" if chosen == "bwrap-standin" else ""
     click.echo(f"Verifying {image_path} with {chosen}{note}")
     failed = 0
@@ -143,5 +138,5 @@ def verify_command(image_path: Path, runtime: str | None) -> None:
             for line in check.output.strip().splitlines()[-5:]:
                 click.echo(f"        | {line}")
     if failed:
-        _fail(f"{failed} check(s) failed for {image_path}", 1)
+        fail(f"{failed} check(s) failed for {image_path}", prefix="error", code=1)
     click.echo(f"{image_path} starts its entrypoint with {chosen}")

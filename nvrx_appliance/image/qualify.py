@@ -20,11 +20,12 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from nvrx_appliance import __version__, exitcodes, jsondoc
+from nvrx_appliance.clifail import fail
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
@@ -37,13 +38,9 @@ from nvrx_appliance.slurm.teardown import parse_iteration, parse_ledger
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
 DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
+QUALIFY = "nvrx-appliance qualify"  # who speaks in its one-line failures
 
 Echo = Callable[[str], None]
-
-
-def _fail(message: str) -> NoReturn:
-    click.echo(f"nvrx-appliance qualify: {message}", err=True)
-    sys.exit(exitcodes.USAGE)
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -185,12 +182,15 @@ def qualify_command(
     <image>.qualification.json and <work>/qualification.json.
     """
     if params.get("mode") not in (None, "handoff"):
-        _fail(f"--mode {params['mode']}: qualify always runs the hand-off demo; drop --mode")
+        fail(
+            f"--mode {params['mode']}: qualify always runs the hand-off demo; drop --mode",
+            prefix=QUALIFY,
+        )
     params["mode"] = "handoff"  # as a flag, so it beats NVRX_MODE and the config file
     resolved = commands.resolve_chain(params, config_file, extra)
     resolved = _qualify_shape(resolved)
     if not resolved.spec.image:
-        _fail("--image: name the image to qualify (.sqsh or .sif)")
+        fail("--image: name the image to qualify (.sqsh or .sif)", prefix=QUALIFY)
     # Progress goes to stderr under --json, so that stdout is the one document.
     say = functools.partial(click.echo, err=as_json)
     user = slurmcli.current_user()
@@ -198,11 +198,12 @@ def qualify_command(
         plan = submitting.plan(resolved, dry_run=False, force=False, user=user, extra=extra)
     except submitting.Refused as exc:
         for problem in exc.problems:
-            click.echo(f"nvrx-appliance qualify: {problem}", err=True)
+            click.echo(f"{QUALIFY}: {problem}", err=True)
         sys.exit(exitcodes.USAGE)
     if not plan.manifest.image:
-        _fail(
-            "--image: qualify needs an image file whose manifest it can record, not a registry reference"
+        fail(
+            "--image: qualify needs an image file whose manifest it can record, not a registry reference",
+            prefix=QUALIFY,
         )
     # The record holds the image's own manifest, not what submit thought of it.
     image_manifest = qualification_status.image_manifest(plan.manifest.image)
@@ -211,8 +212,7 @@ def qualify_command(
     try:
         done = submitting.submit(plan)
     except submitting.SubmitFailed as exc:
-        click.echo(f"nvrx-appliance qualify: {exc}", err=True)
-        sys.exit(1)
+        fail(str(exc), prefix=QUALIFY, code=1)
     first, second = done.job_ids[0], done.job_ids[1]
     say(
         f"Qualifying {spec.image} on this cluster: hand-off demo {spec.job_name!r}, "
@@ -253,9 +253,10 @@ def _qualify_shape(resolved: resolve.Resolved) -> resolve.Resolved:
     if origins["depth"] == "default":
         changes["depth"], origins["depth"] = 2, "default (qualify: 2)"
     elif spec.depth < 2:
-        _fail(
+        fail(
             f"--depth {spec.depth} (from {origins['depth']}): qualify needs at least 2 "
-            "generations (the one that loses task 0 and its successor)"
+            "generations (the one that loses task 0 and its successor)",
+            prefix=QUALIFY,
         )
     if origins["job_name"] == "default":
         changes["job_name"] = f"nvrx-qualify-{uuid.uuid4().hex[:6]}"

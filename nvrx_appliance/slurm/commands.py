@@ -17,20 +17,15 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from nvrx_appliance import api, exitcodes, jsondoc
+from nvrx_appliance import api, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
+from nvrx_appliance.clifail import fail
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
 from nvrx_appliance.slurm import resolve, slurmcli, sources, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options, spec_flags
-
-
-def _fail(message: str) -> NoReturn:
-    """One line naming what is wrong and the fix; exit 2 (usage), nothing done."""
-    click.echo(f"nvrx-appliance: {message}", err=True)
-    sys.exit(exitcodes.USAGE)
 
 
 def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve.Resolved:
@@ -79,11 +74,11 @@ def resolve_chain(
     setting (flags > env > config > defaults), tell about the seeds' names read."""
     found = extra_args.problem(extra)
     if found:
-        _fail(f"after `--`: {found}")
+        fail(f"after `--`: {found}")
     try:
         resolved = resolve_from_cli(params, config_file)
     except resolve.SettingError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for notice in resolve.seed_notices(resolved, os.environ):
         click.echo(f"notice: {notice}", err=True)
     return resolved
@@ -121,8 +116,7 @@ def submit_command(
     except submitting.Refused as exc:
         for problem in exc.problems:
             click.echo(f"nvrx-appliance submit: {problem}", err=True)
-        click.echo("nvrx-appliance submit: nothing was written or submitted", err=True)
-        sys.exit(exitcodes.USAGE)
+        fail("nothing was written or submitted", prefix="nvrx-appliance submit")
     for warning in plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     if plan.image_note:
@@ -134,8 +128,7 @@ def submit_command(
     try:
         done = submitting.submit(plan)
     except submitting.SubmitFailed as exc:
-        click.echo(f"nvrx-appliance submit: {exc}", err=True)
-        sys.exit(1)
+        fail(str(exc), prefix="nvrx-appliance submit", code=1)
     _print_submitted(done, as_json)
 
 
@@ -188,14 +181,15 @@ def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str 
     try:
         return api.locate(target, work_dir=work_dir)
     except sources.NotFound as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:
         _unreachable(command, str(exc), "pass the chain's --work-dir to read its files")
 
 
 def _unreachable(command: str, detail: str, then: str) -> NoReturn:
-    click.echo(f"nvrx-appliance {command}: Slurm could not be reached: {detail}; {then}", err=True)
-    sys.exit(1)
+    fail(
+        f"Slurm could not be reached: {detail}; {then}", prefix=f"nvrx-appliance {command}", code=1
+    )
 
 
 # Each refresh asks the shared controller twice (squeue, sacct): no faster than this.
@@ -223,7 +217,7 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
         try:
             return api.status(target, work_dir=folder)
         except sources.NotFound as exc:
-            _fail(str(exc))
+            fail(str(exc))
 
     if every is None:
         view = look()
@@ -253,7 +247,7 @@ def cancel_command(target: str, work_dir: str | None) -> None:
     try:
         done = api.cancel(target, work_dir=folder)
     except sources.NotFound as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except slurmcli.SlurmUnavailable as exc:
         _unreachable("cancel", str(exc), "nothing more was done")
     if not done.running and not done.queued:
@@ -283,18 +277,18 @@ def logs_command(
     Each path read is named on stderr; README "Where the logs are" lists them all.
     """
     if sum((task != 0, cycle is not None, launcher)) > 1:
-        _fail("--task, --cycle and --launcher each pick one log; give one of them")
+        fail("--task, --cycle and --launcher each pick one log; give one of them")
     folder, generation = _locate("logs", target, work_dir)
     try:
         manifest = sources.load_manifest(folder)
     except sources.NotFound as exc:
-        _fail(str(exc))
+        fail(str(exc))
     layout, job_name = Layout(folder), manifest["spec"]["job_name"]
     which = chainlogs.Which(task=task, cycle=cycle, launcher=launcher)
     try:
         generation, path = chainlogs.pick(layout, job_name, which, generation)
     except LookupError as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
     def announce(found: Path) -> None:
         click.echo(f"==> {found} <==", err=True)
@@ -306,12 +300,12 @@ def logs_command(
                              sys.stdout, announce)  # fmt: skip
         return
     if not path.exists():
-        click.echo(
-            f"nvrx-appliance logs: the {which.describe()} of generation {generation} ({path}) "
-            "does not exist yet; is it still queued? see `nvrx-appliance status`",
-            err=True,
+        fail(
+            f"the {which.describe()} of generation {generation} ({path}) does not exist yet; "
+            "is it still queued? see `nvrx-appliance status`",
+            prefix="nvrx-appliance logs",
+            code=1,
         )
-        sys.exit(1)
     announce(path)
     with path.open(errors="replace") as handle:
         shutil.copyfileobj(handle, sys.stdout)
