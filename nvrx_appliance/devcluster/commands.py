@@ -48,7 +48,7 @@ def _one_line_failures() -> Iterator[None]:
     try:
         yield
     except _EXPECTED as exc:
-        unchanged = isinstance(exc, (shell.Refused, PlanError))
+        unchanged = isinstance(exc, (shell.ClusterRefused, PlanError))
         fail(str(exc), prefix="error", code=USAGE if unchanged else 1)
 
 
