@@ -187,7 +187,7 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 @_option(
     "--checkpoint-file",
     "--checkpoint-iteration-file",
-    "checkpoint_file",
+    "checkpoint_file",  # also its key in --config files, so it keeps this name
     fallback_env="NVRX_WATCH_CHECKPOINT_ITERATION_FILE",
     default="",
     help="The checkpoint-iteration tracker file (may be a glob).",
@@ -292,7 +292,7 @@ def watch(**options: Any) -> None:
         job_name=options["job_name"],
         work_dir=options["work_dir"],
         cycle_info_glob=options["cycle_info_glob"],
-        checkpoint_file=options["checkpoint_file"],
+        tracker=options["checkpoint_file"],
         max_restarts=options["max_restarts"],
         platform=options["platform"],
         user=options["user"],
