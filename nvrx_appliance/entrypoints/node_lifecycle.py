@@ -38,7 +38,7 @@ from nvrx_appliance.entrypoints.preflight import (
     workload_argv,
 )
 from nvrx_appliance.entrypoints.supervise import Supervisor
-from nvrx_appliance.entrypoints.workloads.tracker import parse_tracker
+from nvrx_appliance.entrypoints.workloads.checkpoint_dir import parse_tracker
 
 # Every node stats the shared file system this often, waiting or training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
