@@ -25,7 +25,7 @@ from bench.chains import ARRAY_SIZE, START_TIMEOUT_S
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.entrypoints.launch import nvrx_logfile
-from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
+from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurm_output, slurmcli, workdir
 

@@ -23,18 +23,21 @@ COMMANDS = {
         "nvrx_appliance.slurm.commands:cancel_command",
         "Cancel every generation of a chain.",
     ),
-    "watch": ("nvrx_appliance.watch.cli:watch", "Watch a chain from outside the job (nvrx-watch)."),
+    "watch": (
+        "nvrx_appliance.watch.main:watch",
+        "Watch a chain from outside the job (nvrx-watch).",
+    ),
     "qualify": (
         "nvrx_appliance.workflows.qualify:qualify_command",
         "Qualify an image on this cluster.",
     ),
-    "image": ("nvrx_appliance.image.cli:image", "Build, inspect and verify appliance images."),
+    "image": ("nvrx_appliance.image.commands:image", "Build, inspect and verify appliance images."),
 }
 # The local test cluster and the demo on it: for trying the appliance on one machine,
 # never for a production cluster; listed apart so nobody mistakes them for the latter.
 LOCAL_COMMANDS = {
     "cluster": (
-        "nvrx_appliance.devcluster.cli:cluster_group",
+        "nvrx_appliance.devcluster.commands:cluster_group",
         "A local Slurm cluster on this machine (demo, tests; root).",
     ),
     "demo": (

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.devcluster import daemons, hosts, net, procs, render
+from nvrx_appliance.devcluster import cluster_conf, daemons, hosts, net, procs
 from nvrx_appliance.devcluster.plan import (
     CLUSTER_NAME,
     DEFAULT_ROOT,
@@ -58,7 +58,7 @@ class ClusterError(RuntimeError):
     """The cluster could not be brought to the asked state; one readable message."""
 
 
-class Refused(ClusterError):
+class ClusterRefused(ClusterError):
     """Nothing was changed: wrong machine, wrong user, or a clash with what is there."""
 
 
@@ -67,12 +67,12 @@ class Refused(ClusterError):
 
 def preflight() -> None:
     if os.geteuid() != 0:
-        raise Refused(
+        raise ClusterRefused(
             "the local cluster needs root (network namespaces, daemons, /etc/hosts); "
             "run it with sudo"
         )
     if not _is_debian():
-        raise Refused(
+        raise ClusterRefused(
             "the local cluster is built from Debian's Slurm packages; "
             "this machine is not Debian or Ubuntu"
         )
@@ -114,16 +114,18 @@ def check_clashes(plan: Plan) -> None:
     root = plan.paths.root
     # An empty root is what an `up` killed between mkdir and marker leaves; take it.
     if root.exists() and not plan.paths.marker.exists() and any(root.iterdir()):
-        raise Refused(f"{root} exists and was not made by nvrx-appliance; move it away first")
+        raise ClusterRefused(
+            f"{root} exists and was not made by nvrx-appliance; move it away first"
+        )
     clashes = overlapping_routes(plan.params.subnet, net.foreign_routes())
     if clashes:
-        raise Refused(
+        raise ClusterRefused(
             f"--subnet {plan.params.subnet} overlaps this machine's route {clashes[0]}; "
             "pick a free private subnet with --subnet"
         )
     taken = hosts.foreign_names(HOSTS_FILE.read_text(), [h.name for h in plan.hosts])
     if taken:
-        raise Refused(
+        raise ClusterRefused(
             f"/etc/hosts already defines {', '.join(taken)}; the local cluster needs those "
             "names for its own hosts (remove those lines, or use another machine)"
         )
@@ -157,7 +159,7 @@ def observe(plan: Plan, state: State | None) -> Observed:
     hosts_text = HOSTS_FILE.read_text()
     configs_ok = all(
         Path(path).exists() and Path(path).read_text() == text
-        for path, text in render.config_files(plan).items()
+        for path, text in cluster_conf.config_files(plan).items()
     )
     alive = frozenset(
         key for key, d in (state.daemons.items() if state else []) if procs.is_alive(d)
@@ -197,7 +199,7 @@ def up(plan: Plan, say: Say, *, force: bool = False) -> Verdict:
     if verdict.action == "rebuild":
         at_stake = _jobs_at_stake(plan, seen)
         if at_stake and not force:
-            raise Refused(
+            raise ClusterRefused(
                 f"the cluster needs a rebuild ({verdict.reason}), which would lose {at_stake} "
                 "and all accounting; let them finish or cancel them, or pass --force"
             )
@@ -252,7 +254,7 @@ def build(plan: Plan, say: Say) -> None:
     _record(p, state, MUNGED, daemons.start_munged(plan))
     say("[4/7] MariaDB for accounting (own data directory, in ctl's namespace)")
     daemons.init_mariadb(plan)
-    proc = daemons.start_mariadb(plan, render.accounting_sql(db_password))
+    proc = daemons.start_mariadb(plan, cluster_conf.accounting_sql(db_password))
     _record(p, state, MARIADB, proc, plan.controller)
     say("[5/7] slurmdbd")
     _record(p, state, SLURMDBD, daemons.start_slurmdbd(plan), plan.controller)
@@ -297,9 +299,9 @@ def _write_files(plan: Plan, db_password: str) -> None:
     _mkdir(p.root)
     _write(p.marker, "made by `nvrx-appliance cluster up`; `cluster down` removes this tree\n")
     _mkdir(p.etc)
-    for path, text in render.config_files(plan).items():
+    for path, text in cluster_conf.config_files(plan).items():
         _write(Path(path), text)
-    _write(p.slurmdbd_conf, render.slurmdbd_conf(plan, db_password), 0o600, "slurm")
+    _write(p.slurmdbd_conf, cluster_conf.slurmdbd_conf(plan, db_password), 0o600, "slurm")
     _mkdir(p.run, owner="slurm")
     _mkdir(p.log, owner="slurm")
     _mkdir(p.spool)
@@ -383,7 +385,7 @@ def teardown(paths: Paths, state: State | None, say: Say) -> None:
         _write_hosts(hosts.without_block(text))
     if paths.root.exists():
         if not paths.marker.exists() and any(paths.root.iterdir()):
-            raise Refused(f"{paths.root} was not made by nvrx-appliance; left in place")
+            raise ClusterRefused(f"{paths.root} was not made by nvrx-appliance; left in place")
         say(f"removing {paths.root}")
         shutil.rmtree(paths.root)
 
@@ -424,7 +426,7 @@ def _node(plan: Plan, name: str) -> Host:
     try:
         return plan.node(name)
     except KeyError as exc:
-        raise Refused(str(exc.args[0])) from None
+        raise ClusterRefused(str(exc.args[0])) from None
 
 
 def kill_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> int:
@@ -437,7 +439,7 @@ def kill_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> int:
     net.set_link(node, up=False)
     say(
         f"{name}: killed {len(victims)} processes (slurmd and its jobs) and took its link "
-        f"down; Slurm marks it DOWN within about {render.SLURMD_TIMEOUT_S + 10} s"
+        f"down; Slurm marks it DOWN within about {cluster_conf.SLURMD_TIMEOUT_S + 10} s"
     )
     return len(victims)
 

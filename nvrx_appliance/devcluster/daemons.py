@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from nvrx_appliance.devcluster.cluster_conf import ACCOUNTING_DB, MARIADB_PORT
 from nvrx_appliance.devcluster.plan import Host, Plan
 from nvrx_appliance.devcluster.poll import Timeout, wait_until
-from nvrx_appliance.devcluster.render import ACCOUNTING_DB, MARIADB_PORT
 
 
 class DaemonError(RuntimeError):

@@ -5,7 +5,7 @@ and `--ft-segment N` on a node without one makes its rendezvous raise on every c
 so the chain burns. We read the same text, but stricter than NVRx: every GPU must
 report the same, real ClusterUUID, or the node has none.
 
-Pure: the text comes in, verdicts go out. The subprocess lives in probe.py.
+Pure: the text comes in, verdicts go out. The subprocess lives in node_probe.py.
 """
 
 from __future__ import annotations

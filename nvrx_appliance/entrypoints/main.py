@@ -1,4 +1,4 @@
-"""`nvrx-entrypoint`: what srun starts on every node of every generation (runner.py),
+"""`nvrx-entrypoint`: what srun starts on every node of every generation (node_lifecycle.py),
 plus the operator's views: `--dry-run` and `detect`."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import click
 
 from nvrx_appliance import __version__, clihelp, exitcodes
-from nvrx_appliance.entrypoints import detect, probe
+from nvrx_appliance.entrypoints import detect, node_probe
+from nvrx_appliance.entrypoints.node_lifecycle import plan_dry_run, run
 from nvrx_appliance.entrypoints.preflight import Refused, say
-from nvrx_appliance.entrypoints.runner import plan_dry_run, run
 
 
 def _print_plan(plan: dict) -> None:
@@ -40,7 +40,7 @@ def _print_plan(plan: dict) -> None:
 
 
 def detect_report() -> dict:
-    fabric = probe.node_fabric()
+    fabric = node_probe.node_fabric()
     auto = detect.decide("auto", fabric)
     return {
         "hostname": socket.gethostname(),

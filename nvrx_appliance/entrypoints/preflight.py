@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.entrypoints import control, detect, launch, probe
+from nvrx_appliance.entrypoints import control, detect, launch, node_probe
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.workloads import workload_argv as run_argv
 
@@ -88,7 +88,7 @@ def check_numactl(manifest: run_manifest.Manifest) -> None:
 
 
 def node_fabric() -> detect.Fabric:
-    fabric = probe.node_fabric()
+    fabric = node_probe.node_fabric()
     if fabric.valid:
         say(f"ClusterUUID {fabric.cluster_uuid}")
     elif fabric.gpus:

@@ -1,6 +1,6 @@
 """The Apptainer front end: a definition file written through spython, built to a .sif.
 
-Pure: it writes the definition text and plans the build command; build.py runs it.
+Pure: it writes the definition text and lists the build step; build.py runs it.
 Not run on the machine this was written on (no Apptainer there); the unit tests pin
 the exact definition and command instead.
 
@@ -53,7 +53,7 @@ def definition(pins: Pins, flavor: str, context: Path) -> str:
     return SingularityWriter({"appliance": recipe}).convert() + "\n"
 
 
-def plan(definition_file: Path, partial: Path, *, as_root: bool) -> list[Step]:
+def build_steps(definition_file: Path, partial: Path, *, as_root: bool) -> list[Step]:
     # Building from a definition needs root, or a site that allows --fakeroot.
     fakeroot = () if as_root else ("--fakeroot",)
     return [

@@ -96,7 +96,7 @@ class Outcome:
     builder: str
     flavor: str
     seconds: float
-    manifest: dict
+    image_manifest: dict
 
 
 # ---------------------------------------------------------------- shell: context --
@@ -202,7 +202,7 @@ def run_steps(
             echo(f"      ok ({time.monotonic() - started:.0f} s)")
 
 
-def _rootfs_plan(pins: Pins, work: Path, context: Path, partial: Path, cache: Path) -> list[Step]:
+def _rootfs_steps(pins: Pins, work: Path, context: Path, partial: Path, cache: Path) -> list[Step]:
     sources = [
         p.read_text(errors="replace")
         for p in [Path("/etc/apt/sources.list"), *sorted(Path("/etc/apt/sources.list.d").glob("*"))]
@@ -237,15 +237,15 @@ def _rootfs_plan(pins: Pins, work: Path, context: Path, partial: Path, cache: Pa
     ]
 
 
-def _plan(pins: Pins, builder: str, flavor: str, work: Path, partial: Path, cache: Path):
+def _build_steps(pins: Pins, builder: str, flavor: str, work: Path, partial: Path, cache: Path):
     """(steps, clean-up steps) of the chosen front end; the context is made afterwards."""
     context = work / "context"
     if builder == "rootfs":
-        return _rootfs_plan(pins, work, context, partial, cache), []
+        return _rootfs_steps(pins, work, context, partial, cache), []
     if builder == "enroot":
         base = cache / "enroot" / f"{pins.base(flavor).replace('/', '+').replace(':', '+')}.sqsh"
         base.parent.mkdir(parents=True, exist_ok=True)
-        return enroot.plan(
+        return enroot.build_steps(
             pins,
             flavor,
             context=context,
@@ -256,7 +256,7 @@ def _plan(pins: Pins, builder: str, flavor: str, work: Path, partial: Path, cach
         )
     definition = work / "appliance.def"
     definition.write_text(apptainer.definition(pins, flavor, context))
-    return apptainer.plan(definition, partial, as_root=os.geteuid() == 0), []
+    return apptainer.build_steps(definition, partial, as_root=os.geteuid() == 0), []
 
 
 def _mounts_under(path: Path) -> list[str]:
@@ -300,14 +300,14 @@ def build(
     cleanup: list[Step] = []
     echo(f"Building {final.name} with {builder} ({flavor} flavour); log: {log}")
     try:
-        steps, cleanup = _plan(pins, builder, flavor, work, partial, cache)
+        steps, cleanup = _build_steps(pins, builder, flavor, work, partial, cache)
         total = len(steps) + 2
         echo(f"[1/{total}] build context (install script, pins, appliance wheel)")
         make_context(work / "context", pins, flavor, builder, echo)
         run_steps(steps, log, echo, verbose=verbose, first=2, total=total)
-        echo(f"[{total}/{total}] read the manifest back and move the image into place")
+        echo(f"[{total}/{total}] read the image manifest back and move the image into place")
         try:
-            manifest = read_image_manifest(partial)
+            image_manifest = read_image_manifest(partial)
         except ImageError as exc:
             raise BuildError(f"the built image is unusable: {exc}") from None
         os.replace(partial, final)
@@ -321,7 +321,7 @@ def build(
                 echo(f"warning: clean-up failed: {exc}")
         partial.unlink(missing_ok=True)
         _remove_work(work, echo)
-    return Outcome(final, builder, flavor, time.monotonic() - started, manifest)
+    return Outcome(final, builder, flavor, time.monotonic() - started, image_manifest)
 
 
 def human_size(n: int) -> str:

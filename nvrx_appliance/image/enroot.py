@@ -1,6 +1,6 @@
 """The enroot front end (the pyxis path): import the base, create, install, export.
 
-Pure: it plans the commands; build.py runs them. Not run on the machine this was
+Pure: it lists the build steps; build.py runs them. Not run on the machine this was
 written on (no enroot there); the unit tests pin the exact commands instead.
 """
 
@@ -23,7 +23,7 @@ def import_uri(pins: Pins, flavor: str) -> str:
     return f"docker://{pins.cpu_base}"
 
 
-def plan(
+def build_steps(
     pins: Pins,
     flavor: str,
     *,

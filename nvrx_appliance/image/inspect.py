@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.image import sif
-from nvrx_appliance.image.pins import MANIFEST_PATH
-from nvrx_appliance.image.probe import SCHEMA
+from nvrx_appliance.image.image_manifest import SCHEMA
+from nvrx_appliance.image.pins import IMAGE_MANIFEST_PATH
 
 SQUASHFS_MAGIC = b"hsqs"
 UNSQUASHFS_TIMEOUT_S = 60  # one small file; a stuck read means a broken image or disk
@@ -88,20 +88,20 @@ def read_image_manifest(path: str | Path) -> dict[str, Any]:
         raise ImageError(f"{path}: cannot read it ({exc.strerror})") from None
     if image_format(head) is None:
         raise ImageError(f"{path} is neither a squashfs image (.sqsh) nor a SIF image (.sif)")
-    text = _read_file(path, _squashfs_offset(path, head), MANIFEST_PATH)
+    text = _read_file(path, _squashfs_offset(path, head), IMAGE_MANIFEST_PATH)
     try:
         manifest = json.loads(text)
     except json.JSONDecodeError:
-        raise ImageError(f"{path}: its manifest {MANIFEST_PATH} is not valid JSON") from None
+        raise ImageError(f"{path}: its manifest {IMAGE_MANIFEST_PATH} is not valid JSON") from None
     if not isinstance(manifest, dict) or manifest.get("schema") != SCHEMA:
-        raise ImageError(f"{path}: {MANIFEST_PATH} is not an nvrx-appliance image manifest")
+        raise ImageError(f"{path}: {IMAGE_MANIFEST_PATH} is not an nvrx-appliance image manifest")
     return manifest
 
 
-def manifest_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
-    """The manifest as (field, value) rows for a table: pins first, then probed versions."""
+def image_manifest_rows(image_manifest: dict[str, Any]) -> list[tuple[str, str]]:
+    """The image manifest as (field, value) rows for a table: pins first, then probed versions."""
     rows = [
-        (name, str(manifest.get(key, "")))
+        (name, str(image_manifest.get(key, "")))
         for name, key in (
             ("appliance", "appliance_version"),
             ("entrypoint protocol", "entrypoint_protocol"),
@@ -113,7 +113,7 @@ def manifest_rows(manifest: dict[str, Any]) -> list[tuple[str, str]]:
             ("builder", "builder"),
         )
     ]
-    probed = manifest.get("probed", {})
+    probed = image_manifest.get("probed", {})
     for name, key in (
         ("Python", "python"),
         ("PyTorch", "pytorch"),

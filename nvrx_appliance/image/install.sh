@@ -84,6 +84,6 @@ for file in /etc/hosts /etc/resolv.conf; do
 done
 
 step "manifest $IMAGE_MANIFEST"
-"$py" -m nvrx_appliance.image.probe --settings "$context/build.env" --out "$IMAGE_MANIFEST"
+"$py" -m nvrx_appliance.image.image_manifest --settings "$context/build.env" --out "$IMAGE_MANIFEST"
 [ -n "${PIP_CACHE_DIR:-}" ] || rm -rf /root/.cache/pip
 step "done"

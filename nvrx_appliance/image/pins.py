@@ -24,7 +24,7 @@ else:  # pragma: no cover - Python 3.10 hosts
 FLAVORS = ("gpu", "cpu")
 BUILDERS = ("enroot", "apptainer", "rootfs")
 # Where the image's manifest lives; submit and inspect read it from there.
-MANIFEST_PATH = "/etc/nvrx-appliance/image.json"
+IMAGE_MANIFEST_PATH = "/etc/nvrx-appliance/image.json"
 # The settings file the install script sources, next to it in the build context.
 SETTINGS_FILE = "build.env"
 
@@ -146,7 +146,7 @@ def build_settings(pins: Pins, flavor: str, builder: str) -> dict[str, str]:
         "MEGATRON_COMMIT": pins.megatron_commit if gpu else "",
         "MEGATRON_PATH": pins.megatron_path if gpu else "",
         "TORCH_VERSION": "" if gpu else pins.cpu_torch,
-        "IMAGE_MANIFEST": MANIFEST_PATH,
+        "IMAGE_MANIFEST": IMAGE_MANIFEST_PATH,
     }
 
 

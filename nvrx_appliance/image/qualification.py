@@ -49,10 +49,10 @@ class Check:
     detail: str
 
 
-def combination(manifest: dict[str, Any]) -> dict[str, Any]:
-    probed = manifest.get("probed", {})
+def combination(image_manifest: dict[str, Any]) -> dict[str, Any]:
+    probed = image_manifest.get("probed", {})
     return {
-        **{key: manifest.get(key) for key in _PINNED},
+        **{key: image_manifest.get(key) for key in _PINNED},
         "probed": {key: probed.get(key) for key in _PROBED},
     }
 
@@ -219,7 +219,7 @@ def timed_out(checks: list[Check], seconds: float) -> list[Check]:
 def record(
     *,
     image: str,
-    manifest: dict[str, Any],
+    image_manifest: dict[str, Any],
     checks: list[Check],
     cluster: dict[str, Any],
     chain: dict[str, Any],
@@ -232,8 +232,8 @@ def record(
         "version": VERSION,
         "result": verdict(checks),
         "image": image,
-        "combination": combination(manifest),
-        "image_manifest": manifest,
+        "combination": combination(image_manifest),
+        "image_manifest": image_manifest,
         "checks": [asdict(c) for c in checks],
         "cluster": cluster,
         "chain": chain,
@@ -248,10 +248,10 @@ def record_path(image: str | Path) -> Path:
     return image.with_name(image.name + RECORD_SUFFIX)
 
 
-def matches(qualification: dict[str, Any], manifest: dict[str, Any]) -> bool:
+def matches(qualification: dict[str, Any], image_manifest: dict[str, Any]) -> bool:
     """Does a passed record vouch for this image's combination?"""
     return (
         qualification.get("schema") == SCHEMA
         and qualification.get("result") == "passed"
-        and qualification.get("combination") == combination(manifest)
+        and qualification.get("combination") == combination(image_manifest)
     )

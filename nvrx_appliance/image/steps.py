@@ -1,4 +1,4 @@
-"""A build is a list of steps the front ends plan and build.py runs. Pure."""
+"""A build is a list of steps: the front ends list them and build.py runs them. Pure."""
 
 from __future__ import annotations
 

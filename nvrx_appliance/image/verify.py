@@ -107,13 +107,15 @@ def _run(name: str, argv: list[str]) -> tuple[int, str]:
     return result.returncode, result.stdout + result.stderr
 
 
-def verify(image: Path, runtime: str, manifest: dict) -> list[Check]:
+def verify(image: Path, runtime: str, image_manifest: dict) -> list[Check]:
     checks = []
     for name, command, judge in (
         (
             "nvrx-entrypoint --version",
             ["nvrx-entrypoint", "--version"],
-            lambda out, rc: judge_version(out, rc, str(manifest.get("appliance_version", ""))),
+            lambda out, rc: judge_version(
+                out, rc, str(image_manifest.get("appliance_version", ""))
+            ),
         ),
         ("ft_launcher --help", ["ft_launcher", "--help"], judge_launcher),
     ):

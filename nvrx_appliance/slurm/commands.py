@@ -17,20 +17,15 @@ import click
 from rich.console import Console
 from rich.live import Live
 
-from nvrx_appliance import api, exitcodes, jsondoc
+from nvrx_appliance import api, jsondoc
 from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
+from nvrx_appliance.clifail import fail
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import resolve, status_view
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.options import chain_options, spec_flags
-
-
-def _fail(message: str) -> NoReturn:
-    """One line naming what is wrong and the fix; exit 2 (usage), nothing done."""
-    click.echo(f"nvrx-appliance: {message}", err=True)
-    sys.exit(exitcodes.USAGE)
 
 
 def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve.Resolved:
@@ -79,11 +74,11 @@ def resolve_chain(
     setting (flags > env > config > defaults), tell about the seeds' names read."""
     found = extra_args.problem(extra)
     if found:
-        _fail(f"after `--`: {found}")
+        fail(f"after `--`: {found}")
     try:
         resolved = resolve_from_cli(params, config_file)
     except resolve.SettingError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     for notice in resolve.seed_notices(resolved, os.environ):
         click.echo(f"notice: {notice}", err=True)
     return resolved
@@ -123,8 +118,7 @@ def submit_command(
     except api.SettingsError as exc:
         for problem in exc.problems:
             click.echo(f"nvrx-appliance submit: {problem}", err=True)
-        click.echo("nvrx-appliance submit: nothing was written or submitted", err=True)
-        sys.exit(exitcodes.USAGE)
+        fail("nothing was written or submitted", prefix="nvrx-appliance submit")
     for warning in plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     if plan.image_note:
@@ -136,8 +130,7 @@ def submit_command(
     try:
         chain = api.submit(plan)
     except api.SubmitFailed as exc:
-        click.echo(f"nvrx-appliance submit: {exc}", err=True)
-        sys.exit(1)
+        fail(str(exc), prefix="nvrx-appliance submit", code=1)
     _print_submitted(submitting.Submitted(list(chain.job_ids), plan), as_json)
 
 
@@ -150,7 +143,7 @@ def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
             "script_path": str(plan.script_path),
             "script": plan.script,
             "warnings": list(plan.warnings),
-            "image_qualification": plan.image_standing and plan.image_standing.to_json(),
+            "image_qualification": plan.image_qualification and plan.image_qualification.to_json(),
         }
         click.echo(jsondoc.dumps("dry-run", doc))
         return
@@ -190,14 +183,15 @@ def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str 
     try:
         return api.locate(target, work_dir=work_dir)
     except api.ChainNotFound as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except api.SlurmUnreachable as exc:
         _unreachable(command, str(exc), "pass the chain's --work-dir to read its files")
 
 
 def _unreachable(command: str, detail: str, then: str) -> NoReturn:
-    click.echo(f"nvrx-appliance {command}: Slurm could not be reached: {detail}; {then}", err=True)
-    sys.exit(1)
+    fail(
+        f"Slurm could not be reached: {detail}; {then}", prefix=f"nvrx-appliance {command}", code=1
+    )
 
 
 # Each refresh asks the shared controller twice (squeue, sacct): no faster than this.
@@ -225,7 +219,7 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
         try:
             return api.status(target, work_dir=folder, slurm=slurm)
         except api.ChainNotFound as exc:
-            _fail(str(exc))
+            fail(str(exc))
 
     if every is None:
         view = look()
@@ -257,7 +251,7 @@ def cancel_command(target: str, work_dir: str | None) -> None:
     try:
         done = api.cancel(target, work_dir=folder)
     except api.ChainNotFound as exc:
-        _fail(str(exc))
+        fail(str(exc))
     except api.SlurmUnreachable as exc:
         _unreachable("cancel", str(exc), "nothing more was done")
     if not done.running and not done.queued:
@@ -287,7 +281,7 @@ def logs_command(
     Each path read is named on stderr; README "Where the logs are" lists them all.
     """
     if sum((task != 0, cycle is not None, launcher)) > 1:
-        _fail("--task, --cycle and --launcher each pick one log; give one of them")
+        fail("--task, --cycle and --launcher each pick one log; give one of them")
     folder, _ = _locate("logs", target, work_dir)
 
     def announce(found: Path) -> None:
@@ -301,13 +295,10 @@ def logs_command(
             return
         log = api.logs(target, **which)
     except api.LogMissing as exc:
-        click.echo(
-            f"nvrx-appliance logs: {exc}; is it still queued? see `nvrx-appliance status`",
-            err=True,
-        )
-        sys.exit(1)
+        fail(f"{exc}; is it still queued? see `nvrx-appliance status`",
+             prefix="nvrx-appliance logs", code=1)  # fmt: skip
     except (api.ChainNotFound, LookupError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     announce(log.path)
     with log.path.open(errors="replace") as handle:
         shutil.copyfileobj(handle, sys.stdout)

@@ -1,7 +1,7 @@
 """`nvrx-appliance status`: the chain at a glance, assembled from what was read. Pure.
 
 Inputs: Slurm's view (squeue for live tasks, sacct for every task since the chain was
-submitted), run.json (with the image's manifest and the qualification standing submit
+submitted), run.json (with the image's manifest and the qualification status submit
 found for it), the ledger task 0's teardown appends, the NVRx cycle-info files of each
 generation, the checkpoint tracker, and the work dir's qualification record when the
 chain was a qualify run. A source that could not be read is passed as None and named in
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from nvrx_appliance.image import qualification, standing
+from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
 from nvrx_appliance.observe.slurm_output import AcctRow, slurm_seconds
 from nvrx_appliance.observe.times import parse_time
@@ -203,8 +203,8 @@ def image_view(manifest: dict[str, Any]) -> ImageView:
     if not isinstance(recorded, dict):
         # A registry reference: no manifest to read, so nothing a record could vouch for.
         return ImageView(REGISTRY, name, {}, qualification="none", why="a registry image")
-    found = recorded.get(standing.KEY)
-    versions = standing.versions(standing.image_manifest(recorded))
+    found = recorded.get(qualification_status.KEY)
+    versions = qualification_status.versions(qualification_status.image_manifest(recorded))
     file_name = name.rsplit("/", 1)[-1]
     if not isinstance(found, dict):
         why = "submitted by an nvrx-appliance that did not record it"
@@ -233,7 +233,7 @@ def qualify_run_view(record: Any) -> QualifyRunView | None:
         result=str(record.get("result", "")),
         image=str(record.get("image", "")),
         finished=str(record.get("finished", "")),
-        cluster=str(cluster.get("cluster_name", standing.UNKNOWN_CLUSTER)),
+        cluster=str(cluster.get("cluster_name", qualification_status.UNKNOWN_CLUSTER)),
         checks=checks,
     )
 

@@ -19,7 +19,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.entrypoints import workloads
 from nvrx_appliance.files import write_atomic
-from nvrx_appliance.image import qualification, standing
+from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.slurm import probe, render
@@ -46,16 +46,19 @@ class Plan:
     script_path: Path
     sbatch_args: list[str]  # per generation, before the script path
     warnings: tuple[str, ...]
-    image_standing: standing.Standing | None = None  # when the image file has a manifest
+    # When the image file has an image manifest.
+    image_qualification: qualification_status.QualificationStatus | None = None
 
     @property
     def image_note(self) -> str:
         """What to say about the image once per submit ("" when there is no image file)."""
         image = self.manifest.image
-        if self.image_standing is None or image is None:
+        if self.image_qualification is None or image is None:
             return ""
-        return standing.message(
-            self.manifest.spec.image, standing.image_manifest(image), self.image_standing
+        return qualification_status.message(
+            self.manifest.spec.image,
+            qualification_status.image_manifest(image),
+            self.image_qualification,
         )
 
     @property
@@ -116,8 +119,12 @@ def plan(
     if problems:
         raise Refused(problems)
     warnings += _ignored_demo_settings(resolved)
-    found = _standing(spec, facts)
-    image = None if found is None else {**facts.image_manifest, standing.KEY: found.to_json()}
+    found = _qualification_status(spec, facts)
+    image = (
+        None
+        if found is None
+        else {**facts.image_manifest, qualification_status.KEY: found.to_json()}
+    )
     manifest = workloads.complete(
         run_manifest.build(spec, created=now_iso(), user=user, image=image)
     )
@@ -130,7 +137,7 @@ def plan(
         script_path=manifest.layout.sbatch(spec.job_name),
         sbatch_args=render.sbatch_args(manifest, extra),
         warnings=tuple(warnings),
-        image_standing=found,
+        image_qualification=found,
     )
 
 
@@ -150,11 +157,14 @@ def _ignored_demo_settings(resolved: Resolved) -> list[str]:
     ]
 
 
-def _standing(spec: ChainSpec, facts: Facts) -> standing.Standing | None:
-    """The image's standing; None without an image file (bare metal, a registry image)."""
+def _qualification_status(
+    spec: ChainSpec, facts: Facts
+) -> qualification_status.QualificationStatus | None:
+    """The image's qualification status; None without an image file (bare metal, a
+    registry image)."""
     if facts.image_manifest is None:
         return None
-    return standing.assess(
+    return qualification_status.assess(
         facts.image_manifest,
         facts.image_qualification,
         record_path=str(qualification.record_path(Path(spec.image).resolve())),

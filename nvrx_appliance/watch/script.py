@@ -63,7 +63,7 @@ _KEYWORDS = frozenset(
 @dataclass(frozen=True)
 class ScriptPaths:
     cycle_info_dir: str | None  # may hold '*' where a run-time id stood
-    checkpoint_file: str | None
+    tracker: str | None  # the checkpoint-iteration file
     unresolved: tuple[str, ...]  # flags found whose values could not be known, shown
     files_read: tuple[str, ...]
 
@@ -99,7 +99,7 @@ def resolve(
     _run_text(shell, text, script_path, depth=0)
     return ScriptPaths(
         cycle_info_dir=shell.found.get("cycle"),
-        checkpoint_file=shell.found.get("tracker"),
+        tracker=shell.found.get("tracker"),
         unresolved=tuple(f"{flag} {value}" for flag, value in shell.unresolved.items()),
         files_read=tuple(shell.files_read),
     )

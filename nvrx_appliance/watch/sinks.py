@@ -2,7 +2,7 @@
 (Slack-compatible), a Prometheus textfile for node_exporter, and the dead-man heartbeat.
 
 Reporting must not share fate with observation: these talk HTTP, not Slurm, so a blind
-watcher can still page. A sink that fails raises SinkError with one line; the runner
+watcher can still page. A sink that fails raises SinkError with one line; the pass
 logs it and carries on with the next sink. Secrets (the routing key, webhook and
 heartbeat URLs, which carry tokens) never appear in an error message: every message is
 redacted against them.

@@ -4,7 +4,7 @@ Submits the hand-off demo with the image through submit's own code, watches the
 evidence until the checks in qualification.py are decided (or the deadline passes),
 cancels what is left of the chain, and writes the qualification record next to the
 image and into the work directory. Later submits judge the record next to the image
-(standing.py) and record the outcome in run.json; status shows it, and the work
+(qualification_status.py) and record the outcome in run.json; status shows it, and the work
 directory's record too.
 """
 
@@ -20,14 +20,15 @@ import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 
 from nvrx_appliance import __version__, exitcodes, jsondoc
+from nvrx_appliance.clifail import fail
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
-from nvrx_appliance.image import standing
+from nvrx_appliance.image import qualification_status
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
@@ -40,13 +41,11 @@ from nvrx_appliance.workflows import chain
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
 DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
+QUALIFY = "nvrx-appliance qualify"  # who speaks in its one-line failures
 
 Echo = Callable[[str], None]
 
 
-def _fail(message: str) -> NoReturn:
-    click.echo(f"nvrx-appliance qualify: {message}", err=True)
-    sys.exit(exitcodes.USAGE)
 
 
 def _megatron_resumed(layout: Layout, array_job_id: str) -> int | None:
@@ -183,12 +182,15 @@ def qualify_command(
     <image>.qualification.json and <work>/qualification.json.
     """
     if params.get("mode") not in (None, "handoff"):
-        _fail(f"--mode {params['mode']}: qualify always runs the hand-off demo; drop --mode")
+        fail(
+            f"--mode {params['mode']}: qualify always runs the hand-off demo; drop --mode",
+            prefix=QUALIFY,
+        )
     params["mode"] = "handoff"  # as a flag, so it beats NVRX_MODE and the config file
     resolved = commands.resolve_chain(params, config_file, extra)
     resolved = _qualify_shape(resolved)
     if not resolved.spec.image:
-        _fail("--image: name the image to qualify (.sqsh or .sif)")
+        fail("--image: name the image to qualify (.sqsh or .sif)", prefix=QUALIFY)
     # Progress goes to stderr under --json, so that stdout is the one document.
     say = functools.partial(click.echo, err=as_json)
     user = slurmcli.current_user()
@@ -197,13 +199,12 @@ def qualify_command(
         done = chain.submit_resolved(resolved, user=user, extra=extra, vet=_image_file_only)
     except submitting.Refused as exc:
         for problem in exc.problems:
-            click.echo(f"nvrx-appliance qualify: {problem}", err=True)
+            click.echo(f"{QUALIFY}: {problem}", err=True)
         sys.exit(exitcodes.USAGE)
     except submitting.SubmitFailed as exc:
-        click.echo(f"nvrx-appliance qualify: {exc}", err=True)
-        sys.exit(1)
+        fail(str(exc), prefix=QUALIFY, code=1)
     # The record holds the image's own manifest, not what submit thought of it.
-    image_manifest = standing.image_manifest(done.plan.manifest.image)
+    image_manifest = qualification_status.image_manifest(done.plan.manifest.image)
     spec, layout = done.plan.manifest.spec, done.plan.manifest.layout
     first, second = done.job_ids[0], done.job_ids[1]
     say(
@@ -218,7 +219,7 @@ def qualify_command(
             cancel.cancel_chain(layout.work_dir, user=user)
     data = q.record(
         image=str(Path(spec.image).resolve()),
-        manifest=image_manifest,
+        image_manifest=image_manifest,
         checks=checks,
         cluster=cluster_facts(evidence, spec),
         chain={"job_name": spec.job_name, "generations": done.job_ids, "work_dir": spec.work_dir},
@@ -239,7 +240,7 @@ def qualify_command(
 
 def _image_file_only(plan: submitting.Plan) -> None:
     if not plan.manifest.image:
-        _fail(
+        fail(
             "--image: qualify needs an image file whose manifest it can record, not a registry reference"
         )
 
@@ -252,9 +253,10 @@ def _qualify_shape(resolved: resolve.Resolved) -> resolve.Resolved:
     if origins["depth"] == "default":
         changes["depth"], origins["depth"] = 2, "default (qualify: 2)"
     elif spec.depth < 2:
-        _fail(
+        fail(
             f"--depth {spec.depth} (from {origins['depth']}): qualify needs at least 2 "
-            "generations (the one that loses task 0 and its successor)"
+            "generations (the one that loses task 0 and its successor)",
+            prefix=QUALIFY,
         )
     if origins["job_name"] == "default":
         changes["job_name"] = f"nvrx-qualify-{uuid.uuid4().hex[:6]}"

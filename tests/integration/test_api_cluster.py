@@ -9,8 +9,8 @@ from nvrx_appliance import api
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.workflows.demo import QUICK
 
+from .chain_support import logs_on_failure, unique
 from .conftest import Cluster
-from .test_chain_support import logs_on_failure, unique
 
 pytestmark = pytest.mark.cluster
 

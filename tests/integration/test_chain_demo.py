@@ -9,8 +9,8 @@ import pytest
 
 from nvrx_appliance.workflows import demo
 
+from .chain_support import ledger, logs_on_failure, progress, squeue_ids, state, tasks
 from .conftest import Cluster
-from .test_chain_support import ledger, logs_on_failure, progress, squeue_ids, state, tasks
 
 pytestmark = pytest.mark.cluster
 

@@ -19,8 +19,7 @@ import pytest
 
 from nvrx_appliance.workflows.demo import QUICK
 
-from .conftest import Cluster, cluster_cli
-from .test_chain_support import (
+from .chain_support import (
     cli,
     ledger,
     logs_on_failure,
@@ -34,6 +33,7 @@ from .test_chain_support import (
     wait_idle,
     wait_ledger,
 )
+from .conftest import Cluster, cluster_cli
 
 pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
 

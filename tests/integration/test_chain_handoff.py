@@ -11,8 +11,7 @@ import json
 
 import pytest
 
-from .conftest import Cluster, cluster_cli
-from .test_chain_support import (
+from .chain_support import (
     cli,
     logs_on_failure,
     progress,
@@ -24,6 +23,7 @@ from .test_chain_support import (
     wait_event,
     wait_idle,
 )
+from .conftest import Cluster, cluster_cli
 
 pytestmark = pytest.mark.cluster
 

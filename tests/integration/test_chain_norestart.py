@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from .conftest import Cluster
-from .test_chain_support import (
+from .chain_support import (
     cli,
     ledger,
     logs_on_failure,
@@ -19,6 +18,7 @@ from .test_chain_support import (
     wait_idle,
     wait_ledger,
 )
+from .conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 

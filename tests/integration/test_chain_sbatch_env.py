@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
+from .chain_support import CLI, FAST, cli, squeue_ids, unique, wait_idle
 from .conftest import Cluster
-from .test_chain_support import CLI, FAST, cli, squeue_ids, unique, wait_idle
 
 pytestmark = pytest.mark.cluster
 

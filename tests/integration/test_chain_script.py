@@ -11,8 +11,8 @@ import pytest
 
 from nvrx_appliance.devcluster.poll import wait_until
 
+from .chain_support import cli, logs_on_failure, submit, tasks, tracker, unique, wait_idle
 from .conftest import Cluster, cluster_cli
-from .test_chain_support import cli, logs_on_failure, submit, tasks, tracker, unique, wait_idle
 
 pytestmark = pytest.mark.cluster
 

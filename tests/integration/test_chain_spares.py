@@ -9,8 +9,7 @@ import pytest
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 
-from .conftest import Cluster, cluster_cli
-from .test_chain_support import (
+from .chain_support import (
     cli,
     logs_on_failure,
     progress,
@@ -21,6 +20,7 @@ from .test_chain_support import (
     wait_event,
     wait_idle,
 )
+from .conftest import Cluster, cluster_cli
 
 pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
 

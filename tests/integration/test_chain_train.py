@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import Cluster
-from .test_chain_support import (
+from .chain_support import (
     cli,
     ledger,
     logs_on_failure,
@@ -26,6 +25,7 @@ from .test_chain_support import (
     wait_idle,
     wait_ledger,
 )
+from .conftest import Cluster
 
 pytestmark = pytest.mark.cluster
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.devcluster import hosts, net, procs, render
+from nvrx_appliance.devcluster import cluster_conf, hosts, net, procs
 from nvrx_appliance.devcluster.report import in_service, seen_dead
 
+from .chain_support import submit, tasks, unique, wait_event, wait_idle, wait_ledger
 from .conftest import Cluster, cluster_cli
-from .test_chain_support import submit, tasks, unique, wait_event, wait_idle, wait_ledger
 
 pytestmark = pytest.mark.cluster
 
@@ -209,8 +209,8 @@ def test_kill_node_is_seen_dead_in_time_and_revive_returns_it(cluster: Cluster):
     # slurmctld pings a node every SlurmdTimeout/3 and waits up to MessageTimeout for
     # an answer; it flags the node NOT_RESPONDING on the first ping that fails and sets
     # it DOWN on the first ping round after SlurmdTimeout without an answer.
-    noticed_within = render.SLURMD_TIMEOUT_S + 2 * render.MESSAGE_TIMEOUT_S
-    down_within = render.SLURMD_TIMEOUT_S + 4 * render.MESSAGE_TIMEOUT_S
+    noticed_within = cluster_conf.SLURMD_TIMEOUT_S + 2 * cluster_conf.MESSAGE_TIMEOUT_S
+    down_within = cluster_conf.SLURMD_TIMEOUT_S + 4 * cluster_conf.MESSAGE_TIMEOUT_S
     cluster.wait_until(
         lambda: seen_dead(cluster.node_state(node)), noticed_within, f"Slurm to notice {node}"
     )
@@ -222,7 +222,7 @@ def test_kill_node_is_seen_dead_in_time_and_revive_returns_it(cluster: Cluster):
     )
     print(
         f"{node}: not responding after {noticed:.1f} s, DOWN after "
-        f"{time.monotonic() - killed_at:.1f} s (SlurmdTimeout {render.SLURMD_TIMEOUT_S} s)"
+        f"{time.monotonic() - killed_at:.1f} s (SlurmdTimeout {cluster_conf.SLURMD_TIMEOUT_S} s)"
     )
     [record] = cluster.wait_finished(job, 1, timeout=30)
     assert record["State"] == "NODE_FAIL"

@@ -13,9 +13,9 @@ import pytest
 
 from nvrx_appliance.image.qualification import record_path
 
+from .chain_support import CLI, FAST, ledger, logs_on_failure, progress, wait_idle
 from .conftest import Cluster
-from .test_chain_support import CLI, FAST, ledger, logs_on_failure, progress, wait_idle
-from .test_image_rootfs import cpu_image  # noqa: F401  (the session's one CPU image)
+from .test_image_cpu_build import cpu_image  # noqa: F401  (the session's one CPU image)
 
 pytestmark = pytest.mark.cluster
 

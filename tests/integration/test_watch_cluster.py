@@ -411,7 +411,7 @@ def test_a_real_chain_resolves_through_its_run_json_and_its_real_cycle_infos(clu
     trap cancels the chain. Afterwards the watcher, given only the first job id, finds
     run.json from Slurm, reads the cycle-info files ft_launcher wrote on the cluster and
     the ledger, and has nothing to page: the chain ended on purpose."""
-    from .test_chain_support import submit, unique, wait_idle, wait_ledger
+    from .chain_support import submit, unique, wait_idle, wait_ledger
 
     work = cluster.workdir("watch-real")
     name = unique("watch-real")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.image.pins import MANIFEST_PATH, build_settings, load
-from nvrx_appliance.image.probe import compose
+from nvrx_appliance.image.image_manifest import compose
+from nvrx_appliance.image.pins import IMAGE_MANIFEST_PATH, build_settings, load
 
 needs_squashfs = pytest.mark.skipif(
     not (shutil.which("mksquashfs") and shutil.which("unsquashfs")),
@@ -41,4 +41,4 @@ def squash(tmp_path: Path, files: dict[str, str], name: str = "img.sqsh") -> Pat
 
 def squash_image(tmp_path: Path, manifest: dict, name: str = "img.sqsh") -> Path:
     """An image file holding `manifest` at the path the image reader reads."""
-    return squash(tmp_path, {MANIFEST_PATH.lstrip("/"): json.dumps(manifest)}, name)
+    return squash(tmp_path, {IMAGE_MANIFEST_PATH.lstrip("/"): json.dumps(manifest)}, name)

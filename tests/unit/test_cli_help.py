@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from nvrx_appliance.cli import COMMANDS, LOCAL_COMMANDS, cli
 from nvrx_appliance.entrypoints.main import cli as entrypoint_cli
-from nvrx_appliance.watch.cli import watch as watch_cli
+from nvrx_appliance.watch.main import watch as watch_cli
 
 
 def test_top_level_help_imports_no_subcommand():

@@ -24,7 +24,7 @@ import pytest
 
 from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints.workloads import cpu, program_argv, workload_argv
-from nvrx_appliance.entrypoints.workloads.tracker import iteration_dir
+from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.manifest import Manifest, build
 
 FT_LAUNCHER = Path(sys.executable).parent / "ft_launcher"

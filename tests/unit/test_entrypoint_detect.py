@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.entrypoints import detect, probe
+from nvrx_appliance.entrypoints import detect, node_probe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 
@@ -111,12 +111,12 @@ def _fake_nvidia_smi(tmp_path, monkeypatch, body: str) -> None:
 
 def test_the_probe_reads_what_nvidia_smi_prints(tmp_path, monkeypatch):
     _fake_nvidia_smi(tmp_path, monkeypatch, f'cat "{FIXTURES / "gb200-tray.txt"}"\n')
-    assert probe.node_fabric().cluster_uuid == "6c1e2a07-93d4-4b58-a1f0-2d7e5b9c4e11"
+    assert node_probe.node_fabric().cluster_uuid == "6c1e2a07-93d4-4b58-a1f0-2d7e5b9c4e11"
 
 
 def test_a_missing_nvidia_smi_means_no_cluster_uuid(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
-    fabric = probe.node_fabric()
+    fabric = node_probe.node_fabric()
     assert not fabric.valid
     assert "not on PATH" in fabric.reason
 
@@ -127,7 +127,7 @@ def test_a_failing_nvidia_smi_means_no_cluster_uuid(tmp_path, monkeypatch):
         monkeypatch,
         "echo 'NVIDIA-SMI has failed because it couldn''t communicate' >&2\nexit 9\n",
     )
-    fabric = probe.node_fabric()
+    fabric = node_probe.node_fabric()
     assert not fabric.valid
     assert "exited 9" in fabric.reason
 
@@ -136,7 +136,7 @@ def test_a_hanging_nvidia_smi_is_cut_off_at_the_bound(tmp_path, monkeypatch):
     # The child of the stand-in keeps stdout open: the bound must not wait for it.
     _fake_nvidia_smi(tmp_path, monkeypatch, "sleep 60 &\nsleep 60\n")
     start = time.monotonic()
-    fabric = probe.node_fabric(timeout=1)
+    fabric = node_probe.node_fabric(timeout=1)
     assert time.monotonic() - start < 5
     assert not fabric.valid
     assert "did not answer within 1 s" in fabric.reason

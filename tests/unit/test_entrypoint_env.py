@@ -4,7 +4,7 @@ import pytest
 
 from nvrx_appliance.entrypoints import env
 from nvrx_appliance.entrypoints.node import Node
-from tests.unit import test_entrypoint_support as support
+from tests.unit import entrypoint_support as support
 
 run_manifest = support.run_manifest
 

@@ -9,7 +9,7 @@ import pytest
 from nvrx_appliance import exitcodes
 from nvrx_appliance.entrypoints import control, controldir, detect, gate
 from nvrx_appliance.entrypoints.node import Node
-from tests.unit import test_entrypoint_support as support
+from tests.unit import entrypoint_support as support
 
 UID = 1000
 LIMITS = gate.Limits(record_wait=300, lease_stale_after=60)

@@ -4,7 +4,7 @@ import pytest
 from nvidia_resiliency_ext.fault_tolerance import launcher
 
 from nvrx_appliance.entrypoints import launch, workloads
-from tests.unit import test_entrypoint_support as support
+from tests.unit import entrypoint_support as support
 
 
 def run_manifest(tmp_path, **settings):

@@ -19,9 +19,9 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.entrypoints import control, controldir, detect, runner
+from nvrx_appliance.entrypoints import control, controldir, detect, node_lifecycle
 from nvrx_appliance.entrypoints.node import Node
-from tests.unit import test_entrypoint_support as support
+from tests.unit import entrypoint_support as support
 
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
@@ -452,10 +452,10 @@ def test_task_0_sets_aside_a_control_dir_another_run_left_under_a_reused_job_id(
         (old / name).write_text("{}\n")
 
     # A peer never touches it: only task 0 knows that it has not published yet.
-    runner.make_dirs(m, Node("700", 3, 0, "703", "peer"))
+    node_lifecycle.make_dirs(m, Node("700", 3, 0, "703", "peer"))
     assert (old / control.CLOSED).exists()
 
-    directory = runner.make_dirs(m, Node("700", 0, 0, "700", "task0"))
+    directory = node_lifecycle.make_dirs(m, Node("700", 0, 0, "700", "task0"))
     assert directory == old and list(directory.iterdir()) == []
     [aside] = old.parent.glob("control.stale.*")
     assert sorted(p.name for p in aside.iterdir()) == sorted(
@@ -471,7 +471,7 @@ def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives
     # A host name longer than a file name may be: the probe file cannot be created,
     # as on a full quota or a read-only mount.
     peer = Node("700", 1, 0, "701", "n" * 300)
-    directory = runner.make_dirs(m, peer)
+    directory = node_lifecycle.make_dirs(m, peer)
     (directory / control.LEASE).write_text("{}\n")  # task 0 started: its age needs the clock
     if closed:
         (directory / control.CLOSED).write_text("{}\n")
@@ -481,12 +481,14 @@ def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives
         polls.append(seconds)
         assert len(polls) < 1000, "the peer retries for ever"
 
-    monkeypatch.setattr(runner.time, "sleep", pause)
-    with pytest.raises(runner.Refused) as refused:
+    monkeypatch.setattr(node_lifecycle.time, "sleep", pause)
+    with pytest.raises(node_lifecycle.Refused) as refused:
         fabric = detect.Fabric(cluster_uuid=None, reason="none")
-        runner.gate_loop(m, peer, fabric, directory, control.generation(support.CHAIN, "700"))
+        node_lifecycle.gate_loop(
+            m, peer, fabric, directory, control.generation(support.CHAIN, "700")
+        )
     if closed:
         assert refused.value.exit_code == exitcodes.TASK0_GONE and polls == []
     else:
         assert refused.value.exit_code == exitcodes.RECORD_REFUSED
-        assert len(polls) == runner.MAX_READ_FAILURES - 1
+        assert len(polls) == node_lifecycle.MAX_READ_FAILURES - 1

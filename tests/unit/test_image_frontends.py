@@ -27,7 +27,7 @@ BASE = Path("/cache/enroot/base.sqsh")
 
 
 def _enroot(base_cached: bool):
-    return enroot.plan(
+    return enroot.build_steps(
         load(),
         "gpu",
         context=CONTEXT,
@@ -103,9 +103,9 @@ exec nvrx-entrypoint "$@"
 def test_apptainer_builds_the_definition_to_a_partial_sif_with_fakeroot_unless_root():
     definition = Path("/scratch/build/appliance.def")
     partial = Path("/images/.x.sif.partial-7")
-    (as_user,) = apptainer.plan(definition, partial, as_root=False)
+    (as_user,) = apptainer.build_steps(definition, partial, as_root=False)
     assert as_user.argv == ("apptainer", "build", "--fakeroot", str(partial), str(definition))
-    (as_root,) = apptainer.plan(definition, partial, as_root=True)
+    (as_root,) = apptainer.build_steps(definition, partial, as_root=True)
     assert as_root.argv == ("apptainer", "build", str(partial), str(definition))
 
 

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance.image import sif
-from nvrx_appliance.image.cli import image
-from nvrx_appliance.image.inspect import ImageError, manifest_rows, read_image_manifest
-from nvrx_appliance.image.pins import MANIFEST_PATH
+from nvrx_appliance.image.commands import image
+from nvrx_appliance.image.inspect import ImageError, image_manifest_rows, read_image_manifest
+from nvrx_appliance.image.pins import IMAGE_MANIFEST_PATH
 from tests.unit.images import cpu_manifest, needs_squashfs, squash, squash_image
 
 
@@ -81,7 +81,7 @@ def test_an_image_without_a_manifest_is_refused(tmp_path):
 
 @needs_squashfs
 def test_a_manifest_of_something_else_is_refused(tmp_path):
-    path = squash(tmp_path, {MANIFEST_PATH.lstrip("/"): json.dumps({"name": "other"})})
+    path = squash(tmp_path, {IMAGE_MANIFEST_PATH.lstrip("/"): json.dumps({"name": "other"})})
     with pytest.raises(ImageError, match="not an nvrx-appliance image manifest"):
         read_image_manifest(path)
 
@@ -94,7 +94,7 @@ def test_a_sif_without_a_squashfs_partition_is_refused(tmp_path):
 
 
 def test_the_table_lists_pins_then_probed_versions_with_none_for_absent_ones():
-    rows = dict(manifest_rows(cpu_manifest()))
+    rows = dict(image_manifest_rows(cpu_manifest()))
     assert rows["NVRx (pinned)"] == "0.7.0"
     assert rows["Megatron-LM (pinned)"] == "none"
     assert rows["CUDA (probed)"] == "none"

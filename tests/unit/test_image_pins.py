@@ -90,7 +90,7 @@ def test_cpu_settings_leave_megatron_empty_and_pin_torch():
     settings = build_settings(load(), "cpu", "rootfs")
     assert settings["MEGATRON_COMMIT"] == ""
     assert settings["TORCH_VERSION"] == load().cpu_torch
-    assert settings["IMAGE_MANIFEST"] == pins_mod.MANIFEST_PATH
+    assert settings["IMAGE_MANIFEST"] == pins_mod.IMAGE_MANIFEST_PATH
 
 
 def test_settings_with_shell_metacharacters_stay_literal():

@@ -103,7 +103,7 @@ def test_megatron_is_judged_from_its_own_loaded_checkpoint_line():
 def test_a_passed_record_vouches_only_for_the_same_combination():
     record = q.record(
         image="/images/x.sqsh",
-        manifest=cpu_manifest(),
+        image_manifest=cpu_manifest(),
         checks=q.judge(_evidence()),
         cluster={},
         chain={},

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from nvrx_appliance.image import qualification as q
-from nvrx_appliance.image import standing
+from nvrx_appliance.image import qualification_status
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.times import parse_time
@@ -166,8 +166,10 @@ PASSED = {"status": "passed", "record": IMAGE + ".qualification.json",
           "date": "2026-12-01T09:30:00Z", "cluster": "alps", "why": ""}  # fmt: skip
 
 
-def _image_manifest(standing_json=None):
-    image = {**cpu_manifest(), standing.KEY: standing_json} if standing_json else cpu_manifest()
+def _image_manifest(status_json=None):
+    image = (
+        {**cpu_manifest(), qualification_status.KEY: status_json} if status_json else cpu_manifest()
+    )
     return {**MANIFEST, "spec": {**MANIFEST["spec"], "image": IMAGE}, "image": image}
 
 
@@ -208,7 +210,7 @@ def test_an_image_nothing_vouched_for_at_submit_says_not_qualified_and_why():
     assert "qualification at submit: not qualified (none at r)" in _rendered(
         _image_view(_image_manifest(none))
     )
-    # A run.json from before submit recorded the standing does not claim either way.
+    # A run.json from before submit recorded the qualification status does not claim either way.
     view = _image_view(_image_manifest())
     assert view.image.qualification == "unknown"
     assert "not qualified (submitted by an nvrx-appliance that did not record it)" in (
@@ -230,7 +232,7 @@ def test_a_registry_image_has_no_manifest_to_qualify():
 
 def _qualify_record(checks):
     return q.record(
-        image=IMAGE, manifest=cpu_manifest(), checks=checks, cluster={"cluster_name": "alps"},
+        image=IMAGE, image_manifest=cpu_manifest(), checks=checks, cluster={"cluster_name": "alps"},
         chain={}, started="s", finished="2026-12-01T09:30:00Z", tool_version="0.1.0",
     )  # fmt: skip
 
@@ -260,7 +262,7 @@ def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_re
 
     spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", image=IMAGE, runtime="pyxis",
                      job_name="qual")  # fmt: skip
-    image = {**cpu_manifest(), standing.KEY: PASSED}
+    image = {**cpu_manifest(), qualification_status.KEY: PASSED}
     run_manifest.save(
         run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="a", image=image)
     )

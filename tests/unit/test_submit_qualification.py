@@ -11,7 +11,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.cli import cli
 from nvrx_appliance.entrypoints import preflight
 from nvrx_appliance.image import qualification as q
-from nvrx_appliance.image import standing
+from nvrx_appliance.image import qualification_status
 from tests.unit.images import cpu_manifest, needs_squashfs, squash_image
 
 IMAGE = "/images/nvrx-appliance-0.1.0_nvrx-0.7.0_debian-12.sqsh"
@@ -27,7 +27,7 @@ ALL_PASSED = [
 def _record(manifest, checks=ALL_PASSED, cluster="alps"):
     return q.record(
         image=IMAGE,
-        manifest=manifest,
+        image_manifest=manifest,
         checks=checks,
         cluster={"cluster_name": cluster, "partition": "debug"},
         chain={},
@@ -39,7 +39,7 @@ def _record(manifest, checks=ALL_PASSED, cluster="alps"):
 
 def _assess(record, cluster="alps", manifest=None):
     manifest = manifest or cpu_manifest()
-    return standing.assess(manifest, record, record_path=RECORD, cluster=cluster)
+    return qualification_status.assess(manifest, record, record_path=RECORD, cluster=cluster)
 
 
 # --- the decision ----------------------------------------------------------------------
@@ -47,10 +47,10 @@ def _assess(record, cluster="alps", manifest=None):
 
 def test_no_record_warns_naming_the_image_its_versions_and_the_qualify_command():
     found = _assess(None)
-    assert found.status == standing.NONE
-    text = standing.message(IMAGE, cpu_manifest(), found)
+    assert found.status == qualification_status.NONE
+    text = qualification_status.message(IMAGE, cpu_manifest(), found)
     lines = text.splitlines()
-    assert lines[0] == lines[-1] == standing.RULE  # one marked block
+    assert lines[0] == lines[-1] == qualification_status.RULE  # one marked block
     assert text.count("WARNING:") == 1
     assert (
         "WARNING: image nvrx-appliance-0.1.0_nvrx-0.7.0_debian-12.sqsh "
@@ -64,8 +64,12 @@ def test_no_record_warns_naming_the_image_its_versions_and_the_qualify_command()
 
 def test_a_passed_record_for_the_same_combination_is_one_line_naming_when_and_where():
     found = _assess(_record(cpu_manifest()))
-    assert (found.status, found.date, found.cluster) == (standing.PASSED, FINISHED, "alps")
-    text = standing.message(IMAGE, cpu_manifest(), found)
+    assert (found.status, found.date, found.cluster) == (
+        qualification_status.PASSED,
+        FINISHED,
+        "alps",
+    )
+    text = qualification_status.message(IMAGE, cpu_manifest(), found)
     assert text == (
         f"image nvrx-appliance-0.1.0_nvrx-0.7.0_debian-12.sqsh: qualified on {FINISHED} "
         f"on cluster alps (record {RECORD})"
@@ -76,23 +80,23 @@ def test_a_record_for_another_combination_counts_as_none():
     # The same file name, rebuilt with another PyTorch after it was qualified.
     rebuilt = cpu_manifest(pytorch="2.14.0+cpu")
     found = _assess(_record(cpu_manifest()), manifest=rebuilt)
-    assert found.status == standing.NONE
+    assert found.status == qualification_status.NONE
     assert "is for another combination: NVRx 0.7.0, Megatron-LM unknown, PyTorch 2.13.0" in (
         found.why
     )
-    assert "WARNING:" in standing.message(IMAGE, rebuilt, found)
+    assert "WARNING:" in qualification_status.message(IMAGE, rebuilt, found)
 
 
 def test_a_rebuild_of_the_same_combination_keeps_its_qualification():
     later = cpu_manifest(built="2027-01-01")
-    assert _assess(_record(cpu_manifest()), manifest=later).status == standing.PASSED
+    assert _assess(_record(cpu_manifest()), manifest=later).status == qualification_status.PASSED
 
 
 def test_a_failed_qualification_warns_with_the_check_that_failed():
     checks = [ALL_PASSED[0], q.Check(q.RESUMED_EXACTLY, False, "resumed at 5, not 10")]
     found = _assess(_record(cpu_manifest(), checks=checks))
-    assert found.status == standing.FAILED
-    text = standing.message(IMAGE, cpu_manifest(), found)
+    assert found.status == qualification_status.FAILED
+    text = qualification_status.message(IMAGE, cpu_manifest(), found)
     assert f"FAILED its qualification on {FINISHED} on cluster alps" in text
     assert "successor resumed from exactly that iteration: resumed at 5, not 10" in text
     assert text.count("WARNING:") == 1
@@ -100,32 +104,34 @@ def test_a_failed_qualification_warns_with_the_check_that_failed():
 
 def test_a_record_from_another_cluster_does_not_vouch_here():
     found = _assess(_record(cpu_manifest(), cluster="alps"), cluster="todi")
-    assert found.status == standing.NONE
+    assert found.status == qualification_status.NONE
     assert found.why == "it was qualified on cluster alps, not on todi"
 
 
 def test_without_slurm_the_cluster_cannot_be_compared_and_the_record_stands():
-    assert _assess(_record(cpu_manifest()), cluster="").status == standing.PASSED
+    assert _assess(_record(cpu_manifest()), cluster="").status == qualification_status.PASSED
 
 
 @pytest.mark.parametrize("record", ["not json's dict", ["a", "list"], {"schema": "other"}])
 def test_something_else_where_the_record_should_be_counts_as_none(record):
-    assert _assess(record).status == standing.NONE
+    assert _assess(record).status == qualification_status.NONE
 
 
 # --- run.json --------------------------------------------------------------------------
 
 
-def test_run_json_carries_the_standing_under_the_image_and_the_entrypoint_reads_it(tmp_path):
+def test_run_json_carries_the_qualification_status_under_the_image_and_the_entrypoint_reads_it(
+    tmp_path,
+):
     from nvrx_appliance.chain import ChainSpec
 
     found = _assess(None)
-    image = {**cpu_manifest(), standing.KEY: found.to_json()}
+    image = {**cpu_manifest(), qualification_status.KEY: found.to_json()}
     spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", image=IMAGE, runtime="pyxis")
     path = run_manifest.save(run_manifest.build(spec, created="c", user="alice", image=image))
     loaded = preflight.load(path)  # what nvrx-entrypoint does first on every node
-    assert loaded.image[standing.KEY]["status"] == "none"
-    assert standing.image_manifest(loaded.image) == cpu_manifest()
+    assert loaded.image[qualification_status.KEY]["status"] == "none"
+    assert qualification_status.image_manifest(loaded.image) == cpu_manifest()
 
 
 # --- submit, for real, with a real image file --------------------------------------------
@@ -144,14 +150,14 @@ def test_submit_without_a_record_warns_once_and_still_submits(tmp_path):
     result = _submit_dry_run(tmp_path, image)
     assert result.exit_code == 0, result.output
     assert result.stderr.count("WARNING:") == 1
-    assert result.stderr.count(standing.RULE) == 2
+    assert result.stderr.count(qualification_status.RULE) == 2
     assert "WARNING: image appliance.sqsh (NVRx 0.7.0," in result.stderr
     assert f"nvrx-appliance qualify --image {image}" in result.stderr
     assert "sbatch" in result.stdout  # the plan is shown all the same
 
 
 @needs_squashfs
-def test_submit_json_keeps_stdout_machine_readable_and_carries_the_standing(tmp_path):
+def test_submit_json_keeps_stdout_machine_readable_and_carries_the_qualification_status(tmp_path):
     image = squash_image(tmp_path, cpu_manifest(), name="appliance.sqsh")
     result = _submit_dry_run(tmp_path, image, "--json")
     assert result.exit_code == 0, result.output

@@ -15,9 +15,10 @@ from click.testing import CliRunner
 
 from nvrx_appliance import __version__, manifest
 from nvrx_appliance.chain import ChainSpec
-from nvrx_appliance.watch import cli, detectors, persistence, resolve
-from nvrx_appliance.watch.cli import build, watch
+from nvrx_appliance.watch import detectors, persistence, target
+from nvrx_appliance.watch import main as watch_main
 from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.main import build, watch
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.readers import CycleReader
 from nvrx_appliance.watch.types import Run
@@ -194,9 +195,9 @@ class Scontrol:
 def test_a_job_id_of_a_submitted_chain_resolves_through_its_run_json(tmp_path):
     work = submitted_run(tmp_path)
     platform = SlurmPlatform(run=Scontrol(work, work / "chain-a.sbatch"))
-    request = resolve.Request(job_id="18")
-    info = resolve.identify(request, platform, "alice", {})
-    run, notes = resolve.locate(request, info)
+    request = target.Request(job_id="18")
+    info = target.identify(request, platform, "alice", {})
+    run, notes = target.locate(request, info)
     assert (run.job_name, run.owner, run.work_dir) == ("chain-a", "root", str(work))
     assert run.cycle_glob == f"{work}/nvrx/*/cycle_infos/cycle_info.*"
     assert run.tracker == str(work / "checkpoints" / "latest_checkpointed_iteration.txt")
@@ -207,8 +208,8 @@ def test_a_job_id_of_a_submitted_chain_resolves_through_its_run_json(tmp_path):
 def test_a_run_json_of_another_chain_is_not_taken(tmp_path):
     work = submitted_run(tmp_path, name="other")
     platform = SlurmPlatform(run=Scontrol(work, work / "x.sbatch", name="chain-a"))
-    request = resolve.Request(job_id="18")
-    run, notes = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    request = target.Request(job_id="18")
+    run, notes = target.locate(request, target.identify(request, platform, "alice", {}))
     assert run.max_restarts is None
     assert any("belongs to chain other" in n for n in notes)
 
@@ -220,8 +221,8 @@ def test_a_chain_not_submitted_by_us_resolves_from_its_batch_script(tmp_path):
         "--ft-checkpoint-iteration-file $ROOT/ckpt/it.txt x.py\n"
     )
     platform = SlurmPlatform(run=Scontrol(tmp_path, script))
-    request = resolve.Request(job_id="18", max_restarts=7)
-    run, _ = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    request = target.Request(job_id="18", max_restarts=7)
+    run, _ = target.locate(request, target.identify(request, platform, "alice", {}))
     assert run.cycle_glob == "/lustre/alice/exp/nvrx/*/cycle_info.*"
     assert run.tracker == "/lustre/alice/exp/ckpt/it.txt"
     assert run.max_restarts == 7 and run.origin == f"batch script {script}"
@@ -231,8 +232,8 @@ def test_flags_override_what_the_script_says(tmp_path):
     script = tmp_path / "cell.sbatch"
     script.write_text("ft_launcher --ft-cycle-info-dir /a/ci x.py\n")
     platform = SlurmPlatform(run=Scontrol(tmp_path, script))
-    request = resolve.Request(job_id="18", cycle_info_glob="/b/*/cycle_info.*", job_name="renamed")
-    run, _ = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    request = target.Request(job_id="18", cycle_info_glob="/b/*/cycle_info.*", job_name="renamed")
+    run, _ = target.locate(request, target.identify(request, platform, "alice", {}))
     assert (run.cycle_glob, run.job_name) == ("/b/*/cycle_info.*", "renamed")
 
 
@@ -267,8 +268,8 @@ def production_cell(path: Path, job_name: str, text: str = CELL) -> Path:
 def test_a_script_that_finds_its_libraries_through_scontrol_keeps_its_cycle_infos(tmp_path):
     cell = production_cell(tmp_path / "cells" / "llm.sbatch", "chain-a")
     platform = SlurmPlatform(run=Scontrol(tmp_path / "submit", cell))
-    request = resolve.Request(job_id="18")
-    run, notes = resolve.locate(request, resolve.identify(request, platform, "alice", {}))
+    request = target.Request(job_id="18")
+    run, notes = target.locate(request, target.identify(request, platform, "alice", {}))
     cells = tmp_path / "cells"
     assert run.cycle_glob == f"{cells}/runs/chain-a/nvrx/*/cycle_infos/cycle_info.*"
     assert run.tracker == f"{cells}/runs/chain-a/ckpt/iter.txt"
@@ -309,11 +310,11 @@ class AgingOut:
 
 
 def watch_once(monkeypatch, slurm: AgingOut, state: Path) -> Run:
-    """What one cron run of `nvrx-watch 1` does (cli.build, then a pass), with Slurm's
+    """What one cron run of `nvrx-watch 1` does (main.build, then a pass), with Slurm's
     commands answering from the recordings; returns the run it located."""
-    monkeypatch.setattr(cli, "SlurmPlatform", lambda timeout: SlurmPlatform(timeout, slurm))
+    monkeypatch.setattr(watch_main, "SlurmPlatform", lambda timeout: SlurmPlatform(timeout, slurm))
     settings = Settings(state_file=str(state))
-    request = resolve.Request(job_id="1")
+    request = target.Request(job_id="1")
     watcher = build(request, settings, Thresholds(), logging.getLogger("test_watch_cli"))
     watcher.pass_once()
     return watcher.run
@@ -359,14 +360,12 @@ def test_a_job_id_slurm_has_forgotten_is_followed_from_the_state_file(tmp_path):
             "source": "state",
         }
     }
-    info = resolve.identify(
-        resolve.Request(job_id="18"), SlurmPlatform(run=forgotten), "bob", remembered
+    info = target.identify(
+        target.Request(job_id="18"), SlurmPlatform(run=forgotten), "bob", remembered
     )
     assert (info.job_name, info.owner) == ("chain-a", "alice")
-    with pytest.raises(
-        resolve.ResolveError, match="unknown to scontrol and sacct; pass --job-name"
-    ):
-        resolve.identify(resolve.Request(job_id="18"), SlurmPlatform(run=forgotten), "bob", {})
+    with pytest.raises(target.ResolveError, match="unknown to scontrol and sacct; pass --job-name"):
+        target.identify(target.Request(job_id="18"), SlurmPlatform(run=forgotten), "bob", {})
 
 
 def test_the_console_script_and_the_subcommand_are_the_same_command():
@@ -376,7 +375,7 @@ def test_the_console_script_and_the_subcommand_are_the_same_command():
 
     assert cli.get_command(None, "watch") is watch
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "nvrx-watch"]
-    assert script.value == "nvrx_appliance.watch.cli:main"
+    assert script.value == "nvrx_appliance.watch.main:main"
 
 
 def test_interval_runs_pass_after_pass_until_sigterm(tmp_path):
@@ -387,7 +386,7 @@ def test_interval_runs_pass_after_pass_until_sigterm(tmp_path):
     work = killed_run(tmp_path)
     state = tmp_path / "state" / "state.json"
     watcher = subprocess.Popen(
-        [sys.executable, "-c", "from nvrx_appliance.watch.cli import main; main()",
+        [sys.executable, "-c", "from nvrx_appliance.watch.main import main; main()",
          "--platform", "none", "--work-dir", str(work), "--state-file", str(state), "--interval", "1", "--stall-seconds", "1e9"],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

@@ -30,9 +30,7 @@ def test_paths_built_from_the_scripts_own_variables_and_defaults(tmp_path):
     found = resolve(sbatch)
     # The generation's id is only known at run time: it becomes a glob over generations.
     assert found.cycle_info_dir == "/lustre/alice/llm/nvrx/*/cycle_infos"
-    assert (
-        found.checkpoint_file == "/lustre/alice/llm/checkpoints/latest_checkpointed_iteration.txt"
-    )
+    assert found.tracker == "/lustre/alice/llm/checkpoints/latest_checkpointed_iteration.txt"
     assert found.unresolved == ()
 
 
@@ -53,7 +51,7 @@ def test_includes_located_relative_to_the_script_are_followed(tmp_path):
     )
     found = resolve(sbatch)
     assert found.cycle_info_dir == f"{tmp_path}/runs/llm/nvrx/*/cycle_infos"
-    assert found.checkpoint_file == f"{tmp_path}/runs/llm/ckpt/iter.txt"
+    assert found.tracker == f"{tmp_path}/runs/llm/ckpt/iter.txt"
     assert found.files_read == (str(sbatch), str(tmp_path / "lib" / "common.sh"))
 
 
@@ -71,7 +69,7 @@ def test_pwd_and_cd_resolve_against_the_jobs_working_directory(tmp_path):
     )
     found = resolve(sbatch, cwd="/home/alice/sub")
     assert found.cycle_info_dir == "/home/alice/sub/sub/ci"
-    assert found.checkpoint_file == "/home/alice/sub/nvrx-run/t.txt"
+    assert found.tracker == "/home/alice/sub/nvrx-run/t.txt"
 
 
 def test_an_unknown_variable_leaves_the_path_unresolved_and_says_which(tmp_path):
@@ -116,7 +114,7 @@ def test_single_quotes_stay_literal_and_later_assignments_win(tmp_path):
     )
     found = resolve(sbatch)
     assert found.cycle_info_dir == "/second/ci"
-    assert found.checkpoint_file == "$A/t"
+    assert found.tracker == "$A/t"
 
 
 def test_what_a_script_asks_scontrol_about_itself_is_answered_from_the_job(tmp_path):
@@ -145,7 +143,7 @@ def test_scontrol_about_another_job_or_an_unknown_command_stays_unknown(tmp_path
         "ft_launcher --ft-cycle-info-dir $D/ci --ft-checkpoint-iteration-file $E/t.txt x.py\n"
     )
     found = script.resolve(str(sbatch), sbatch.read_text(), readers.read_script, KNOWN, "/s", {})
-    assert (found.cycle_info_dir, found.checkpoint_file) == (None, None)
+    assert (found.cycle_info_dir, found.tracker) == (None, None)
     assert [u.split()[0] for u in found.unresolved] == [
         "--ft-cycle-info-dir",
         "--ft-checkpoint-iteration-file",

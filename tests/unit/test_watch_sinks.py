@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.watch import cli, detectors, resolve, sinks
+from nvrx_appliance.watch import detectors, sinks, target
+from nvrx_appliance.watch import main as watch_main
 from nvrx_appliance.watch.config import Settings, Thresholds
-from nvrx_appliance.watch.runner import Watcher
+from nvrx_appliance.watch.watcher import Watcher
 from tests.unit.test_watch_slurm import SACCT_TIMED_OUT, Replay, one_pass
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
@@ -107,8 +108,10 @@ def make_watcher(
         webhook_url=hook_url or f"{url}/hook/{HOOK_TOKEN}",
         heartbeat_url=f"{url}/ping/{BEAT_TOKEN}",
     )
-    request = resolve.Request(platform="none", work_dir=str(work))
-    return cli.build(request, settings, Thresholds(stall_seconds=stall_seconds), cli._logger(""))
+    request = target.Request(platform="none", work_dir=str(work))
+    return watch_main.build(
+        request, settings, Thresholds(stall_seconds=stall_seconds), watch_main._logger("")
+    )
 
 
 def test_pagerduty_receives_an_events_v2_trigger_with_the_dedup_key(tmp_path, receiver):
@@ -190,8 +193,10 @@ def test_a_dedup_key_past_pagerdutys_limit_is_shortened_the_same_way_to_trigger_
     work = killed_run(tmp_path)
     settings = Settings(state_file=str(tmp_path / "state.json"))
     pagerduty = [sinks.PagerDutySink(f"{receiver.url}/v2/enqueue", ROUTING_KEY, "4343")]
-    request = resolve.Request(platform="none", work_dir=str(work), job_name=name)
-    watcher = cli.build(request, settings, Thresholds(stall_seconds=1), cli._logger(""))
+    request = target.Request(platform="none", work_dir=str(work), job_name=name)
+    watcher = watch_main.build(
+        request, settings, Thresholds(stall_seconds=1), watch_main._logger("")
+    )
     watcher.paging = pagerduty
     watcher.pass_once()
     cycle = work / "nvrx" / "4343" / "cycle_infos" / "cycle_info.4343.0.0"
@@ -337,14 +342,16 @@ def test_the_textfile_keeps_every_series_at_zero_and_holds_no_job_id_in_a_label(
         state_file=str(tmp_path / "state" / "state.json"),
         metrics_file=str(tmp_path / "empty.prom"),
     )
-    request = resolve.Request(platform="none", work_dir=str(empty))
-    cli.build(request, settings, Thresholds(), cli._logger("")).pass_once()
+    request = target.Request(platform="none", work_dir=str(empty))
+    watch_main.build(request, settings, Thresholds(), watch_main._logger("")).pass_once()
     before = series(Path(settings.metrics_file).read_text())
     for name in detectors.NAMES:
         assert any(s.startswith("nvrx_watch_findings{") and f'detector="{name}"' in s
                    for s in before), name  # fmt: skip
     assert all(v == "0" for s, v in before.items() if s.startswith("nvrx_watch_findings{"))
-    assert before[f'nvrx_watch_current_cycle{{chain="empty",owner="{cli._caller()}"}}'] == "NaN"
+    assert (
+        before[f'nvrx_watch_current_cycle{{chain="empty",owner="{watch_main._caller()}"}}'] == "NaN"
+    )
 
     recorded = json.loads((FIXTURES / "killed" / "cycle_info.4343.0.0").read_text())
     for hour, generation in enumerate(("4343", "4400")):  # a hand-off to the next generation
@@ -352,11 +359,11 @@ def test_the_textfile_keeps_every_series_at_zero_and_holds_no_job_id_in_a_label(
         cycles.mkdir(parents=True)
         info = recorded | {"job_id": generation, "cycle_start_time": f"2026-11-30T1{hour}:00:00Z"}
         (cycles / f"cycle_info.{generation}.0.0").write_text(json.dumps(info))
-        cli.build(request, settings, Thresholds(), cli._logger("")).pass_once()
+        watch_main.build(request, settings, Thresholds(), watch_main._logger("")).pass_once()
         after = series(Path(settings.metrics_file).read_text())
         assert after.keys() == before.keys()  # the same series, pass after pass
         assert generation not in "".join(after.keys())
-        current = f'nvrx_watch_current_generation{{chain="empty",owner="{cli._caller()}"}}'
+        current = f'nvrx_watch_current_generation{{chain="empty",owner="{watch_main._caller()}"}}'
         assert after[current] == generation
 
 

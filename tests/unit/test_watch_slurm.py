@@ -18,7 +18,6 @@ from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.runner import PassResult, Watcher
 from nvrx_appliance.watch.types import (
     CRITICAL,
     FOLLOW_UP,
@@ -29,6 +28,7 @@ from nvrx_appliance.watch.types import (
     Snapshot,
     SourceStatus,
 )
+from nvrx_appliance.watch.watcher import PassResult, Watcher
 
 RECORDED = Path(__file__).parent / "fixtures" / "watch" / "slurm"
 

@@ -22,13 +22,13 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from nvrx_appliance.entrypoints.workloads import tracker
+from nvrx_appliance.entrypoints.workloads import checkpoint_dir
 from nvrx_appliance.manifest import TRACKER_FILE, write_atomic
 
 
 def read_tracker(save_dir: Path) -> int | None:
     try:
-        return tracker.parse_tracker((save_dir / TRACKER_FILE).read_text())
+        return checkpoint_dir.parse_tracker((save_dir / TRACKER_FILE).read_text())
     except FileNotFoundError:
         return None
 
@@ -42,12 +42,12 @@ def tracked_iteration(save_dir: Path) -> int | None:
 
 def load(save_dir: Path, iteration: int, state: dict[str, Any]) -> None:
     """Fill `state` in place from iter_<iteration>."""
-    dcp.load(state, checkpoint_id=save_dir / tracker.iteration_dir(iteration))
+    dcp.load(state, checkpoint_id=save_dir / checkpoint_dir.iteration_dir(iteration))
 
 
 def save(save_dir: Path, iteration: int, state: dict[str, Any], keep: int) -> None:
-    partial = save_dir / tracker.partial_dir(iteration)
-    final = save_dir / tracker.iteration_dir(iteration)
+    partial = save_dir / checkpoint_dir.partial_dir(iteration)
+    final = save_dir / checkpoint_dir.iteration_dir(iteration)
     if dist.get_rank() == 0:
         save_dir.mkdir(parents=True, exist_ok=True)
         # Leftovers of a killed attempt at this iteration: never mix their shards in.
@@ -59,7 +59,7 @@ def save(save_dir: Path, iteration: int, state: dict[str, Any], keep: int) -> No
     if dist.get_rank() == 0:
         os.replace(partial, final)
         _fsync_dir(save_dir)
-        write_atomic(save_dir / TRACKER_FILE, tracker.tracker_text(iteration))
+        write_atomic(save_dir / TRACKER_FILE, checkpoint_dir.tracker_text(iteration))
         _prune(save_dir, iteration, keep)
     dist.barrier()
 
@@ -67,11 +67,11 @@ def save(save_dir: Path, iteration: int, state: dict[str, Any], keep: int) -> No
 def _prune(save_dir: Path, latest: int, keep: int) -> None:
     found: dict[int, Path] = {}
     for entry in save_dir.iterdir():
-        if tracker.is_partial_dir(entry.name):
+        if checkpoint_dir.is_partial_dir(entry.name):
             shutil.rmtree(entry, ignore_errors=True)
-        elif (n := tracker.parse_iteration_dir(entry.name)) is not None:
+        elif (n := checkpoint_dir.parse_iteration_dir(entry.name)) is not None:
             found[n] = entry
-    for n in tracker.expired(found, latest, keep):
+    for n in checkpoint_dir.expired(found, latest, keep):
         shutil.rmtree(found[n], ignore_errors=True)
 
 

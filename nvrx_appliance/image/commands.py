@@ -10,16 +10,11 @@ from pathlib import Path
 
 import click
 
-from nvrx_appliance import exitcodes
+from nvrx_appliance.clifail import fail
 from nvrx_appliance.image import build as builder_mod
 from nvrx_appliance.image import verify as verify_mod
-from nvrx_appliance.image.inspect import ImageError, manifest_rows, read_image_manifest
+from nvrx_appliance.image.inspect import ImageError, image_manifest_rows, read_image_manifest
 from nvrx_appliance.image.pins import BUILDERS, FLAVORS, PinsError, load
-
-
-def _fail(message: str, code: int) -> None:
-    click.echo(f"error: {message}", err=True)
-    sys.exit(code)
 
 
 @click.group("image")
@@ -65,11 +60,11 @@ def build_command(
         pins = load()
         chosen = builder_mod.choose_builder(builder, builder_mod.available_builders())
     except (PinsError, builder_mod.BuildError) as exc:
-        _fail(str(exc), exitcodes.USAGE)
+        fail(str(exc), prefix="error")
     flavor = flavor or builder_mod.default_flavor(chosen)
     refusal = builder_mod.refusal(chosen, flavor, is_root=os.geteuid() == 0)
     if refusal:
-        _fail(refusal, exitcodes.USAGE)
+        fail(refusal, prefix="error")
     try:
         outcome = builder_mod.build(
             pins,
@@ -81,10 +76,10 @@ def build_command(
             verbose=verbose,
         )
     except builder_mod.BuildError as exc:
-        _fail(f"image build failed, no image written: {exc}", 1)
+        fail(f"image build failed, no image written: {exc}", prefix="error", code=1)
     size = builder_mod.human_size(outcome.image.stat().st_size)
     minutes, seconds = divmod(round(outcome.seconds), 60)
-    probed = outcome.manifest.get("probed", {})
+    probed = outcome.image_manifest.get("probed", {})
     click.echo(
         f"Built {outcome.image} ({size}) with {outcome.builder} in {minutes}m{seconds:02d}s: "
         f"Python {probed.get('python')}, PyTorch {probed.get('pytorch')}, NVRx {probed.get('nvrx')}, "
@@ -95,15 +90,15 @@ def build_command(
 
 @image.command("inspect")
 @click.argument("image_path", metavar="IMAGE", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Print the manifest as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the image manifest as JSON.")
 def inspect_command(image_path: Path, as_json: bool) -> None:
-    """Print the manifest baked into IMAGE (.sqsh or .sif): pins and probed versions."""
+    """Print the image manifest baked into IMAGE (.sqsh or .sif): pins and probed versions."""
     try:
-        manifest = read_image_manifest(image_path)
+        image_manifest = read_image_manifest(image_path)
     except ImageError as exc:
-        _fail(str(exc), exitcodes.USAGE)
+        fail(str(exc), prefix="error")
     if as_json:
-        click.echo(json.dumps(manifest, indent=2, sort_keys=True))
+        click.echo(json.dumps(image_manifest, indent=2, sort_keys=True))
         return
     from rich.console import Console
     from rich.table import Table
@@ -112,7 +107,7 @@ def inspect_command(image_path: Path, as_json: bool) -> None:
     table = Table(show_header=False)
     table.add_column("field", style="bold")
     table.add_column("value")
-    for field, value in manifest_rows(manifest):
+    for field, value in image_manifest_rows(image_manifest):
         table.add_row(field, value)
     Console().print(table)
 
@@ -127,14 +122,14 @@ def inspect_command(image_path: Path, as_json: bool) -> None:
 def verify_command(image_path: Path, runtime: str | None) -> None:
     """Start IMAGE and check its entrypoint and ft_launcher answer."""
     try:
-        manifest = read_image_manifest(image_path)
+        image_manifest = read_image_manifest(image_path)
         chosen = verify_mod.choose_runtime(image_path, runtime, verify_mod.runtimes_here())
     except (ImageError, ValueError) as exc:
-        _fail(str(exc), exitcodes.USAGE)
+        fail(str(exc), prefix="error")
     note = " (a test stand-in for pyxis+enroot)" if chosen == "bwrap-standin" else ""
     click.echo(f"Verifying {image_path} with {chosen}{note}")
     failed = 0
-    for check in verify_mod.verify(image_path, chosen, manifest):
+    for check in verify_mod.verify(image_path, chosen, image_manifest):
         if check.problem is None:
             click.echo(f"  ok    {check.name}")
         else:
@@ -143,5 +138,5 @@ def verify_command(image_path: Path, runtime: str | None) -> None:
             for line in check.output.strip().splitlines()[-5:]:
                 click.echo(f"        | {line}")
     if failed:
-        _fail(f"{failed} check(s) failed for {image_path}", 1)
+        fail(f"{failed} check(s) failed for {image_path}", prefix="error", code=1)
     click.echo(f"{image_path} starts its entrypoint with {chosen}")

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
+from collections.abc import Iterator
 
 import click
 
 from nvrx_appliance import jsondoc
+from nvrx_appliance.clifail import fail
 from nvrx_appliance.devcluster import cluster as shell
 from nvrx_appliance.devcluster import packages
 from nvrx_appliance.devcluster.daemons import DaemonError
@@ -35,13 +38,18 @@ def _say(command: str):
     return say
 
 
-def _fail(exc: Exception) -> None:
-    """One readable message and the exit code: 2 when nothing was changed on purpose."""
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(USAGE if isinstance(exc, (shell.Refused, PlanError)) else 1)
-
-
 _EXPECTED = (shell.ClusterError, PlanError, DaemonError, NetError, packages.InstallError)
+
+
+@contextlib.contextmanager
+def _one_line_failures() -> Iterator[None]:
+    """An expected failure ends the command with one line; the exit code is 2 when
+    nothing was changed on purpose (a refusal, a bad plan), else 1."""
+    try:
+        yield
+    except _EXPECTED as exc:
+        unchanged = isinstance(exc, (shell.ClusterRefused, PlanError))
+        fail(str(exc), prefix="error", code=USAGE if unchanged else 1)
 
 
 @click.group(name="cluster")
@@ -83,7 +91,7 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str, force: b
     Dead daemons are restarted in place with their state (jobs and accounting survive);
     only a broken configuration rebuilds, and not over live jobs without --force."""
     say = _say("up")
-    try:
+    with _one_line_failures():
         shell.preflight()
         with cluster_lock(say=say):
             missing = packages.missing()
@@ -93,8 +101,6 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str, force: b
             params = shell.machine_params(nodes, gpus_per_node, cpus_per_node, subnet)
             plan = make_plan(params, DEFAULT_ROOT)
             shell.up(plan, say, force=force)
-    except _EXPECTED as exc:
-        _fail(exc)
     click.echo(f"export SLURM_CONF={plan.paths.slurm_conf}")
 
 
@@ -102,15 +108,13 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str, force: b
 def down() -> None:
     """Stop every daemon of the cluster and remove all it made; nothing else is touched."""
     say = _say("down")
-    try:
+    with _one_line_failures():
         shell.preflight()
         with cluster_lock(say=say):
             if not shell.down(DEFAULT_ROOT, say):
                 say("nothing to remove: the cluster is not up")
                 return
             say("down; the machine is as before `cluster up`")
-    except _EXPECTED as exc:
-        _fail(exc)
 
 
 @cluster_group.command()
@@ -133,8 +137,7 @@ def env() -> None:
     """
     report = shell.status(DEFAULT_ROOT)
     if "daemons" not in report:
-        click.echo(f"error: {report['reason']}", err=True)
-        sys.exit(1)
+        fail(report["reason"], prefix="error", code=1)
     click.echo(f"export SLURM_CONF={report['slurm_conf']}")
     click.echo(f"export NVRX_DEVCLUSTER_WORK_ROOT={report['work_root']}")
 
@@ -143,19 +146,15 @@ def env() -> None:
 @click.argument("name")
 def kill_node(name: str) -> None:
     """Crash node NAME: kill slurmd and every process in its namespace, link down."""
-    try:
+    with _one_line_failures():
         shell.preflight()
         shell.kill_node(name, _say("kill-node"), DEFAULT_ROOT)
-    except _EXPECTED as exc:
-        _fail(exc)
 
 
 @cluster_group.command(name="revive-node")
 @click.argument("name")
 def revive_node(name: str) -> None:
     """Bring node NAME back: link up, slurmd started, wait until Slurm uses it again."""
-    try:
+    with _one_line_failures():
         shell.preflight()
         shell.revive_node(name, _say("revive-node"), DEFAULT_ROOT)
-    except _EXPECTED as exc:
-        _fail(exc)

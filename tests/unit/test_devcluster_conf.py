@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.devcluster import render
+from nvrx_appliance.devcluster import cluster_conf
 from nvrx_appliance.devcluster.plan import Params, make_plan
 
 ROOT = Path("/srv/devcluster-under-test")
@@ -31,7 +31,7 @@ def plan(**overrides):
 def test_every_node_is_declared_with_its_address_cpus_and_gpus():
     p = plan(nodes=3, gpus_per_node=2, cpus_per_node=6, memory_mb=2048)
     node_lines = [
-        line for line in render.slurm_conf(p).splitlines() if line.startswith("NodeName=")
+        line for line in cluster_conf.slurm_conf(p).splitlines() if line.startswith("NodeName=")
     ]
     assert node_lines == [
         f"NodeName=node{k} NodeAddr=172.29.41.{10 + k} CPUs=6 RealMemory=2048 Gres=gpu:2 "
@@ -41,31 +41,31 @@ def test_every_node_is_declared_with_its_address_cpus_and_gpus():
 
 
 def test_one_default_partition_holds_all_nodes():
-    text = render.slurm_conf(plan(nodes=4))
+    text = cluster_conf.slurm_conf(plan(nodes=4))
     partitions = [line for line in text.splitlines() if line.startswith("PartitionName=")]
     assert len(partitions) == 1
     assert "Nodes=node[1-4]" in partitions[0] and "Default=YES" in partitions[0]
-    single = render.slurm_conf(plan(nodes=1))
+    single = cluster_conf.slurm_conf(plan(nodes=1))
     assert "Nodes=node1 " in single
 
 
 def test_controller_is_named_ctl_at_its_own_address():
-    assert settings(render.slurm_conf(plan()))["SlurmctldHost"] == "ctl(172.29.41.2)"
+    assert settings(cluster_conf.slurm_conf(plan()))["SlurmctldHost"] == "ctl(172.29.41.2)"
 
 
 def test_clients_and_daemons_use_our_munge_socket_never_the_machines():
     p = plan()
-    conf = settings(render.slurm_conf(p))
-    dbd = settings(render.slurmdbd_conf(p, "pw"))
+    conf = settings(cluster_conf.slurm_conf(p))
+    dbd = settings(cluster_conf.slurmdbd_conf(p, "pw"))
     ours = f"socket={p.paths.munge_socket}"
     assert conf["AuthInfo"] == ours and dbd["AuthInfo"] == ours
     # connections to slurmdbd (sacct, sacctmgr, slurmctld) read the socket from here
     assert conf["AccountingStoragePass"] == str(p.paths.munge_socket)
-    assert "/run/munge" not in render.slurm_conf(p) + render.slurmdbd_conf(p, "pw")
+    assert "/run/munge" not in cluster_conf.slurm_conf(p) + cluster_conf.slurmdbd_conf(p, "pw")
 
 
 def test_every_file_the_daemons_write_lies_under_the_cluster_root():
-    conf = settings(render.slurm_conf(plan()))
+    conf = settings(cluster_conf.slurm_conf(plan()))
     for key in (
         "StateSaveLocation",
         "SlurmdSpoolDir",
@@ -78,7 +78,7 @@ def test_every_file_the_daemons_write_lies_under_the_cluster_root():
 
 
 def test_a_dead_node_is_noticed_fast_and_comes_back_by_itself():
-    conf = settings(render.slurm_conf(plan()))
+    conf = settings(cluster_conf.slurm_conf(plan()))
     assert conf["ReturnToService"] == "2"
     # slurmctld pings every SlurmdTimeout/3 and waits MessageTimeout for an answer:
     # the node must be marked DOWN well inside the half minute the fault tests allow.
@@ -90,17 +90,17 @@ def test_a_dead_node_is_noticed_fast_and_comes_back_by_itself():
 
 def test_gpu_stand_ins_are_device_files_under_the_root():
     p = plan(nodes=2, gpus_per_node=2)
-    gres = render.gres_conf(p)
+    gres = cluster_conf.gres_conf(p)
     assert "AutoDetect=off" in gres
     assert f"NodeName=node[1-2] Name=gpu File={ROOT}/dev/nvidia[0-1]" in gres
-    assert f"File={ROOT}/dev/nvidia0\n" in render.gres_conf(plan(gpus_per_node=1))
-    assert settings(render.slurm_conf(p))["GresTypes"] == "gpu"
+    assert f"File={ROOT}/dev/nvidia0\n" in cluster_conf.gres_conf(plan(gpus_per_node=1))
+    assert settings(cluster_conf.slurm_conf(p))["GresTypes"] == "gpu"
 
 
 def test_without_gpus_no_gres_is_declared():
     p = plan(gpus_per_node=0)
-    assert "Gres" not in render.slurm_conf(p)
-    assert "Name=gpu" not in render.gres_conf(p)
+    assert "Gres" not in cluster_conf.slurm_conf(p)
+    assert "Name=gpu" not in cluster_conf.gres_conf(p)
 
 
 @pytest.mark.parametrize(
@@ -108,28 +108,28 @@ def test_without_gpus_no_gres_is_declared():
     [("22.05", "CgroupPlugin=autodetect"), ("24.11", "CgroupPlugin=disabled")],
 )
 def test_cgroup_setting_follows_the_installed_slurm(version, expected):
-    text = render.cgroup_conf(plan(slurm_version=version))
+    text = cluster_conf.cgroup_conf(plan(slurm_version=version))
     assert expected in text
     if version == "22.05":
         assert "disabled" not in text  # 22.05 rejects a value it does not know
 
 
 def test_slurmdbd_reaches_its_own_mariadb_over_the_controllers_loopback():
-    dbd = settings(render.slurmdbd_conf(plan(), "s3cret"))
+    dbd = settings(cluster_conf.slurmdbd_conf(plan(), "s3cret"))
     assert dbd["DbdHost"] == "ctl"
     assert dbd["StorageHost"] == "127.0.0.1"
-    assert dbd["StoragePort"] == str(render.MARIADB_PORT)
+    assert dbd["StoragePort"] == str(cluster_conf.MARIADB_PORT)
     assert dbd["StoragePass"] == "s3cret"
 
 
 def test_accounting_sql_creates_the_database_and_a_user_with_the_password():
-    sql = render.accounting_sql("abc123")
-    assert f"CREATE DATABASE IF NOT EXISTS {render.ACCOUNTING_DB}" in sql
+    sql = cluster_conf.accounting_sql("abc123")
+    assert f"CREATE DATABASE IF NOT EXISTS {cluster_conf.ACCOUNTING_DB}" in sql
     assert "IDENTIFIED BY 'abc123'" in sql
-    assert f"GRANT ALL PRIVILEGES ON {render.ACCOUNTING_DB}.*" in sql
+    assert f"GRANT ALL PRIVILEGES ON {cluster_conf.ACCOUNTING_DB}.*" in sql
 
 
 def test_config_files_omit_the_secret_bearing_slurmdbd_conf():
     p = plan()
-    files = render.config_files(p)
+    files = cluster_conf.config_files(p)
     assert set(files) == {str(p.paths.slurm_conf), str(p.paths.gres_conf), str(p.paths.cgroup_conf)}

@@ -1,4 +1,4 @@
-"""`nvrx-watch <job id>` (also `nvrx-appliance watch`): the shell around the runner.
+"""`nvrx-watch <job id>` (also `nvrx-appliance watch`): the shell around the watcher.
 
 Every flag can also be set as NVRX_WATCH_<FLAG> (e.g. NVRX_WATCH_WORK_DIR); --work-dir
 and --job-name then fall back to NVRX_WORK_DIR and NVRX_JOB_NAME, the names
@@ -26,7 +26,7 @@ except ModuleNotFoundError:  # Python 3.10: the backport the wheel requires ther
 import click
 
 from nvrx_appliance import __version__, clihelp
-from nvrx_appliance.watch import detectors, persistence, resolve, sinks
+from nvrx_appliance.watch import detectors, persistence, sinks, target
 from nvrx_appliance.watch.config import (
     Settings,
     Thresholds,
@@ -35,8 +35,8 @@ from nvrx_appliance.watch.config import (
     thresholds_fields,
 )
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.runner import DEGRADED, Watcher
 from nvrx_appliance.watch.types import Run
+from nvrx_appliance.watch.watcher import DEGRADED, Watcher
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SECRETS = {
@@ -187,7 +187,7 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 @_option(
     "--checkpoint-file",
     "--checkpoint-iteration-file",
-    "checkpoint_file",
+    "checkpoint_file",  # also its key in --config files, so it keeps this name
     fallback_env="NVRX_WATCH_CHECKPOINT_ITERATION_FILE",
     default="",
     help="The checkpoint-iteration tracker file (may be a glob).",
@@ -287,12 +287,12 @@ def watch(**options: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     thresholds = Thresholds(**{f.name: options[f.name] for f in thresholds_fields()})
-    request = resolve.Request(
+    request = target.Request(
         job_id=options["job_id"] or "",
         job_name=options["job_name"],
         work_dir=options["work_dir"],
         cycle_info_glob=options["cycle_info_glob"],
-        checkpoint_file=options["checkpoint_file"],
+        tracker=options["checkpoint_file"],
         max_restarts=options["max_restarts"],
         platform=options["platform"],
         user=options["user"],
@@ -424,11 +424,11 @@ def build(request, settings, thresholds, logger) -> Watcher:
         paging=_paging(settings, request.job_id),
     )
     try:
-        info = resolve.identify(request, platform, caller, known)
+        info = target.identify(request, platform, caller, known)
     except SlurmUnavailable as exc:
         placeholder = Run(job_name=request.job_name or f"job-{request.job_id}", owner=caller)
         return Watcher(run=placeholder, platform=None, blind=str(exc), **common)
-    run, notes = resolve.locate(request, info)
+    run, notes = target.locate(request, info)
     for note in notes:
         logger.warning("%s", note)
     logger.info("%s", watching(run, slurm=platform is not None))
@@ -460,7 +460,7 @@ def _loop(request, settings, thresholds, logger, interval: int) -> int:
         if watcher is None or watcher.blind:
             try:
                 watcher = build(request, settings, thresholds, logger)
-            except resolve.ResolveError as exc:
+            except target.ResolveError as exc:
                 raise click.UsageError(str(exc)) from None
         code = watcher.pass_once().exit_code
         if not interval:

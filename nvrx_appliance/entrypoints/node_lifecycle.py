@@ -24,7 +24,7 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, probe
+from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, node_probe
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.preflight import (
     Preflight,
@@ -38,7 +38,7 @@ from nvrx_appliance.entrypoints.preflight import (
     workload_argv,
 )
 from nvrx_appliance.entrypoints.supervise import Supervisor
-from nvrx_appliance.entrypoints.workloads.tracker import parse_tracker
+from nvrx_appliance.entrypoints.workloads.checkpoint_dir import parse_tracker
 
 # Every node stats the shared file system this often, waiting or training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
@@ -121,7 +121,7 @@ def gate_loop(
 ) -> control.Record:
     spec = manifest.spec
     peer = gate.Peer(
-        node=node, uid=os.geteuid(), own_names=probe.own_names(os.environ), fabric=fabric
+        node=node, uid=os.geteuid(), own_names=node_probe.own_names(os.environ), fabric=fabric
     )
     limits = gate.Limits(record_wait=spec.rdzv_host_wait, lease_stale_after=spec.lease_stale_after)
     clock = controldir.Clock(directory, node.hostname)
@@ -329,7 +329,7 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
     except NodeError:
         node = Node("ARRAY_JOB_ID", 0, 0, "JOB_ID", hostname)
         assumed = ["not under Slurm: shown as task 0 of array job ARRAY_JOB_ID"]
-    fabric = probe.node_fabric()
+    fabric = node_probe.node_fabric()
     decision = decide(manifest, fabric)
     if node.hosts_rendezvous:
         record = task0_record(manifest, node, fabric)

@@ -1,6 +1,6 @@
 """The image manifest: written inside the image at build time, read by inspect and submit.
 
-The install script runs `python -m nvrx_appliance.image.probe` with the image's own
+The install script runs `python -m nvrx_appliance.image.image_manifest` with the image's own
 Python as its last step. The versions it records are probed there (what is installed),
 not copied from the pins; a probed version that disagrees with its pin fails the build,
 so an image never carries a manifest that lies about its contents.
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     from nvrx_appliance.files import write_atomic
     from nvrx_appliance.image.pins import parse_settings
 
-    parser = argparse.ArgumentParser(prog="python -m nvrx_appliance.image.probe")
+    parser = argparse.ArgumentParser(prog="python -m nvrx_appliance.image.image_manifest")
     parser.add_argument("--settings", required=True, type=Path, help="the build.env file")
     parser.add_argument("--out", required=True, type=Path, help="where to write image.json")
     args = parser.parse_args(argv)

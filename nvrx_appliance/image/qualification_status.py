@@ -1,11 +1,11 @@
-"""An image's standing: does a qualification record vouch for it on this cluster? Pure.
+"""An image's qualification status: does a record vouch for it on this cluster? Pure.
 
 submit looks up the record next to the image (`<image>.qualification.json`), asks
-assess() for the standing, records it in run.json under the image's manifest and says
+assess() for the status, records it in run.json under the image's manifest and says
 it once: one line when a passed record vouches for the image's combination here, one
 marked warning block otherwise. It never refuses: NVRx's Megatron-LM guide asks for
 recovery checks before *relying* on a combination, and a first run is how one finds out.
-status reads the standing back from run.json.
+status reads it back from run.json.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from nvrx_appliance.image import qualification as q
 
-KEY = "qualification"  # where the standing sits in run.json's image dict
+KEY = "qualification"  # where the status sits in run.json's image dict
 PASSED, FAILED, NONE = "passed", "failed", "none"
 UNKNOWN_CLUSTER = "unknown"  # what qualify records when Slurm did not say its name
 RULE = "=" * 78
@@ -33,7 +33,7 @@ _VERSIONS = (
 
 
 @dataclass(frozen=True)
-class Standing:
+class QualificationStatus:
     status: str  # passed | failed | none
     record: str  # where the record was looked for
     date: str = ""  # when the qualify run that wrote the record finished
@@ -72,15 +72,17 @@ def _first_failure(record: dict[str, Any]) -> str:
     return f"{failed[0].get('name')}: {failed[0].get('detail')}"
 
 
-def assess(manifest: dict[str, Any], record: Any, *, record_path: str, cluster: str) -> Standing:
-    """The standing of an image with this manifest, given the record found next to it
+def assess(
+    manifest: dict[str, Any], record: Any, *, record_path: str, cluster: str
+) -> QualificationStatus:
+    """The qualification status of an image with this manifest, given the record found next to it
     (None when there is none) and the name of the cluster submitting ("" if unknown)."""
     if not isinstance(record, dict) or record.get("schema") != q.SCHEMA:
-        return Standing(NONE, record_path, why=f"none at {record_path}")
+        return QualificationStatus(NONE, record_path, why=f"none at {record_path}")
     date, where = str(record.get("finished") or record.get("started") or "?"), _cluster_of(record)
     if record.get("combination") != q.combination(manifest):
         # The same file name rebuilt with other versions: the record vouches for the old one.
-        return Standing(
+        return QualificationStatus(
             NONE,
             record_path,
             date,
@@ -89,29 +91,28 @@ def assess(manifest: dict[str, Any], record: Any, *, record_path: str, cluster: 
             f"{label(record.get('image_manifest') or {})}",
         )
     if cluster and UNKNOWN_CLUSTER not in (cluster, where) and cluster != where:
-        return Standing(
+        return QualificationStatus(
             NONE, record_path, date, where, f"it was qualified on cluster {where}, not on {cluster}"
         )
     if not q.matches(record, manifest):
-        return Standing(FAILED, record_path, date, where, _first_failure(record))
-    return Standing(PASSED, record_path, date, where)
+        return QualificationStatus(FAILED, record_path, date, where, _first_failure(record))
+    return QualificationStatus(PASSED, record_path, date, where)
 
 
-def message(image: str, manifest: dict[str, Any], standing: Standing) -> str:
+def message(image: str, manifest: dict[str, Any], found: QualificationStatus) -> str:
     """What submit says about the image: one line, or one warning block between rules."""
     name = Path(image).name
-    if standing.status == PASSED:
+    if found.status == PASSED:
         return (
-            f"image {name}: qualified on {standing.date} on cluster {standing.cluster} "
-            f"(record {standing.record})"
+            f"image {name}: qualified on {found.date} on cluster {found.cluster} "
+            f"(record {found.record})"
         )
-    if standing.status == FAILED:
+    if found.status == FAILED:
         verdict = (
-            f"FAILED its qualification on {standing.date} on cluster {standing.cluster} "
-            f"({standing.why})"
+            f"FAILED its qualification on {found.date} on cluster {found.cluster} ({found.why})"
         )
     else:
-        verdict = f"has no qualification record on this cluster ({standing.why})"
+        verdict = f"has no qualification record on this cluster ({found.why})"
     return "\n".join(
         (
             RULE,
@@ -126,5 +127,5 @@ def message(image: str, manifest: dict[str, Any], standing: Standing) -> str:
 
 
 def image_manifest(run_image: dict[str, Any]) -> dict[str, Any]:
-    """The image's own manifest out of run.json's image dict (without the standing)."""
+    """The image's own manifest out of run.json's image dict (without the qualification status)."""
     return {key: value for key, value in run_image.items() if key != KEY}

@@ -18,7 +18,7 @@ from typing import Any
 
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe.types import Checkpoint
-from nvrx_appliance.watch import detectors, gate, persistence, readers, sinks
+from nvrx_appliance.watch import action_gate, detectors, persistence, readers, sinks
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.readers import CycleReader, CycleScan, ReadError
@@ -229,7 +229,7 @@ class Watcher:
             action = finding.action
             if action is None:
                 continue
-            why_not = gate.refusal(action, snap, self.caller)
+            why_not = action_gate.refusal(action, snap, self.caller)
             if why_not is not None:
                 self.logger.warning("not acting on %s: %s", finding.detector, why_not)
             elif self.settings.dry_run:

@@ -33,7 +33,7 @@ class Request:
     job_name: str = ""
     work_dir: str = ""
     cycle_info_glob: str = ""
-    checkpoint_file: str = ""
+    tracker: str = ""  # --checkpoint-file
     max_restarts: int | None = None
     platform: str = "slurm"
     user: str = ""  # the chain's owner, over what the job id says (or the caller)
@@ -123,11 +123,11 @@ def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:
     if not run.job_name:  # --platform none without a name: call the run by its directory
         run = replace(run, job_name=Path(request.work_dir or ".").resolve().name or "run")
     flags = [flag for flag, given in (("--cycle-info-glob", request.cycle_info_glob),
-                                      ("--checkpoint-file", request.checkpoint_file)) if given]  # fmt: skip
+                                      ("--checkpoint-file", request.tracker)) if given]  # fmt: skip
     run = replace(
         run,
         cycle_glob=request.cycle_info_glob or run.cycle_glob,
-        tracker=request.checkpoint_file or run.tracker,
+        tracker=request.tracker or run.tracker,
         max_restarts=request.max_restarts if request.max_restarts is not None else run.max_restarts,
         origin=" + ".join([*([run.origin] if run.origin else []), *flags]),
     )
@@ -185,6 +185,6 @@ def _from_script(run: Run, info: JobInfo, notes: list[str]) -> Run:
         cycle_glob=os.path.join(found.cycle_info_dir, "cycle_info.*")
         if found.cycle_info_dir
         else "",
-        tracker=found.checkpoint_file or "",
+        tracker=found.tracker or "",
         origin="batch script " + " + ".join(found.files_read),
     )
