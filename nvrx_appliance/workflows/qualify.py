@@ -46,8 +46,6 @@ QUALIFY = "nvrx-appliance qualify"  # who speaks in its one-line failures
 Echo = Callable[[str], None]
 
 
-
-
 def _megatron_resumed(layout: Layout, array_job_id: str) -> int | None:
     texts = []
     for path in sorted(layout.logs.glob(f"*{array_job_id}*")):
