@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
-from nvrx_appliance.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
 from nvrx_appliance.files import write_atomic
+from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
 
 SCHEMA = "nvrx-appliance/run"
 # 2: the workload's program argv, computed once at submit, is in run.json.

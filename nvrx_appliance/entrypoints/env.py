@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings.chain import ChainSpec
 
 # The hand-off demo fails task 0's node (infra rank 0) at cycles 1 and 2, after the
 # workload fault has advanced the cycle and a checkpoint exists (the seeds' default).

@@ -29,9 +29,10 @@ from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import cancel, commands, resolve, slurmcli
+from nvrx_appliance.settings import resolve
+from nvrx_appliance.settings.options import chain_options
+from nvrx_appliance.slurm import cancel, commands, slurmcli
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.options import chain_options
 from nvrx_appliance.slurm.sources import NotFound
 from nvrx_appliance.slurm.teardown import parse_iteration, parse_ledger
 

@@ -18,13 +18,14 @@ from rich.console import Console
 from rich.live import Live
 
 from nvrx_appliance import api, exitcodes, jsondoc
-from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import extra as extra_args
+from nvrx_appliance.settings import extra as extra_args
+from nvrx_appliance.settings import resolve
+from nvrx_appliance.settings.chain import ChainSpec, derive, faults_active, spec_fields
+from nvrx_appliance.settings.options import chain_options, spec_flags
 from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import resolve, slurmcli, sources, status_view
+from nvrx_appliance.slurm import slurmcli, sources, status_view
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.options import chain_options, spec_flags
 
 
 def _fail(message: str) -> NoReturn:

@@ -19,10 +19,11 @@ from typing import Any
 import click
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.chain import flag
 from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.manifest import Layout
-from nvrx_appliance.slurm import demo_report, resolve, slurmcli, sources
+from nvrx_appliance.settings import resolve
+from nvrx_appliance.settings.chain import flag
+from nvrx_appliance.slurm import demo_report, slurmcli, sources
 from nvrx_appliance.slurm import submit as submitting
 
 # Timeouts sized for a local cluster on a couple of cores, where a lost node should cost

@@ -9,12 +9,12 @@ import json
 import os
 from pathlib import Path
 
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
+from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.resolve import HOST_PYTHON_RUNTIMES
+from nvrx_appliance.settings.validate import Facts, host_checks, is_image_file
 from nvrx_appliance.slurm import parse, slurmcli
-from nvrx_appliance.slurm.resolve import HOST_PYTHON_RUNTIMES
-from nvrx_appliance.slurm.validate import Facts, host_checks, is_image_file
 
 # A name still held by one of these states would have its generations cancelled by ours.
 LIVE_STATES = frozenset(

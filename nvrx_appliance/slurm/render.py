@@ -13,9 +13,9 @@ import shlex
 from dataclasses import dataclass
 
 from nvrx_appliance import exitcodes
-from nvrx_appliance.chain import effective_mounts
 from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings.chain import effective_mounts
 
 # The variables the sbatch sets for the entrypoint; pyxis only passes named ones through.
 FORWARDED_ENV = ("NVRX_ARRAY_THROTTLE", "NVRX_ARRAY_SUBMITTED", "NVRX_RUN_MANIFEST")

@@ -16,14 +16,14 @@ from importlib.resources import files
 from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.entrypoints import workloads
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, standing
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
+from nvrx_appliance.settings.resolve import Resolved
+from nvrx_appliance.settings.validate import Facts, judge
 from nvrx_appliance.slurm import probe, render, slurmcli
-from nvrx_appliance.slurm.resolve import Resolved
-from nvrx_appliance.slurm.validate import Facts, judge
 
 
 class Refused(Exception):

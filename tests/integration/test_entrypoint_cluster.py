@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints import control, controldir, workloads
+from nvrx_appliance.settings.chain import ChainSpec
 
 from .conftest import Cluster
 

@@ -3,7 +3,7 @@
 import pytest
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec
 
 
 def _good(tmp_path):

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit
 
 WORK = "/shared/alice/run"
@@ -80,7 +80,7 @@ def test_a_generation_asks_for_the_whole_nodes_memory_as_the_reference_does():
 
 
 def test_a_memory_size_slurm_would_not_take_is_refused():
-    from nvrx_appliance.chain import ChainSpec, check
+    from nvrx_appliance.settings.chain import ChainSpec, check
 
     problems = check(ChainSpec(work_dir="/shared/x", mem="lots"))
     assert any(p.option == "--mem" and "not a Slurm memory size" in p.message for p in problems)

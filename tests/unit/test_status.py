@@ -253,8 +253,8 @@ def test_a_qualify_runs_own_record_is_shown_check_by_check():
 
 def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_record(tmp_path):
     from nvrx_appliance import manifest as run_manifest
-    from nvrx_appliance.chain import ChainSpec
     from nvrx_appliance.cli import cli
+    from nvrx_appliance.settings.chain import ChainSpec
 
     spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", image=IMAGE, runtime="pyxis",
                      job_name="qual")  # fmt: skip
@@ -348,7 +348,7 @@ def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, m
 
 def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path):
     from nvrx_appliance import manifest as run_manifest
-    from nvrx_appliance.chain import ChainSpec
+    from nvrx_appliance.settings.chain import ChainSpec
 
     spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", runtime="bare", job_name="odd")
     m = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="a")

@@ -15,8 +15,8 @@ import subprocess
 import pytest
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit, teardown
 
 

@@ -21,11 +21,11 @@ import os
 import sys
 from pathlib import Path
 
-from nvrx_appliance.chain import faults_active
 from nvrx_appliance.entrypoints.workloads import faults
 from nvrx_appliance.entrypoints.workloads.common import train_samples
 from nvrx_appliance.entrypoints.workloads.launchenv import Rank
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings.chain import faults_active
 
 MODULE = "nvrx_appliance.entrypoints.workloads.cpu"
 
