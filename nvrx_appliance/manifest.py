@@ -28,6 +28,43 @@ TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx read
 _BATCH_LOG = "slurm-{job_name}-{array_job_id}_{task}.out"
 
 
+@dataclass(frozen=True)
+class ControlFiles:
+    """One generation's control directory (Layout.control) and the files in it; the
+    rules a peer applies before it trusts them are in entrypoints/control.py."""
+
+    directory: Path
+
+    @property
+    def record(self) -> Path:
+        # Task 0's rendezvous record, published by rename.
+        return self.directory / "rdzv.json"
+
+    @property
+    def lease(self) -> Path:
+        # Task 0's liveness lease; its mtime is refreshed while task 0 lives.
+        return self.directory / "task0.lease"
+
+    @property
+    def closed(self) -> Path:
+        # The closed flag: task 0's teardown trap, or a peer that fenced task 0.
+        return self.directory / "closed"
+
+    @property
+    def fence(self) -> Path:
+        # The fence claim: created exclusively by the one peer that ends the generation
+        # on behalf of a task 0 whose lease went stale; whoever fails to create it
+        # leaves quietly.
+        return self.directory / "fence"
+
+    @property
+    def no_restart(self) -> Path:
+        # Written by an entrypoint whose ft_launcher exited 93, before it exits: where
+        # the site kills a step on the first bad exit, srun can hand the trap 143
+        # instead of 93, and this file is the witness that survives that.
+        return self.directory / "no_restart"
+
+
 class ManifestError(Exception):
     """run.json is missing, unreadable, of an unknown version, or inconsistent."""
 
@@ -107,6 +144,11 @@ class Layout:
         return self.nvrx_logs(array_job_id) / "ft_launcher.log"
 
     @property
+    def qualification(self) -> Path:
+        # What `qualify` found, when this chain was a qualification run.
+        return self.work_dir / "qualification.json"
+
+    @property
     def generations_root(self) -> Path:
         return self.work_dir / "nvrx"
 
@@ -115,6 +157,9 @@ class Layout:
 
     def control(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "control"
+
+    def control_files(self, array_job_id: str | int) -> ControlFiles:
+        return ControlFiles(self.control(array_job_id))
 
     def cycle_infos(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "cycle_infos"

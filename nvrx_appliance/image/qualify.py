@@ -153,7 +153,7 @@ def _watch(
 def _write_records(data: dict[str, Any], image: str, layout: Layout) -> list[Path]:
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     written = []
-    for path in (layout.work_dir / q.WORK_DIR_RECORD, q.record_path(image)):
+    for path in (layout.qualification, q.record_path(image)):
         try:
             write_atomic(path, text)
             written.append(path)

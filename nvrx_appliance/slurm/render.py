@@ -11,9 +11,9 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvrx_appliance import exitcodes
-from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.settings.chain import effective_mounts
 
@@ -126,10 +126,14 @@ def _double_quoted(text: str) -> str:
     return re.sub(r'([\\$`"])', r"\\\1", text)
 
 
-def control_dir(manifest: Manifest) -> str:
-    """Layout.control of the running generation, as a bash word expanded at run time."""
-    sentinel = "NVRX-ARRAY-JOB-ID"
-    before, after = str(manifest.layout.control(sentinel)).split(sentinel)
+# Stands for the array job id in a Layout path that the batch script completes at run time.
+_ARRAY_JOB_ID = "NVRX-ARRAY-JOB-ID"
+
+
+def generation_path(path: Path) -> str:
+    """A path of the running generation, built with _ARRAY_JOB_ID for its array job id,
+    as a bash word that expands ${ARRAY_JOB_ID} at run time."""
+    before, after = str(path).split(_ARRAY_JOB_ID)
     return f'"{_double_quoted(before)}${{ARRAY_JOB_ID}}{_double_quoted(after)}"'
 
 
@@ -162,6 +166,7 @@ def render(
 ) -> str:
     """The self-contained batch script of every generation of this chain."""
     spec, layout = manifest.spec, manifest.layout
+    control_files = layout.control_files(_ARRAY_JOB_ID)
     directives = "\n".join(map(directive, sbatch_args(manifest, extra)))
     values = {
         "job_name": spec.job_name,
@@ -170,13 +175,13 @@ def render(
         "ledger": shlex.quote(str(layout.ledger)),
         "tracker": shlex.quote(str(layout.tracker)),
         "chain_marker": shlex.quote(str(layout.chain_marker)),
-        "control": control_dir(manifest),
+        "control": generation_path(layout.control(_ARRAY_JOB_ID)),
+        "closed": generation_path(control_files.closed),
+        "fence": generation_path(control_files.fence),
+        "no_restart_witness": generation_path(control_files.no_restart),
         "host_python": shlex.quote(host_python(manifest)),
         "no_restart": str(exitcodes.NVRX_NO_RESTART),
-        "closed_name": control.CLOSED,
-        "fence_name": control.FENCE,
         "chain_id": shlex.quote(manifest.chain_id),
-        "no_restart_name": control.NO_RESTART,
         "task0_gone": str(exitcodes.TASK0_GONE),
         "active_tasks": str(manifest.shape.active_tasks),
         "teardown_py": teardown_py.rstrip("\n"),

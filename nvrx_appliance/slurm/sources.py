@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.files import read_text
-from nvrx_appliance.image import qualification
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import parse, slurmcli
 from nvrx_appliance.slurm.status import ChainView, assemble
@@ -207,7 +206,7 @@ def read_chain(work_dir: Path, *, user: str) -> ChainView:
         cycles=_cycles(layout, sorted(ids)),
         checkpoint_now=parse_iteration(_read(layout.tracker)),
         chain_marker=layout.chain_marker.exists(),
-        qualify_record=_json(layout.work_dir / qualification.WORK_DIR_RECORD),
+        qualify_record=_json(layout.qualification),
         blind=blind,
         now=time.time(),
     )

@@ -12,6 +12,7 @@ from rich.console import Console
 
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import standing
+from nvrx_appliance.manifest import Layout
 from nvrx_appliance.slurm import parse, status, status_view
 from nvrx_appliance.watch.parsing import cycle_info, parse_time
 from tests.unit.images import cpu_manifest
@@ -264,7 +265,7 @@ def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_re
     )
     checks = [q.Check(name, True, "seen") for name in (q.CHECKPOINT_BEFORE_FAULT,
               q.RESUMED_EXACTLY, q.TRAINING_WENT_ON)]  # fmt: skip
-    (tmp_path / q.WORK_DIR_RECORD).write_text(json.dumps(_qualify_record(checks)))
+    Layout(tmp_path).qualification.write_text(json.dumps(_qualify_record(checks)))
     # No Slurm: status still shows the work dir's record, and fails (below).
     env = {"SLURM_CONF": str(tmp_path / "none.conf")}
     result = CliRunner().invoke(
