@@ -18,11 +18,14 @@ from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
 from nvrx_appliance.files import write_atomic
+from nvrx_appliance.settings import policy as mode_policy
 from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
+from nvrx_appliance.settings.policy import Policy
 
 SCHEMA = "nvrx-appliance/run"
 # 2: the workload's program argv, computed once at submit, is in run.json.
-VERSION = 2
+# 3: so is the mode's policy (settings/policy.py): the entrypoint reads it, never the mode.
+VERSION = 3
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx reads it too
 # One spelling for the batch log's name: sbatch expands the %-pattern, `logs` the values.
 _BATCH_LOG = "slurm-{job_name}-{array_job_id}_{task}.out"
@@ -172,6 +175,7 @@ class Layout:
 class Manifest:
     spec: ChainSpec
     shape: Shape
+    policy: Policy  # what the mode means, decided at submit
     image: dict[str, Any] | None  # the image's own manifest, when there is an image
     created: str  # ISO-8601 UTC, at submit
     user: str
@@ -201,6 +205,7 @@ class Manifest:
             "user": self.user,
             "spec": to_dict(self.spec),
             "shape": asdict(self.shape),
+            "policy": asdict(self.policy),
             "image": self.image,
             "workload": list(self.workload),
         }
@@ -209,7 +214,17 @@ class Manifest:
 def build(
     spec: ChainSpec, *, created: str, user: str, image: dict[str, Any] | None = None
 ) -> Manifest:
-    return Manifest(spec=spec, shape=derive(spec), image=image, created=created, user=user)
+    layout = Layout(Path(spec.work_dir))
+    return Manifest(
+        spec=spec,
+        shape=derive(spec),
+        policy=mode_policy.decide(
+            spec, tracker=layout.tracker, static_tracker=layout.static_tracker
+        ),
+        image=image,
+        created=created,
+        user=user,
+    )
 
 
 def parse(data: Any) -> Manifest:
@@ -240,12 +255,17 @@ def parse(data: Any) -> Manifest:
         )
     if not spec.work_dir:
         raise ManifestError("run manifest has no work_dir")
+    try:
+        policy = mode_policy.from_dict(data.get("policy"))
+    except ValueError as exc:
+        raise ManifestError(f"run manifest {exc}; resubmit") from None
     workload = data.get("workload")
     if not isinstance(workload, list) or not all(isinstance(w, str) for w in workload):
         raise ManifestError("run manifest workload is not a list of arguments; resubmit")
     return Manifest(
         spec=spec,
         shape=shape,
+        policy=policy,
         image=data.get("image"),
         created=str(data.get("created", "")),
         user=str(data.get("user", "")),

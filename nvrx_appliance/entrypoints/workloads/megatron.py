@@ -16,7 +16,7 @@ from __future__ import annotations
 from nvrx_appliance.entrypoints.workloads.common import train_samples
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.settings import workload_args
-from nvrx_appliance.settings.chain import effective_profile, faults_active
+from nvrx_appliance.settings.chain import effective_profile
 
 SCRIPT = "pretrain_gpt.py"
 
@@ -124,7 +124,7 @@ def retention_args(save_interval: int, retention: int) -> list[str]:
 
 def fault_args(manifest: Manifest) -> list[str]:
     spec = manifest.spec
-    if not faults_active(spec):
+    if not manifest.policy.faults_active:
         return []
     kinds = [k for k in spec.fault_types.split(",") if k]
     return [
