@@ -80,6 +80,12 @@ class Layout:
     def run_json(self) -> Path:
         return self.work_dir / "run.json"
 
+    @property
+    def teardown(self) -> Path:
+        # Task 0's teardown, run by the batch script's EXIT trap on the host (stdlib-only
+        # Python: the host need not have this package). Submit copies it here.
+        return self.work_dir / "teardown.py"
+
     def sbatch(self, job_name: str) -> Path:
         return self.work_dir / f"{job_name}.sbatch"
 

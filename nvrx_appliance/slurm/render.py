@@ -1,8 +1,8 @@
 """The sbatch of one generation, and the sbatch command line, from the run manifest.
 
-Pure: one function renders the script from the manifest and the texts it embeds (the
-template and the teardown's source, read by the caller), another lists the sbatch
-arguments. Nothing here re-derives a shape: it is all in manifest.shape.
+Pure: one function renders the script from the manifest and the template (read by the
+caller), another lists the sbatch arguments. The script names task 0's teardown, a file
+submit writes beside run.json; it does not carry it. Nothing here re-derives a shape: it is all in manifest.shape.
 """
 
 from __future__ import annotations
@@ -161,10 +161,8 @@ def directive(arg: str) -> str:
     return '#SBATCH "' + re.sub(r'([\\"])', r"\\\1", arg) + '"'
 
 
-def render(
-    manifest: Manifest, *, template: str, teardown_py: str, extra: tuple[str, ...] = ()
-) -> str:
-    """The self-contained batch script of every generation of this chain."""
+def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) -> str:
+    """The batch script of every generation of this chain."""
     spec, layout = manifest.spec, manifest.layout
     control_files = layout.control_files(_ARRAY_JOB_ID)
     directives = "\n".join(map(directive, sbatch_args(manifest, extra)))
@@ -180,11 +178,11 @@ def render(
         "fence": generation_path(control_files.fence),
         "no_restart_witness": generation_path(control_files.no_restart),
         "host_python": shlex.quote(host_python(manifest)),
+        "teardown": shlex.quote(str(layout.teardown)),
         "no_restart": str(exitcodes.NVRX_NO_RESTART),
         "chain_id": shlex.quote(manifest.chain_id),
         "task0_gone": str(exitcodes.TASK0_GONE),
         "active_tasks": str(manifest.shape.active_tasks),
-        "teardown_py": teardown_py.rstrip("\n"),
         "launch_env": launch_env(manifest),
         "srun": shell_words(launch_argv(manifest)),
     }

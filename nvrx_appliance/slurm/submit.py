@@ -88,6 +88,12 @@ def teardown_source() -> str:
     return (files("nvrx_appliance.slurm") / "teardown.py").read_text()
 
 
+def write_teardown(layout: run_manifest.Layout) -> None:
+    """Task 0's teardown beside run.json, owner-only: the batch script refuses to run it
+    otherwise."""
+    write_atomic(layout.teardown, teardown_source(), mode=0o600)
+
+
 def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -120,9 +126,7 @@ def plan(
     manifest = workloads.complete(
         run_manifest.build(spec, created=now_iso(), user=user, image=image)
     )
-    script = render.render(
-        manifest, template=template_text(), teardown_py=teardown_source(), extra=extra
-    )
+    script = render.render(manifest, template=template_text(), extra=extra)
     return Plan(
         manifest=manifest,
         script=script,
@@ -169,6 +173,7 @@ def write(plan: Plan) -> None:
     # Slurm opens the --output file on the node at start: its directory must exist.
     layout.logs.mkdir(parents=True, exist_ok=True)
     run_manifest.save(plan.manifest)
+    write_teardown(layout)  # before the script that runs it
     write_atomic(plan.script_path, plan.script, mode=0o700)
     # Before the first sbatch, never after: a generation that ends at once (exit 93)
     # removes the marker, and writing it later would resurrect a finished chain.

@@ -22,9 +22,7 @@ def _manifest(**over):
 
 
 def _script(m, extra=()):
-    return render.render(
-        m, template=submit.template_text(), teardown_py=submit.teardown_source(), extra=extra
-    )
+    return render.render(m, template=submit.template_text(), extra=extra)
 
 
 def _srun(m):
@@ -140,9 +138,10 @@ def test_every_rendered_script_is_valid_bash(runtime, tmp_path):
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
 
 
-def test_the_script_is_self_contained_and_arms_the_trap_before_anything_can_fail():
+def test_the_script_is_thin_names_its_teardown_file_and_arms_the_trap_before_anything_can_fail():
     text = _script(_manifest())
-    assert "def decide(" in text  # the teardown travels inside the script
+    assert "def decide(" not in text  # the teardown is a file beside run.json, not inlined
+    assert f"TEARDOWN={WORK}/teardown.py" in text
     body = text[text.index("if [[ $TASK_ID == 0 ]]") :]
     assert body.splitlines()[3].strip() == "trap task0_teardown EXIT"
     assert "{{" not in text
@@ -185,6 +184,7 @@ def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_pa
         partition=f"gpu {HOSTILE}",
     )  # fmt: skip
     manifest.save(m)
+    submit.write_teardown(m.layout)
     script = tmp_path / "g.sbatch"
     script.write_text(_script(m, extra=(f"--comment={HOSTILE}",)))
     stand_ins, log, cwd = tmp_path / "slurm-stand-ins", tmp_path / "log", tmp_path / "cwd"
