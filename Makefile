@@ -3,7 +3,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 APPLIANCE := $(BIN)/nvrx-appliance
 
-.PHONY: deps system-deps python-deps lint test test-unit test-integration \
+.PHONY: deps system-deps python-deps lint test test-unit test-integration golden-sbatch \
         cluster-up cluster-down cluster-status demo image bench gpu-check dist dist-check clean
 
 deps: system-deps python-deps
@@ -30,6 +30,11 @@ test-unit: python-deps
 
 test-integration: deps
 	$(BIN)/python -m pytest tests/integration
+
+# Re-record the golden sbatch scripts (tests/unit/fixtures/sbatch/) after a deliberate
+# change to the template or the renderer; review the diff before committing it.
+golden-sbatch: python-deps
+	$(BIN)/python -m tests.unit.golden_sbatch
 
 cluster-up: deps
 	$(APPLIANCE) cluster up

@@ -17,7 +17,6 @@ from bench import chains, extract
 from bench.extract import DETECTION, RESTORE, HandoffSeen
 from bench.harness import Harness
 from bench.report import Metric, Result, phase_metrics
-from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Layout
 
 NAME = "handoff"
@@ -58,14 +57,14 @@ def one(h: Harness, work, gen: str, successor: str, fault=node_death) -> dict:
         victim=victim,
         generation=h.wait_final([gen], 120),
         successor=h.wait_started(successor),
-        record_written=h.mtime(layout.control(successor) / control.RECORD),
+        record_written=h.mtime(layout.control_files(successor).record),
         cycle0=h.cycle(work, successor, 0),
         checkpoint=h.restored(work, resumed),
         resumed=resumed,
         first_step=step,
         first_cold=chains.TRAIN_TASKS + chains.HOT_SPARES,
         nvrx=h.nvrx_events(work, successor),
-        dead_closed=h.mtime(layout.control(gen) / control.CLOSED),
+        dead_closed=h.mtime(layout.control_files(gen).closed),
     )
     return extract.handoff_sample(seen)
 

@@ -15,7 +15,6 @@ from bench import chains, extract
 from bench.extract import NoRestartSeen
 from bench.harness import POLL_S, Harness
 from bench.report import Metric, Result, phase_metrics
-from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Layout
 
 NAME = "norestart"
@@ -66,11 +65,11 @@ def exit93_chain(h: Harness, scenario: str, depth: int) -> tuple[Path, list[str]
 def one(h: Harness) -> dict:
     work, (first, *queued), empty = exit93_chain(h, NAME, DEPTH)
     layout = Layout(work)
-    directory = layout.control(first)
+    files = layout.control_files(first)
     seen = NoRestartSeen(
         decided=_last_cycle_end(h, work, first),
-        exited_93=h.mtime(directory / control.NO_RESTART),
-        closed=h.mtime(directory / control.CLOSED),
+        exited_93=h.mtime(files.no_restart),
+        closed=h.mtime(files.closed),
         teardown_done=h.mtime(layout.ledger),
         generation=h.wait_final([first], 60),
         step_ends=h.step_ends(),

@@ -19,7 +19,6 @@ from bench.extract import SpareSeen
 from bench.harness import Harness
 from bench.norestart import exit93_chain
 from bench.report import Metric, Result
-from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Layout
 
 NAME = "spare"
@@ -33,7 +32,7 @@ def _attempt(h: Harness) -> tuple[list[dict], dict[str, int]]:
     tasks = h.wait_final([gen], 60)
     seen = SpareSeen(
         generation=tasks,
-        closed_at=h.mtime(Layout(work).control(gen) / control.CLOSED),
+        closed_at=h.mtime(Layout(work).control_files(gen).closed),
         step_ends=h.step_ends(),
         train_tasks=TRAIN_TASKS,
         hot_spares=HOT_SPARES,

@@ -29,14 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from nvrx_appliance.chain import ChainSpec, check, spec_fields
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.slurmcli import Slurm
+from nvrx_appliance.settings import extra as extra_args
+from nvrx_appliance.settings import resolve
+from nvrx_appliance.settings.chain import ChainSpec, check, spec_fields
 from nvrx_appliance.slurm import cancel as cancelling
-from nvrx_appliance.slurm import extra as extra_args
 from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import resolve, sources
+from nvrx_appliance.slurm import sources
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.cancel import Cancelled
 from nvrx_appliance.slurm.status import ChainView

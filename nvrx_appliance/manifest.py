@@ -17,15 +17,55 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
-from nvrx_appliance.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
 from nvrx_appliance.files import write_atomic
+from nvrx_appliance.settings import policy as mode_policy
+from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
+from nvrx_appliance.settings.policy import Policy
 
 SCHEMA = "nvrx-appliance/run"
 # 2: the workload's program argv, computed once at submit, is in run.json.
-VERSION = 2
+# 3: so is the mode's policy (settings/policy.py): the entrypoint reads it, never the mode.
+VERSION = 3
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx reads it too
 # One spelling for the batch log's name: sbatch expands the %-pattern, `logs` the values.
 _BATCH_LOG = "slurm-{job_name}-{array_job_id}_{task}.out"
+
+
+@dataclass(frozen=True)
+class ControlFiles:
+    """One generation's control directory (Layout.control) and the files in it; the
+    rules a peer applies before it trusts them are in entrypoints/control.py."""
+
+    directory: Path
+
+    @property
+    def record(self) -> Path:
+        # Task 0's rendezvous record, published by rename.
+        return self.directory / "rdzv.json"
+
+    @property
+    def lease(self) -> Path:
+        # Task 0's liveness lease; its mtime is refreshed while task 0 lives.
+        return self.directory / "task0.lease"
+
+    @property
+    def closed(self) -> Path:
+        # The closed flag: task 0's teardown trap, or a peer that fenced task 0.
+        return self.directory / "closed"
+
+    @property
+    def fence(self) -> Path:
+        # The fence claim: created exclusively by the one peer that ends the generation
+        # on behalf of a task 0 whose lease went stale; whoever fails to create it
+        # leaves quietly.
+        return self.directory / "fence"
+
+    @property
+    def no_restart(self) -> Path:
+        # Written by an entrypoint whose ft_launcher exited 93, before it exits: where
+        # the site kills a step on the first bad exit, srun can hand the trap 143
+        # instead of 93, and this file is the witness that survives that.
+        return self.directory / "no_restart"
 
 
 class ManifestError(Exception):
@@ -39,6 +79,12 @@ class Layout:
     @property
     def run_json(self) -> Path:
         return self.work_dir / "run.json"
+
+    @property
+    def teardown(self) -> Path:
+        # Task 0's teardown, run by the batch script's EXIT trap on the host (stdlib-only
+        # Python: the host need not have this package). Submit copies it here.
+        return self.work_dir / "teardown.py"
 
     def sbatch(self, job_name: str) -> Path:
         return self.work_dir / f"{job_name}.sbatch"
@@ -107,6 +153,11 @@ class Layout:
         return self.nvrx_logs(array_job_id) / "ft_launcher.log"
 
     @property
+    def qualification(self) -> Path:
+        # What `qualify` found, when this chain was a qualification run.
+        return self.work_dir / "qualification.json"
+
+    @property
     def generations_root(self) -> Path:
         return self.work_dir / "nvrx"
 
@@ -115,6 +166,9 @@ class Layout:
 
     def control(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "control"
+
+    def control_files(self, array_job_id: str | int) -> ControlFiles:
+        return ControlFiles(self.control(array_job_id))
 
     def cycle_infos(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "cycle_infos"
@@ -127,6 +181,7 @@ class Layout:
 class Manifest:
     spec: ChainSpec
     shape: Shape
+    policy: Policy  # what the mode means, decided at submit
     image: dict[str, Any] | None  # the image's own manifest, when there is an image
     created: str  # ISO-8601 UTC, at submit
     user: str
@@ -156,6 +211,7 @@ class Manifest:
             "user": self.user,
             "spec": to_dict(self.spec),
             "shape": asdict(self.shape),
+            "policy": asdict(self.policy),
             "image": self.image,
             "workload": list(self.workload),
         }
@@ -164,7 +220,17 @@ class Manifest:
 def build(
     spec: ChainSpec, *, created: str, user: str, image: dict[str, Any] | None = None
 ) -> Manifest:
-    return Manifest(spec=spec, shape=derive(spec), image=image, created=created, user=user)
+    layout = Layout(Path(spec.work_dir))
+    return Manifest(
+        spec=spec,
+        shape=derive(spec),
+        policy=mode_policy.decide(
+            spec, tracker=layout.tracker, static_tracker=layout.static_tracker
+        ),
+        image=image,
+        created=created,
+        user=user,
+    )
 
 
 def parse(data: Any) -> Manifest:
@@ -195,12 +261,17 @@ def parse(data: Any) -> Manifest:
         )
     if not spec.work_dir:
         raise ManifestError("run manifest has no work_dir")
+    try:
+        policy = mode_policy.from_dict(data.get("policy"))
+    except ValueError as exc:
+        raise ManifestError(f"run manifest {exc}; resubmit") from None
     workload = data.get("workload")
     if not isinstance(workload, list) or not all(isinstance(w, str) for w in workload):
         raise ManifestError("run manifest workload is not a list of arguments; resubmit")
     return Manifest(
         spec=spec,
         shape=shape,
+        policy=policy,
         image=data.get("image"),
         created=str(data.get("created", "")),
         user=str(data.get("user", "")),

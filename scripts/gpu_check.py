@@ -41,9 +41,9 @@ def install_wheels(directory: str) -> None:
 def plan(work: Path, megatron: str, mode: str, gpus: int):
     """(ft_launcher argv, environment) of one generation, as the entrypoint builds them."""
     from nvrx_appliance import manifest
-    from nvrx_appliance.chain import ChainSpec, check
     from nvrx_appliance.entrypoints import control, env, launch, workloads
     from nvrx_appliance.entrypoints.node import Node
+    from nvrx_appliance.settings.chain import ChainSpec, check
 
     transformer = [] if _has("transformer_engine") else ["--transformer-impl", "local"]
     spec = ChainSpec(

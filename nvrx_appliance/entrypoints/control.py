@@ -1,8 +1,9 @@
-"""The per-generation control directory: its file names, and task 0's rendezvous record.
+"""The per-generation control directory's contents: task 0's rendezvous record, and the
+rules a peer applies before it trusts any control file.
 
-Layout.control(array_job_id) holds these files (SEAMS.md). Others import the names from
-here; the rules a peer applies before it trusts any of them live here too, as pure
-functions of what was read, so they are tested without a file system.
+Layout.control_files(array_job_id) names the files (manifest.ControlFiles, SEAMS.md);
+the rules live here as pure functions of what was read, so they are tested without a
+file system.
 
 Pure: no I/O.
 """
@@ -14,17 +15,6 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from typing import Any
-
-RECORD = "rdzv.json"  # task 0's rendezvous record, published by rename
-LEASE = "task0.lease"  # task 0's liveness lease; its mtime is refreshed while task 0 lives
-CLOSED = "closed"  # the closed flag: task 0's teardown trap, or a peer that fenced task 0
-# The fence claim: created exclusively by the one peer that ends the generation on the
-# behalf of a task 0 whose lease went stale; whoever fails to create it leaves quietly.
-FENCE = "fence"
-# Written by an entrypoint whose ft_launcher exited 93, before it exits: where the site
-# kills a step on the first bad exit, srun can hand the trap 143 instead of 93, and the
-# flag is the witness that survives that (the seeds measured it).
-NO_RESTART = "no_restart"
 
 RECORD_SCHEMA = "nvrx-appliance/rdzv"
 RECORD_VERSION = 2  # 2: the record names its generation

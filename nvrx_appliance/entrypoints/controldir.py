@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nvrx_appliance.entrypoints import control, gate
 from nvrx_appliance.files import write_atomic
+from nvrx_appliance.manifest import ControlFiles
 
 
 class ControlDirError(Exception):
@@ -49,7 +50,9 @@ def set_aside_stale(path: Path) -> Path | None:
     entrypoint's first look, so either one found now is another run's. Set aside (by
     rename, kept for a post-mortem) rather than deleted. Returns where it went.
     """
-    if not (os.path.lexists(path / control.RECORD) or os.path.lexists(path / control.LEASE)):
+    if not (
+        os.path.lexists(ControlFiles(path).record) or os.path.lexists(ControlFiles(path).lease)
+    ):
         return None
     aside = path.with_name(f"{path.name}.stale.{os.getpid()}.{time.time_ns()}")
     os.rename(path, aside)
@@ -100,7 +103,7 @@ def _ours(path: Path, generation: str) -> gate.FileSeen | None:
 
 
 def lease_age(directory: Path, clock: Clock, generation: str) -> float | None:
-    path = directory / control.LEASE
+    path = ControlFiles(directory).lease
     try:
         mtime = os.stat(path).st_mtime
     except FileNotFoundError:
@@ -115,19 +118,19 @@ def observe(directory: Path, clock: Clock, generation: str) -> gate.Observation:
         directory=_dir_seen(directory),
         closed=closed(directory, generation),
         lease_age=lease_age(directory, clock, generation),
-        record=_ours(directory / control.RECORD, generation),
-        no_restart=_ours(directory / control.NO_RESTART, generation) is not None,
+        record=_ours(ControlFiles(directory).record, generation),
+        no_restart=_ours(ControlFiles(directory).no_restart, generation) is not None,
     )
 
 
 def closed(directory: Path, generation: str) -> bool:
-    return _ours(directory / control.CLOSED, generation) is not None
+    return _ours(ControlFiles(directory).closed, generation) is not None
 
 
 def lease_holder(directory: Path, generation: str) -> dict:
     """What task 0 wrote into its lease (host, start, checkpoint), for the fence's
     ledger entry; {} when unreadable."""
-    seen = _ours(directory / control.LEASE, generation)
+    seen = _ours(ControlFiles(directory).lease, generation)
     try:
         holder = json.loads(seen.text) if seen is not None and seen.is_file else {}
     except ValueError:
@@ -140,7 +143,9 @@ def claim_fence(directory: Path, claim: dict) -> bool:
     False for every other (however many peers race, one fences)."""
     try:
         fd = os.open(
-            directory / control.FENCE, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+            ControlFiles(directory).fence,
+            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+            0o600,
         )
     except FileExistsError:
         return False
@@ -150,11 +155,11 @@ def claim_fence(directory: Path, claim: dict) -> bool:
 
 
 def close(directory: Path, flag: dict) -> None:
-    write_atomic(directory / control.CLOSED, json.dumps(flag, sort_keys=True) + "\n", 0o600)
+    write_atomic(ControlFiles(directory).closed, json.dumps(flag, sort_keys=True) + "\n", 0o600)
 
 
 def publish(directory: Path, record: control.Record) -> Path:
-    path = directory / control.RECORD
+    path = ControlFiles(directory).record
     write_atomic(path, control.encode(record), mode=0o600)
     return path
 
@@ -163,7 +168,7 @@ def mark_no_restart(directory: Path, exit_code: int, generation: str) -> None:
     """The witness of a peer's exit 93: task 0's teardown reads it (the chain ends), and
     spares admitted from now on leave at once (the batch script and the gate)."""
     doc = {"exit_code": exit_code, "generation": generation}
-    write_atomic(directory / control.NO_RESTART, json.dumps(doc) + "\n", 0o600)
+    write_atomic(ControlFiles(directory).no_restart, json.dumps(doc) + "\n", 0o600)
 
 
 def seed_static_tracker(path: Path) -> None:
@@ -182,7 +187,7 @@ class LeaseKeeper:
     """
 
     def __init__(self, directory: Path, interval: float, holder: dict, warn):
-        self.path = directory / control.LEASE
+        self.path = ControlFiles(directory).lease
         self.interval = interval
         self.holder = holder
         self.warn = warn

@@ -10,13 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.manifest import Manifest
 
-# The hand-off demo fails task 0's node (infra rank 0) at cycles 1 and 2, after the
-# workload fault has advanced the cycle and a checkpoint exists (the seeds' default).
-HANDOFF_GPU_FAILURE = "1:0,2:0"
 # Transformer Engine leaves SMs free for communication kernels (the seeds' value).
 TE_SM_MARGIN = "16"
 # torch elastic turns only these into a clean shutdown of the workers; any other signal
@@ -49,16 +45,6 @@ class EnvPlan:
         return env
 
 
-def gpu_failure_schedule(spec: ChainSpec) -> str | None:
-    """NVRX_INJECT_GPU_FAILURE for this mode: handoff only; unset takes the default,
-    empty means the operator turned it off."""
-    if spec.mode != "handoff":
-        return None
-    if spec.gpu_failure is None:
-        return HANDOFF_GPU_FAILURE
-    return spec.gpu_failure or None
-
-
 def plan(manifest: Manifest, node: Node, inherited: Mapping[str, str]) -> EnvPlan:
     spec = manifest.spec
     values = {
@@ -79,9 +65,8 @@ def plan(manifest: Manifest, node: Node, inherited: Mapping[str, str]) -> EnvPla
         values["NVRX_GPUS_PER_NUMA"] = str(spec.gpus_per_numa)
     else:
         unset.append("NVRX_GPUS_PER_NUMA")
-    schedule = gpu_failure_schedule(spec)
-    if schedule:
-        values["NVRX_INJECT_GPU_FAILURE"] = schedule
+    if manifest.policy.gpu_failure:
+        values["NVRX_INJECT_GPU_FAILURE"] = manifest.policy.gpu_failure
     else:
         unset.append("NVRX_INJECT_GPU_FAILURE")
     return EnvPlan(set=values, unset=tuple(unset))

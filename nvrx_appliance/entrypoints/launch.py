@@ -26,18 +26,6 @@ def nvrx_logfile(manifest: Manifest, array_job_id: str) -> Path:
     return manifest.layout.launcher_log(array_job_id)
 
 
-def progress_file(manifest: Manifest) -> Path:
-    """The iteration file NVRx's progress tracker watches."""
-    if manifest.spec.mode == "no-restart":
-        # A file that never advances: the first fault scores as no progress -> exit 93.
-        return manifest.layout.static_tracker
-    return manifest.layout.tracker
-
-
-def max_no_progress_cycles(manifest: Manifest) -> int:
-    return 1 if manifest.spec.mode == "no-restart" else manifest.spec.max_no_progress_cycles
-
-
 class ShapeError(ValueError):
     """The array throttle on the controller cannot hold the world the chain trains."""
 
@@ -93,8 +81,8 @@ def ft_launcher_argv(
         "--ft-per-cycle-applog-prefix", str(applog_prefix(manifest, array_job_id)),
         "--ft-nvrx-logfile", str(nvrx_logfile(manifest, array_job_id)),
         "--ft-log-server-graceful-shutdown-timeout", str(LOG_SERVER_DRAIN_S),
-        "--ft-checkpoint-iteration-file", str(progress_file(manifest)),
-        "--ft-max-no-progress-cycles", str(max_no_progress_cycles(manifest)),
+        "--ft-checkpoint-iteration-file", manifest.policy.progress_file,
+        "--ft-max-no-progress-cycles", str(manifest.policy.max_no_progress_cycles),
         "--ft-rank-section-timeouts",
         f"setup:{spec.setup_timeout},step:{spec.step_timeout},"
         f"checkpointing:{spec.checkpointing_timeout}",

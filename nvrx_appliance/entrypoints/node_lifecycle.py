@@ -210,8 +210,8 @@ def checkpoint_start(manifest: run_manifest.Manifest) -> int | None:
 
 def publish(pre: Preflight, record: control.Record, directory: Path) -> controldir.LeaseKeeper:
     spec = pre.manifest.spec
-    if spec.mode == "no-restart":
-        controldir.seed_static_tracker(pre.manifest.layout.static_tracker)
+    if pre.manifest.policy.progress_frozen:
+        controldir.seed_static_tracker(Path(pre.manifest.policy.progress_file))
     holder = {
         "host": pre.node.hostname,
         "pid": os.getpid(),

@@ -17,7 +17,6 @@ from typing import Any
 SCHEMA = "nvrx-appliance/qualification"
 VERSION = 1
 RECORD_SUFFIX = ".qualification.json"  # next to the image: <image>.qualification.json
-WORK_DIR_RECORD = "qualification.json"
 NO_RESTART = 93
 # Megatron-LM's log line once a checkpoint is loaded:
 # "successfully loaded checkpoint from <dir> [ t 1/1, p 1/1 ] at iteration 40"

@@ -31,7 +31,8 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from nvrx_appliance import chain, exitcodes
+from nvrx_appliance import exitcodes
+from nvrx_appliance.settings import chain
 
 CACHE_ENV = "NVRX_STANDIN_CACHE"
 # enroot mounts these from the host into every container; node names resolve through them.

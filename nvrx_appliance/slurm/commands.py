@@ -18,14 +18,16 @@ from rich.console import Console
 from rich.live import Live
 
 from nvrx_appliance import api, jsondoc
-from nvrx_appliance.chain import ChainSpec, derive, faults_active, spec_fields
 from nvrx_appliance.clifail import fail
+from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
-from nvrx_appliance.slurm import extra as extra_args
-from nvrx_appliance.slurm import resolve, status_view
+from nvrx_appliance.settings import extra as extra_args
+from nvrx_appliance.settings import resolve
+from nvrx_appliance.settings.chain import derive, spec_fields
+from nvrx_appliance.settings.options import chain_options, spec_flags
+from nvrx_appliance.slurm import status_view
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.options import chain_options, spec_flags
 
 
 def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve.Resolved:
@@ -148,7 +150,7 @@ def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
         click.echo(jsondoc.dumps("dry-run", doc))
         return
     click.echo("# dry run: nothing was written or submitted")
-    click.echo(f"# mode: {_mode_line(plan.manifest.spec)}")
+    click.echo(f"# mode: {_mode_line(plan.manifest)}")
     click.echo(f"# workload ({plan.manifest.spec.workload}), after the interpreter, on every rank:")
     click.echo("#   " + shlex.join(plan.manifest.workload))
     for argv in plan.command_lines:
@@ -157,10 +159,11 @@ def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
     click.echo(plan.script, nl=False)
 
 
-def _mode_line(spec: ChainSpec) -> str:
-    if spec.mode == "train":
+def _mode_line(manifest: Manifest) -> str:
+    mode, faults = manifest.spec.mode, manifest.policy.faults_active
+    if mode == "train":
         return "train (no injected faults)"
-    return f"{spec.mode} demo ({'injects faults' if faults_active(spec) else 'no workload fault'})"
+    return f"{mode} demo ({'injects faults' if faults else 'no workload fault'})"
 
 
 def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:

@@ -9,13 +9,14 @@ import json
 import os
 from pathlib import Path
 
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
+from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurm_output, slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.slurm.resolve import HOST_PYTHON_RUNTIMES
-from nvrx_appliance.slurm.validate import Facts, host_checks, is_image_file
+from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.resolve import HOST_PYTHON_RUNTIMES
+from nvrx_appliance.settings.validate import Facts, host_checks, is_image_file
 
 
 def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
@@ -114,7 +115,7 @@ def _python(spec: ChainSpec) -> dict:
 def _existing_chain(work_dir: str) -> str:
     """The job name in a run.json already in the work dir ("" if none or unreadable)."""
     try:
-        data = json.loads((Path(work_dir) / "run.json").read_text())
+        data = json.loads(Layout(Path(work_dir)).run_json.read_text())
         return str(data["spec"]["job_name"])
     except (OSError, ValueError, KeyError, TypeError):
         return ""

@@ -1,8 +1,8 @@
 """The sbatch of one generation, and the sbatch command line, from the run manifest.
 
-Pure: one function renders the script from the manifest and the texts it embeds (the
-template and the teardown's source, read by the caller), another lists the sbatch
-arguments. Nothing here re-derives a shape: it is all in manifest.shape.
+Pure: one function renders the script from the manifest and the template (read by the
+caller), another lists the sbatch arguments. The script names task 0's teardown, a file
+submit writes beside run.json; it does not carry it. Nothing here re-derives a shape: it is all in manifest.shape.
 """
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import os
 import re
 import shlex
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvrx_appliance import exitcodes
-from nvrx_appliance.chain import effective_mounts
-from nvrx_appliance.entrypoints import control
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings.chain import effective_mounts
 
 # The variables the sbatch sets for the entrypoint; pyxis only passes named ones through.
 FORWARDED_ENV = ("NVRX_ARRAY_THROTTLE", "NVRX_ARRAY_SUBMITTED", "NVRX_RUN_MANIFEST")
@@ -126,10 +126,14 @@ def _double_quoted(text: str) -> str:
     return re.sub(r'([\\$`"])', r"\\\1", text)
 
 
-def control_dir(manifest: Manifest) -> str:
-    """Layout.control of the running generation, as a bash word expanded at run time."""
-    sentinel = "NVRX-ARRAY-JOB-ID"
-    before, after = str(manifest.layout.control(sentinel)).split(sentinel)
+# Stands for the array job id in a Layout path that the batch script completes at run time.
+_ARRAY_JOB_ID = "NVRX-ARRAY-JOB-ID"
+
+
+def generation_path(path: Path) -> str:
+    """A path of the running generation, built with _ARRAY_JOB_ID for its array job id,
+    as a bash word that expands ${ARRAY_JOB_ID} at run time."""
+    before, after = str(path).split(_ARRAY_JOB_ID)
     return f'"{_double_quoted(before)}${{ARRAY_JOB_ID}}{_double_quoted(after)}"'
 
 
@@ -157,11 +161,10 @@ def directive(arg: str) -> str:
     return '#SBATCH "' + re.sub(r'([\\"])', r"\\\1", arg) + '"'
 
 
-def render(
-    manifest: Manifest, *, template: str, teardown_py: str, extra: tuple[str, ...] = ()
-) -> str:
-    """The self-contained batch script of every generation of this chain."""
+def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) -> str:
+    """The batch script of every generation of this chain."""
     spec, layout = manifest.spec, manifest.layout
+    control_files = layout.control_files(_ARRAY_JOB_ID)
     directives = "\n".join(map(directive, sbatch_args(manifest, extra)))
     values = {
         "job_name": spec.job_name,
@@ -170,16 +173,16 @@ def render(
         "ledger": shlex.quote(str(layout.ledger)),
         "tracker": shlex.quote(str(layout.tracker)),
         "chain_marker": shlex.quote(str(layout.chain_marker)),
-        "control": control_dir(manifest),
+        "control": generation_path(layout.control(_ARRAY_JOB_ID)),
+        "closed": generation_path(control_files.closed),
+        "fence": generation_path(control_files.fence),
+        "no_restart_witness": generation_path(control_files.no_restart),
         "host_python": shlex.quote(host_python(manifest)),
+        "teardown": shlex.quote(str(layout.teardown)),
         "no_restart": str(exitcodes.NVRX_NO_RESTART),
-        "closed_name": control.CLOSED,
-        "fence_name": control.FENCE,
         "chain_id": shlex.quote(manifest.chain_id),
-        "no_restart_name": control.NO_RESTART,
         "task0_gone": str(exitcodes.TASK0_GONE),
         "active_tasks": str(manifest.shape.active_tasks),
-        "teardown_py": teardown_py.rstrip("\n"),
         "launch_env": launch_env(manifest),
         "srun": shell_words(launch_argv(manifest)),
     }

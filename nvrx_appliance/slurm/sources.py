@@ -115,7 +115,7 @@ def read_chain(work_dir: Path, *, user: str, slurm: Slurm | None = None) -> Chai
         cycles=workdir.cycles(layout, sorted(ids)),
         checkpoint_now=workdir.checkpoint_iteration(layout),
         chain_marker=workdir.chain_marker(layout),
-        qualify_record=workdir.read_json(layout.work_dir / qualification.WORK_DIR_RECORD),
+        qualify_record=workdir.read_json(layout.qualification),
         blind=blind,
         now=time.time(),
     )

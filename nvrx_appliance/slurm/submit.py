@@ -16,15 +16,15 @@ from importlib.resources import files
 from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.entrypoints import workloads
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
+from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
+from nvrx_appliance.settings.resolve import Resolved
+from nvrx_appliance.settings.validate import Facts, judge
 from nvrx_appliance.slurm import probe, render
-from nvrx_appliance.slurm.resolve import Resolved
-from nvrx_appliance.slurm.validate import Facts, judge
 
 
 class Refused(Exception):
@@ -92,6 +92,12 @@ def teardown_source() -> str:
     return (files("nvrx_appliance.slurm") / "teardown.py").read_text()
 
 
+def write_teardown(layout: run_manifest.Layout) -> None:
+    """Task 0's teardown beside run.json, owner-only: the batch script refuses to run it
+    otherwise."""
+    write_atomic(layout.teardown, teardown_source(), mode=0o600)
+
+
 def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -128,9 +134,7 @@ def plan(
     manifest = workloads.complete(
         run_manifest.build(spec, created=now_iso(), user=user, image=image)
     )
-    script = render.render(
-        manifest, template=template_text(), teardown_py=teardown_source(), extra=extra
-    )
+    script = render.render(manifest, template=template_text(), extra=extra)
     return Plan(
         manifest=manifest,
         script=script,
@@ -180,6 +184,7 @@ def write(plan: Plan) -> None:
     # Slurm opens the --output file on the node at start: its directory must exist.
     layout.logs.mkdir(parents=True, exist_ok=True)
     run_manifest.save(plan.manifest)
+    write_teardown(layout)  # before the script that runs it
     write_atomic(plan.script_path, plan.script, mode=0o700)
     # Before the first sbatch, never after: a generation that ends at once (exit 93)
     # removes the marker, and writing it later would resurrect a finished chain.

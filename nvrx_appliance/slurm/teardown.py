@@ -4,10 +4,12 @@ task 0 (`--fence CLAIM`).
 
 Why Python and why stdlib only: in container mode the batch script runs on the host,
 which may not have this package. The burn guard needs the ledger (JSON lines) and a
-count over it, which is fragile in bash and easy here; submit embeds this file's text in
-the materialized sbatch (a quoted heredoc), so it needs nothing but a python3 on the
-host and the sbatch stays one self-contained file. Tests import the same functions.
-If no python3 can run it, the sbatch falls back to the two scancel lines in bash.
+count over it, which is fragile in bash and easy here; submit copies this file into the
+work dir beside run.json (Layout.teardown, owner-only), and the batch script checks its
+owner and mode before it runs it with the host's python3, so the sbatch stays thin and
+the work dir's files alone re-queue a generation. Tests import the same functions.
+If no python3 can run it, or the file is not to be trusted, the sbatch falls back to
+the two scancel lines in bash.
 
 The pure part (decide, burnt, ...) comes first; `main` is the thin shell around it.
 It runs on the host's own python3, which can be as old as RHEL 8's 3.6: no

@@ -19,13 +19,14 @@ from typing import Any
 import click
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.chain import flag
 from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
-from nvrx_appliance.slurm import resolve, sources
+from nvrx_appliance.settings import resolve
+from nvrx_appliance.settings.chain import flag
+from nvrx_appliance.slurm import sources
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.workflows import chain, demo_report
 

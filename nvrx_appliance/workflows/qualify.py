@@ -34,9 +34,10 @@ from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.observe.workdir import NotFound
-from nvrx_appliance.slurm import cancel, commands, resolve
+from nvrx_appliance.settings import resolve
+from nvrx_appliance.settings.options import chain_options
+from nvrx_appliance.slurm import cancel, commands
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.options import chain_options
 from nvrx_appliance.workflows import chain
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
@@ -147,7 +148,7 @@ def _watch(
 def _write_records(data: dict[str, Any], image: str, layout: Layout) -> list[Path]:
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     written = []
-    for path in (layout.work_dir / q.WORK_DIR_RECORD, q.record_path(image)):
+    for path in (layout.qualification, q.record_path(image)):
         try:
             write_atomic(path, text)
             written.append(path)

@@ -21,8 +21,9 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints import control, controldir, workloads
+from nvrx_appliance.manifest import ControlFiles
+from nvrx_appliance.settings.chain import ChainSpec
 
 from .conftest import Cluster
 
@@ -136,7 +137,7 @@ def test_exit_93_from_ft_launcher_comes_out_of_srun_as_93(cluster: Cluster):
     [record] = cluster.wait_finished(job, 1, timeout=240)
     assert (work / "srun-exit.0").read_text().strip() == "93", outputs(work)
     assert record["ExitCode"] == "93:0"
-    assert (work / "nvrx" / job / "control" / control.NO_RESTART).exists()
+    assert manifest.Layout(work).control_files(job).no_restart.exists()
     assert any(e["event"] == "fault" for e in progress(work))
 
 
@@ -175,7 +176,7 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_seconds_of_the_closed_fla
         time.sleep(2)  # deep in its store wait, as a spare that passed the gate long ago
         flag_tmp = control_dir / ".closed.test"
         flag_tmp.write_text('{"exit_code": 1, "reason": "test", "time": "now"}\n')
-        flag_tmp.rename(control_dir / control.CLOSED)
+        flag_tmp.rename(ControlFiles(control_dir).closed)
         flagged = time.monotonic()
         cluster.wait_until(
             lambda: (work / "srun-exit.1").exists(), DRAIN_BOUND_S + 5, "the peer to exit"

@@ -3,8 +3,8 @@
 from pathlib import Path
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints import control, workloads
+from nvrx_appliance.settings.chain import ChainSpec
 
 CHAIN = "2026-01-01T00:00:00Z"  # the chain id run_manifest gives
 

@@ -9,6 +9,7 @@ import pytest
 from nvrx_appliance import exitcodes
 from nvrx_appliance.entrypoints import control, controldir, detect, gate
 from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.manifest import ControlFiles
 from tests.unit import entrypoint_support as support
 
 UID = 1000
@@ -217,7 +218,7 @@ def _publish(directory, rec):
 
 def test_a_stale_flag_of_the_previous_generation_does_not_stop_the_new_one(tmp_path):
     previous = _generation_dir(tmp_path, "4100")
-    (previous / control.CLOSED).write_text('{"exit_code": 1}\n')
+    ControlFiles(previous).closed.write_text('{"exit_code": 1}\n')
     current = _generation_dir(tmp_path, "4242")
     _publish(current, record())
     _, decision = gate.step(gate.Waiting(), _observe(current), 0.0, _me(), LIMITS)
@@ -239,8 +240,8 @@ def test_a_symlink_in_place_of_the_record_is_refused(tmp_path):
     elsewhere = tmp_path / "elsewhere.json"
     elsewhere.write_text(control.encode(record(host="evil")))
     _publish(directory, record())
-    (directory / control.RECORD).unlink()
-    (directory / control.RECORD).symlink_to(elsewhere)
+    ControlFiles(directory).record.unlink()
+    ControlFiles(directory).record.symlink_to(elsewhere)
     _, decision = gate.step(gate.Waiting(), _observe(directory), 0.0, _me(), LIMITS)
     assert decision.exit_code == exitcodes.RECORD_REFUSED
 
@@ -250,8 +251,8 @@ def test_the_lease_age_is_judged_by_the_file_systems_clock(tmp_path):
     _publish(directory, record())
     fresh = _observe(directory).lease_age
     assert 0 <= fresh < 5
-    old = os.stat(directory / control.LEASE).st_mtime - 120
-    os.utime(directory / control.LEASE, (old, old))
+    old = os.stat(ControlFiles(directory).lease).st_mtime - 120
+    os.utime(ControlFiles(directory).lease, (old, old))
     _, decision = gate.step(gate.Waiting(), _observe(directory), 0.0, _me(), LIMITS)
     assert decision.exit_code == exitcodes.TASK0_GONE
 
@@ -277,10 +278,10 @@ def test_another_runs_flag_lease_and_record_under_a_reused_job_id_are_not_seen(t
     directory = _generation_dir(tmp_path, "4242")
     other = control.generation("2025-06-01T00:00:00Z", "4242", "2025-06-01T00:00:00")
     _publish(directory, record(host="oldhost", generation=other))
-    (directory / control.LEASE).write_text(json.dumps({"generation": other}) + "\n")
-    old = os.stat(directory / control.LEASE).st_mtime - 600
-    os.utime(directory / control.LEASE, (old, old))
-    (directory / control.CLOSED).write_text(json.dumps({"generation": other}) + "\n")
+    ControlFiles(directory).lease.write_text(json.dumps({"generation": other}) + "\n")
+    old = os.stat(ControlFiles(directory).lease).st_mtime - 600
+    os.utime(ControlFiles(directory).lease, (old, old))
+    ControlFiles(directory).closed.write_text(json.dumps({"generation": other}) + "\n")
 
     observed = _observe(directory)
     assert (observed.closed, observed.lease_age, observed.record) == (False, None, None)
@@ -312,7 +313,7 @@ def test_only_one_of_many_racing_peers_wins_the_fence_claim(tmp_path):
             controldir.claim_fence, [(directory, {"job_id": str(n)}) for n in range(32)]
         )
     assert won.count(True) == 1
-    claim = json.loads((directory / control.FENCE).read_text())
+    claim = json.loads(ControlFiles(directory).fence.read_text())
     assert claim["job_id"] == str(won.index(True))
 
 

@@ -21,6 +21,7 @@ import pytest
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.entrypoints import control, controldir, detect, node_lifecycle
 from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.manifest import ControlFiles
 from tests.unit import entrypoint_support as support
 
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]
@@ -227,10 +228,10 @@ def test_task_0s_exit_93_from_a_real_ft_launcher_comes_out_as_93(tmp_path):
     result = entrypoint("--manifest", str(run_json), env=srun_stand_in(), timeout=180)
     assert result.returncode == exitcodes.NVRX_NO_RESTART, result.stderr
     directory = control_dir(run_json)
-    rec = control.decode((directory / control.RECORD).read_text())
+    rec = control.decode(ControlFiles(directory).record.read_text())
     assert rec.host == socket.gethostname() and rec.segment is None
-    assert (directory / control.LEASE).exists()
-    assert (directory / control.NO_RESTART).exists()
+    assert ControlFiles(directory).lease.exists()
+    assert ControlFiles(directory).no_restart.exists()
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
@@ -238,7 +239,7 @@ def publish_as_task_0(run_json: Path, host: str, array_job_id="700") -> Path:
     m = manifest.load(run_json)
     directory = control_dir(run_json, array_job_id)
     controldir.prepare(directory, os.geteuid())
-    (directory / control.LEASE).write_text("{}\n")
+    ControlFiles(directory).lease.write_text("{}\n")
     controldir.publish(
         directory,
         support.record(
@@ -293,7 +294,7 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp
     try:
         launcher = ft_launcher_of(proc)
         time.sleep(1)  # it is dialing now; the flag comes later, as in the race
-        (directory / control.CLOSED).write_text('{"exit_code": 1}\n')
+        ControlFiles(directory).closed.write_text('{"exit_code": 1}\n')
         flagged = time.monotonic()
         assert proc.wait(timeout=30) == exitcodes.STOPPED_BY_CLOSED_FLAG
         assert time.monotonic() - flagged <= grace + 2
@@ -319,12 +320,12 @@ def test_a_peer_whose_task_0_died_without_a_trap_fences_it_when_the_lease_goes_s
         assert "fenced task 0" in proc.stderr.read()
         assert not launcher.is_running()
         # The generation is closed on task 0's behalf, for every node and late spare...
-        flag = json.loads((directory / control.CLOSED).read_text())
+        flag = json.loads(ControlFiles(directory).closed.read_text())
         assert (
             flag["generation"] == f"{support.CHAIN}/700/" and "fenced by task 1" in flag["reason"]
         )
         # ...and the claim tells this job's batch script to cancel task 0's job.
-        claim = json.loads((directory / control.FENCE).read_text())
+        claim = json.loads(ControlFiles(directory).fence.read_text())
         assert (claim["job_id"], claim["task0_host"], claim["checkpoint_start"]) == (
             "701",
             "node1",
@@ -348,7 +349,7 @@ def test_a_task_0_whose_lease_writes_fail_stops_its_workers_before_the_lease_is_
         [*ENTRYPOINT, "--manifest", str(run_json)],
         env=srun_stand_in(), stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    lease = control_dir(run_json) / control.LEASE
+    lease = ControlFiles(control_dir(run_json)).lease
     frozen = False
     try:
         launcher = ft_launcher_of(proc)
@@ -378,7 +379,7 @@ def test_task_0_told_to_stop_by_slurm_closes_the_generation_at_once(tmp_path):
     )  # fmt: skip
     try:
         ft_launcher_of(proc)
-        flag = control_dir(run_json) / control.CLOSED
+        flag = ControlFiles(control_dir(run_json)).closed
         assert not flag.exists()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
@@ -448,18 +449,19 @@ def test_task_0_sets_aside_a_control_dir_another_run_left_under_a_reused_job_id(
     m = manifest.load(write_manifest(tmp_path))
     old = m.layout.control("700")
     old.mkdir(parents=True, mode=0o700)
-    for name in (control.RECORD, control.LEASE, control.CLOSED):
-        (old / name).write_text("{}\n")
+    files = ControlFiles(old)
+    for path in (files.record, files.lease, files.closed):
+        path.write_text("{}\n")
 
     # A peer never touches it: only task 0 knows that it has not published yet.
     node_lifecycle.make_dirs(m, Node("700", 3, 0, "703", "peer"))
-    assert (old / control.CLOSED).exists()
+    assert ControlFiles(old).closed.exists()
 
     directory = node_lifecycle.make_dirs(m, Node("700", 0, 0, "700", "task0"))
     assert directory == old and list(directory.iterdir()) == []
     [aside] = old.parent.glob("control.stale.*")
     assert sorted(p.name for p in aside.iterdir()) == sorted(
-        [control.RECORD, control.LEASE, control.CLOSED]
+        [files.record.name, files.lease.name, files.closed.name]
     )
 
 
@@ -472,9 +474,9 @@ def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives
     # as on a full quota or a read-only mount.
     peer = Node("700", 1, 0, "701", "n" * 300)
     directory = node_lifecycle.make_dirs(m, peer)
-    (directory / control.LEASE).write_text("{}\n")  # task 0 started: its age needs the clock
+    ControlFiles(directory).lease.write_text("{}\n")  # task 0 started: its age needs the clock
     if closed:
-        (directory / control.CLOSED).write_text("{}\n")
+        ControlFiles(directory).closed.write_text("{}\n")
     polls = []
 
     def pause(seconds):  # no wall time between polls; and no endless loop

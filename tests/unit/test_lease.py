@@ -5,7 +5,7 @@ import pytest
 
 from bench import chains
 from nvrx_appliance import lease
-from nvrx_appliance.chain import ChainSpec, check
+from nvrx_appliance.settings.chain import ChainSpec, check
 from nvrx_appliance.workflows.demo import QUICK
 
 

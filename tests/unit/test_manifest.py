@@ -1,9 +1,11 @@
 """run.json: what the entrypoint refuses before it publishes anything."""
 
+import json
+
 import pytest
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec
 
 
 def _good(tmp_path):
@@ -72,3 +74,48 @@ def test_unknown_settings_are_refused(tmp_path):
     data["spec"]["train_taks"] = 2
     with pytest.raises(manifest.ManifestError, match="train_taks"):
         manifest.parse(data)
+
+
+def test_the_modes_policy_is_decided_at_submit_and_read_back_from_run_json(tmp_path):
+    spec = ChainSpec(work_dir=str(tmp_path), mode="no-restart", max_no_progress_cycles=3)
+    saved = manifest.save(manifest.build(spec, created="2026-11-30T00:00:00Z", user="alice"))
+    written = json.loads(saved.read_text())["policy"]
+    assert written == {
+        "progress_file": str(tmp_path / "static_iteration.txt"),
+        "progress_frozen": True,
+        "max_no_progress_cycles": 1,
+        "faults_active": True,
+        "gpu_failure": None,
+    }
+    assert manifest.load(saved).policy.progress_file == written["progress_file"]
+
+
+def test_the_entrypoint_obeys_the_written_policy_not_the_mode(tmp_path):
+    # The policy is a value in run.json: a reader never re-derives it from the mode.
+    path = manifest.save(_good(tmp_path))
+    data = json.loads(path.read_text())
+    data["policy"]["max_no_progress_cycles"] = 7
+    path.write_text(json.dumps(data))
+    assert manifest.load(path).policy.max_no_progress_cycles == 7
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [None, {}, {"progress_file": "x"}, "train"],
+)
+def test_a_manifest_without_a_well_formed_policy_is_refused(tmp_path, policy):
+    path = manifest.save(_good(tmp_path))
+    data = json.loads(path.read_text())
+    data["policy"] = policy
+    path.write_text(json.dumps(data))
+    with pytest.raises(manifest.ManifestError, match="policy"):
+        manifest.load(path)
+
+
+def test_a_policy_field_of_the_wrong_type_is_named(tmp_path):
+    path = manifest.save(_good(tmp_path))
+    data = json.loads(path.read_text())
+    data["policy"]["max_no_progress_cycles"] = True
+    path.write_text(json.dumps(data))
+    with pytest.raises(manifest.ManifestError, match="max_no_progress_cycles"):
+        manifest.load(path)

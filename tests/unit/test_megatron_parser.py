@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance import workload_args
-from nvrx_appliance.chain import ChainSpec, check
 from nvrx_appliance.entrypoints import env, workloads
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.image.pins import load
 from nvrx_appliance.manifest import Manifest, build
+from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings.chain import ChainSpec, check
 
 HOPPER = 9  # the GPU architecture validate_args is told it runs on
 MEGATRON = Path(sys.prefix) / f"megatron-core-{load().megatron_core_version}"

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit
 
 WORK = "/shared/alice/run"
@@ -22,9 +22,7 @@ def _manifest(**over):
 
 
 def _script(m, extra=()):
-    return render.render(
-        m, template=submit.template_text(), teardown_py=submit.teardown_source(), extra=extra
-    )
+    return render.render(m, template=submit.template_text(), extra=extra)
 
 
 def _srun(m):
@@ -80,7 +78,7 @@ def test_a_generation_asks_for_the_whole_nodes_memory_as_the_reference_does():
 
 
 def test_a_memory_size_slurm_would_not_take_is_refused():
-    from nvrx_appliance.chain import ChainSpec, check
+    from nvrx_appliance.settings.chain import ChainSpec, check
 
     problems = check(ChainSpec(work_dir="/shared/x", mem="lots"))
     assert any(p.option == "--mem" and "not a Slurm memory size" in p.message for p in problems)
@@ -140,9 +138,10 @@ def test_every_rendered_script_is_valid_bash(runtime, tmp_path):
     assert subprocess.run(["bash", "-n", str(path)], capture_output=True).returncode == 0
 
 
-def test_the_script_is_self_contained_and_arms_the_trap_before_anything_can_fail():
+def test_the_script_is_thin_names_its_teardown_file_and_arms_the_trap_before_anything_can_fail():
     text = _script(_manifest())
-    assert "def decide(" in text  # the teardown travels inside the script
+    assert "def decide(" not in text  # the teardown is a file beside run.json, not inlined
+    assert f"TEARDOWN={WORK}/teardown.py" in text
     body = text[text.index("if [[ $TASK_ID == 0 ]]") :]
     assert body.splitlines()[3].strip() == "trap task0_teardown EXIT"
     assert "{{" not in text
@@ -185,6 +184,7 @@ def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_pa
         partition=f"gpu {HOSTILE}",
     )  # fmt: skip
     manifest.save(m)
+    submit.write_teardown(m.layout)
     script = tmp_path / "g.sbatch"
     script.write_text(_script(m, extra=(f"--comment={HOSTILE}",)))
     stand_ins, log, cwd = tmp_path / "slurm-stand-ins", tmp_path / "log", tmp_path / "cwd"

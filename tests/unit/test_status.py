@@ -12,6 +12,7 @@ from rich.console import Console
 
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
+from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.times import parse_time
@@ -257,8 +258,8 @@ def test_a_qualify_runs_own_record_is_shown_check_by_check():
 
 def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_record(tmp_path):
     from nvrx_appliance import manifest as run_manifest
-    from nvrx_appliance.chain import ChainSpec
     from nvrx_appliance.cli import cli
+    from nvrx_appliance.settings.chain import ChainSpec
 
     spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", image=IMAGE, runtime="pyxis",
                      job_name="qual")  # fmt: skip
@@ -268,7 +269,7 @@ def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_re
     )
     checks = [q.Check(name, True, "seen") for name in (q.CHECKPOINT_BEFORE_FAULT,
               q.RESUMED_EXACTLY, q.TRAINING_WENT_ON)]  # fmt: skip
-    (tmp_path / q.WORK_DIR_RECORD).write_text(json.dumps(_qualify_record(checks)))
+    Layout(tmp_path).qualification.write_text(json.dumps(_qualify_record(checks)))
     # No Slurm: status still shows the work dir's record, and fails (below).
     env = {"SLURM_CONF": str(tmp_path / "none.conf")}
     result = CliRunner().invoke(
@@ -352,7 +353,7 @@ def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, m
 
 def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path):
     from nvrx_appliance import manifest as run_manifest
-    from nvrx_appliance.chain import ChainSpec
+    from nvrx_appliance.settings.chain import ChainSpec
 
     spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", runtime="bare", job_name="odd")
     m = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="a")

@@ -2,8 +2,8 @@
 
 from pathlib import Path
 
-from nvrx_appliance.chain import flag, spec_fields
-from nvrx_appliance.slurm import knobs
+from nvrx_appliance.settings import knobs
+from nvrx_appliance.settings.chain import flag, spec_fields
 from nvrx_appliance.slurm.status import ChainView, CycleView, GenerationView
 from nvrx_appliance.workflows import demo_report
 
@@ -12,7 +12,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 def test_docs_knobs_md_is_generated_from_chain_py():
     assert (DOCS / "knobs.md").read_text() == knobs.markdown(), (
-        "regenerate with: python -m nvrx_appliance.slurm.knobs > docs/knobs.md"
+        "regenerate with: python -m nvrx_appliance.settings.knobs > docs/knobs.md"
     )
 
 

@@ -123,7 +123,7 @@ def test_something_else_where_the_record_should_be_counts_as_none(record):
 def test_run_json_carries_the_qualification_status_under_the_image_and_the_entrypoint_reads_it(
     tmp_path,
 ):
-    from nvrx_appliance.chain import ChainSpec
+    from nvrx_appliance.settings.chain import ChainSpec
 
     found = _assess(None)
     image = {**cpu_manifest(), qualification_status.KEY: found.to_json()}

@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit
 
 SBATCH = """#!/bin/sh

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.slurm import resolve
+from nvrx_appliance.settings import resolve
 
 CWD = "/shared/alice"
 PY = "/opt/venv/bin/python"

@@ -15,8 +15,8 @@ import subprocess
 import pytest
 
 from nvrx_appliance import manifest
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit, teardown
 
 
@@ -118,9 +118,8 @@ def _prepare(tmp_path, *, srun_exit, scancel_exit=0, python=None, ledger_lines=(
     (work / "chain.active").write_text("{}\n")
     (work / "chain.jsonl").write_text("".join(json.dumps(e) + "\n" for e in ledger_lines))
     script = work / "demo.sbatch"
-    script.write_text(
-        render.render(m, template=submit.template_text(), teardown_py=submit.teardown_source())
-    )
+    script.write_text(render.render(m, template=submit.template_text()))
+    submit.write_teardown(m.layout)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, var in (("srun", "SRUN_EXIT"), ("scancel", "SCANCEL_EXIT"), ("scontrol", "X")):
@@ -254,6 +253,25 @@ def test_a_run_json_others_can_write_does_not_steer_the_teardown(tmp_path):
     assert calls[-1] == "scancel --state=PENDING --user=alice 500"
 
 
+@pytest.mark.parametrize(
+    "spoil, why",
+    [
+        (lambda path: path.chmod(0o666), "writable by group or others (mode 666)"),
+        (lambda path: path.unlink(), "missing or not a regular file"),
+        (lambda path: path.parent.chmod(0o777), "writable by group or others (mode 777)"),
+    ],
+)
+def test_a_teardown_file_others_could_have_written_is_not_run(tmp_path, spoil, why):
+    # The planted teardown would record a ledger entry; the bash fallback records none.
+    script, work, env = _prepare(tmp_path, srun_exit=93)
+    spoil(work / "teardown.py")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls, ledger = _outcome(tmp_path, work)
+    assert done.returncode == 93
+    assert f"not running the teardown: {work}" in done.stderr and why in done.stderr
+    assert "scancel --state=PENDING --name=demo --user=alice" in calls and ledger == []
+
+
 def _oldest_python() -> str | None:
     """A Python 3.6 (RHEL 8's python3), if this machine has one; its real path."""
     probe = "import sys; assert sys.version_info[:2] == (3, 6); print(sys.executable)"
@@ -285,7 +303,6 @@ def test_every_slurm_call_of_the_batch_script_is_bounded_by_a_timeout():
     text = render.render(
         manifest.build(ChainSpec(work_dir="/shared/w", workload="cpu"), created="c", user="a"),
         template=submit.template_text(),
-        teardown_py="",
     )
     bounded = 'timeout "$SLURM_CALL_TIMEOUT" '
     pattern = r"(?:^\s*|\$\()((?:" + re.escape(bounded) + r")?(?:scancel|scontrol|squeue|sacct))\b"

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance import __version__, manifest
-from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.watch import detectors, persistence, target
 from nvrx_appliance.watch import main as watch_main
 from nvrx_appliance.watch.config import Settings, Thresholds

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.chain import ChainSpec
 from nvrx_appliance.entrypoints.workloads import cpu, megatron, program_argv, workload_argv
 from nvrx_appliance.entrypoints.workloads.common import DEFAULT_TRAIN_SAMPLES
 from nvrx_appliance.manifest import Manifest, build
+from nvrx_appliance.settings.chain import ChainSpec
 
 PY = "/opt/venv/bin/python"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from nvrx_appliance.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec
 
 # The seeds' --train-samples: far more than one generation can train, so a generation
 # ends by its time limit, the exit duration or a fault, never by running out of samples.

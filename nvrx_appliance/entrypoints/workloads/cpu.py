@@ -21,7 +21,6 @@ import os
 import sys
 from pathlib import Path
 
-from nvrx_appliance.chain import faults_active
 from nvrx_appliance.entrypoints.workloads import faults
 from nvrx_appliance.entrypoints.workloads.common import train_samples
 from nvrx_appliance.entrypoints.workloads.launchenv import Rank
@@ -53,7 +52,7 @@ def program_argv(manifest: Manifest) -> list[str]:
     ]  # fmt: skip
     if spec.exit_duration_min:
         argv += ["--exit-duration-in-mins", str(spec.exit_duration_min)]
-    if faults_active(spec):
+    if manifest.policy.faults_active:
         argv += [
             "--fault-injector-ranks", spec.fault_ranks,
             "--fault-injector-fault-types", spec.fault_types,

@@ -13,10 +13,10 @@ the user's. Megatron needs GPUs; here its own parser checks these argvs
 
 from __future__ import annotations
 
-from nvrx_appliance import workload_args
-from nvrx_appliance.chain import effective_profile, faults_active
 from nvrx_appliance.entrypoints.workloads.common import train_samples
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings.chain import effective_profile
 
 SCRIPT = "pretrain_gpt.py"
 
@@ -49,11 +49,6 @@ PROFILES: dict[str, list[str]] = {
         "--recompute-granularity", "selective",
     ],
 }  # fmt: skip
-
-# Our fault kinds as Megatron's injector names them (NVRx's shared_utils Fault enum):
-# an asynchronous exception in the training thread, SIGKILL of the rank, and a thread
-# that takes the GIL and never lets go, so the step hangs until NVRx's section timeout.
-FAULT_TYPES = {"exception": "async_exc", "exit": "sigkill", "hang": "lock_gil"}
 
 _DATA = [
     "--mock-data",
@@ -129,13 +124,13 @@ def retention_args(save_interval: int, retention: int) -> list[str]:
 
 def fault_args(manifest: Manifest) -> list[str]:
     spec = manifest.spec
-    if not faults_active(spec):
+    if not manifest.policy.faults_active:
         return []
     kinds = [k for k in spec.fault_types.split(",") if k]
     return [
         "--fault-injector-ranks", spec.fault_ranks,
         "--fault-injector-fault-delay", str(spec.fault_delay),
-        "--fault-injector-fault-types", ",".join(FAULT_TYPES[k] for k in kinds),
+        "--fault-injector-fault-types", ",".join(workload_args.MEGATRON_FAULT_TYPES[k] for k in kinds),
     ]  # fmt: skip
 
 

@@ -8,7 +8,7 @@ any unambiguous prefix (--arr=0-63 is --array), so a prefix of an owned name cou
 
 from __future__ import annotations
 
-from nvrx_appliance.chain import control_character
+from nvrx_appliance.settings.chain import control_character
 
 # The options that make a generation a singleton job array of this chain (render.py).
 OWNED_LONG = ("array", "dependency", "requeue", "no-requeue", "job-name", "wrap")

@@ -34,6 +34,11 @@ OWNED_MEGATRON_PREFIXES: dict[str, str] = {
     "--fault-injector-": "the --fault-* settings (demo modes only)",
 }
 
+# Our fault kinds as Megatron's injector names them (NVRx's shared_utils Fault enum):
+# an asynchronous exception in the training thread, SIGKILL of the rank, and a thread
+# that takes the GIL and never lets go, so the step hangs until NVRx's section timeout.
+MEGATRON_FAULT_TYPES = {"exception": "async_exc", "exit": "sigkill", "hang": "lock_gil"}
+
 # Megatron flags whose values are paths the nodes must see. "prefixes": a blend list of
 # optional weights and dataset prefixes (PREFIX.bin and PREFIX.idx); "file"/"dir": must
 # exist; "output": written by the job, so only its mount is checked.

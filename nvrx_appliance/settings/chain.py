@@ -16,7 +16,8 @@ import unicodedata
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx_appliance import lease, workload_args
+from nvrx_appliance import lease
+from nvrx_appliance.settings import workload_args
 
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).

@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from nvrx_appliance import clihelp
-from nvrx_appliance.chain import (
+from nvrx_appliance.settings.chain import (
     MODES,
     PROFILES,
     RUNTIMES,

@@ -25,9 +25,14 @@ try:
 except ModuleNotFoundError:  # Python 3.10
     import tomli as tomllib
 
-from nvrx_appliance import workload_args
-from nvrx_appliance.chain import ChainSpec, effective_profile, effective_runtime, flag, spec_fields
-from nvrx_appliance.entrypoints.workloads.megatron import FAULT_TYPES as MEGATRON_FAULT_TYPES
+from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings.chain import (
+    ChainSpec,
+    effective_profile,
+    effective_runtime,
+    flag,
+    spec_fields,
+)
 
 # The seeds' environment names that do not map one to one onto a field.
 # NVRX_NO_RESTART_DEMO=1 is the seeds' default demo, =0 their hand-off demo.
@@ -45,7 +50,7 @@ SEED_NAMES = {
     "TRAIN_SAMPLES": "train_samples",
 }
 # The seeds name fault kinds as Megatron's injector does (async_exc); ours are plainer.
-_FAULT_KIND_OF = {megatron: ours for ours, megatron in MEGATRON_FAULT_TYPES.items()}
+_FAULT_KIND_OF = {megatron: ours for ours, megatron in workload_args.MEGATRON_FAULT_TYPES.items()}
 # The seeds turn segment-aware mode off with an explicitly empty NVRX_SEGMENT.
 _EMPTY_MEANS = {"segment": "off"}
 _TRUE = {"1", "true", "yes", "on"}

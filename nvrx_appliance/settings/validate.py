@@ -11,8 +11,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nvrx_appliance import ENTRYPOINT_PROTOCOL, workload_args
-from nvrx_appliance.chain import (
+from nvrx_appliance import ENTRYPOINT_PROTOCOL
+from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings.chain import (
     CONTAINER_RUNTIMES,
     ChainSpec,
     Problem,

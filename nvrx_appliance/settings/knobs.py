@@ -1,6 +1,6 @@
 """docs/knobs.md, generated from ChainSpec so the reference cannot drift from the code.
 
-    python -m nvrx_appliance.slurm.knobs > docs/knobs.md
+    python -m nvrx_appliance.settings.knobs > docs/knobs.md
 
 Pure apart from the print in __main__; a unit test compares the committed file.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from nvrx_appliance.chain import flag, spec_fields
-from nvrx_appliance.slurm.resolve import seed_names
+from nvrx_appliance.settings.chain import flag, spec_fields
+from nvrx_appliance.settings.resolve import seed_names
 
 # The first setting of each group in chain.py, and the group's heading.
 _GROUPS = {
@@ -24,7 +24,7 @@ _GROUPS = {
 
 _HEAD = """# Every knob of `nvrx-appliance submit`
 
-Generated from `nvrx_appliance/chain.py` by `python -m nvrx_appliance.slurm.knobs`;
+Generated from `nvrx_appliance/settings/chain.py` by `python -m nvrx_appliance.settings.knobs`;
 do not edit by hand.
 
 Each setting is read from the flag, else the environment variable (the seeds' names),
