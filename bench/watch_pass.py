@@ -32,9 +32,9 @@ from pathlib import Path
 
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import SlurmPlatform
 from nvrx_appliance.watch.target import cycle_glob
-from nvrx_appliance.watch.types import Run
 from nvrx_appliance.watch.watcher import Watcher
 
 GENERATIONS_ON_DISK = 100

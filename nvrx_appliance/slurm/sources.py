@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.image import qualification
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import workdir
 from nvrx_appliance.observe.slurm_output import AcctRow, ParseError

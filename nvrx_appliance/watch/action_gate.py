@@ -9,7 +9,7 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from nvrx_appliance.watch.types import RELEASE_SPARES, Action, Snapshot
+from nvrx_appliance.watch.findings import RELEASE_SPARES, Action, Snapshot
 
 
 def refusal(action: Action, snap: Snapshot, caller: str) -> str | None:

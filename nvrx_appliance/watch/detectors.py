@@ -23,7 +23,7 @@ from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.times import age_text
 from nvrx_appliance.observe.types import Cycle, Ending, Generation
 from nvrx_appliance.watch.config import Thresholds
-from nvrx_appliance.watch.types import (
+from nvrx_appliance.watch.findings import (
     CANCEL_GENERATION,
     CHECKPOINT,
     CRITICAL,

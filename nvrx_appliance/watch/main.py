@@ -34,8 +34,8 @@ from nvrx_appliance.watch.config import (
     parse_disable,
     thresholds_fields,
 )
+from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.types import Run
 from nvrx_appliance.watch.watcher import DEGRADED, Watcher
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"

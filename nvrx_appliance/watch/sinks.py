@@ -25,7 +25,7 @@ from nvrx_appliance import __version__
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.jsondoc import iso_utc
 from nvrx_appliance.watch import detectors
-from nvrx_appliance.watch.types import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
+from nvrx_appliance.watch.findings import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes
 USER_AGENT = f"nvrx-watch/{__version__}"

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from nvrx_appliance.manifest import Layout, ManifestError, load
 from nvrx_appliance.watch import readers, script
+from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.types import Run
 
 
 class ResolveError(Exception):

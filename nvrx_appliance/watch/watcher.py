@@ -20,9 +20,7 @@ from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe.types import Checkpoint
 from nvrx_appliance.watch import action_gate, detectors, persistence, readers, sinks
 from nvrx_appliance.watch.config import Settings, Thresholds
-from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.readers import CycleReader, CycleScan, ReadError
-from nvrx_appliance.watch.types import (
+from nvrx_appliance.watch.findings import (
     CHECKPOINT,
     CRITICAL,
     CYCLES,
@@ -39,6 +37,8 @@ from nvrx_appliance.watch.types import (
     Snapshot,
     SourceStatus,
 )
+from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.readers import CycleReader, CycleScan, ReadError
 
 CLEAN, DEGRADED, CRITICAL_EXIT = 0, 1, 2
 ALERT_MEMORY = 7 * 24 * 3600.0  # forget sends older than a week: the state file stays small

@@ -28,7 +28,7 @@ from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import flag
 from nvrx_appliance.slurm import sources
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.workflows import chain, demo_report
+from nvrx_appliance.workflows import demo_report, submission
 
 # Timeouts sized for a local cluster on a couple of cores, where a lost node should cost
 # seconds: the production defaults (minutes) suit real clusters and container starts.
@@ -84,7 +84,7 @@ def _submit(work: Path, name: str, user: str, say) -> list[str]:
     say("[2/4] nvrx-appliance submit " + " ".join(cli_flags(settings)))
     resolved = resolve.resolve(settings, os.environ, {}, cwd=os.getcwd(), python=sys.executable)
     try:
-        job_ids = chain.submit_resolved(resolved, user=user).job_ids
+        job_ids = submission.submit_resolved(resolved, user=user).job_ids
     except submitting.Refused as exc:
         raise click.ClickException(f"submit refused: {exc}") from None
     except submitting.SubmitFailed as exc:

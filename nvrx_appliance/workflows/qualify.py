@@ -38,7 +38,7 @@ from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.options import chain_options
 from nvrx_appliance.slurm import cancel, commands
 from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.workflows import chain
+from nvrx_appliance.workflows import submission
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
 DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
@@ -195,7 +195,7 @@ def qualify_command(
     user = slurmcli.current_user()
     started = _now()
     try:
-        done = chain.submit_resolved(resolved, user=user, extra=extra, vet=_image_file_only)
+        done = submission.submit_resolved(resolved, user=user, extra=extra, vet=_image_file_only)
     except submitting.Refused as exc:
         for problem in exc.problems:
             click.echo(f"{QUALIFY}: {problem}", err=True)

@@ -91,7 +91,7 @@ def violations(root: Path = SOURCE) -> list[str]:
 
 
 def test_the_rules_refuse_sideways_and_upward_imports_and_allow_downward_ones():
-    assert violation("nvrx_appliance.slurm.status", "nvrx_appliance.watch.types")
+    assert violation("nvrx_appliance.slurm.status", "nvrx_appliance.watch.findings")
     assert violation("nvrx_appliance.slurm.submit", "nvrx_appliance.entrypoints.control")
     assert violation("nvrx_appliance.observe.slurm", "nvrx_appliance.workflows.demo")
     assert violation("nvrx_appliance.settings.resolve", "nvrx_appliance.observe.types")

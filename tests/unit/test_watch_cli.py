@@ -18,10 +18,10 @@ from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.watch import detectors, persistence, target
 from nvrx_appliance.watch import main as watch_main
 from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.main import build, watch
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.readers import CycleReader
-from nvrx_appliance.watch.types import Run
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
 

@@ -11,7 +11,7 @@ from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry, Task
 from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.config import Thresholds
-from nvrx_appliance.watch.types import (
+from nvrx_appliance.watch.findings import (
     CANCEL_GENERATION,
     CHECKPOINT,
     CRITICAL,

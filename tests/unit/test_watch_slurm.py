@@ -17,8 +17,7 @@ from nvrx_appliance.observe.slurm_output import CHAIN_TASKS, ENDINGS, IDENTITY
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.config import Settings, Thresholds
-from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.types import (
+from nvrx_appliance.watch.findings import (
     CRITICAL,
     FOLLOW_UP,
     OBSERVED,
@@ -28,6 +27,7 @@ from nvrx_appliance.watch.types import (
     Snapshot,
     SourceStatus,
 )
+from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.watcher import PassResult, Watcher
 
 RECORDED = Path(__file__).parent / "fixtures" / "watch" / "slurm"

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from nvrx_appliance.slurm import resolve
+from nvrx_appliance.settings import resolve
 from nvrx_appliance.slurm import submit as submitting
 
 
