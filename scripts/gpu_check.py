@@ -43,6 +43,7 @@ def plan(work: Path, megatron: str, mode: str, gpus: int):
     from nvrx_appliance import manifest
     from nvrx_appliance.entrypoints import control, env, launch, workloads
     from nvrx_appliance.entrypoints.node import Node
+    from nvrx_appliance.settings import program_argv
     from nvrx_appliance.settings.chain import ChainSpec, check
 
     transformer = [] if _has("transformer_engine") else ["--transformer-impl", "local"]
@@ -56,7 +57,7 @@ def plan(work: Path, megatron: str, mode: str, gpus: int):
     problems = check(spec)
     if problems:
         raise SystemExit(f"gpu-check: {problems[0]}")
-    m = workloads.complete(manifest.build(spec, created="gpu-check", user="root"))
+    m = program_argv.complete(manifest.build(spec, created="gpu-check", user="root"))
     manifest.save(m)
     node = Node(array_job_id=mode, task_id=0, node_id=0, job_id=mode, hostname="localhost")
     record = control.Record(

@@ -599,3 +599,13 @@ def from_dict(data: dict[str, Any]) -> ChainSpec:
     if unknown:
         raise ValueError(f"unknown chain settings: {', '.join(unknown)}")
     return ChainSpec(**data)
+
+
+# The seeds' --train-samples: far more than one generation can train, so a generation
+# ends by its time limit, the exit duration or a fault, never by running out of samples.
+DEFAULT_TRAIN_SAMPLES = 10_485_760
+
+
+def train_samples(spec: ChainSpec) -> int:
+    """What every workload is told to train for (the cpu trainer and Megatron agree)."""
+    return spec.train_samples or DEFAULT_TRAIN_SAMPLES

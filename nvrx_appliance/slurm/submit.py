@@ -16,11 +16,11 @@ from importlib.resources import files
 from pathlib import Path
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.entrypoints import workloads
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
+from nvrx_appliance.settings import program_argv
 from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, judge
@@ -131,7 +131,7 @@ def plan(
         if found is None
         else {**facts.image_manifest, qualification_status.KEY: found.to_json()}
     )
-    manifest = workloads.complete(
+    manifest = program_argv.complete(
         run_manifest.build(spec, created=now_iso(), user=user, image=image)
     )
     script = render.render(manifest, template=template_text(), extra=extra)

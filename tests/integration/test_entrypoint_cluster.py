@@ -21,8 +21,9 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.entrypoints import control, controldir, workloads
+from nvrx_appliance.entrypoints import control, controldir
 from nvrx_appliance.manifest import ControlFiles
+from nvrx_appliance.settings import program_argv
 from nvrx_appliance.settings.chain import ChainSpec
 
 from .conftest import Cluster
@@ -68,7 +69,7 @@ def generation(cluster: Cluster, name: str, **settings) -> tuple[Path, Path]:
         **settings,
     )
     built = manifest.build(spec, created=CHAIN, user="root")
-    run_json = manifest.save(workloads.complete(built))
+    run_json = manifest.save(program_argv.complete(built))
     script = work / "generation.sbatch"
     script.write_text(SBATCH.format(entrypoint=ENTRYPOINT, run_json=run_json, work=work))
     return work, script

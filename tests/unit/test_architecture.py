@@ -10,8 +10,6 @@ import ast
 from collections import Counter
 from pathlib import Path
 
-import pytest
-
 PACKAGE = "nvrx_appliance"
 SOURCE = Path(__file__).resolve().parents[2] / PACKAGE
 
@@ -19,12 +17,12 @@ SOURCE = Path(__file__).resolve().parents[2] / PACKAGE
 LAYERS = {
     "settings": 1,
     "observe": 2,
-    "slurm": 3,
     "image": 3,
-    "entrypoints": 3,
-    "watch": 3,
-    "devcluster": 3,
-    "workflows": 4,
+    "slurm": 4,
+    "entrypoints": 4,
+    "watch": 4,
+    "devcluster": 4,
+    "workflows": 5,
 }
 TOP = {"cli", "api"}  # the click group and the Python API may import any layer
 VOCABULARY = 0  # the other top-level modules: manifest, files, exitcodes, ...
@@ -115,7 +113,6 @@ def test_an_import_inside_a_function_counts_too(tmp_path):
     ]
 
 
-@pytest.mark.xfail(reason="until arch-observe and arch-settings merge", strict=False)
 def test_no_package_imports_one_beside_or_above_it():
     assert violations() == []
 

@@ -22,10 +22,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nvrx_appliance.entrypoints.workloads import cpu, program_argv, workload_argv
+from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.manifest import Manifest, build
 from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.program_argv import program_argv
 
 FT_LAUNCHER = Path(sys.executable).parent / "ft_launcher"
 NPROC = 2

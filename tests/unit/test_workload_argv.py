@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.entrypoints.workloads import cpu, megatron, program_argv, workload_argv
-from nvrx_appliance.entrypoints.workloads.common import DEFAULT_TRAIN_SAMPLES
+from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.manifest import Manifest, build
-from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings import megatron_argv
+from nvrx_appliance.settings.chain import DEFAULT_TRAIN_SAMPLES, ChainSpec
+from nvrx_appliance.settings.program_argv import cpu_program_argv, program_argv
 
 PY = "/opt/venv/bin/python"
 
@@ -189,10 +190,12 @@ def test_cpu_argv_is_accepted_by_the_trainer_for_the_manifest_world(mode):
 # --- dispatch ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("workload", "builder"), [("cpu", cpu), ("megatron", megatron)])
+@pytest.mark.parametrize(
+    ("workload", "builder"), [("cpu", cpu_program_argv), ("megatron", megatron_argv.program_argv)]
+)
 def test_dispatcher_picks_the_spec_workload(workload, builder):
     m = manifest(workload=workload)
-    assert program_argv(m) == builder.program_argv(m)
+    assert program_argv(m) == builder(m)
 
 
 def test_default_interpreter_is_the_one_running_the_entrypoint():

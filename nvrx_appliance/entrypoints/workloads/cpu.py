@@ -9,8 +9,8 @@ state and data position, latest_checkpointed_iteration.txt moved only after a
 checkpoint is complete, resume from it; NVRx setup/step/checkpointing sections; and
 Megatron-named fault-injector flags with this trainer's own kinds (faults.py).
 
-This module holds the command line and the argv the entrypoint runs; importing it
-does not import torch.
+This module holds the command line (settings/program_argv.py, the argv submit gives it);
+importing it does not import torch.
 """
 
 from __future__ import annotations
@@ -22,44 +22,8 @@ import sys
 from pathlib import Path
 
 from nvrx_appliance.entrypoints.workloads import faults
-from nvrx_appliance.entrypoints.workloads.common import train_samples
 from nvrx_appliance.entrypoints.workloads.launchenv import Rank
-from nvrx_appliance.manifest import Manifest
-
-MODULE = "nvrx_appliance.entrypoints.workloads.cpu"
-
-# The spec's faults hit only the first cycle of a generation, so the cycle after the
-# in-job restart trains on and reaches the next checkpoint.
-FAULT_CYCLES = 1
-# A step event and log line every 10 iterations (a fraction of a second on two CPU
-# cores) shows progress without growing the progress log by megabytes an hour.
-LOG_INTERVAL = 10
-
-
-def program_argv(manifest: Manifest) -> list[str]:
-    spec, layout = manifest.spec, manifest.layout
-    argv = [
-        "-m", MODULE,
-        "--save", str(layout.checkpoints),
-        "--load", str(layout.checkpoints),
-        "--save-interval", str(spec.save_interval),
-        "--save-retention", str(spec.save_retention),
-        "--micro-batch-size", str(spec.micro_batch),
-        "--global-batch-size", str(manifest.shape.global_batch),
-        "--train-samples", str(train_samples(spec)),
-        "--progress-log", str(layout.progress_log),
-        "--log-interval", str(LOG_INTERVAL),
-    ]  # fmt: skip
-    if spec.exit_duration_min:
-        argv += ["--exit-duration-in-mins", str(spec.exit_duration_min)]
-    if manifest.policy.faults_active:
-        argv += [
-            "--fault-injector-ranks", spec.fault_ranks,
-            "--fault-injector-fault-types", spec.fault_types,
-            "--fault-injector-fault-delay", str(spec.fault_delay),
-            "--fault-injector-cycles", str(FAULT_CYCLES),
-        ]  # fmt: skip
-    return argv
+from nvrx_appliance.settings.program_argv import CPU_MODULE as MODULE
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,10 +13,13 @@ the user's. Megatron needs GPUs; here its own parser checks these argvs
 
 from __future__ import annotations
 
-from nvrx_appliance.entrypoints.workloads.common import train_samples
-from nvrx_appliance.manifest import Manifest
+from typing import TYPE_CHECKING
+
 from nvrx_appliance.settings import workload_args
-from nvrx_appliance.settings.chain import effective_profile
+from nvrx_appliance.settings.chain import effective_profile, train_samples
+
+if TYPE_CHECKING:  # manifest.py holds a ChainSpec: only its type is needed here
+    from nvrx_appliance.manifest import Manifest
 
 SCRIPT = "pretrain_gpt.py"
 
