@@ -24,7 +24,17 @@ PY
 MEGATRON_CORE_DIR="$VENV/megatron-core-$MEGATRON_CORE_VERSION"
 stamp="$VENV/.deps-$NVRX_VERSION-torch-$TORCH_VERSION-mcore-$MEGATRON_CORE_VERSION"
 
+# The package's own metadata (console scripts, dependencies) as installed: a checkout
+# whose pyproject.toml changed must reinstall it, or a renamed entry point stays stale.
+project_stamp="$VENV/.project-$(sha256sum pyproject.toml | cut -c1-16)"
+
 if [ -f "$stamp" ] && "$VENV/bin/python" -c 'import nvrx_appliance, torch, nvidia_resiliency_ext' 2>/dev/null; then
+  if [ ! -f "$project_stamp" ]; then
+    echo "install-python-deps: pyproject.toml changed: reinstalling nvrx-appliance (editable)"
+    "$VENV/bin/python" -m pip --quiet --disable-pip-version-check install -e '.[dev,apptainer]'
+    rm -f "$VENV"/.project-*
+    touch "$project_stamp"
+  fi
   echo "install-python-deps: $VENV is up to date"
   exit 0
 fi
@@ -64,3 +74,5 @@ import nvidia_resiliency_ext.fault_tolerance  # noqa: F401  (imports cleanly on 
 print(f"install-python-deps: NVRx {v}, torch {md.version('torch')}")
 PY
 touch "$stamp"
+rm -f "$VENV"/.project-*
+touch "$project_stamp"
