@@ -14,7 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.devcluster.poll import Timeout, wait_until
 from nvrx_appliance.observe.workdir import json_lines as read_jsonl
 from nvrx_appliance.workflows.demo import QUICK, cli_flags
 
@@ -97,7 +97,11 @@ def wait_ledger(work: Path, count: int, timeout: float) -> list[dict[str, Any]]:
         rows = ledger(work)
         return rows if len(rows) >= count else None
 
-    return wait_until(enough, timeout, f"{count} ledger entr(ies) in {work}", 1.0)
+    try:
+        return wait_until(enough, timeout, f"{count} ledger entr(ies) in {work}", 1.0)
+    except Timeout as exc:
+        # The work dir goes with the cluster: what it says must reach the report now.
+        raise Timeout(f"{exc}\nledger: {ledger(work)}\n{logs_on_failure(work)}") from None
 
 
 def wait_event(work: Path, predicate, timeout: float, what: str) -> dict[str, Any]:
@@ -118,4 +122,6 @@ def logs_on_failure(work: Path) -> str:
     parts = []
     for path in sorted((work / "logs").glob("slurm-*.out")):
         parts.append(f"==== {path.name}\n{path.read_text()[-3000:]}")
+    for path in sorted((work / "nvrx").glob("*/logs/ft_launcher.log")):
+        parts.append(f"==== {path.relative_to(work)}\n{path.read_text()[-3000:]}")
     return "\n".join(parts)
