@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from nvrx_appliance.entrypoints.gate import Leave
 
@@ -87,6 +88,13 @@ class _Probe:
             self._idle.set()
 
 
+def _running(proc) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def _descendants(pid: int) -> list:
     if psutil is None:
         return []
@@ -148,11 +156,15 @@ class Supervisor:
         assert self.child is not None
         probe = _Probe(self.check)
         reported = False
+        tree: dict[int, Any] = {}  # what ft_launcher has started, as last seen
         while True:
             try:
-                return Outcome(exit_code(self.child.wait(timeout=self.poll)), None)
+                code = exit_code(self.child.wait(timeout=self.poll))
             except subprocess.TimeoutExpired:
-                pass
+                tree.update((p.pid, p) for p in _descendants(self.child.pid))
+            else:
+                self._end_leftovers(list(tree.values()))
+                return Outcome(code, None)
             verdict = self.urgent() if self.urgent is not None else None
             if verdict is None:
                 result = probe.result(wait=self.poll)
@@ -172,6 +184,25 @@ class Supervisor:
                 self.log(verdict.message)
                 self._stop()
                 return Outcome(verdict.exit_code, verdict)
+
+    def _end_leftovers(self, tree: list) -> None:
+        """ft_launcher has exited on its own: whatever it started in a session of its own
+        (its log server, say) must not outlive it, or it holds its port into the next
+        generation on this node, which then talks to it. TERM, then KILL after the grace.
+        is_running() checks the start time, so a reused pid is never signalled."""
+        alive = [p for p in tree if _running(p)]
+        if not alive:
+            return
+        self.log(f"ft_launcher left {len(alive)} process(es) running; stopping them")
+        for proc in alive:
+            with contextlib.suppress(Exception):
+                proc.terminate()
+        if psutil is None:
+            return
+        _, still = psutil.wait_procs(alive, timeout=self.grace)
+        for proc in still:
+            with contextlib.suppress(Exception):
+                proc.kill()
 
     def _stop(self) -> None:
         """TERM, then KILL after the grace; then nothing it started may outlive it."""

@@ -122,6 +122,8 @@ def logs_on_failure(work: Path) -> str:
     parts = []
     for path in sorted((work / "logs").glob("slurm-*.out")):
         parts.append(f"==== {path.name}\n{path.read_text()[-3000:]}")
+    for path in sorted((work / "logs").glob("*_cycle*.log")):
+        parts.append(f"==== {path.name}\n{path.read_text()[-3000:]}")
     for path in sorted((work / "nvrx").glob("*/logs/ft_launcher.log")):
         parts.append(f"==== {path.relative_to(work)}\n{path.read_text()[-3000:]}")
     return "\n".join(parts)

@@ -231,3 +231,27 @@ def test_task_0_fences_itself_while_a_control_dir_read_hangs(tmp_path):
     assert outcome.exit_code == exitcodes.SELF_FENCED
     assert gone(int(pid_file.read_text()))
     assert any("has not refreshed its liveness lease" in line for line in lines)
+
+
+def test_what_ft_launcher_leaves_running_when_it_exits_is_stopped(tmp_path):
+    # NVRx's log server runs in a session of its own: left behind, it would hold its port
+    # into the next generation on this node, whose workers would then stream to it.
+    leftover = tmp_path / "leftover.pid"
+    proc = supervise(
+        tmp_path,
+        f"""
+        import subprocess, time
+        from pathlib import Path
+        server = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        Path({str(leftover)!r}).write_text(str(server.pid))
+        time.sleep(1.0)  # a poll or more of the supervisor sees it running
+        """,
+    )
+    assert proc.wait(timeout=60) == 0  # ft_launcher's own exit code, untouched
+    pid = int(leftover.read_text())
+    try:
+        assert gone(pid)
+        assert "left 1 process(es) running" in proc.stderr.read()
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)
