@@ -186,21 +186,16 @@ class Supervisor:
                 return Outcome(verdict.exit_code, verdict)
 
     def _end_leftovers(self, tree: list) -> None:
-        """ft_launcher has exited on its own: whatever it started in a session of its own
-        (its log server, say) must not outlive it, or it holds its port into the next
-        generation on this node, which then talks to it. TERM, then KILL after the grace.
-        is_running() checks the start time, so a reused pid is never signalled."""
+        """ft_launcher has exited on its own, after its own graceful shutdown: whatever it
+        started and left running (in a session of its own, out of reach of Slurm's
+        process-group kill) must not outlive it into the next generation on this node.
+        KILL at once: waiting here would hold the generation's end. is_running() checks
+        the start time, so a reused pid is never signalled."""
         alive = [p for p in tree if _running(p)]
         if not alive:
             return
-        self.log(f"ft_launcher left {len(alive)} process(es) running; stopping them")
+        self.log(f"ft_launcher left {len(alive)} process(es) running; killing them")
         for proc in alive:
-            with contextlib.suppress(Exception):
-                proc.terminate()
-        if psutil is None:
-            return
-        _, still = psutil.wait_procs(alive, timeout=self.grace)
-        for proc in still:
             with contextlib.suppress(Exception):
                 proc.kill()
 

@@ -250,7 +250,7 @@ def test_what_ft_launcher_leaves_running_when_it_exits_is_stopped(tmp_path):
     assert proc.wait(timeout=60) == 0  # ft_launcher's own exit code, untouched
     pid = int(leftover.read_text())
     try:
-        assert gone(pid)
+        wait_for(lambda: gone(pid), 10, "the leftover to be killed")
         assert "left 1 process(es) running" in proc.stderr.read()
     finally:
         if not gone(pid):
