@@ -195,9 +195,16 @@ class Supervisor:
         if not alive:
             return
         self.log(f"ft_launcher left {len(alive)} process(es) running; killing them")
-        for proc in alive:
-            with contextlib.suppress(Exception):
-                proc.kill()
+        self._kill(alive)
+
+    @staticmethod
+    def _kill(procs: list) -> None:
+        """SIGKILL each one still running (is_running() checks the start time, so a
+        reused pid is never signalled)."""
+        for proc in procs:
+            if _running(proc):
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
 
     def _stop(self) -> None:
         """TERM, then KILL after the grace; then nothing it started may outlive it."""
@@ -213,12 +220,7 @@ class Supervisor:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
         # Workers run in sessions of their own, so no group signal reaches them.
-        for proc in tree:
-            try:
-                if proc.is_running():
-                    proc.kill()
-            except psutil.Error:
-                pass
+        self._kill(tree)
         try:
             child.wait(timeout=REAP_S)
         except subprocess.TimeoutExpired:
