@@ -52,13 +52,37 @@ def timeline(marks: Sequence[Mark]) -> dict[str, Any]:
     }
 
 
+# The cpu trainer's start event says when each step of its setup ended (rank 0's
+# process): they split "worker start" where the event has them.
+WORKER_SETUP = (
+    ("launched", "trainer's main() began", "spawn + interpreter"),
+    ("imported", "torch imported", "import torch"),
+    ("joined", "process group joined", "join the process group"),
+    ("built", "model built", "build the model"),
+)
+
+
+def _worker_setup(resumed: dict, restore_began: float) -> list[Mark]:
+    setup = resumed.get("setup") or {}
+    marks, last = [], float("-inf")
+    for key, name, phase in WORKER_SETUP:
+        at = setup.get(key)
+        if at is None or not last <= at <= restore_began:
+            return []  # an older trainer, or clocks that disagree: keep one phase
+        marks.append(Mark(name, at, f"progress log: start.setup.{key}", phase=phase))
+        last = at
+    return marks
+
+
 def _resumed(reads: tuple[float, float], resumed: dict, first_step: dict) -> list[Mark]:
     """The workload's part of any recovery: its processes start, read the checkpoint,
     and take a step."""
+    setup = _worker_setup(resumed, reads[0])
     return [
+        *setup,
         Mark(
             "restore began", reads[0], "checkpoint files' first access time",
-            phase="worker start",
+            phase="restore setup" if setup else "worker start",
         ),
         Mark("training resumed", resumed["time"], "progress log: start", phase=RESTORE),
         Mark("first step", first_step["time"], "progress log: step", phase="first step"),

@@ -229,6 +229,29 @@ def test_in_job_restart_from_the_fault_to_the_next_cycles_first_step():
     assert sample["cycle"] == 3
 
 
+def test_the_trainers_setup_times_split_the_worker_start():
+    setup = {"launched": 503.1, "imported": 504.5, "joined": 505.0, "built": 505.8}
+    resumed = {"event": "start", "time": 506.3, "host": "node1", "setup": setup}
+    phases = extract.restart_sample(restart_seen(resumed=resumed))["phases"]
+    assert "worker start" not in phases
+    assert {k: phases[k] for k in list(phases)[4:9]} == {
+        "spawn + interpreter": pytest.approx(0.1),
+        "import torch": pytest.approx(1.4),
+        "join the process group": pytest.approx(0.5),
+        "build the model": pytest.approx(0.8),
+        "restore setup": pytest.approx(0.2),
+    }
+
+
+def test_setup_times_out_of_order_keep_the_worker_start_whole():
+    # a trainer clock that disagrees with the checkpoint's access time: no split is
+    # better than a negative phase
+    setup = {"launched": 503.1, "imported": 504.5, "joined": 505.0, "built": 506.5}
+    resumed = {"event": "start", "time": 506.3, "host": "node1", "setup": setup}
+    phases = extract.restart_sample(restart_seen(resumed=resumed))["phases"]
+    assert phases["worker start"] == pytest.approx(3.0)
+
+
 def test_an_in_job_restart_without_nvrxs_log_is_dropped_naming_it():
     with pytest.raises(extract.Incomplete, match="failure_detected, worker_terminated"):
         extract.restart_sample(restart_seen(nvrx=[]))

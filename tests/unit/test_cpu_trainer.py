@@ -116,6 +116,15 @@ def fresh(tmp_path_factory) -> Run:
     return run
 
 
+def test_the_start_event_says_when_each_step_of_the_setup_ended(fresh):
+    # bench/extract.py splits a recovery's worker start with these
+    start = fresh.of("start")[0]
+    setup = start["setup"]
+    order = [setup["launched"], setup["imported"], setup["joined"], setup["built"], start["time"]]
+    assert order == sorted(order)
+    assert setup["imported"] - setup["launched"] > 0  # torch's import is not free
+
+
 def test_fresh_run_reaches_a_complete_checkpoint_and_tracker(fresh):
     assert fresh.of("start")[0]["iteration"] == 0
     assert fresh.of("done")[0]["iteration"] == 20

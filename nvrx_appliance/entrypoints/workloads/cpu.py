@@ -19,6 +19,7 @@ import argparse
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 from nvrx_appliance.entrypoints.workloads import faults
@@ -113,6 +114,7 @@ def resolve(args: argparse.Namespace, world: int) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    launched = time.time()
     parser = build_parser()
     args = parser.parse_args(argv)
     me = Rank.from_env(os.environ)
@@ -131,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch is imported only now, so a bad flag is refused in a fraction of a second.
     from nvrx_appliance.entrypoints.workloads.trainer import run
 
-    return run(args, me, plan)
+    return run(args, me, plan, launched=launched)
 
 
 if __name__ == "__main__":

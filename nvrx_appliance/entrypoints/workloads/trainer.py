@@ -54,17 +54,24 @@ class Job:
     log: ProgressLog
 
 
-def run(args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None) -> int:
+def run(
+    args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None, launched: float | None = None
+) -> int:
+    """`launched`: the wall time the process began, before torch was imported."""
     started = time.monotonic()
+    # The start event carries when each step of the setup ended, so a benchmark can tell
+    # the process's start and torch's import from joining the process group and building.
+    setup = {"launched": launched, "imported": time.time()}
     sections = Sections()
     sections.start(SETUP)
-    job = _build(args, me, sections)
+    job = _build(args, me, sections, setup)
     _resume(job)
     job.log.emit(
         "start", iteration=job.pos.iteration, host=socket.gethostname(), world_size=me.world,
         consumed_samples=job.pos.consumed_samples,
         optimizer_step=_optimizer_step(job.optimizer), backend=dist.get_backend(),
         monitored=sections.monitored,
+        setup={k: round(v, 3) for k, v in setup.items() if v is not None},
     )  # fmt: skip
     sections.end(SETUP)
     _train(job, faults.fault_for(plan, me.rank, me.cycle), plan, started)
@@ -76,8 +83,11 @@ def run(args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None) -> in
     return 0
 
 
-def _build(args: argparse.Namespace, me: Rank, sections: Sections) -> Job:
+def _build(
+    args: argparse.Namespace, me: Rank, sections: Sections, setup: dict[str, float | None]
+) -> Job:
     device = _init_distributed(me)
+    setup["joined"] = time.time()
     torch.manual_seed(args.seed)
     model = TinyGPT(
         args.vocab_size, args.seq_length, args.hidden_size, args.num_layers,
@@ -86,6 +96,7 @@ def _build(args: argparse.Namespace, me: Rank, sections: Sections) -> Job:
     ddp = DistributedDataParallel(model, device_ids=[me.local] if device.type == "cuda" else None)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     log = _progress_log(args.progress_log if me.rank == 0 else None, me)
+    setup["built"] = time.time()
     return Job(args, me, device, model, ddp, optimizer, Position(), sections, log)
 
 
