@@ -63,7 +63,7 @@ def one(h: Harness, work, gen: str, successor: str, fault=node_death) -> dict:
         resumed=resumed,
         first_step=step,
         first_cold=chains.TRAIN_TASKS + chains.HOT_SPARES,
-        nvrx=h.nvrx_events(work, successor),
+        nvrx=h.nvrx_events_with(work, successor, [("rendezvous_started", 0, resumed["host"])]),
         dead_closed=h.mtime(layout.control_files(gen).closed),
     )
     return extract.handoff_sample(seen)

@@ -23,11 +23,14 @@ from typing import Any, TypeVar
 from bench import timing
 from bench.chains import ARRAY_SIZE, START_TIMEOUT_S
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.devcluster.poll import Timeout, wait_until
 from nvrx_appliance.entrypoints.launch import nvrx_logfile
 from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.manifest import Layout
 from nvrx_appliance.observe import slurm_output, slurmcli, workdir
+
+# How long a sample waits for NVRx's log to catch up (see Harness.nvrx_events_with).
+NVRX_LOG_LAG_S = 30.0
 
 T = TypeVar("T")
 CLI = str(Path(sys.executable).parent / "nvrx-appliance")
@@ -255,6 +258,25 @@ class Harness:
         """NVRx's profiling events from a generation's ft_launcher log."""
         path = nvrx_logfile(run_manifest.load(Layout(work).run_json), array_job_id)
         return timing.nvrx_events(path.read_text(errors="replace")) if path.exists() else []
+
+    def nvrx_events_with(
+        self, work: Path, array_job_id: str, needed: Sequence[tuple[str, int, str]]
+    ) -> list[timing.NvrxEvent]:
+        """The generation's NVRx events once every (event, cycle, host) in `needed` is
+        there, or as they are after NVRX_LOG_LAG_S (the sample then names what is
+        missing). Each launcher's lines reach the shared log through NVRx's log server,
+        which its client dials once a second until it answers: a launcher that started
+        a few seconds ago may have trained already while its lines are still queued."""
+
+        def complete() -> list[timing.NvrxEvent] | None:
+            events = self.nvrx_events(work, array_job_id)
+            have = {(e.event, e.cycle, e.host) for e in events}
+            return events if all(n in have for n in needed) else None
+
+        try:
+            return self.wait(complete, NVRX_LOG_LAG_S, "NVRx's log", interval=0.2)
+        except Timeout:
+            return self.nvrx_events(work, array_job_id)
 
     @staticmethod
     def cycle(work: Path, array_job_id: str, number: int) -> timing.Cycle | None:

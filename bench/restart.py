@@ -19,6 +19,8 @@ NAME = "restart"
 TITLE = "5 in-job restart"
 RANK = 1  # not rank 0: the fault must not take the progress log's writer with it
 RESTART_TIMEOUT_S = 120
+# NVRx's own events the timeline needs from the restarted node's launcher.
+NVRX_MARKS = ("failure_detected", "worker_terminated", "rendezvous_started")
 
 
 def one(h: Harness, work, gen: str, cycle: int) -> dict:
@@ -36,7 +38,7 @@ def one(h: Harness, work, gen: str, cycle: int) -> dict:
         checkpoint=h.restored(work, resumed),
         resumed=resumed,
         first_step=step,
-        nvrx=h.nvrx_events(work, gen),
+        nvrx=h.nvrx_events_with(work, gen, [(e, cycle + 1, resumed["host"]) for e in NVRX_MARKS]),
     )
     return extract.restart_sample(seen)
 

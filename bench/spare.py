@@ -72,9 +72,17 @@ def finish(result: Result, floor: float | None) -> None:
     def values(key: str) -> list[float]:
         return [s[key] for s in escaped if s[key] is not None]
 
-    result.metrics = [
-        Metric("escaped spare: admitted -> its job ended", values("held_s"), target_s=TARGET_S),
+    split = [
         Metric("closed flag -> the spare's srun ended", values("flag_to_srun_end_s"), indent=True),
         Metric("its srun ended -> its job ended (Slurm)", values("srun_end_to_job_end_s"),
                indent=True),
     ]  # fmt: skip
+    result.metrics = [
+        Metric("escaped spare: admitted -> its job ended", values("held_s"), target_s=TARGET_S),
+        *(m for m in split if m.samples),
+    ]
+    no_step = sum(s["srun_end_to_job_end_s"] is None for s in escaped)
+    if no_step:
+        # a spare that finds the generation over in its batch script never starts a step,
+        # so there is no srun end to split its time at
+        result.notes.append(f"escaped spares that left before starting srun: {no_step}")

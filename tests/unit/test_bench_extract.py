@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import extract, handoff
+from bench import extract, handoff, spare
+from bench.report import Result
 from bench.timing import CtldEvent, Cycle, FileTimes, NvrxEvent, StepEnd, Task
 
 
@@ -274,3 +275,19 @@ def test_the_hand_off_target_is_the_lease_the_floor_and_six_seconds():
     sample = extract.handoff_sample(handoff_seen())  # 30.7 s
     [total, *_] = handoff.metrics([sample], 1.0, "node death", handoff.target(1.0))
     assert total.label == "node death -> successor's first step" and total.met() is False
+
+
+def test_spares_that_left_before_srun_are_counted_not_shown_as_empty_rows():
+    def escaped(held, flag_to_srun_end=None, srun_end_to_job_end=None, code=71):
+        return {"escaped": True, "held_s": held, "flag_to_srun_end_s": flag_to_srun_end,
+                "srun_end_to_job_end_s": srun_end_to_job_end, "exit_code": code}  # fmt: skip
+
+    result = Result(spare.NAME, spare.TITLE, samples=[escaped(0.02), escaped(0.03)])
+    spare.finish(result, floor=0.9)
+    assert [m.label for m in result.metrics] == ["escaped spare: admitted -> its job ended"]
+    assert "escaped spares that left before starting srun: 2" in result.notes
+
+    result = Result(spare.NAME, spare.TITLE, samples=[escaped(0.02), escaped(4.0, 1.0, 3.0, 76)])
+    spare.finish(result, floor=0.9)
+    assert len(result.metrics) == 3 and result.metrics[1].samples == [1.0]
+    assert "escaped spares that left before starting srun: 1" in result.notes
