@@ -16,6 +16,7 @@ import argparse
 import os
 import sys
 import time
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -73,7 +74,7 @@ def save(directory: str, iteration: int, model: nn.Module, optimizer, rank: int)
     dist.barrier()
 
 
-def main() -> int:
+def main() -> NoReturn:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument(
@@ -123,8 +124,11 @@ def main() -> int:
             sections.end("checkpointing")
             log(rank, f"saved checkpoint at iteration {iteration}")
     dist.destroy_process_group()
-    return 0
+    # Leave while `model` is still referenced: freeing DDP at exit can hang or abort
+    # the rank (docs/workload-contract.md, "Exit 0 when training is done").
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -213,6 +213,51 @@ def test_hang_is_caught_by_nvrx_step_section_timeout(tmp_path):
     assert run.of("done")[0]["iteration"] == 300
 
 
+# Loaded into every process of the run below (sitecustomize on PYTHONPATH); in a rank
+# it makes freeing the DDP wrapper block, as gloo's process-group destructor did.
+BLOCKING_DDP_FREE = f"""
+import sys
+if {cpu.MODULE!r} in sys.orig_argv:
+    import threading, weakref
+    from torch.nn.parallel import DistributedDataParallel
+    built, watched = DistributedDataParallel.__init__, []
+    def watch(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        watched.append(weakref.ref(self, lambda _: threading.Event().wait()))
+    DistributedDataParallel.__init__ = watch
+"""
+
+
+def test_a_rank_whose_teardown_would_block_still_exits_once_training_is_done(tmp_path):
+    # Seen on the local cluster (py-spy): after "training done" a rank hung for ever in
+    # DDP's reducer -> ProcessGroupGloo's destructor, which holds the GIL while it joins
+    # a gloo thread that needs the GIL to drop a finished collective's tensors. The race
+    # cannot be forced from outside, so freeing DDP is made to block here as it did
+    # there: a rank that still tears its objects down never exits and ft_launcher waits.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKING_DDP_FREE)
+    m = cpu_manifest(tmp_path / "leave", iterations=20)
+    m.layout.work_dir.mkdir(parents=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = subprocess.Popen(
+        launcher_argv(m), cwd=m.layout.work_dir, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        output, _ = proc.communicate(timeout=90)
+    except subprocess.TimeoutExpired:
+        kill_tree(psutil.Process(proc.pid))
+        output, _ = proc.communicate()
+        done = read_events(m)[-1:]
+        pytest.fail(f"ft_launcher still waited 90 s after {done}: a rank never exited")
+    assert proc.returncode == 0, output[-3000:]
+    assert [e["iteration"] for e in read_events(m) if e["event"] == "done"] == [20]
+
+
 def kill_tree(root: psutil.Process) -> None:
     procs = [root, *root.children(recursive=True)]
     for p in procs:

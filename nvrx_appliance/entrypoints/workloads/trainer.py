@@ -11,11 +11,12 @@ import argparse
 import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -56,8 +57,9 @@ class Job:
 
 def run(
     args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None, launched: float | None = None
-) -> int:
-    """`launched`: the wall time the process began, before torch was imported."""
+) -> NoReturn:
+    """Train to the end and exit 0 (see leave); `launched`: the wall time the process
+    began, before torch was imported."""
     started = time.monotonic()
     # The start event carries when each step of the setup ended, so a benchmark can tell
     # the process's start and torch's import from joining the process group and building.
@@ -80,7 +82,25 @@ def run(
     sections.shutdown()
     dist.destroy_process_group()
     job.log.close()
-    return 0
+    leave(0)
+
+
+def leave(code: int) -> NoReturn:
+    """End this rank now, with everything durable already written and closed.
+
+    The interpreter's own teardown is skipped on purpose: freeing DDP's reducer destroys
+    its gloo process group while holding the GIL, and that destructor joins gloo's
+    worker thread, which may still be dropping the last reference to a finished
+    collective's tensors, for which it needs the GIL. The rank then never exits after
+    "training done" (caught on the local cluster: ft_launcher waited, the generation
+    held its node; the same race can abort the rank instead, "terminate called without
+    an active exception", and NVRx restarts a finished run). Call it while the job's
+    objects are still referenced, so that none is freed before the process ends.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _build(
