@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance.devcluster import cluster_conf, hosts, net, procs
+from nvrx_appliance.devcluster.plan import Paths
 from nvrx_appliance.devcluster.report import in_service, seen_dead
 
 from .chain_support import submit, tasks, unique, wait_event, wait_idle, wait_ledger
@@ -242,8 +243,27 @@ def test_up_after_a_controller_crash_restarts_it_in_place_and_the_chain_goes_on(
         "--mode", "train", "--train-tasks", "1", "--hot-spares", "0", "--depth", "2",
         "--train-samples", "600",
     )  # fmt: skip
+    submitted_at = time.time()
     wait_event(work, lambda e: e["event"] == "checkpoint", 180, "the first checkpoint")
     status = json.loads(cluster_cli("status", "--json").stdout)
+    # A crash loses what slurmctld had not yet written down: it saves its job state at
+    # most every 5 s (SAVE_MAX_WAIT) and hands accounting records to slurmdbd through an
+    # in-memory queue. The first checkpoint can come sooner than that after submit (a CI
+    # run lost the whole chain so), so the crash waits until both generations are on
+    # disk and in accounting: what `up` must then bring back is what a site keeps.
+    job_state = Paths(Path(status["root"])).ctld_state / "job_state"
+    cluster.wait_until(
+        lambda: job_state.exists() and job_state.stat().st_mtime > submitted_at,
+        30,
+        f"slurmctld to save its job state after {second} was queued",
+        0.2,
+    )
+    cluster.wait_until(
+        lambda: tasks(cluster, first) and tasks(cluster, second),
+        30,
+        f"accounting to hold {first} and {second}",
+        0.5,
+    )
     pids = {d["name"]: d["pid"] for d in status["daemons"] if d["host"] in ("ctl", "(root)")}
     # what an OOM kill or a crashed controller host leaves behind, mid-chain
     os.kill(pids["slurmctld"], signal.SIGKILL)
