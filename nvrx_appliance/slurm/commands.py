@@ -118,9 +118,7 @@ def submit_command(
             origins=resolved.origins,
         )  # fmt: skip
     except api.SettingsError as exc:
-        for problem in exc.problems:
-            click.echo(f"nvrx-appliance submit: {problem}", err=True)
-        fail("nothing was written or submitted", prefix="nvrx-appliance submit")
+        _refused(exc)
     for warning in plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     if plan.image_note:
@@ -130,10 +128,21 @@ def submit_command(
         _print_dry_run(plan, as_json)
         return
     try:
-        chain = api.submit(plan)
+        chain = api.submit(plan, on_wait=lambda line: click.echo(f"notice: {line}", err=True))
+    except api.SettingsError as exc:
+        _refused(exc)
+    except api.SubmitInterrupted as exc:
+        # The exit status a shell gives a command a signal ended: 130 for Ctrl-C.
+        fail(str(exc), prefix="nvrx-appliance submit", code=128 + exc.signum)
     except api.SubmitFailed as exc:
         fail(str(exc), prefix="nvrx-appliance submit", code=1)
     _print_submitted(submitting.Submitted(list(chain.job_ids), plan), as_json)
+
+
+def _refused(exc: api.SettingsError) -> NoReturn:
+    for problem in exc.problems:
+        click.echo(f"nvrx-appliance submit: {problem}", err=True)
+    fail("nothing was written or submitted", prefix="nvrx-appliance submit")
 
 
 def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
@@ -149,17 +158,23 @@ def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
         }
         click.echo(jsondoc.dumps("dry-run", doc))
         return
-    click.echo("# dry run: nothing was written or submitted")
-    click.echo(f"# mode: {_mode_line(plan.manifest)}")
-    click.echo(f"# workload ({plan.manifest.spec.workload}), after the interpreter, on every rank:")
-    click.echo("#   " + shlex.join(plan.manifest.workload))
-    for argv in plan.command_lines:
-        click.echo(shlex.join(argv))
-    click.echo(f"# ---- {plan.script_path} ----")
-    click.echo(plan.script, nl=False)
+    click.echo(dry_run_text(plan), nl=False)
 
 
-def _mode_line(manifest: Manifest) -> str:
+def dry_run_text(plan: api.SubmitPlan) -> str:
+    """What `submit --dry-run` prints: the mode, the workload, the sbatch lines, the script."""
+    lines = [
+        "# dry run: nothing was written or submitted",
+        f"# mode: {mode_line(plan.manifest)}",
+        f"# workload ({plan.manifest.spec.workload}), after the interpreter, on every rank:",
+        "#   " + shlex.join(plan.manifest.workload),
+        *(shlex.join(argv) for argv in plan.command_lines),
+        f"# ---- {plan.script_path} ----",
+    ]
+    return "\n".join(lines) + "\n" + plan.script
+
+
+def mode_line(manifest: Manifest) -> str:
     mode, faults = manifest.spec.mode, manifest.policy.faults_active
     if mode == "train":
         return "train (no injected faults)"
@@ -170,15 +185,22 @@ def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
     if as_json:
         click.echo(jsondoc.dumps("submitted", done.to_json()))
         return
+    for line in submitted_lines(done):
+        click.echo(line)
+
+
+def submitted_lines(done: submitting.Submitted) -> list[str]:
+    """What a person reads once the chain is queued: what, which jobs, where, what next."""
     spec, shape = done.plan.manifest.spec, done.plan.manifest.shape
-    click.echo(
+    return [
         f"Queued chain {spec.job_name!r}: {spec.depth} generation(s) of array {shape.array_spec} "
-        f"({spec.train_tasks} training + {spec.hot_spares} hot + {spec.cold_spares} cold spare tasks)"
-    )
-    click.echo(f"  mode:     {_mode_line(spec)}")
-    click.echo(f"  jobs:     {' '.join(done.job_ids)}")
-    click.echo(f"  work dir: {spec.work_dir}")
-    click.echo(f"  follow:   nvrx-appliance status {done.job_ids[0]}")
+        f"({spec.train_tasks} training + {spec.hot_spares} hot + {spec.cold_spares} cold spare "
+        "tasks)",
+        f"  mode:     {mode_line(done.plan.manifest)}",
+        f"  jobs:     {' '.join(done.job_ids)}",
+        f"  work dir: {spec.work_dir}",
+        f"  follow:   nvrx-appliance status {done.job_ids[0]}",
+    ]
 
 
 def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str | None]:
@@ -257,10 +279,13 @@ def cancel_command(target: str, work_dir: str | None) -> None:
         fail(str(exc))
     except api.SlurmUnreachable as exc:
         _unreachable("cancel", str(exc), "nothing more was done")
+    click.echo(cancelled_line(done))
+
+
+def cancelled_line(done: api.Cancelled) -> str:
     if not done.running and not done.queued:
-        click.echo(f"Nothing of chain {done.job_name!r} was queued or running; marked it ended")
-        return
-    click.echo(
+        return f"Nothing of chain {done.job_name!r} was queued or running; marked it ended"
+    return (
         f"Cancelled chain {done.job_name!r}: running {', '.join(done.running) or 'none'}; "
         f"queued {', '.join(done.queued) or 'none'}"
     )
@@ -290,13 +315,15 @@ def logs_command(
     def announce(found: Path) -> None:
         click.echo(f"==> {found} <==", err=True)
 
-    which = {"task": task, "cycle": cycle, "launcher": launcher, "work_dir": folder}
     try:
         if follow:
             with contextlib.suppress(KeyboardInterrupt):
-                api.follow_logs(target, sys.stdout, announce=announce, **which)
+                api.follow_logs(
+                    target, sys.stdout, task=task, cycle=cycle, launcher=launcher,
+                    work_dir=folder, announce=announce,
+                )  # fmt: skip
             return
-        log = api.logs(target, **which)
+        log = api.logs(target, task=task, cycle=cycle, launcher=launcher, work_dir=folder)
     except api.LogMissing as exc:
         fail(f"{exc}; is it still queued? see `nvrx-appliance status`",
              prefix="nvrx-appliance logs", code=1)  # fmt: skip
