@@ -15,9 +15,11 @@ system-deps:
 python-deps:
 	bash scripts/install-python-deps.sh
 
+# ruff, then the type checker over the whole package (its settings: pyproject.toml).
 lint: python-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 # Unit tests, then integration tests on the real local Slurm cluster (brought up once
 # per session, torn down at the end). Without root they skip, with the reason; under

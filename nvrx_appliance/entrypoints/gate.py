@@ -158,7 +158,7 @@ def step(
     published = seen.record is not None and (
         not seen.record.is_file or seen.record.text.strip() != ""
     )
-    if published and seen.lease_age is not None:
+    if published and seen.record is not None and seen.lease_age is not None:
         return state, _judge_record(seen.record, peer)
 
     if seen.lease_age is None and seen.record is None:

@@ -49,15 +49,15 @@ def node_fabric(timeout: float = NVIDIA_SMI_TIMEOUT_S) -> detect.Fabric:
 
 def own_names(env: Mapping[str, str]) -> frozenset[str]:
     """Host names and addresses that would make a rendezvous endpoint mean this node."""
-    names = {socket.gethostname(), env.get("SLURMD_NODENAME", "")}
+    raw = {socket.gethostname(), env.get("SLURMD_NODENAME", "")}
     with contextlib.suppress(OSError):
-        names.add(socket.getfqdn())
-    names = {n.rstrip(".").lower() for n in names if n}
+        raw.add(socket.getfqdn())
+    names = {n.rstrip(".").lower() for n in raw if n}
     names |= {n.split(".")[0] for n in names}
     addresses: set[str] = set()
     for name in names:
         try:
-            addresses |= {info[4][0] for info in socket.getaddrinfo(name, None)}
+            addresses |= {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
         except OSError:
             continue
     return frozenset(names | addresses)

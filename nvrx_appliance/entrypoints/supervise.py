@@ -23,7 +23,7 @@ from nvrx_appliance.entrypoints.gate import Leave
 try:  # an NVRx dependency, so present wherever ft_launcher is
     import psutil
 except ImportError:  # pragma: no cover - degraded: only the process group is killed
-    psutil = None
+    psutil = None  # type: ignore[assignment]
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT)  # Slurm ends the job: time limit, scancel, ...

@@ -324,7 +324,7 @@ def build(
     return Outcome(final, builder, flavor, time.monotonic() - started, image_manifest)
 
 
-def human_size(n: int) -> str:
+def human_size(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
             return f"{n:.1f} {unit}" if unit != "B" else f"{n} B"

@@ -65,7 +65,8 @@ def _cluster_of(record: dict[str, Any]) -> str:
 
 
 def _first_failure(record: dict[str, Any]) -> str:
-    checks = record.get("checks") if isinstance(record.get("checks"), list) else []
+    found = record.get("checks")
+    checks = found if isinstance(found, list) else []
     failed = [c for c in checks if isinstance(c, dict) and c.get("passed") is False]
     if not failed:
         return f"result {record.get('result')!r}"

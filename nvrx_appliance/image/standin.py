@@ -311,7 +311,7 @@ def _run_in(root: Path, mounts: list[tuple[str, str, bool]], command: list[str])
         (p, True) for p in host_files
     ]
     for dst, is_file in targets:
-        if not under(dst, private_dirs(home)):
+        if not under(dst, list(private_dirs(home))):
             _mount_point(root, dst, is_file=is_file)
 
     target: dict[str, int | None] = {"pid": None}
@@ -346,8 +346,8 @@ def _run_in(root: Path, mounts: list[tuple[str, str, bool]], command: list[str])
     # Until bwrap reports the command's pid, a signal can only go to bwrap itself.
     target["pid"] = _child_pid(read_fd) or proc.pid
     os.close(read_fd)
-    for signum in pending:
-        forward(signum, None)
+    for held in pending:
+        forward(held, None)
     return exit_status(proc.wait())
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, TypeGuard
 
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import Cycle, LedgerEntry
@@ -60,7 +60,7 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
-def _integer(value: object) -> bool:
+def _integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

@@ -34,7 +34,9 @@ def shown_default(field: dataclasses.Field) -> str:
     default = field.default
     if isinstance(default, bool):
         return "on" if default else "off"
-    return {None: "unset", "": "empty"}.get(default, str(default))
+    if default is None:
+        return "unset"
+    return "empty" if default == "" else str(default)
 
 
 def _help(field: dataclasses.Field) -> str:

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10: the backport the wheel requires there
     import tomli as tomllib
 
 from nvrx_appliance.settings import workload_args
@@ -156,7 +157,8 @@ def from_config(field: dataclasses.Field, value: Any, source: str, read_file: Re
         "optional": (str,),
     }[kind]
     # bool is an int in Python; a TOML `true` for a count is a mistake, not 1.
-    if (isinstance(value, bool) and kind != "bool") or not isinstance(value, expected):
+    typed = isinstance(value, expected)
+    if (isinstance(value, bool) and kind != "bool") or not typed:
         raise SettingError(f"{source}: {field.name} = {value!r} should be {_KIND_WORDS[kind]}")
     return float(value) if kind == "float" else value
 
@@ -216,12 +218,12 @@ def environment_values(
         if seed in environ:
             found[name] = (from_text(fields[name], environ[seed], seed, read_file), seed)
     for field in fields.values():
-        variable = env_name(field)
-        if variable and variable in environ:
-            text = environ[variable]
+        env_var = env_name(field)
+        if env_var and env_var in environ:
+            text = environ[env_var]
             if field.name == "fault_types":
                 text = ",".join(_FAULT_KIND_OF.get(k.strip(), k) for k in text.split(","))
-            found[field.name] = (from_text(field, text, variable, read_file), variable)
+            found[field.name] = (from_text(field, text, env_var, read_file), env_var)
     return found
 
 

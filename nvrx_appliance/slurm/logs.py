@@ -71,7 +71,7 @@ def pick(layout: Layout, job_name: str, which: Which, generation: str | None) ->
 def others(layout: Layout, job_name: str, array_job_id: str, array_size: int) -> list[str]:
     """The options that show this generation's other logs that exist, for a hint."""
     tasks = [t for t in range(array_size) if layout.batch_log(job_name, array_job_id, t).exists()]
-    cycles = []
+    cycles: list[int] = []
     while layout.app_log(job_name, array_job_id, len(cycles)).exists():
         cycles.append(len(cycles))
     found = [f"--task {t}" for t in tasks]

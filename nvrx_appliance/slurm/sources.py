@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,8 @@ def locate_job(target: str, *, user: str, slurm: Slurm | None = None) -> tuple[P
     Raises NotFound, or SlurmUnavailable when Slurm could not be asked."""
     slurm = slurm or Slurm()
     failures: list[str] = []
-    rows: list[Task] | list[AcctRow] = _live_rows(slurm, user, failures)
+    rows: Sequence[Task | AcctRow] = _live_rows(slurm, user, failures)
+    match: Sequence[Task | AcctRow]
     if target.isdigit():
         match = [r for r in rows if target in (r.array_job_id, r.job_id)]
     else:

@@ -10,7 +10,7 @@ chain was a qualify run. A source that could not be read is passed as None and n
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -123,12 +123,12 @@ def _task_states(
 ) -> dict[str, dict[int, str]]:
     """array job id -> task id -> state; squeue (the live truth) over sacct."""
     states: dict[str, dict[int, str]] = {}
-    for row in acct or ():
-        for task in row.task_ids:
-            states.setdefault(row.array_job_id, {})[task] = row.state
-    for row in queue or ():
-        if row.task_id is not None:
-            states.setdefault(row.array_job_id, {})[row.task_id] = row.state
+    for accounted in acct or ():
+        for task in accounted.task_ids:
+            states.setdefault(accounted.array_job_id, {})[task] = accounted.state
+    for live in queue or ():
+        if live.task_id is not None:
+            states.setdefault(live.array_job_id, {})[live.task_id] = live.state
     return states
 
 
@@ -136,12 +136,12 @@ def _task0(
     array_job_id: str, queue: Sequence[Task] | None, acct: Sequence[AcctRow] | None
 ) -> tuple[str, str, int | None]:
     """(node, state, exit code) of task 0, from squeue while it lives, else sacct."""
-    for row in queue or ():
-        if row.array_job_id == array_job_id and row.task_id == 0:
-            return row.nodes, row.state, None
-    for row in acct or ():
-        if row.array_job_id == array_job_id and row.task_ids == (0,):
-            return row.nodes, row.state, row.exit_code
+    for live in queue or ():
+        if live.array_job_id == array_job_id and live.task_id == 0:
+            return live.nodes, live.state, None
+    for accounted in acct or ():
+        if accounted.array_job_id == array_job_id and accounted.task_ids == (0,):
+            return accounted.nodes, accounted.state, accounted.exit_code
     return "", "", None
 
 
@@ -161,7 +161,7 @@ def _clock(
         (r for r in acct or () if r.array_job_id == array_job_id and r.task_ids == (0,)), None
     )
     started = parse_time(row.start) if row else None
-    if started is None:
+    if row is None or started is None:
         return None, None, None
     ended = parse_time(row.end)
     elapsed = (ended if ended is not None else now) - started
@@ -223,7 +223,8 @@ def image_view(manifest: dict[str, Any]) -> ImageView:
 def qualify_run_view(record: Any) -> QualifyRunView | None:
     if not isinstance(record, dict) or record.get("schema") != qualification.SCHEMA:
         return None
-    cluster = record.get("cluster") if isinstance(record.get("cluster"), dict) else {}
+    found = record.get("cluster")
+    cluster = found if isinstance(found, dict) else {}
     checks = tuple(
         qualification.Check(str(c.get("name")), c.get("passed"), str(c.get("detail", "")))
         for c in record.get("checks") or ()
@@ -244,7 +245,7 @@ def assemble(
     queue: Sequence[Task] | None,
     acct: Sequence[AcctRow] | None,
     ledger: Sequence[dict[str, Any]],
-    cycles: dict[str, Sequence[Cycle]],
+    cycles: Mapping[str, Sequence[Cycle]],
     checkpoint_now: int | None,
     chain_marker: bool,
     qualify_record: Any = None,

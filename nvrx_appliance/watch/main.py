@@ -18,9 +18,9 @@ import sys
 import time
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10: the backport the wheel requires there
+else:  # Python 3.10: the backport the wheel requires there
     import tomli as tomllib
 
 import click

@@ -74,7 +74,12 @@ def _identify(
             f"job {request.job_id} is unknown to scontrol and sacct; pass --job-name "
             "(and --work-dir) to watch its chain by name"
         )
-    if info.source == "sacct" and _same_job(remembered, info) and remembered.get("command"):
+    if (
+        info.source == "sacct"
+        and isinstance(remembered, dict)
+        and _same_job(remembered, info)
+        and remembered.get("command")
+    ):
         # Aged out of scontrol: its Command= from an earlier pass is exact, while sacct's
         # SubmitLine only says how the script was named when it was submitted.
         info = replace(info, command=remembered["command"])

@@ -203,7 +203,7 @@ def qualify_command(
     except submitting.SubmitFailed as exc:
         fail(str(exc), prefix=QUALIFY, code=1)
     # The record holds the image's own manifest, not what submit thought of it.
-    image_manifest = qualification_status.image_manifest(done.plan.manifest.image)
+    image_manifest = qualification_status.image_manifest(done.plan.manifest.image or {})
     spec, layout = done.plan.manifest.spec, done.plan.manifest.layout
     first, second = done.job_ids[0], done.job_ids[1]
     say(

@@ -27,7 +27,7 @@ def submit_resolved(
     """Plan and submit a chain. `vet` sees the plan before anything is queued and may
     refuse it by raising. Raises submit's Refused (nothing written, nothing queued) or
     SubmitFailed; the caller words them for its own command."""
-    plan = submitting.plan(resolved, dry_run=False, force=False, user=user, extra=extra)
+    plan = submitting.plan(resolved, dry_run=False, force=False, user=user, extra=tuple(extra))
     vet(plan)
     done = submitting.submit(plan)
     return Submission(plan=plan, job_ids=list(done.job_ids))

@@ -33,6 +33,8 @@ def mock_batch(
 class TinyGPT(nn.Module):
     """Token and position embeddings, pre-norm causal transformer blocks, an LM head."""
 
+    causal_mask: torch.Tensor  # a registered buffer: moves with the module, never saved
+
     def __init__(
         self, vocab_size: int, seq_length: int, hidden: int, layers: int, heads: int
     ) -> None:
