@@ -37,7 +37,7 @@ from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import ChainSpec, check, spec_fields
 from nvrx_appliance.slurm import cancel as cancelling
 from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import sources
+from nvrx_appliance.slurm import sources, submit_lock
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.cancel import Cancelled
 from nvrx_appliance.slurm.status import ChainView
@@ -53,6 +53,7 @@ __all__ = [
     "SettingsError",
     "SlurmUnreachable",
     "SubmitFailed",
+    "SubmitInterrupted",
     "SubmitPlan",
     "cancel",
     "chain_spec",
@@ -80,7 +81,17 @@ class SettingsError(ValueError):
 
 
 class SubmitFailed(RuntimeError):
-    """An sbatch failed; the generations already queued were cancelled again."""
+    """An sbatch failed or timed out, or another submit of the same name or work dir held
+    its lock too long; the generations already queued were cancelled again."""
+
+
+class SubmitInterrupted(SubmitFailed):
+    """Ctrl-C, SIGTERM or SIGHUP arrived while queueing; what was queued was cancelled.
+    `signum` is the signal."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
 
 
 @dataclass(frozen=True)
@@ -184,18 +195,34 @@ def prepare(
 
 
 def submit(
-    spec: ChainSpec | SubmitPlan, *, sbatch_args: Sequence[str] = (), force: bool = False
+    spec: ChainSpec | SubmitPlan,
+    *,
+    sbatch_args: Sequence[str] = (),
+    force: bool = False,
+    on_wait: Callable[[str], None] = lambda line: None,
 ) -> Chain:
     """Write run.json and the sbatch into the work dir and queue the chain: a ChainSpec
-    is prepared first (see `prepare`); a SubmitPlan is queued as it was reviewed."""
+    is prepared first (see `prepare`); a SubmitPlan is queued as it was reviewed, after
+    its Slurm checks run again (a job may hold its name by now: SettingsError).
+
+    Every generation is queued, or none: a failing, timed-out or interrupted sbatch
+    cancels what was queued (SubmitFailed, SubmitInterrupted). One submit of a chain
+    name or a work dir runs at a time for a user; `on_wait` hears, once, that this one
+    waits for another."""
     if isinstance(spec, SubmitPlan):
         plan = spec
     else:
         plan = prepare(spec, sbatch_args=sbatch_args, force=force)
     try:
-        done = submitting.submit(plan)
+        done = submitting.submit(plan, on_wait=on_wait)
+    except submitting.Refused as exc:
+        raise SettingsError([str(p) for p in exc.problems]) from None
+    except submitting.SubmitInterrupted as exc:
+        raise SubmitInterrupted(str(exc), exc.signum) from None
     except submitting.SubmitFailed as exc:
         raise SubmitFailed(str(exc)) from None
+    except submit_lock.LockBusy as exc:
+        raise SubmitFailed(f"nothing was written or queued: {exc}") from None
     return Chain(
         plan.manifest.spec.job_name, Path(plan.manifest.spec.work_dir), tuple(done.job_ids)
     )

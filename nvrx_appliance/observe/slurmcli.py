@@ -32,6 +32,11 @@ class SlurmUnavailable(Exception):
     """A Slurm command could not be run or failed; the message is one line."""
 
 
+class SlurmTimeout(SlurmUnavailable):
+    """A Slurm command did not answer in time: what it asked for may still have happened
+    (an sbatch whose job id never came back may have queued the job)."""
+
+
 def run(
     argv: Sequence[str],
     *,
@@ -55,7 +60,7 @@ def run(
     except FileNotFoundError:
         raise SlurmUnavailable(f"{argv[0]} not found on PATH (is Slurm installed here?)") from None
     except subprocess.TimeoutExpired:
-        raise SlurmUnavailable(f"{argv[0]} did not answer within {timeout:.0f}s") from None
+        raise SlurmTimeout(f"{argv[0]} did not answer within {timeout:.0f}s") from None
     if done.returncode != 0:
         detail = _last_line(done.stderr) or _last_line(done.stdout) or f"exit {done.returncode}"
         raise SlurmUnavailable(f"{' '.join(argv[:2])} failed: {detail}{_config_hint(conf)}")
@@ -173,9 +178,13 @@ def squeue(*, user: str, name: str | None = None) -> list[Task]:
     return Slurm().squeue(user=user, name=name)
 
 
+# sbatch's own bound: past it, submit treats the job as maybe queued and looks for it.
+SBATCH_TIMEOUT_S = DEFAULT_TIMEOUT_S
+
+
 def sbatch(args: Sequence[str], script: str, *, env: Mapping[str, str] | None = None) -> str:
     """Submit one job; returns its job id. `env` lets SBATCH_* reach sbatch untouched."""
-    out = run(["sbatch", "--parsable", *args, script], env=env)
+    out = run(["sbatch", "--parsable", *args, script], env=env, timeout=SBATCH_TIMEOUT_S)
     return slurm_output.sbatch_job_id(out)
 
 

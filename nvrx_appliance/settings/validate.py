@@ -83,7 +83,7 @@ def judge(spec: ChainSpec, facts: Facts, *, force: bool = False) -> list[Problem
     problems += _image(spec, facts)
     problems += _host_side(spec, facts)
     problems += _workload_paths(spec, facts)
-    problems += _cluster(spec, facts, force=force, shape_ok=shape_ok)
+    problems += cluster_problems(spec, facts, force=force, shape_ok=shape_ok)
     return problems
 
 
@@ -160,7 +160,11 @@ def _host_side(spec: ChainSpec, facts: Facts) -> list[Problem]:
     return problems
 
 
-def _cluster(spec: ChainSpec, facts: Facts, *, force: bool, shape_ok: bool) -> list[Problem]:
+def cluster_problems(
+    spec: ChainSpec, facts: Facts, *, force: bool, shape_ok: bool = True
+) -> list[Problem]:
+    """What Slurm says against this chain: unreachable, MaxArraySize, a live chain that
+    holds its name or its work dir."""
     if facts.slurm_error:
         return [
             Problem(

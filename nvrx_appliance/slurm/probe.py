@@ -124,10 +124,21 @@ def _existing_chain(work_dir: str) -> str:
 def _slurm(job_name: str, existing_chain: str, user: str) -> dict:
     try:
         config = slurmcli.show_config()
-        # All of this user's jobs in one call: the controller is shared.
-        rows = slurmcli.squeue(user=user)
+        conflicts = chain_conflicts(job_name, existing_chain, user)
     except (slurmcli.SlurmUnavailable, slurm_output.ParseError) as exc:
         return {"slurm_error": str(exc)}
+    return {
+        "max_array_size": slurm_output.max_array_size(config),
+        "cluster_name": str(config.get("ClusterName", "")),
+        **conflicts,
+    }
+
+
+def chain_conflicts(job_name: str, existing_chain: str, user: str) -> dict:
+    """The live jobs a new chain would collide with (its name; the chain whose run.json
+    is in the work dir), from one squeue of this user's jobs: the controller is shared.
+    Raises SlurmUnavailable or ParseError."""
+    rows = slurmcli.squeue(user=user)
 
     def live(name: str) -> tuple[str, ...]:
         # A name still held by a live job would have its generations cancelled by ours.
@@ -135,9 +146,16 @@ def _slurm(job_name: str, existing_chain: str, user: str) -> dict:
         return tuple(sorted(ids, key=int))
 
     return {
-        "max_array_size": slurm_output.max_array_size(config),
-        "cluster_name": str(config.get("ClusterName", "")),
         "name_in_use": live(job_name),
         "work_dir_chain": existing_chain,
         "work_dir_chain_live": live(existing_chain) if existing_chain else (),
     }
+
+
+def recheck(spec: ChainSpec, user: str) -> Facts:
+    """Submit's Slurm facts again, read under the submit lock just before queueing."""
+    try:
+        found = chain_conflicts(spec.job_name, _existing_chain(spec.work_dir), user)
+    except (slurmcli.SlurmUnavailable, slurm_output.ParseError) as exc:
+        return Facts(slurm_error=str(exc))
+    return Facts(**found)

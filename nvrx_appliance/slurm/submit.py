@@ -1,30 +1,35 @@
 """`nvrx-appliance submit`: validate, write run.json and the sbatch, queue the chain.
 
 The imperative shell around resolve (settings), validate (refusals) and render (the
-script). Either every generation is queued, or none is: a failing sbatch midway cancels
-what was already queued and says so.
+script). Either every generation is queued, or none is: a failing, timed-out or
+interrupted sbatch midway cancels what was already queued and says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
-from collections.abc import Callable, Mapping
+import signal
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
+from typing import Any
 
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
+from nvrx_appliance.observe.types import LIVE_STATES
 from nvrx_appliance.settings import program_argv
 from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.settings.resolve import Resolved
-from nvrx_appliance.settings.validate import Facts, judge
-from nvrx_appliance.slurm import probe, render
+from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
+from nvrx_appliance.slurm import probe, render, submit_lock
 
 
 class Refused(Exception):
@@ -48,6 +53,7 @@ class Plan:
     warnings: tuple[str, ...]
     # When the image file has an image manifest.
     image_qualification: qualification_status.QualificationStatus | None = None
+    force: bool = False  # --force: a live job may hold the name or the work dir
 
     @property
     def image_note(self) -> str:
@@ -126,11 +132,9 @@ def plan(
         raise Refused(problems)
     warnings += _ignored_demo_settings(resolved)
     found = _qualification_status(spec, facts)
-    image = (
-        None
-        if found is None
-        else {**facts.image_manifest, qualification_status.KEY: found.to_json()}
-    )
+    image = None
+    if found is not None and facts.image_manifest is not None:
+        image = {**facts.image_manifest, qualification_status.KEY: found.to_json()}
     manifest = program_argv.complete(
         run_manifest.build(spec, created=now_iso(), user=user, image=image)
     )
@@ -142,6 +146,7 @@ def plan(
         sbatch_args=render.sbatch_args(manifest, extra),
         warnings=tuple(warnings),
         image_qualification=found,
+        force=force,
     )
 
 
@@ -197,38 +202,154 @@ def write(plan: Plan) -> None:
     write_atomic(layout.chain_marker, json.dumps(marker) + "\n", 0o600)
 
 
-def queue(plan: Plan, environ: Mapping[str, str] | None = None) -> list[str]:
-    """sbatch x depth. On a failure, cancel what was queued and raise SubmitFailed."""
-    env = dict(os.environ if environ is None else environ)  # SBATCH_* reach sbatch as set
-    job_ids: list[str] = []
-    for _ in range(plan.manifest.spec.depth):
-        try:
-            job_ids.append(slurmcli.sbatch(plan.sbatch_args, str(plan.script_path), env=env))
-        except (slurmcli.SlurmUnavailable, ValueError) as exc:
-            raise SubmitFailed(_roll_back(plan, job_ids, exc)) from None
-    return job_ids
+class Interrupted(Exception):
+    """SIGTERM or SIGHUP arrived while the chain was being queued."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
 
 
-def _roll_back(plan: Plan, job_ids: list[str], cause: Exception) -> str:
-    plan.manifest.layout.chain_marker.unlink(missing_ok=True)
-    if not job_ids:
-        return f"sbatch failed, nothing was queued: {cause}"
+class SubmitInterrupted(SubmitFailed):
+    """Ctrl-C, SIGTERM or SIGHUP while queueing; what was queued has been cancelled.
+    `signum` is the signal, for the exit code a shell expects (128 + signum)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+
+
+# Ending the submit midway must roll back, not leave part of a chain queued.
+_RAISED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+_HELD_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextlib.contextmanager
+def _signals(handler: Any, which: tuple[signal.Signals, ...]) -> Iterator[None]:
+    """Install `handler` for `which` meanwhile (the main thread only: elsewhere Python
+    delivers no signal to the code, and signal.signal refuses)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {signum: signal.signal(signum, handler) for signum in which}
     try:
-        slurmcli.scancel(job_ids)
-    except slurmcli.SlurmUnavailable as exc:
+        yield
+    finally:
+        for signum, old in before.items():
+            signal.signal(signum, old)
+
+
+def _raise_interrupted(signum: int, _frame: object) -> None:
+    raise Interrupted(signum)
+
+
+def submit(
+    plan: Plan,
+    environ: Mapping[str, str] | None = None,
+    *,
+    lock_dir: Path | None = None,
+    on_wait: Callable[[str], None] = lambda line: None,
+) -> Submitted:
+    """Write the work dir's files and queue every generation, or none.
+
+    Under the submit lock of the chain's name and work dir, the Slurm checks run again
+    (a plan may have been reviewed a while ago, and another submit may have queued the
+    name since); then run.json, the sbatch and the chain marker are written and sbatch
+    runs `depth` times. An sbatch that fails, times out, or is interrupted (Ctrl-C,
+    SIGTERM, SIGHUP) rolls back: what was queued is cancelled, the chain marker removed.
+    Raises Refused (nothing written), SubmitFailed or SubmitInterrupted.
+    """
+    spec = plan.manifest.spec
+    with submit_lock.hold(spec.job_name, Path(spec.work_dir), directory=lock_dir, on_wait=on_wait):
+        facts = probe.recheck(spec, plan.manifest.user)
+        problems = cluster_problems(spec, facts, force=plan.force)
+        if problems:
+            raise Refused(problems)
+        before = set(facts.name_in_use)  # live jobs of this name that are not ours (--force)
+        env = dict(os.environ if environ is None else environ)  # SBATCH_* reach sbatch as set
+        queued: list[str] = []
+        try:
+            with _signals(_raise_interrupted, _RAISED_SIGNALS):
+                write(plan)
+                for _ in range(spec.depth):
+                    queued.append(slurmcli.sbatch(plan.sbatch_args, str(plan.script_path), env=env))
+                done = Submitted(job_ids=queued, plan=plan)
+                record = {**done.to_json(), "submitted": now_iso()}
+                write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n", 0o600)
+                return done
+        except (KeyboardInterrupt, Interrupted) as exc:
+            signum = exc.signum if isinstance(exc, Interrupted) else signal.SIGINT
+            what = signal.Signals(signum).name
+            raise SubmitInterrupted(_roll_back(plan, queued, what, before), signum) from None
+        except (slurmcli.SlurmUnavailable, ValueError) as exc:
+            raise SubmitFailed(_roll_back(plan, queued, exc, before)) from None
+
+
+def _roll_back(plan: Plan, queued: list[str], cause: Exception | str, before: set[str]) -> str:
+    """Undo a submit that stopped midway; returns what to tell the user. Signals wait
+    until it is done (each Slurm call in it is bounded): a second Ctrl-C must not leave
+    the chain half-queued either."""
+    with _signals(signal.SIG_IGN, _HELD_SIGNALS):
+        layout = plan.manifest.layout
+        layout.chain_marker.unlink(missing_ok=True)
+        layout.submitted.unlink(missing_ok=True)
+        # An sbatch that timed out, was interrupted, or printed no job id may have
+        # queued its job all the same: find it by name, owner and work dir.
+        unsure = isinstance(cause, (str, slurmcli.SlurmTimeout, ValueError))
+        strays, search_error = ([], "") if not unsure else _strays(plan, queued, before)
+        doomed = queued + strays
+        stopped = f"{cause}" if isinstance(cause, str) else f"sbatch failed ({cause})"
+        cancel_error = ""
+        if doomed:
+            try:
+                slurmcli.scancel(doomed)
+            except slurmcli.SlurmUnavailable as exc:
+                cancel_error = str(exc)
+        return _rollback_message(plan, stopped, queued, strays, search_error, cancel_error)
+
+
+def _strays(plan: Plan, queued: list[str], before: set[str]) -> tuple[list[str], str]:
+    """Live jobs of this chain that no sbatch answer named: (ids, "") or ([], why not)."""
+    spec = plan.manifest.spec
+    try:
+        rows = slurmcli.Slurm().squeue(user=plan.manifest.user, name=spec.job_name)
+    except (slurmcli.SlurmUnavailable, ValueError) as exc:
+        return [], str(exc)
+    ours = {
+        r.array_job_id
+        for r in rows
+        if r.work_dir.rstrip("/") == spec.work_dir.rstrip("/") and r.state in LIVE_STATES
+    }
+    return sorted(ours - before - set(queued), key=int), ""
+
+
+def _rollback_message(
+    plan: Plan,
+    stopped: str,
+    queued: list[str],
+    strays: list[str],
+    search_error: str,
+    cancel_error: str,
+) -> str:
+    spec, user = plan.manifest.spec, plan.manifest.user
+    doomed = queued + strays
+    if cancel_error:
         return (
-            f"sbatch failed after queueing {', '.join(job_ids)} ({cause}), and cancelling them "
-            f"failed too ({exc}): run `scancel {' '.join(job_ids)}` yourself"
+            f"{stopped} after queueing {', '.join(doomed)}, and cancelling them failed too "
+            f"({cancel_error}): run `scancel {' '.join(doomed)}` yourself"
         )
-    return (
-        f"sbatch failed after queueing {len(job_ids)} of {plan.manifest.spec.depth} "
-        f"generations ({cause}); cancelled {', '.join(job_ids)}, so nothing is queued"
-    )
-
-
-def submit(plan: Plan, environ: Mapping[str, str] | None = None) -> Submitted:
-    write(plan)
-    done = Submitted(job_ids=queue(plan, environ), plan=plan)
-    record = {**done.to_json(), "submitted": now_iso()}
-    write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n", 0o600)
-    return done
+    if doomed:
+        found = f" (and {', '.join(strays)}, which the unanswered sbatch queued)" if strays else ""
+        said = (
+            f"{stopped} after queueing {len(queued)} of {spec.depth} generations; "
+            f"cancelled {', '.join(queued) or 'none'}{found}"
+        )
+    else:
+        said = f"{stopped}; nothing was queued"
+    if search_error:
+        return (
+            f"{said}; but an unanswered sbatch may have queued a job, and Slurm could not be "
+            f"asked ({search_error}): check `squeue --user {user} --name {spec.job_name}` and "
+            "scancel what it lists"
+        )
+    return said + (", so nothing is queued" if doomed else "")

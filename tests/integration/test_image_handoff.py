@@ -78,6 +78,11 @@ def test_qualify_runs_the_hand_off_in_container_mode_and_records_the_result(
             wait_idle(cluster, name, timeout=120)
 
     assert proc.returncode == 0, output + logs_on_failure(work)
+    # What a person reads, run as the README shows it (no --json).
+    assert "Traceback" not in output, output
+    assert f"Qualifying {cpu_image} on this cluster: hand-off demo " in output
+    assert "  ok    " in output and "FAIL" not in output, output
+    assert f"{cpu_image}: qualified on this cluster (hand-off recovered)" in output
     # The workers ran inside this very image (its manifest, seen through their root).
     assert seen and seen[0].get("built") == built["built"], seen
     # submit recorded the image's manifest in run.json.

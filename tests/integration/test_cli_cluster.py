@@ -1,0 +1,158 @@
+"""Every command a person runs on a chain, exactly as the README shows it (no --json),
+on the real cluster: it exits 0, prints no traceback, and says what a person reads.
+
+A traceback after a successful queue once went unseen because every cluster test
+submitted with --json; this test is the human path end to end: submit, status,
+status --watch, logs in each form, nvrx-watch, cancel. (qualify's human output is
+checked by test_image_handoff.py, which runs it as a person does.)
+"""
+
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.devcluster.poll import wait_until
+
+from .chain_support import CLI, FAST, cli, logs_on_failure, state, tasks, tracker, unique, wait_idle
+from .conftest import Cluster
+
+pytestmark = pytest.mark.cluster
+
+WATCH = str(Path(sys.executable).parent / "nvrx-watch")
+
+
+def no_traceback(done: subprocess.CompletedProcess) -> None:
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def lines_of(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.strip().startswith(start)]
+
+
+def wide(cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
+    """A command whose tables should not wrap: as in a terminal 200 columns wide."""
+    env = cluster.env(COLUMNS="200")
+    return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+class Terminal:
+    """A command run on a pseudo-terminal, as in a person's shell: rich's live display
+    only redraws on a terminal."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]):
+        self.master, replica = pty.openpty()
+        self.proc = subprocess.Popen(
+            argv, stdin=replica, stdout=replica, stderr=replica, env={**env, "COLUMNS": "200"}
+        )
+        os.close(replica)
+        self.seen = b""
+
+    def read(self) -> str:
+        while self.master >= 0 and select.select([self.master], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the command ended and closed its side
+                break
+            if not chunk:
+                break
+            self.seen += chunk
+        return self.seen.decode(errors="replace")
+
+    def interrupt(self, timeout: float = 30) -> int:
+        """Ctrl-C, as the terminal sends it; the command's exit code."""
+        self.proc.send_signal(signal.SIGINT)
+        code = self.proc.wait(timeout=timeout)
+        self.read()
+        os.close(self.master)
+        self.master = -1
+        return code
+
+
+def test_a_person_submits_follows_reads_watches_and_cancels_a_chain(
+    cluster: Cluster, tmp_path: Path
+):
+    work, name = cluster.workdir("human"), unique("human")
+    done = cli(cluster, "submit", *FAST, "--work-dir", str(work), "--job-name", name,
+               "--train-tasks", "2", "--hot-spares", "0", "--cold-spares", "0",
+               "--depth", "2", "--train-samples", "1000000")  # fmt: skip
+    no_traceback(done)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert f"Queued chain {name!r}: 2 generation(s) of array 0-1%2 (2 training + 0 hot + 0 " in out
+    assert "  mode:     train (no injected faults)" in out
+    first, second = lines_of(out, "jobs:")[0].split()[1:]
+    assert f"  work dir: {work}" in out
+    assert f"  follow:   nvrx-appliance status {first}" in out
+    try:
+        wait_until(lambda: tracker(work), 240, "the first checkpoint", 1.0)
+
+        shown = wide(cluster, "status", first)
+        no_traceback(shown)
+        assert shown.returncode == 0, shown.stderr
+        assert f"chain {name}" in shown.stdout and "mode: train   workload: cpu" in shown.stdout
+        assert f"queued generations: {second}" in shown.stdout
+        assert "running" in lines_of(shown.stdout, f"│ {first}")[0]
+        assert "queued (Dependency)" in lines_of(shown.stdout, f"│ {second}")[0]
+
+        # A few refreshes on a terminal, then Ctrl-C: exit 0, nothing else said.
+        live = Terminal([CLI, "status", name, "--watch", "2"], cluster.env())
+        wait_until(lambda: live.read().count("checkpoint iteration now") >= 3, 60,
+                   "three refreshes of status --watch", 0.2)  # fmt: skip
+        assert live.interrupt() == 0
+        assert "Traceback" not in live.read() and "Aborted" not in live.read()
+
+        batch = cli(cluster, "logs", first)
+        no_traceback(batch)
+        assert batch.returncode == 0, batch.stderr
+        assert batch.stdout.strip()
+        assert f"==> {work}/logs/slurm-{name}-{first}_0.out <==" in batch.stderr
+        hint = lines_of(batch.stderr, f"other logs of generation {first}:")[0]
+        assert "--task 1" in hint and "--cycle 0" in hint and "--launcher" in hint
+        for option, path in (
+            (["--task", "1"], f"{work}/logs/slurm-{name}-{first}_1.out"),
+            (["--cycle", "0"], f"{work}/logs/{name}_{first}_cycle0.log"),
+            (["--launcher"], f"{work}/nvrx/{first}/logs/ft_launcher.log"),
+        ):
+            one = cli(cluster, "logs", name, *option)
+            no_traceback(one)
+            assert one.returncode == 0 and one.stdout.strip(), (option, one.stderr)
+            assert f"==> {path} <==" in one.stderr
+
+        following = Terminal([CLI, "logs", name, "--cycle", "0", "--follow"], cluster.env())
+        wait_until(lambda: "iteration " in following.read(), 60, "logs --follow to print", 0.2)
+        assert following.interrupt() == 0
+        assert "Traceback" not in following.read()
+
+        watched = subprocess.run(
+            [WATCH, first, "--dry-run"], capture_output=True, text=True, timeout=120,
+            env=cluster.env(NVRX_WATCH_STATE_FILE=str(tmp_path / "state.json")),
+        )  # fmt: skip
+        no_traceback(watched)
+        assert watched.returncode == 0, watched.stderr
+        assert f"watching chain {name} of " in watched.stderr
+    except BaseException:
+        print(logs_on_failure(work))
+        raise
+    finally:
+        cancelled = cli(cluster, "cancel", name)
+    no_traceback(cancelled)
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert cancelled.stdout.strip() == (
+        f"Cancelled chain {name!r}: running {first}; queued {second}"
+    )
+    wait_idle(cluster, name, timeout=120)
+    # Nothing of the chain is left in Slurm, and accounting says why.
+    assert {state(t) for t in tasks(cluster, first).values()} == {"CANCELLED"}
+    assert {state(t) for t in tasks(cluster, second).values()} == {"CANCELLED"}
+    after = wide(cluster, "status", name, "--work-dir", str(work))
+    no_traceback(after)
+    assert after.returncode == 0 and "queued generations: none" in after.stdout
+    assert "chain marker: absent" in after.stdout

@@ -1,0 +1,126 @@
+"""A stand-in for Slurm's command-line tools, for unit tests of what submit does when
+sbatch fails, hangs or is interrupted: cases the real cluster cannot be made to show on
+demand. Real submission is covered by tests/integration/test_chain_*.
+
+The queue is a JSON-lines file; `sbatch` appends a job to it, `squeue` lists it,
+`scancel` marks jobs cancelled, `scontrol show config` answers a few keys. What one
+sbatch call does is steered by files in the stand-in's folder:
+
+- `fail_from`: calls from this number on (1-based) fail like Slurm, queueing nothing;
+- `hang_at`: that call hangs (until killed, or until `release` exists); with
+  `hang_after_queueing` present it queues its job first, as an sbatch whose answer
+  never arrived; it writes `hanging` when it starts to hang.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+_COMMON = r"""#!{python}
+import json, sys, time
+from pathlib import Path
+HERE = Path({here!r})
+QUEUE = HERE / "queue.jsonl"
+def jobs():
+    if not QUEUE.exists():
+        return []
+    return [json.loads(line) for line in QUEUE.read_text().splitlines() if line]
+def save(rows):
+    QUEUE.write_text("".join(json.dumps(r) + "\n" for r in rows))
+def calls(name):
+    log = HERE / "calls"
+    with log.open("a") as fh:
+        fh.write(name + " " + " ".join(sys.argv[1:]) + "\n")
+    return sum(1 for line in log.read_text().splitlines() if line.startswith(name + " "))
+def option(name):
+    for arg in sys.argv[1:]:
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return ""
+"""
+
+_SBATCH = """
+n = calls("sbatch")
+def queue_one():
+    rows = jobs()
+    job_id = str(100 + len(rows) + 1)
+    rows.append({{"id": job_id, "name": option("--job-name"), "work_dir": option("--chdir"),
+                 "user": {user!r}, "state": "PENDING"}})
+    save(rows)
+    return job_id
+fail_from = HERE / "fail_from"
+if fail_from.exists() and n >= int(fail_from.read_text()):
+    print("sbatch: error: QOSMaxSubmitJobPerUserLimit", file=sys.stderr)
+    sys.exit(1)
+hang_at = HERE / "hang_at"
+if hang_at.exists() and n == int(hang_at.read_text()):
+    if (HERE / "hang_after_queueing").exists():
+        queue_one()
+    (HERE / "hanging").write_text(str(n))
+    while not (HERE / "release").exists():
+        time.sleep(0.05)
+print(queue_one())
+"""
+
+_SQUEUE = """
+calls("squeue")
+name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else None
+for job in jobs():
+    if job["state"] == "CANCELLED" or (name and job["name"] != name):
+        continue
+    # USER_JOBS: %A|%F|%K|%j|%u|%T|%N|%r|%Z
+    print("|".join((job["id"], job["id"], "0", job["name"], job["user"], job["state"],
+                    "(null)", "None", job["work_dir"])))
+"""
+
+_SCANCEL = """
+calls("scancel")
+doomed = set(sys.argv[1:])
+save([{{**j, "state": "CANCELLED"}} if j["id"] in doomed else j for j in jobs()])
+"""
+
+_SCONTROL = """
+calls("scontrol")
+print("ClusterName = standin")
+print("MaxArraySize = 1001")
+"""
+
+
+class SlurmStandin:
+    """The stand-in's folder (put `bin` first on PATH) and what the queue holds."""
+
+    def __init__(self, root: Path, user: str):
+        self.root = root
+        self.bin = root / "bin"
+        self.bin.mkdir(parents=True, exist_ok=True)
+        common = _COMMON.format(python=sys.executable, here=str(root))
+        for name, body in (
+            ("sbatch", _SBATCH),
+            ("squeue", _SQUEUE),
+            ("scancel", _SCANCEL),
+            ("scontrol", _SCONTROL),
+        ):
+            path = self.bin / name
+            path.write_text(common + body.format(user=user))
+            path.chmod(0o755)
+
+    def steer(self, **files: str | int) -> None:
+        for name, value in files.items():
+            (self.root / name).write_text(str(value))
+
+    def jobs(self) -> list[dict[str, str]]:
+        queue = self.root / "queue.jsonl"
+        if not queue.exists():
+            return []
+        return [json.loads(line) for line in queue.read_text().splitlines() if line]
+
+    def live(self) -> list[str]:
+        """The ids of the jobs still queued (neither cancelled nor ever queued)."""
+        return [j["id"] for j in self.jobs() if j["state"] != "CANCELLED"]
+
+    def calls(self, command: str) -> list[str]:
+        log = self.root / "calls"
+        lines = log.read_text().splitlines() if log.exists() else []
+        return [line for line in lines if line.split(" ", 1)[0] == command]
