@@ -17,7 +17,7 @@ from bench import chains, extract
 from bench.extract import DETECTION, RESTORE, HandoffSeen
 from bench.harness import Harness
 from bench.report import Metric, Result, phase_metrics
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 
 NAME = "handoff"
 TITLE = "2 hand-off"

@@ -26,7 +26,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.devcluster.poll import Timeout, wait_until
 from nvrx_appliance.entrypoints.launch import nvrx_logfile
 from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurm_output, slurmcli, workdir
 
 # How long a sample waits for NVRx's log to catch up (see Harness.nvrx_events_with).

@@ -15,7 +15,7 @@ from bench import chains, extract
 from bench.extract import NoRestartSeen
 from bench.harness import POLL_S, Harness
 from bench.report import Metric, Result, phase_metrics
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 
 NAME = "norestart"
 TITLE = "4 no-restart"

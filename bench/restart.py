@@ -13,7 +13,7 @@ from bench import chains, extract
 from bench.extract import RestartSeen
 from bench.harness import Harness
 from bench.report import Metric, Result, phase_metrics
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 
 NAME = "restart"
 TITLE = "5 in-job restart"

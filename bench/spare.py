@@ -19,7 +19,7 @@ from bench.extract import SpareSeen
 from bench.harness import Harness
 from bench.norestart import exit93_chain
 from bench.report import Metric, Result
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 
 NAME = "spare"
 TITLE = "3 escaped cold spare"

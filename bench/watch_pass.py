@@ -30,7 +30,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import SlurmPlatform

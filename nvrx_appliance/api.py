@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.settings import extra as extra_args

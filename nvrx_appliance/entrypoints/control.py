@@ -1,7 +1,7 @@
 """The per-generation control directory's contents: task 0's rendezvous record, and the
 rules a peer applies before it trusts any control file.
 
-Layout.control_files(array_job_id) names the files (manifest.ControlFiles, SEAMS.md);
+Layout.control_files(array_job_id) names the files (layout.ControlFiles, SEAMS.md);
 the rules live here as pure functions of what was read, so they are tested without a
 file system.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from nvrx_appliance.entrypoints import control, gate
 from nvrx_appliance.files import write_atomic
-from nvrx_appliance.manifest import ControlFiles
+from nvrx_appliance.layout import ControlFiles
 
 
 class ControlDirError(Exception):

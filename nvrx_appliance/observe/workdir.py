@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.files import read_text
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.types import Cycle
 

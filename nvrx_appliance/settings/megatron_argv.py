@@ -13,13 +13,10 @@ the user's. Megatron needs GPUs; here its own parser checks these argvs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.settings import workload_args
-from nvrx_appliance.settings.chain import effective_profile, train_samples
-
-if TYPE_CHECKING:  # manifest.py holds a ChainSpec: only its type is needed here
-    from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings.chain import ChainSpec, Shape, effective_profile, train_samples
+from nvrx_appliance.settings.policy import Policy
 
 SCRIPT = "pretrain_gpt.py"
 
@@ -125,9 +122,8 @@ def retention_args(save_interval: int, retention: int) -> list[str]:
     return ["--save-retain-interval", str(every)]
 
 
-def fault_args(manifest: Manifest) -> list[str]:
-    spec = manifest.spec
-    if not manifest.policy.faults_active:
+def fault_args(spec: ChainSpec, policy: Policy) -> list[str]:
+    if not policy.faults_active:
         return []
     kinds = [k for k in spec.fault_types.split(",") if k]
     return [
@@ -146,17 +142,15 @@ def preset_args(profile: str) -> list[str]:
     ]  # fmt: skip
 
 
-def length_args(manifest: Manifest) -> list[str]:
+def length_args(spec: ChainSpec) -> list[str]:
     """--train-samples, unless the user measures the run in iterations themselves."""
-    spec = manifest.spec
     if "--train-iters" in workload_args.flags_in(spec.megatron_args):
         return []
     return ["--train-samples", str(train_samples(spec))]
 
 
-def program_argv(manifest: Manifest) -> list[str]:
-    spec, shape = manifest.spec, manifest.shape
-    checkpoints = str(manifest.layout.checkpoints)
+def program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) -> list[str]:
+    checkpoints = str(layout.checkpoints)
     exit_duration = (
         ["--exit-duration-in-mins", str(spec.exit_duration_min)] if spec.exit_duration_min else []
     )
@@ -170,12 +164,12 @@ def program_argv(manifest: Manifest) -> list[str]:
         "--pipeline-model-parallel-size", str(spec.pipeline_parallel),
         "--micro-batch-size", str(spec.micro_batch),
         "--global-batch-size", str(shape.global_batch),
-        *length_args(manifest),
+        *length_args(spec),
         *exit_duration,
         "--load", checkpoints,
         "--save", checkpoints,
         "--save-interval", str(spec.save_interval),
         *retention_args(spec.save_interval, spec.save_retention),
-        *fault_args(manifest),
+        *fault_args(spec, policy),
         *spec.megatron_args,
     ]  # fmt: skip

@@ -1,5 +1,6 @@
 """The program argv each workload is given (what follows the interpreter), computed once
-at submit and written to run.json; the entrypoint runs it verbatim on every node.
+at submit, when manifest.build makes the run manifest, and written to run.json; the
+entrypoint runs it verbatim on every node.
 
 Megatron-LM's pretrain_gpt.py gets megatron_argv.py's; the user's script its own path
 and --script-args; the built-in cpu trainer (entrypoints/workloads/cpu.py) the argv
@@ -8,14 +9,10 @@ below. Pure: no I/O.
 
 from __future__ import annotations
 
-import dataclasses
-from typing import TYPE_CHECKING
-
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.settings import megatron_argv
-from nvrx_appliance.settings.chain import train_samples
-
-if TYPE_CHECKING:  # manifest.py holds a ChainSpec: only its type is needed here
-    from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings.chain import ChainSpec, Shape, train_samples
+from nvrx_appliance.settings.policy import Policy
 
 CPU_MODULE = "nvrx_appliance.entrypoints.workloads.cpu"
 # The spec's faults hit only the first cycle of a generation, so the cycle after the
@@ -26,8 +23,7 @@ CPU_FAULT_CYCLES = 1
 CPU_LOG_INTERVAL = 10
 
 
-def cpu_program_argv(manifest: Manifest) -> list[str]:
-    spec, layout = manifest.spec, manifest.layout
+def cpu_program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) -> list[str]:
     argv = [
         "-m", CPU_MODULE,
         "--save", str(layout.checkpoints),
@@ -35,14 +31,14 @@ def cpu_program_argv(manifest: Manifest) -> list[str]:
         "--save-interval", str(spec.save_interval),
         "--save-retention", str(spec.save_retention),
         "--micro-batch-size", str(spec.micro_batch),
-        "--global-batch-size", str(manifest.shape.global_batch),
+        "--global-batch-size", str(shape.global_batch),
         "--train-samples", str(train_samples(spec)),
         "--progress-log", str(layout.progress_log),
         "--log-interval", str(CPU_LOG_INTERVAL),
     ]  # fmt: skip
     if spec.exit_duration_min:
         argv += ["--exit-duration-in-mins", str(spec.exit_duration_min)]
-    if manifest.policy.faults_active:
+    if policy.faults_active:
         argv += [
             "--fault-injector-ranks", spec.fault_ranks,
             "--fault-injector-fault-types", spec.fault_types,
@@ -52,16 +48,10 @@ def cpu_program_argv(manifest: Manifest) -> list[str]:
     return argv
 
 
-def program_argv(manifest: Manifest) -> list[str]:
-    """The argv after the interpreter, for the manifest's workload."""
-    spec = manifest.spec
+def program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) -> list[str]:
+    """The argv after the interpreter, for the spec's workload."""
     if spec.workload == "script":
         return [spec.script, *spec.script_args]
     if spec.workload == "cpu":
-        return cpu_program_argv(manifest)
-    return megatron_argv.program_argv(manifest)
-
-
-def complete(manifest: Manifest) -> Manifest:
-    """The manifest with its workload's program argv filled in, as submit writes it."""
-    return dataclasses.replace(manifest, workload=tuple(program_argv(manifest)))
+        return cpu_program_argv(spec, shape, policy, layout)
+    return megatron_argv.program_argv(spec, shape, policy, layout)

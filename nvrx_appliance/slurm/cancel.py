@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import PENDING_STATES, RUNNING_STATES
 from nvrx_appliance.observe.workdir import load_manifest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurm_output, slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
 from nvrx_appliance.settings.chain import ChainSpec

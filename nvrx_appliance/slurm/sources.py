@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import workdir
 from nvrx_appliance.observe.slurm_output import AcctRow, ParseError
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable

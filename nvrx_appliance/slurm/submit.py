@@ -22,10 +22,10 @@ from typing import Any
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, qualification_status
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings import program_argv
 from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
@@ -98,7 +98,7 @@ def teardown_source() -> str:
     return (files("nvrx_appliance.slurm") / "teardown.py").read_text()
 
 
-def write_teardown(layout: run_manifest.Layout) -> None:
+def write_teardown(layout: Layout) -> None:
     """Task 0's teardown beside run.json, owner-only: the batch script refuses to run it
     otherwise."""
     write_atomic(layout.teardown, teardown_source(), mode=0o600)
@@ -135,9 +135,7 @@ def plan(
     image = None
     if found is not None and facts.image_manifest is not None:
         image = {**facts.image_manifest, qualification_status.KEY: found.to_json()}
-    manifest = program_argv.complete(
-        run_manifest.build(spec, created=now_iso(), user=user, image=image)
-    )
+    manifest = run_manifest.build(spec, created=now_iso(), user=user, image=image)
     script = render.render(manifest, template=template_text(), extra=extra)
     return Plan(
         manifest=manifest,

@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nvrx_appliance.manifest import Layout, ManifestError, load
+from nvrx_appliance.layout import Layout
+from nvrx_appliance.manifest import ManifestError, load
 from nvrx_appliance.watch import readers, script
 from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable

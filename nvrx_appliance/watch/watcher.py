@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe.types import Checkpoint
 from nvrx_appliance.watch import action_gate, detectors, persistence, readers, sinks
 from nvrx_appliance.watch.config import Settings, Thresholds

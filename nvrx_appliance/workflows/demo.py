@@ -20,7 +20,7 @@ import click
 
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.entrypoints import launch
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm

@@ -29,7 +29,7 @@ from nvrx_appliance.clifail import fail
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm

@@ -22,8 +22,7 @@ import pytest
 
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.entrypoints import control, controldir
-from nvrx_appliance.manifest import ControlFiles
-from nvrx_appliance.settings import program_argv
+from nvrx_appliance.layout import ControlFiles, Layout
 from nvrx_appliance.settings.chain import ChainSpec
 
 from .conftest import Cluster
@@ -69,7 +68,7 @@ def generation(cluster: Cluster, name: str, **settings) -> tuple[Path, Path]:
         **settings,
     )
     built = manifest.build(spec, created=CHAIN, user="root")
-    run_json = manifest.save(program_argv.complete(built))
+    run_json = manifest.save(built)
     script = work / "generation.sbatch"
     script.write_text(SBATCH.format(entrypoint=ENTRYPOINT, run_json=run_json, work=work))
     return work, script
@@ -138,7 +137,7 @@ def test_exit_93_from_ft_launcher_comes_out_of_srun_as_93(cluster: Cluster):
     [record] = cluster.wait_finished(job, 1, timeout=240)
     assert (work / "srun-exit.0").read_text().strip() == "93", outputs(work)
     assert record["ExitCode"] == "93:0"
-    assert manifest.Layout(work).control_files(job).no_restart.exists()
+    assert Layout(work).control_files(job).no_restart.exists()
     assert any(e["event"] == "fault" for e in progress(work))
 
 

@@ -4,7 +4,6 @@ from pathlib import Path
 
 from nvrx_appliance import manifest
 from nvrx_appliance.entrypoints import control
-from nvrx_appliance.settings import program_argv
 from nvrx_appliance.settings.chain import ChainSpec
 
 CHAIN = "2026-01-01T00:00:00Z"  # the chain id run_manifest gives
@@ -12,7 +11,7 @@ CHAIN = "2026-01-01T00:00:00Z"  # the chain id run_manifest gives
 
 def run_manifest(work_dir: Path, **settings) -> manifest.Manifest:
     spec = ChainSpec(work_dir=str(work_dir), **settings)
-    return program_argv.complete(manifest.build(spec, created=CHAIN, user="alice"))
+    return manifest.build(spec, created=CHAIN, user="alice")
 
 
 def record(**changes) -> control.Record:

@@ -26,7 +26,6 @@ from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.manifest import Manifest, build
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.settings.program_argv import program_argv
 
 FT_LAUNCHER = Path(sys.executable).parent / "ft_launcher"
 NPROC = 2
@@ -90,7 +89,7 @@ def launcher_argv(m: Manifest, step_timeout: int = 60) -> list[str]:
         "--ft-cycle-info-dir", str(work / "cycle_infos"),
         "--ft-rank-section-timeouts", f"setup:120,step:{step_timeout},checkpointing:120",
         "--ft-rank-out-of-section-timeout", "120", "--ft-workload-check-interval", "1",
-        "--no-python", *workload_argv(program_argv(m), sys.executable),
+        "--no-python", *workload_argv(list(m.workload), sys.executable),
     ]  # fmt: skip
 
 

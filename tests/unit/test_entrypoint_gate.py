@@ -9,7 +9,7 @@ import pytest
 from nvrx_appliance import exitcodes
 from nvrx_appliance.entrypoints import control, controldir, detect, gate
 from nvrx_appliance.entrypoints.node import Node
-from nvrx_appliance.manifest import ControlFiles
+from nvrx_appliance.layout import ControlFiles
 from tests.unit import entrypoint_support as support
 
 UID = 1000

@@ -21,7 +21,7 @@ import pytest
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.entrypoints import control, controldir, detect, node_lifecycle
 from nvrx_appliance.entrypoints.node import Node
-from nvrx_appliance.manifest import ControlFiles
+from nvrx_appliance.layout import ControlFiles
 from tests.unit import entrypoint_support as support
 
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]

@@ -20,7 +20,7 @@ from nvrx_appliance.entrypoints import env
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.image.pins import load
 from nvrx_appliance.manifest import Manifest, build
-from nvrx_appliance.settings import program_argv, workload_args
+from nvrx_appliance.settings import workload_args
 from nvrx_appliance.settings.chain import ChainSpec, check
 
 HOPPER = 9  # the GPU architecture validate_args is told it runs on
@@ -80,7 +80,7 @@ SHAPE = {"train_tasks": 4, "hot_spares": 1, "gpus_per_node": 8}
 def megatron_manifest(**settings) -> Manifest:
     spec = ChainSpec(work_dir="/lustre/runs/run1", workload="megatron", **{**SHAPE, **settings})
     assert check(spec) == [], check(spec)
-    return program_argv.complete(build(spec, created="2026-12-01T00:00:00Z", user="alice"))
+    return build(spec, created="2026-12-01T00:00:00Z", user="alice")
 
 
 def parse(cases: list[dict]) -> dict:

@@ -12,7 +12,7 @@ from rich.console import Console
 
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
-from nvrx_appliance.manifest import Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.times import parse_time

@@ -8,7 +8,7 @@ from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.manifest import Manifest, build
 from nvrx_appliance.settings import megatron_argv
 from nvrx_appliance.settings.chain import DEFAULT_TRAIN_SAMPLES, ChainSpec
-from nvrx_appliance.settings.program_argv import cpu_program_argv, program_argv
+from nvrx_appliance.settings.program_argv import cpu_program_argv
 
 PY = "/opt/venv/bin/python"
 
@@ -20,7 +20,7 @@ def manifest(**settings) -> Manifest:
 
 def run_argv(m: Manifest, python: str | None = PY) -> list[str]:
     """What ft_launcher starts on each rank for this manifest."""
-    return workload_argv(program_argv(m), python)
+    return workload_argv(list(m.workload), python)
 
 
 def flags(argv: list[str]) -> dict[str, str | None]:
@@ -195,10 +195,10 @@ def test_cpu_argv_is_accepted_by_the_trainer_for_the_manifest_world(mode):
 )
 def test_dispatcher_picks_the_spec_workload(workload, builder):
     m = manifest(workload=workload)
-    assert program_argv(m) == builder(m)
+    assert list(m.workload) == builder(m.spec, m.shape, m.policy, m.layout)
 
 
 def test_default_interpreter_is_the_one_running_the_entrypoint():
     import sys
 
-    assert workload_argv(program_argv(manifest(workload="cpu")))[0] == sys.executable
+    assert workload_argv(list(manifest(workload="cpu").workload))[0] == sys.executable

@@ -23,7 +23,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from nvrx_appliance.entrypoints.workloads import checkpoint_dir
-from nvrx_appliance.manifest import TRACKER_FILE, write_atomic
+from nvrx_appliance.layout import TRACKER_FILE
+from nvrx_appliance.manifest import write_atomic
 
 
 def read_tracker(save_dir: Path) -> int | None:

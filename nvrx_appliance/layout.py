@@ -1,0 +1,157 @@
+"""The work directory's layout: the one place that names its files (SEAMS.md lists who
+writes and who reads each), and one generation's control directory.
+
+Shared vocabulary: it imports nothing of the package, so every layer (the settings
+that build the workload's argv included) can name a file through it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx reads it too
+# One spelling for the batch log's name: sbatch expands the %-pattern, `logs` the values.
+_BATCH_LOG = "slurm-{job_name}-{array_job_id}_{task}.out"
+
+
+@dataclass(frozen=True)
+class ControlFiles:
+    """One generation's control directory (Layout.control) and the files in it; the
+    rules a peer applies before it trusts them are in entrypoints/control.py."""
+
+    directory: Path
+
+    @property
+    def record(self) -> Path:
+        # Task 0's rendezvous record, published by rename.
+        return self.directory / "rdzv.json"
+
+    @property
+    def lease(self) -> Path:
+        # Task 0's liveness lease; its mtime is refreshed while task 0 lives.
+        return self.directory / "task0.lease"
+
+    @property
+    def closed(self) -> Path:
+        # The closed flag: task 0's teardown trap, or a peer that fenced task 0.
+        return self.directory / "closed"
+
+    @property
+    def fence(self) -> Path:
+        # The fence claim: created exclusively by the one peer that ends the generation
+        # on behalf of a task 0 whose lease went stale; whoever fails to create it
+        # leaves quietly.
+        return self.directory / "fence"
+
+    @property
+    def no_restart(self) -> Path:
+        # Written by an entrypoint whose ft_launcher exited 93, before it exits: where
+        # the site kills a step on the first bad exit, srun can hand the trap 143
+        # instead of 93, and this file is the witness that survives that.
+        return self.directory / "no_restart"
+
+
+@dataclass(frozen=True)
+class Layout:
+    work_dir: Path
+
+    @property
+    def run_json(self) -> Path:
+        return self.work_dir / "run.json"
+
+    @property
+    def teardown(self) -> Path:
+        # Task 0's teardown, run by the batch script's EXIT trap on the host (stdlib-only
+        # Python: the host need not have this package). Submit copies it here.
+        return self.work_dir / "teardown.py"
+
+    def sbatch(self, job_name: str) -> Path:
+        return self.work_dir / f"{job_name}.sbatch"
+
+    @property
+    def ledger(self) -> Path:
+        return self.work_dir / "chain.jsonl"
+
+    @property
+    def chain_marker(self) -> Path:
+        # Present while the chain is expected to live; the watcher's chain_exhausted
+        # detector fires when nothing is queued or running but this still exists.
+        return self.work_dir / "chain.active"
+
+    @property
+    def submitted(self) -> Path:
+        # The job ids submit queued. sacct lists a generation cancelled before it ever
+        # started only when asked by id, never by name and time window.
+        return self.work_dir / "submitted.json"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.work_dir / "checkpoints"
+
+    @property
+    def tracker(self) -> Path:
+        return self.checkpoints / TRACKER_FILE
+
+    @property
+    def static_tracker(self) -> Path:
+        # no-restart mode points NVRx at a tracker that never moves, so a fault is
+        # judged "no progress" and ft_launcher exits 93 (the seeds' demo).
+        return self.work_dir / "static_iteration.txt"
+
+    @property
+    def logs(self) -> Path:
+        return self.work_dir / "logs"
+
+    @property
+    def progress_log(self) -> Path:
+        # The cpu workload's structured events (resume, steps, checkpoints).
+        return self.logs / "progress.jsonl"
+
+    @property
+    def batch_log_pattern(self) -> Path:
+        """sbatch --output: one file per array task, the batch script's and srun's output."""
+        return self.logs / _BATCH_LOG.format(job_name="%x", array_job_id="%A", task="%a")
+
+    def batch_log(self, job_name: str, array_job_id: str | int, task: int) -> Path:
+        return self.logs / _BATCH_LOG.format(
+            job_name=job_name, array_job_id=array_job_id, task=task
+        )
+
+    def app_log_base(self, job_name: str, array_job_id: str | int) -> Path:
+        """ft_launcher's --ft-per-cycle-applog-prefix: one per generation, named so a
+        person can find it; NVRx writes each cycle's workload output beside it."""
+        return self.logs / f"{job_name}_{array_job_id}.log"
+
+    def app_log(self, job_name: str, array_job_id: str | int, cycle: int) -> Path:
+        # NVRx 0.7.0 (PipeBasedLogsSpecs.get_cycle_log_file): <stem>_cycle<N><suffix>.
+        base = self.app_log_base(job_name, array_job_id)
+        return base.with_name(f"{base.stem}_cycle{cycle}{base.suffix}")
+
+    def launcher_log(self, array_job_id: str | int) -> Path:
+        """ft_launcher's own log (--ft-nvrx-logfile), per generation."""
+        return self.nvrx_logs(array_job_id) / "ft_launcher.log"
+
+    @property
+    def qualification(self) -> Path:
+        # What `qualify` found, when this chain was a qualification run.
+        return self.work_dir / "qualification.json"
+
+    @property
+    def generations_root(self) -> Path:
+        return self.work_dir / "nvrx"
+
+    def generation(self, array_job_id: str | int) -> Path:
+        return self.generations_root / str(array_job_id)
+
+    def control(self, array_job_id: str | int) -> Path:
+        return self.generation(array_job_id) / "control"
+
+    def control_files(self, array_job_id: str | int) -> ControlFiles:
+        return ControlFiles(self.control(array_job_id))
+
+    def cycle_infos(self, array_job_id: str | int) -> Path:
+        return self.generation(array_job_id) / "cycle_infos"
+
+    def nvrx_logs(self, array_job_id: str | int) -> Path:
+        return self.generation(array_job_id) / "logs"
