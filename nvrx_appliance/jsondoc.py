@@ -3,19 +3,15 @@ times in one format (ISO 8601, UTC, 'Z'), so a script can check what it parses."
 
 from __future__ import annotations
 
-import datetime
 import json
 from typing import Any
 
+from nvrx_appliance.clock import iso_utc
+
+__all__ = ["SCHEMA_VERSION", "dumps", "iso_utc"]
+
 # Raised when a field is removed or changes meaning; adding a field keeps it.
 SCHEMA_VERSION = 1
-
-
-def iso_utc(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    moment = datetime.datetime.fromtimestamp(epoch, tz=datetime.timezone.utc)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def dumps(kind: str, body: dict[str, Any]) -> str:

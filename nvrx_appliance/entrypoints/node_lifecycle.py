@@ -15,7 +15,6 @@ Our own failures use the codes in exitcodes.py, never 93.
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import socket
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.clock import now_iso
 from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, node_probe
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.preflight import (
@@ -72,10 +72,6 @@ def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
     return directory
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
 def fence(node: Node, directory: Path, token: str, reason: str) -> None:
     """Close the generation on behalf of a task 0 whose lease went stale: its node died
     or hangs, and no trap of its own will. Exactly one peer wins the claim; it writes
@@ -93,7 +89,7 @@ def fence(node: Node, directory: Path, token: str, reason: str) -> None:
         "job_id": node.job_id,
         "by": node.label,
         "reason": reason,
-        "time": _now(),
+        "time": now_iso(),
         "task0_host": holder.get("host", ""),
         "task0_started": holder.get("started", ""),
         "checkpoint_start": holder.get("checkpoint_start"),
@@ -242,7 +238,7 @@ def closer(node: Node, directory: Path, token: str):
         try:
             controldir.close(
                 directory,
-                {"generation": token, "exit_code": None, "reason": why, "time": _now()},
+                {"generation": token, "exit_code": None, "reason": why, "time": now_iso()},
             )
         except OSError as exc:
             say(f"could not write the closed flag on {signal.Signals(signum).name}: {exc}")

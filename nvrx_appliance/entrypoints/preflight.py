@@ -5,7 +5,6 @@ A refusal here leaves nothing behind: no control directory, no lease, no record.
 
 from __future__ import annotations
 
-import datetime
 import os
 import shutil
 import socket
@@ -15,6 +14,7 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.clock import now_iso
 from nvrx_appliance.entrypoints import control, detect, launch, node_probe
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.workloads import workload_argv as run_argv
@@ -125,7 +125,7 @@ def task0_record(
         port=manifest.spec.rdzv_port,
         segment=decision.segment,
         cluster_uuid=fabric.cluster_uuid,
-        started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        started=now_iso(),
         array_job_id=node.array_job_id,
         task_id=0,
         job_id=node.job_id,

@@ -17,7 +17,6 @@ import platform
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
 from pathlib import Path
 
 SCHEMA = "nvrx-appliance/image"
@@ -130,6 +129,7 @@ def probe(settings: dict[str, str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     from nvrx_appliance import ENTRYPOINT_PROTOCOL
+    from nvrx_appliance.clock import now_iso
     from nvrx_appliance.files import write_atomic
     from nvrx_appliance.image.pins import parse_settings
 
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     settings = parse_settings(args.settings.read_text())
-    built = datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+    built = now_iso()
     manifest = compose(settings, probe(settings), protocol=ENTRYPOINT_PROTOCOL, built=built)
     found = problems(manifest)
     for line in found:
