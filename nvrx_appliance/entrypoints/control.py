@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,16 +39,44 @@ def same_generation(theirs: str, ours: str) -> bool:
     return a[2] == b[2] or not a[2] or not b[2]
 
 
+def encode_fields(fields: Mapping[str, object]) -> str:
+    """A control file the batch script reads too (the closed flag, the no-restart
+    witness): one `key=value` per line, which bash matches whole (`grep -x`) without
+    parsing JSON. None is written empty; a line break in a value becomes a space."""
+    lines = []
+    for key, value in fields.items():
+        text = "" if value is None else str(value)
+        lines.append(f"{key}={' '.join(text.splitlines())}")
+    return "\n".join(lines) + "\n"
+
+
+def decode_fields(text: str) -> dict[str, str]:
+    """`key=value` lines; a line without `=` is ignored, a repeated key keeps its first."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and key.strip() not in fields:
+            fields[key.strip()] = value
+    return fields
+
+
+def named_generation(text: str) -> str | None:
+    """The generation a control file names: a JSON object's (record, lease) or a
+    `key=value` file's (closed flag, no-restart witness); None when it names none."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return decode_fields(text).get("generation")
+    theirs = data.get("generation") if isinstance(data, dict) else None
+    return theirs if isinstance(theirs, str) else None
+
+
 def foreign(text: str, ours: str) -> bool:
     """Does this control file name another generation than ours? Another run's closed
     flag, lease or record, left under a reused array job id, must be ignored, never
     obeyed. A file that names no generation is not foreign: the gate judges it."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        return False
-    theirs = data.get("generation") if isinstance(data, dict) else None
-    return isinstance(theirs, str) and not same_generation(theirs, ours)
+    theirs = named_generation(text)
+    return theirs is not None and not same_generation(theirs, ours)
 
 
 class RecordError(ValueError):

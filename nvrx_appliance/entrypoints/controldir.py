@@ -155,7 +155,9 @@ def claim_fence(directory: Path, claim: dict) -> bool:
 
 
 def close(directory: Path, flag: dict) -> None:
-    write_atomic(ControlFiles(directory).closed, json.dumps(flag, sort_keys=True) + "\n", 0o600)
+    """The closed flag, `generation` first (the batch script greps for that line)."""
+    fields = {"generation": flag.get("generation"), **flag}
+    write_atomic(ControlFiles(directory).closed, control.encode_fields(fields), 0o600)
 
 
 def publish(directory: Path, record: control.Record) -> Path:
@@ -167,8 +169,8 @@ def publish(directory: Path, record: control.Record) -> Path:
 def mark_no_restart(directory: Path, exit_code: int, generation: str) -> None:
     """The witness of a peer's exit 93: task 0's teardown reads it (the chain ends), and
     spares admitted from now on leave at once (the batch script and the gate)."""
-    doc = {"exit_code": exit_code, "generation": generation}
-    write_atomic(ControlFiles(directory).no_restart, json.dumps(doc) + "\n", 0o600)
+    fields = {"generation": generation, "exit_code": exit_code}
+    write_atomic(ControlFiles(directory).no_restart, control.encode_fields(fields), 0o600)
 
 
 def seed_static_tracker(path: Path) -> None:

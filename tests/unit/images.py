@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance import ENTRYPOINT_PROTOCOL
 from nvrx_appliance.image.image_manifest import compose
 from nvrx_appliance.image.pins import IMAGE_MANIFEST_PATH, build_settings, load
 
@@ -23,7 +24,7 @@ def cpu_manifest(built: str = "2026-01-01", **probed: str) -> dict:
     """The manifest of a CPU image from the real pins; `probed` overrides versions."""
     base = {"python": "3.11.2", "pytorch": "2.13.0+cpu", "nvrx": "0.7.0"}
     settings = build_settings(load(), "cpu", "rootfs")
-    return compose(settings, {**base, **probed}, protocol=1, built=built)
+    return compose(settings, {**base, **probed}, protocol=ENTRYPOINT_PROTOCOL, built=built)
 
 
 def squash(tmp_path: Path, files: dict[str, str], name: str = "img.sqsh") -> Path:

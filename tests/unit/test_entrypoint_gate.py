@@ -281,7 +281,7 @@ def test_another_runs_flag_lease_and_record_under_a_reused_job_id_are_not_seen(t
     ControlFiles(directory).lease.write_text(json.dumps({"generation": other}) + "\n")
     old = os.stat(ControlFiles(directory).lease).st_mtime - 600
     os.utime(ControlFiles(directory).lease, (old, old))
-    ControlFiles(directory).closed.write_text(json.dumps({"generation": other}) + "\n")
+    ControlFiles(directory).closed.write_text(control.encode_fields({"generation": other}))
 
     observed = _observe(directory)
     assert (observed.closed, observed.lease_age, observed.record) == (False, None, None)

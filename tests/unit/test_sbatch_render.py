@@ -150,7 +150,7 @@ def test_the_script_is_thin_names_its_teardown_file_and_arms_the_trap_before_any
 
 def test_a_spare_checks_the_closed_flag_before_starting_a_container():
     text = _script(_manifest(image="/img/a.sqsh", runtime="pyxis"))
-    check = text.index('grep -qsF "\\"generation\\": \\"$GENERATION\\"" "$CLOSED"')
+    check = text.index('grep -qsxF "generation=$GENERATION" "$CLOSED"')
     assert check < text.index("--container-image")
     assert "exit 71" in text  # TASK0_GONE, never 93
 

@@ -16,6 +16,7 @@ import pytest
 
 from nvrx_appliance import manifest
 from nvrx_appliance.devcluster.poll import wait_until
+from nvrx_appliance.entrypoints import control
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit, teardown
 
@@ -169,14 +170,15 @@ def test_slurms_term_at_the_time_limit_runs_the_teardown_at_once_with_143(tmp_pa
         os.killpg(proc.pid, signal.SIGKILL)
     _, ledger = _outcome(tmp_path, work)
     assert (ledger[-1]["exit_code"], ledger[-1]["action"]) == (143, "released_spares")
-    assert json.loads((work / "nvrx/500/control/closed").read_text())["exit_code"] == 143
+    closed = control.decode_fields((work / "nvrx/500/control/closed").read_text())
+    assert closed["exit_code"] == "143"
 
 
 def test_exit_93_passes_through_the_trap_untouched_and_cancels_the_chain(tmp_path):
     done, work, calls, ledger = _run_generation(tmp_path, srun_exit=93)
     assert done.returncode == 93
-    closed = json.loads((work / "nvrx/500/control/closed").read_text())
-    assert closed["exit_code"] == 93
+    closed = control.decode_fields((work / "nvrx/500/control/closed").read_text())
+    assert closed["exit_code"] == "93"
     assert "scancel --state=PENDING --name=demo --user=alice" in calls
     assert ledger[-1]["action"] == "cancelled_chain" and ledger[-1]["task0_node"] == "node1"
     assert not (work / "chain.active").exists()  # the chain ended on purpose
@@ -331,7 +333,7 @@ def test_a_late_spare_leaves_on_its_own_generations_flag_and_not_on_another_runs
 ):
     script, work, env = _prepare(tmp_path, srun_exit=0)
     flag = {"exit_code": None, "generation": generation, "reason": "fenced by task 1"}
-    (_control(work) / "closed").write_text(json.dumps(flag) + "\n")
+    (_control(work) / "closed").write_text(control.encode_fields(flag))
     done = subprocess.run(["bash", str(script)], env=_as_peer(env), capture_output=True, text=True)
     calls = (tmp_path / "calls").read_text().splitlines()
     started = any(call.startswith("srun ") for call in calls)
