@@ -43,15 +43,15 @@ from nvrx_appliance.watch.findings import (
 DetectorFn = Callable[[Snapshot, Thresholds], list[Finding]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Detector:
     name: str
     family: str  # "chain" or "restart"
     severity: str
     needs: tuple[str, ...]  # sources that must have been observed, or it is skipped
-    uses: tuple[str, ...]  # sources it consults when configured: skipped if they failed
-    thresholds: tuple[str, ...]
     fn: DetectorFn
+    uses: tuple[str, ...] = ()  # sources it consults when configured: skipped if they failed
+    thresholds: tuple[str, ...] = ()  # the Thresholds fields it reads
     # Sources whose loss can only hide a finding: it still runs on the rest, but what it
     # does not find then is not taken as resolved.
     hidden_by: tuple[str, ...] = ()
@@ -510,87 +510,105 @@ def source_unavailable(snap: Snapshot, t: Thresholds) -> list[Finding]:
 
 ALL: tuple[Detector, ...] = (
     Detector(
-        "orphaned_generation",
-        "chain",
-        WARNING,
-        (SLURM,),
-        (),
-        ("grace",),
-        orphaned_generation,
+        name="orphaned_generation",
+        family="chain",
+        severity=WARNING,
+        needs=(SLURM,),
+        thresholds=("grace",),
         hidden_by=(FOLLOW_UP,),
+        fn=orphaned_generation,
     ),
     Detector(
-        "stranded_generation",
-        "chain",
-        CRITICAL,
-        (SLURM,),
-        (),
-        ("grace",),
-        stranded_generation,
+        name="stranded_generation",
+        family="chain",
+        severity=CRITICAL,
+        needs=(SLURM,),
+        thresholds=("grace",),
         hidden_by=(FOLLOW_UP,),
+        fn=stranded_generation,
     ),
-    Detector("chain_exhausted", "chain", CRITICAL, (SLURM, MARKER), (), (), chain_exhausted),
     Detector(
-        "chain_not_cancelled",
-        "chain",
-        CRITICAL,
-        (SLURM,),
-        (),
-        (),
-        chain_not_cancelled,
+        name="chain_exhausted",
+        family="chain",
+        severity=CRITICAL,
+        needs=(SLURM, MARKER),
+        fn=chain_exhausted,
+    ),
+    Detector(
+        name="chain_not_cancelled",
+        family="chain",
+        severity=CRITICAL,
+        needs=(SLURM,),
         hidden_by=(FOLLOW_UP,),
+        fn=chain_not_cancelled,
     ),
     Detector(
-        "generation_churn",
-        "chain",
-        WARNING,
-        (SLURM,),
-        (),
-        ("churn_window", "max_generations_per_window"),
-        generation_churn,
+        name="generation_churn",
+        family="chain",
+        severity=WARNING,
+        needs=(SLURM,),
+        thresholds=("churn_window", "max_generations_per_window"),
         hidden_by=(FOLLOW_UP,),
+        fn=generation_churn,
     ),
     Detector(
-        "restart_storm",
-        "restart",
-        WARNING,
-        (CYCLES,),
-        (),
-        ("storm_cycles", "storm_window"),
-        restart_storm,
+        name="restart_storm",
+        family="restart",
+        severity=WARNING,
+        needs=(CYCLES,),
+        thresholds=("storm_cycles", "storm_window"),
+        fn=restart_storm,
     ),
     Detector(
-        "stalled_progress",
-        "restart",
-        CRITICAL,
-        (CYCLES, CHECKPOINT),
-        (SLURM,),
-        ("stall_cycles",),
-        stalled_progress,
+        name="stalled_progress",
+        family="restart",
+        severity=CRITICAL,
+        needs=(CYCLES, CHECKPOINT),
+        uses=(SLURM,),
+        thresholds=("stall_cycles",),
+        fn=stalled_progress,
     ),
     Detector(
-        "cycle_stalled", "restart", CRITICAL, (CYCLES,), (SLURM,), ("stall_seconds",), cycle_stalled
+        name="cycle_stalled",
+        family="restart",
+        severity=CRITICAL,
+        needs=(CYCLES,),
+        uses=(SLURM,),
+        thresholds=("stall_seconds",),
+        fn=cycle_stalled,
     ),
     Detector(
-        "restart_budget_low",
-        "restart",
-        WARNING,
-        (CYCLES,),
-        (SLURM,),
-        ("budget_fraction",),
-        restart_budget_low,
+        name="restart_budget_low",
+        family="restart",
+        severity=WARNING,
+        needs=(CYCLES,),
+        uses=(SLURM,),
+        thresholds=("budget_fraction",),
+        fn=restart_budget_low,
     ),
-    Detector("spares_exhausted", "restart", INFO, (CYCLES,), (SLURM,), (), spares_exhausted),
     Detector(
-        "suspect_node",
-        "restart",
-        WARNING,
-        (CYCLES,),
-        (),
-        ("short_cycle_seconds", "suspect_cycles"),
-        suspect_node,
+        name="spares_exhausted",
+        family="restart",
+        severity=INFO,
+        needs=(CYCLES,),
+        uses=(SLURM,),
+        fn=spares_exhausted,
     ),
-    Detector("source_unavailable", "watch", WARNING, (), (), (), source_unavailable),
+    Detector(
+        name="suspect_node",
+        family="restart",
+        severity=WARNING,
+        needs=(CYCLES,),
+        thresholds=("short_cycle_seconds", "suspect_cycles"),
+        fn=suspect_node,
+    ),
+    Detector(
+        name="source_unavailable",
+        family="watch",
+        severity=WARNING,
+        needs=(),
+        fn=source_unavailable,
+    ),
 )
 NAMES = [d.name for d in ALL]
 

@@ -12,13 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.slurm_output import CHAIN_TASKS, ENDINGS, IDENTITY, ParseError
 from nvrx_appliance.observe.slurmcli import DEFAULT_TIMEOUT_S, Runner, Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import Ending, Generation
 
-__all__ = ["JobInfo", "SlurmPlatform", "SlurmUnavailable"]
+__all__ = [
+    "JobInfo",
+    "NotConfigured",
+    "NullPlatform",
+    "Platform",
+    "SlurmPlatform",
+    "SlurmUnavailable",
+]
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,50 @@ class JobInfo:
     work_dir: str = ""
     command: str = ""  # the batch script's path (scontrol's Command=, or sacct's SubmitLine)
     source: str = ""  # "scontrol", "sacct" or "state"
+
+
+class NotConfigured(SlurmUnavailable):
+    """No scheduler is asked (--platform none): not a failure, a choice."""
+
+
+class Platform(Protocol):
+    """What the watcher asks of the scheduler; every call raises SlurmUnavailable when
+    it cannot answer (NotConfigured when nothing is to be asked)."""
+
+    name: str
+
+    def describe(self, job_id: str) -> JobInfo | None: ...
+
+    def generations(self, job_name: str, owner: str) -> tuple[Generation, ...]: ...
+
+    def endings(self, job_name: str, owner: str, window_s: float) -> tuple[Ending, ...]: ...
+
+    def task0_endings(self, array_job_ids: Sequence[str]) -> tuple[Ending, ...]: ...
+
+    def scancel(self, argv: Sequence[str]) -> None: ...
+
+
+class NullPlatform:
+    """--platform none: the watcher reads the chain's files only; the scheduler's
+    source is "not configured" and the detectors that need it are skipped."""
+
+    name = "none"
+    why = "--platform none"
+
+    def describe(self, job_id: str) -> JobInfo | None:
+        return None
+
+    def generations(self, job_name: str, owner: str) -> tuple[Generation, ...]:
+        raise NotConfigured(self.why)
+
+    def endings(self, job_name: str, owner: str, window_s: float) -> tuple[Ending, ...]:
+        raise NotConfigured(self.why)
+
+    def task0_endings(self, array_job_ids: Sequence[str]) -> tuple[Ending, ...]:
+        raise NotConfigured(self.why)
+
+    def scancel(self, argv: Sequence[str]) -> None:
+        raise NotConfigured(self.why)
 
 
 class SlurmPlatform:

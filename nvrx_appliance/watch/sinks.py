@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from nvrx_appliance import __version__
 from nvrx_appliance.files import write_atomic
@@ -95,6 +96,18 @@ def line(finding: Finding) -> str:
     return f"{text}. {finding.detail}" if finding.detail else text
 
 
+class Sink(Protocol):
+    """Where a finding is paged. `resolves` says whether it can close a page once its
+    condition is gone (PagerDuty can; a posted webhook message cannot be taken back)."""
+
+    name: str
+    resolves: bool
+
+    def send(self, finding: Finding, snap: Snapshot) -> None: ...
+
+    def resolve(self, key: str) -> None: ...
+
+
 class LogSink:
     name = "log"
 
@@ -136,6 +149,7 @@ class PagerDutySink:
     resolve once the condition is gone."""
 
     name = "pagerduty"
+    resolves = True
 
     def __init__(self, url: str, routing_key: str, job_id: str = "") -> None:
         self.url = url
@@ -182,9 +196,13 @@ class WebhookSink:
     finding rides along for any other receiver."""
 
     name = "webhook"
+    resolves = False
 
     def __init__(self, url: str) -> None:
         self.url = url
+
+    def resolve(self, key: str) -> None:
+        """Nothing to close: what was posted stays posted."""
 
     def send(self, finding: Finding, snap: Snapshot) -> None:
         body = {

@@ -19,7 +19,7 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import ManifestError, load
 from nvrx_appliance.watch import readers, script
 from nvrx_appliance.watch.findings import Run
-from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.platform import JobInfo, Platform, SlurmUnavailable
 
 
 class ResolveError(Exception):
@@ -44,7 +44,7 @@ def cycle_glob(layout: Layout) -> str:
     return str(layout.cycle_infos("*") / "cycle_info.*")
 
 
-def identify(request: Request, platform: SlurmPlatform | None, caller: str, known: dict) -> JobInfo:
+def identify(request: Request, platform: Platform, caller: str, known: dict) -> JobInfo:
     """Name and owner. Raises SlurmUnavailable when Slurm cannot answer and the job id has
     no remembered identity (`known`: job id -> identity from the state file). --user
     names the owner over all of them (an SRE watching another's chain by name)."""
@@ -52,10 +52,8 @@ def identify(request: Request, platform: SlurmPlatform | None, caller: str, know
     return replace(info, owner=request.user) if request.user else info
 
 
-def _identify(
-    request: Request, platform: SlurmPlatform | None, caller: str, known: dict
-) -> JobInfo:
-    if platform is None or not request.job_id:
+def _identify(request: Request, platform: Platform, caller: str, known: dict) -> JobInfo:
+    if request.platform == "none" or not request.job_id:
         if not request.job_name and not request.work_dir and not request.cycle_info_glob:
             raise ResolveError("give a job id, or --job-name, or --work-dir with --platform none")
         return JobInfo(job_name=request.job_name, owner=caller, work_dir=request.work_dir)

@@ -37,7 +37,7 @@ from nvrx_appliance.watch.findings import (
     Snapshot,
     SourceStatus,
 )
-from nvrx_appliance.watch.platform import JobInfo, SlurmPlatform, SlurmUnavailable
+from nvrx_appliance.watch.platform import JobInfo, NotConfigured, Platform, SlurmUnavailable
 from nvrx_appliance.watch.readers import CycleReader, CycleScan, ReadError
 
 CLEAN, DEGRADED, CRITICAL_EXIT = 0, 1, 2
@@ -64,12 +64,12 @@ class PassResult:
 @dataclass
 class Watcher:
     run: Run
-    platform: SlurmPlatform | None
+    platform: Platform
     thresholds: Thresholds
     settings: Settings
     caller: str
     logger: logging.Logger
-    paging: Sequence[Any] = ()  # PagerDutySink / WebhookSink
+    paging: Sequence[sinks.Sink] = ()  # PagerDutySink / WebhookSink
     job_id: str = ""
     identity: JobInfo | None = (
         None  # remembered so the chain is followed after Slurm forgets the id
@@ -115,13 +115,13 @@ class Watcher:
         if self.blind:
             sources[SLURM] = SourceStatus(UNAVAILABLE, self.blind)
             return (), ()
-        if self.platform is None:
-            sources[SLURM] = SourceStatus(NOT_CONFIGURED, "--platform none")
-            return (), ()
         name, owner = self.run.job_name, self.run.owner
         try:
             generations = self.platform.generations(name, owner)
             endings = self.platform.endings(name, owner, self.thresholds.churn_window)
+        except NotConfigured as exc:
+            sources[SLURM] = SourceStatus(NOT_CONFIGURED, str(exc))
+            return (), ()
         except SlurmUnavailable as exc:
             sources[SLURM] = SourceStatus(UNAVAILABLE, str(exc))
             return (), ()
@@ -236,7 +236,7 @@ class Watcher:
                 self.logger.warning("dry run (not run): %s", action.command)
             elif not self.settings.act:
                 self.logger.warning("observe-only (pass --act to run it): %s", action.command)
-            elif self.platform is not None:
+            else:
                 try:
                     self.platform.scancel(action.argv)
                     result.acted.append(action.command)
@@ -267,10 +267,12 @@ class Watcher:
             alerts[sink.name] = persistence.prune(sent, now, ALERT_MEMORY)
         return alerts
 
-    def _resolve_cleared(self, sink, sent: dict, snap: Snapshot, findings, result) -> None:
+    def _resolve_cleared(
+        self, sink: sinks.Sink, sent: dict, snap: Snapshot, findings, result
+    ) -> None:
         """Close what was paged and is gone, if the detector that paged it ran this pass
         on everything it consults (a missing ending hides a finding, it does not end it)."""
-        if not hasattr(sink, "resolve"):
+        if not sink.resolves:
             return
         firing = {f.key for f in findings}
         ran = {d.name for d in detectors.ALL if detectors.complete(d, snap)}
