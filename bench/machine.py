@@ -54,7 +54,7 @@ def _command(argv: list[str], env: dict[str, str] | None = None) -> str:
 # every process a recovery starts (the entrypoint, ft_launcher, each worker).
 IMPORTS = {
     "python": "sys",
-    "entrypoint": "nvrx_appliance.entrypoints.main",
+    "entrypoint": "nvrx_appliance.cli.entrypoint",
     "ft_launcher": "nvidia_resiliency_ext.fault_tolerance.launcher",
     "worker (torch)": "torch, torch.distributed",
 }

@@ -1,10 +1,11 @@
-"""The typed Python API: what the CLI does, for scripts that launch chains.
+"""The typed Python API, and the one way in: the CLI, the workflows (qualify, the demo)
+and scripts that launch chains all resolve, check, submit and read chains through it.
 
     from nvrx_appliance import api
 
     spec = api.chain_spec(work_dir="/lustre/alice/run", image="/lustre/img.sqsh",
                           train_tasks=32, hot_spares=1, cold_spares=32, depth=8)
-    chain = api.submit(spec, sbatch_args=["--account=ml"])
+    chain = api.submit(spec, sbatch_args=["--account=ml"])   # a Submitted
     view = api.status(chain)          # a ChainView: generations, tasks, cycles, checkpoint
     text = api.logs(chain).text       # task 0's batch log of the newest generation
     api.cancel(chain)
@@ -18,6 +19,7 @@ Settings resolve exactly as the CLI's (keywords, the flags' names with underscor
 NVRX_* variables, which beat a config file, which beats the defaults) and are checked by
 the same rules; a refusal raises SettingsError with every problem, each naming the flag
 and the fix, before anything is written or queued. Slurm failures raise SlurmUnreachable.
+Nothing here prints or exits.
 """
 
 from __future__ import annotations
@@ -50,17 +52,20 @@ __all__ = [
     "ChainView",
     "LogFile",
     "LogMissing",
+    "Resolution",
     "SettingsError",
     "SlurmUnreachable",
     "SubmitFailed",
     "SubmitInterrupted",
     "SubmitPlan",
+    "Submitted",
     "cancel",
     "chain_spec",
     "follow_logs",
     "locate",
     "logs",
     "prepare",
+    "resolve_settings",
     "status",
     "submit",
 ]
@@ -70,6 +75,9 @@ ChainNotFound = workdir.NotFound  # no chain of this user behind a job id, name 
 # A checked, rendered submission (run manifest, sbatch script, sbatch lines, warnings);
 # nothing of it is written until it is submitted.
 SubmitPlan = submitting.Plan
+# A queued chain: the plan it was queued from (plan.manifest: the run manifest) and the
+# job ids of its generations, oldest first; job_name and work_dir name the chain.
+Submitted = submitting.Submitted
 
 
 class SettingsError(ValueError):
@@ -96,7 +104,7 @@ class SubmitInterrupted(SubmitFailed):
 
 @dataclass(frozen=True)
 class Chain:
-    """A queued chain: its name, work dir and the job ids of its generations, oldest first."""
+    """A chain by name and work dir, with the job ids of its generations, oldest first."""
 
     job_name: str
     work_dir: Path
@@ -123,7 +131,48 @@ class LogMissing(LookupError):
         self.generation, self.path = generation, path
 
 
-Target = Chain | str  # a Chain, or any job id of the chain, or its job name
+# A chain as submit returned it, or any job id of the chain, or its job name.
+Target = Chain | Submitted | str
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Every setting's value and where it came from, and what to tell the user about
+    the names read (the reference scripts' variables)."""
+
+    spec: ChainSpec
+    origins: dict[str, str]  # field name -> "flag --x", "env NVRX_X", "config F", "default"
+    notices: tuple[str, ...] = ()
+
+
+def resolve_settings(
+    flags: Mapping[str, Any],
+    config: str | Path | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    sbatch_args: Sequence[str] = (),
+) -> Resolution:
+    """Resolve every setting as `submit` does: `flags` (None: not given) beat NVRX_*
+    variables, which beat the `config` file, which beats the defaults. Unchecked: see
+    `chain_spec` and `prepare`. Raises SettingsError."""
+    found = extra_args.problem(tuple(sbatch_args))
+    if found:
+        raise SettingsError([f"after `--`: {found}"])
+    env = os.environ if environ is None else environ
+    try:
+        resolved = resolve.resolve(
+            flags,
+            env,
+            resolve.read_config(str(config)) if config else {},
+            config_source=str(config or ""),
+            cwd=str(cwd or os.getcwd()),
+            python=sys.executable,
+        )
+    except resolve.SettingError as exc:
+        raise SettingsError([str(exc)]) from None
+    notices = tuple(resolve.seed_notices(resolved, env))
+    return Resolution(resolved.spec, resolved.origins, notices)
 
 
 def chain_spec(
@@ -137,28 +186,17 @@ def chain_spec(
 
     `settings` are keyed by field name (`train_tasks=32`); list settings (`megatron_args`,
     `script_args`) take the arguments as a list, or a string naming an arguments file, as
-    their flags do. `environ` defaults to
-    os.environ; pass {} to ignore NVRX_* variables.
+    their flags do. `environ` defaults to os.environ; pass {} to ignore NVRX_* variables.
     """
     names = {f.name for f in spec_fields()}
     unknown = sorted(set(settings) - names)
     if unknown:
         raise SettingsError([f"{name}: no such setting; see docs/knobs.md" for name in unknown])
-    try:
-        resolved = resolve.resolve(
-            settings,
-            os.environ if environ is None else environ,
-            resolve.read_config(str(config)) if config else {},
-            config_source=str(config or ""),
-            cwd=str(cwd or os.getcwd()),
-            python=sys.executable,
-        )
-    except resolve.SettingError as exc:
-        raise SettingsError([str(exc)]) from None
-    problems = check(resolved.spec)
+    spec = resolve_settings(settings, config, environ=environ, cwd=cwd).spec
+    problems = check(spec)
     if problems:
         raise SettingsError([str(p) for p in problems])
-    return resolved.spec
+    return spec
 
 
 def prepare(
@@ -200,7 +238,7 @@ def submit(
     sbatch_args: Sequence[str] = (),
     force: bool = False,
     on_wait: Callable[[str], None] = lambda line: None,
-) -> Chain:
+) -> Submitted:
     """Write run.json and the sbatch into the work dir and queue the chain: a ChainSpec
     is prepared first (see `prepare`); a SubmitPlan is queued as it was reviewed, after
     its Slurm checks run again (a job may hold its name by now: SettingsError).
@@ -214,7 +252,7 @@ def submit(
     else:
         plan = prepare(spec, sbatch_args=sbatch_args, force=force)
     try:
-        done = submitting.submit(plan, on_wait=on_wait)
+        return submitting.submit(plan, on_wait=on_wait)
     except submitting.Refused as exc:
         raise SettingsError([str(p) for p in exc.problems]) from None
     except submitting.SubmitInterrupted as exc:
@@ -223,15 +261,12 @@ def submit(
         raise SubmitFailed(str(exc)) from None
     except submit_lock.LockBusy as exc:
         raise SubmitFailed(f"nothing was written or queued: {exc}") from None
-    return Chain(
-        plan.manifest.spec.job_name, Path(plan.manifest.spec.work_dir), tuple(done.job_ids)
-    )
 
 
 def locate(target: Target, *, work_dir: str | Path | None = None) -> tuple[Path, str | None]:
     """(work dir, the generation a job id names) of the chain `target` belongs to.
     `work_dir` finds the chain without Slurm, once Slurm has forgotten the job."""
-    if isinstance(target, Chain):
+    if isinstance(target, (Chain, Submitted)):
         return target.work_dir, None
     if work_dir:
         return Path(work_dir).resolve(), (target if target.isdigit() else None)

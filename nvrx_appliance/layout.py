@@ -96,7 +96,7 @@ class Layout:
     @property
     def static_tracker(self) -> Path:
         # no-restart mode points NVRx at a tracker that never moves, so a fault is
-        # judged "no progress" and ft_launcher exits 93 (the seeds' demo).
+        # judged "no progress" and ft_launcher exits 93 (the reference deployment's demo).
         return self.work_dir / "static_iteration.txt"
 
     @property

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.manifest import Manifest
 
-# Transformer Engine leaves SMs free for communication kernels (the seeds' value).
+# Transformer Engine leaves SMs free for communication kernels (the reference deployment's value).
 TE_SM_MARGIN = "16"
 # torch elastic turns only these into a clean shutdown of the workers; any other signal
 # kills ft_launcher outright and orphans its workers, which run in their own sessions.

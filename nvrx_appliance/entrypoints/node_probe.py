@@ -61,3 +61,21 @@ def own_names(env: Mapping[str, str]) -> frozenset[str]:
         except OSError:
             continue
     return frozenset(names | addresses)
+
+
+def detect_report() -> dict:
+    """What `nvrx-entrypoint detect` shows: this node's GPUs, their ClusterUUID, and the
+    segment decision `auto` would take here."""
+    fabric = node_fabric()
+    auto = detect.decide("auto", fabric)
+    return {
+        "hostname": socket.gethostname(),
+        "gpus": [
+            {"bus_id": g.bus_id, "name": g.name, "uuid": g.uuid, "cluster_uuid": g.cluster_uuid}
+            for g in fabric.gpus
+        ],
+        "cluster_uuid": fabric.cluster_uuid,
+        "reason": fabric.reason,
+        "auto_segment": auto.segment,
+        "auto_reason": auto.reason,
+    }

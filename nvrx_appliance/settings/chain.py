@@ -33,7 +33,7 @@ FAULT_TYPES = ("exception", "exit", "hang")
 
 
 def _opt(default: Any, help: str, env: str | None = None, **extra: Any) -> Any:
-    """A ChainSpec field with its CLI help and the seeds' NVRX_* environment name."""
+    """A ChainSpec field with its CLI help and the reference deployment's NVRX_* environment name."""
     meta = {"help": help, "env": env, **extra}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
@@ -72,7 +72,7 @@ class ChainSpec:
     image: str = _opt(
         "", "Appliance image (.sqsh / .sif); empty runs bare metal.", "NVRX_CONTAINER_IMAGE"
     )
-    # None: default mounts (the work dir); "": explicitly none, as in the seeds.
+    # None: default mounts (the work dir); "": explicitly none, as in the reference deployment.
     mounts: str | None = _opt(
         None,
         "Container mounts SRC:DST[,..]; unset mounts the work dir, empty mounts nothing.",
@@ -601,7 +601,7 @@ def from_dict(data: dict[str, Any]) -> ChainSpec:
     return ChainSpec(**data)
 
 
-# The seeds' --train-samples: far more than one generation can train, so a generation
+# The reference deployment's --train-samples: far more than one generation can train, so a generation
 # ends by its time limit, the exit duration or a fault, never by running out of samples.
 DEFAULT_TRAIN_SAMPLES = 10_485_760
 
@@ -609,3 +609,15 @@ DEFAULT_TRAIN_SAMPLES = 10_485_760
 def train_samples(spec: ChainSpec) -> int:
     """What every workload is told to train for (the cpu trainer and Megatron agree)."""
     return spec.train_samples or DEFAULT_TRAIN_SAMPLES
+
+
+def shown_default(field: dataclasses.Field) -> str:
+    """A setting's default as help and docs show it."""
+    if field.default_factory is not dataclasses.MISSING:
+        return "none" if not field.default_factory() else str(field.default_factory())
+    default = field.default
+    if isinstance(default, bool):
+        return "on" if default else "off"
+    if default is None:
+        return "unset"
+    return "empty" if default == "" else str(default)

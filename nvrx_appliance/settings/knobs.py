@@ -27,14 +27,14 @@ _HEAD = """# Every knob of `nvrx-appliance submit`
 Generated from `nvrx_appliance/settings/chain.py` by `python -m nvrx_appliance.settings.knobs`;
 do not edit by hand.
 
-Each setting is read from the flag, else the environment variable (the seeds' names),
+Each setting is read from the flag, else the environment variable (the reference deployment's names),
 else the `--config FILE.toml` key, else the default. A config key is the flag's name
 without its leading dashes, written with `-` or `_` (`train-tasks = 4`,
 `train_tasks = 4`, `time = "02:00:00"`); the setting's own name, where it differs from
 the flag's (`time_limit`), is accepted too. `nvrx-appliance submit --print-config` shows
 every resolved value and where it came from. Two settings tell unset from empty, as in
-the seeds: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
-value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the seeds'
+the reference deployment: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
+value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the reference deployment's
 `NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`. The arguments settings
 (`--megatron-args`, `--script-args`) name a file on the flag and in the environment; in
 the config file they are a TOML list of arguments, or a string naming such a file.

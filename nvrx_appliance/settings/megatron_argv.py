@@ -5,9 +5,9 @@ The appliance always sets what the chain depends on (workload_args.OWNED_MEGATRO
 NVRx's section API (--enable-ft-package), checkpoints saved to and resumed from the work
 directory's checkpoints/ (whose tracker NVRx and the chain read), the parallel and batch
 shape the chain was validated for, and the demo modes' fault injector. A preset (the
-seeds' `small` and `8b` profiles, on mock data with NullTokenizer) follows, then the
-user's --megatron-args, last, so they override the preset. Profile `none` passes only
-the user's. Megatron needs GPUs; here its own parser checks these argvs
+reference deployment's `small` and `8b` profiles, on mock data with NullTokenizer) follows,
+then the user's --megatron-args, last, so they override the preset. Profile `none` passes
+only the user's. Megatron needs GPUs; here its own parser checks these argvs
 (tests/unit/test_megatron_parser.py).
 """
 
@@ -20,7 +20,7 @@ from nvrx_appliance.settings.policy import Policy
 
 SCRIPT = "pretrain_gpt.py"
 
-# The seeds' profiles. `small` reaches a step and a checkpoint on a couple of GPUs,
+# The reference deployment's profiles. `small` reaches a step and a checkpoint on a couple of GPUs,
 # which is all a restart demo needs; `8b` is an 8B dense model (about 2 GB200 nodes).
 PROFILES: dict[str, list[str]] = {
     "small": [
@@ -108,7 +108,7 @@ _CHECKPOINT_FORMAT = [
 ]  # fmt: skip
 
 
-# The seeds' --save-retain-interval. Megatron deletes every checkpoint but the newest
+# The reference deployment's --save-retain-interval. Megatron deletes every checkpoint but the newest
 # unless its iteration is a multiple of this, and asserts it is a multiple of the save
 # interval; it has no "keep the newest N", so any retention > 0 means: the newest, plus
 # one about every 10000 iterations. Retention 0 keeps everything.
@@ -134,7 +134,7 @@ def fault_args(spec: ChainSpec, policy: Policy) -> list[str]:
 
 
 def preset_args(profile: str) -> list[str]:
-    """A demo preset: the seeds' model on mock data (none: nothing)."""
+    """A demo preset: the reference deployment's model on mock data (none: nothing)."""
     if profile == "none":
         return []
     return [

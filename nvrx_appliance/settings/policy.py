@@ -16,7 +16,7 @@ from typing import Any
 from nvrx_appliance.settings.chain import ChainSpec, faults_active
 
 # The hand-off demo fails task 0's node (infra rank 0) at cycles 1 and 2, after the
-# workload fault has advanced the cycle and a checkpoint exists (the seeds' default).
+# workload fault has advanced the cycle and a checkpoint exists (the reference deployment's default).
 HANDOFF_GPU_FAILURE = "1:0,2:0"
 
 

@@ -6,7 +6,7 @@ submit runs (its current directory and its Python), and how to read the argument
 that --megatron-args and --script-args name. Every value remembers where it came from, so
 `submit --print-config` can answer "why is this 8?" without guessing.
 
-Unset versus empty matters for two settings, as in the seeds: `mounts` and
+Unset versus empty matters for two settings, as in the reference deployment: `mounts` and
 `gpu_failure` unset take the default, an explicit empty value (flag, environment or
 config file) turns them off. Everywhere else an empty environment variable counts as set.
 """
@@ -35,8 +35,8 @@ from nvrx_appliance.settings.chain import (
     spec_fields,
 )
 
-# The seeds' environment names that do not map one to one onto a field.
-# NVRX_NO_RESTART_DEMO=1 is the seeds' default demo, =0 their hand-off demo.
+# The reference deployment's environment names that do not map one to one onto a field.
+# NVRX_NO_RESTART_DEMO=1 is the reference deployment's default demo, =0 its hand-off demo.
 _LEGACY_MODE = {"NVRX_NO_RESTART_DEMO": {"1": "no-restart", "0": "handoff"}}
 # The reference scripts' own environment names, honoured with a notice naming ours.
 SEED_NAMES = {
@@ -50,9 +50,9 @@ SEED_NAMES = {
     "SAVE_INTERVAL": "save_interval",
     "TRAIN_SAMPLES": "train_samples",
 }
-# The seeds name fault kinds as Megatron's injector does (async_exc); ours are plainer.
+# The reference deployment names fault kinds as Megatron's injector does (async_exc); ours are plainer.
 _FAULT_KIND_OF = {megatron: ours for ours, megatron in workload_args.MEGATRON_FAULT_TYPES.items()}
-# The seeds turn segment-aware mode off with an explicitly empty NVRX_SEGMENT.
+# The reference deployment turns segment-aware mode off with an explicitly empty NVRX_SEGMENT.
 _EMPTY_MEANS = {"segment": "off"}
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}

@@ -1,1 +1,3 @@
-"""Host side on Slurm: the sbatch template, the Slurm CLI adapter, submit, teardown, ledger."""
+"""The chain on Slurm, host side: submit (plan, lock, queue, roll back), the generation's
+sbatch template and task 0's teardown, status, logs and cancel. The Slurm commands
+themselves are run and parsed in observe/slurmcli.py, the one Slurm adapter."""

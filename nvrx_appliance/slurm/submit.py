@@ -8,7 +8,6 @@ interrupted sbatch midway cancels what was already queued and says so.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.layout import Layout
@@ -75,8 +75,18 @@ class Plan:
 
 @dataclass(frozen=True)
 class Submitted:
+    """A queued chain: the plan it was queued from and its generations, oldest first."""
+
     job_ids: list[str]
     plan: Plan
+
+    @property
+    def job_name(self) -> str:
+        return self.plan.manifest.spec.job_name
+
+    @property
+    def work_dir(self) -> Path:
+        return Path(self.plan.manifest.spec.work_dir)
 
     def to_json(self) -> dict:
         spec, layout = self.plan.manifest.spec, self.plan.manifest.layout
@@ -102,10 +112,6 @@ def write_teardown(layout: Layout) -> None:
     """Task 0's teardown beside run.json, owner-only: the batch script refuses to run it
     otherwise."""
     write_atomic(layout.teardown, teardown_source(), mode=0o600)
-
-
-def now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def plan(

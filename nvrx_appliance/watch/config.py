@@ -62,7 +62,7 @@ class Thresholds:
     stall_seconds: float = _threshold(
         HOUR,
         "s",
-        "longer than any section timeout of a sane run (the seeds default to 10 min "
+        "longer than any section timeout of a sane run (the reference deployment defaults to 10 min "
         "for setup and checkpointing), so a cycle this quiet is wedged, not slow",
     )
     budget_fraction: float = _threshold(

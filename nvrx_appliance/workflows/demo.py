@@ -1,6 +1,7 @@
-"""`nvrx-appliance demo` (`make demo`): the hand-off demo on the local Slurm cluster.
+"""The hand-off demo on the local Slurm cluster (`nvrx-appliance demo`, `make demo`;
+cli/demo.py is its command line).
 
-Brings the cluster up, submits the seeds' hand-off demo with the cpu trainer on bare
+Brings the cluster up, submits the reference deployment's hand-off demo with the cpu trainer on bare
 metal (a workload fault -> in-job restart; the GPU-failure injector on task 0's node ->
 the next generation takes over), follows it, and ends with a recovery report.
 """
@@ -12,23 +13,27 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import click
-
+from nvrx_appliance import api
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
-from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import flag
-from nvrx_appliance.slurm import sources
-from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.workflows import demo_report, submission
+from nvrx_appliance.workflows import demo_report
+
+Say = Callable[[str], None]
+
+
+class DemoFailed(RuntimeError):
+    """The demo could not run (the local cluster did not come up)."""
+
 
 # Timeouts sized for a local cluster on a couple of cores, where a lost node should cost
 # seconds: the production defaults (minutes) suit real clusters and container starts.
@@ -71,24 +76,21 @@ def _cli() -> str:
     return str(Path(sys.executable).parent / "nvrx-appliance")
 
 
-def _cluster_up(say) -> dict[str, Any]:
+def _cluster_up(say: Say) -> dict[str, Any]:
     say("[1/4] the local Slurm cluster (the first time installs its Debian packages)")
     if subprocess.run([_cli(), "cluster", "up"]).returncode != 0:
-        raise click.ClickException("the local cluster did not come up; see the lines above")
+        raise DemoFailed("the local cluster did not come up; see the lines above")
     status = subprocess.run([_cli(), "cluster", "status", "--json"], capture_output=True, text=True)
     return json.loads(status.stdout)
 
 
-def _submit(work: Path, name: str, user: str, say) -> list[str]:
+def _submit(work: Path, name: str, say: Say) -> list[str]:
+    """Raises api.SettingsError, SubmitFailed or SubmitInterrupted."""
     settings = {**DEMO, "work_dir": str(work), "job_name": name}
     say("[2/4] nvrx-appliance submit " + " ".join(cli_flags(settings)))
-    resolved = resolve.resolve(settings, os.environ, {}, cwd=os.getcwd(), python=sys.executable)
-    try:
-        job_ids = submission.submit_resolved(resolved, user=user).job_ids
-    except submitting.Refused as exc:
-        raise click.ClickException(f"submit refused: {exc}") from None
-    except submitting.SubmitFailed as exc:
-        raise click.ClickException(str(exc)) from None
+    resolved = api.resolve_settings(settings)
+    plan = api.prepare(resolved.spec, origins=resolved.origins)
+    job_ids = api.submit(plan).job_ids
     say(f"      queued generations {', '.join(job_ids)}; work dir {work}")
     return job_ids
 
@@ -103,7 +105,7 @@ class _Shown:
     beat: float = field(default_factory=time.monotonic)
 
 
-def _follow(work: Path, name: str, user: str, say) -> None:
+def _follow(work: Path, name: str, user: str, say: Say) -> None:
     say("[3/4] following the chain (Ctrl-C stops following; the chain keeps running)")
     layout, shown = Layout(work), _Shown()
 
@@ -162,16 +164,18 @@ class Outcome:
     report: demo_report.Report
 
 
-def run(say=click.echo) -> Outcome:
+def run(say: Say) -> Outcome:
+    """Bring the local cluster up, queue the demo chain, follow it, report. Raises
+    DemoFailed, or api's SettingsError, SubmitFailed or SubmitInterrupted."""
     status = _cluster_up(say)
     os.environ.update(status["env"])  # this process and every Slurm command it runs
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name, work = f"nvrx-demo-{stamp}", Path(status["work_root"]) / f"demo-{stamp}"
     user = slurmcli.current_user()
-    job_ids = _submit(work, name, user, say)
+    job_ids = _submit(work, name, say)
     _follow(work, name, user, say)
     say("[4/4] recovery report")
-    view = sources.read_chain(work, user=user)
+    view = api.status(name, work_dir=work)
     layout = Layout(work)
     logs = {g.array_job_id: _nvrx_log(view, g.array_job_id) for g in view.generations}
     result = demo_report.report(
@@ -181,9 +185,3 @@ def run(say=click.echo) -> Outcome:
         say("      " + line if line else "")
     say(f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again.")
     return Outcome(job_name=name, work_dir=work, job_ids=job_ids, report=result)
-
-
-@click.command("demo")
-def demo_command() -> None:
-    """Run the hand-off demo on the local Slurm cluster and report how it recovered."""
-    sys.exit(0 if run().report.resumed_ok else 1)

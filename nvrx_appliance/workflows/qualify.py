@@ -1,6 +1,7 @@
-"""`nvrx-appliance qualify --image X [submit options]`: recovery checks, run for real.
+"""Qualify an image on this cluster (`nvrx-appliance qualify`, cli/qualify.py): recovery
+checks, run for real.
 
-Submits the hand-off demo with the image through submit's own code, watches the
+Submits the hand-off demo with the image through api.submit, watches the
 evidence until the checks in qualification.py are decided (or the deadline passes),
 cancels what is left of the chain, and writes the qualification record next to the
 image and into the work directory. Later submits judge the record next to the image
@@ -12,20 +13,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import socket
-import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
-
-from nvrx_appliance import __version__, exitcodes, jsondoc
-from nvrx_appliance.clifail import fail
+from nvrx_appliance import __version__, api
+from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
@@ -33,16 +31,9 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
-from nvrx_appliance.observe.workdir import NotFound
-from nvrx_appliance.settings import resolve
-from nvrx_appliance.settings.options import chain_options
-from nvrx_appliance.slurm import cancel, commands
-from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.workflows import submission
 
 POLL_S = 2.0  # the evidence is files on a shared file system and one squeue per poll
 DEFAULT_DEADLINE_S = 1800  # two generations with a fault each, on a slow cluster's queue
-QUALIFY = "nvrx-appliance qualify"  # who speaks in its one-line failures
 
 Echo = Callable[[str], None]
 
@@ -106,10 +97,6 @@ def cluster_facts(evidence: q.Evidence, spec: Any) -> dict[str, Any]:
     }
 
 
-def _now() -> str:
-    return submitting.now_iso()
-
-
 def _watch(
     layout: Layout, first: str, second: str, spec: Any, user: str, deadline: float, say: Echo
 ) -> tuple[list[q.Check], q.Evidence]:
@@ -145,7 +132,7 @@ def _watch(
     return (q.timed_out(checks, deadline) if followed.timed_out else checks), evidence
 
 
-def _write_records(data: dict[str, Any], image: str, layout: Layout) -> list[Path]:
+def _write_records(data: dict[str, Any], image: str, layout: Layout, warn: Echo) -> list[Path]:
     text = json.dumps(data, indent=2, sort_keys=True) + "\n"
     written = []
     for path in (layout.qualification, q.record_path(image)):
@@ -153,69 +140,81 @@ def _write_records(data: dict[str, Any], image: str, layout: Layout) -> list[Pat
             write_atomic(path, text)
             written.append(path)
         except OSError as exc:
-            click.echo(f"warning: could not write {path} ({exc.strerror})", err=True)
+            warn(f"could not write {path} ({exc.strerror})")
     return written
 
 
-@click.command("qualify", context_settings={"show_default": False})
-@chain_options
-@click.option(
-    "--deadline",
-    type=float,
-    default=DEFAULT_DEADLINE_S,
-    help=f"Seconds to wait for the checks to be decided.  [default: {DEFAULT_DEADLINE_S}]",
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the qualification record as JSON.")
-def qualify_command(
-    deadline: float,
-    as_json: bool,
-    config_file: str | None,
-    extra: tuple[str, ...],
-    **params: Any,
-) -> None:
-    """Run the hand-off demo with --image here and record whether recovery worked.
-
-    Takes submit's options, --config file and extra sbatch arguments after `--`; the
-    mode is always the hand-off demo, with at least two generations (two unless
-    --depth, NVRX_CHAIN_DEPTH or the config file says more). Writes
-    <image>.qualification.json and <work>/qualification.json.
-    """
-    if params.get("mode") not in (None, "handoff"):
-        fail(
-            f"--mode {params['mode']}: qualify always runs the hand-off demo; drop --mode",
-            prefix=QUALIFY,
+def settle(resolved: api.Resolution) -> api.Resolution:
+    """What qualify runs: the hand-off demo with an image, two generations unless the
+    user chose more (never fewer than the two the checks need: the one that loses task
+    0 and its successor), a job name of its own unless the user chose one. Raises
+    SettingsError."""
+    spec, origins = resolved.spec, dict(resolved.origins)
+    if not spec.image:
+        raise api.SettingsError(["--image: name the image to qualify (.sqsh or .sif)"])
+    changes: dict[str, Any] = {"mode": "handoff"}
+    if origins["depth"] == "default":
+        changes["depth"], origins["depth"] = 2, "default (qualify: 2)"
+    elif spec.depth < 2:
+        raise api.SettingsError(
+            [
+                f"--depth {spec.depth} (from {origins['depth']}): qualify needs at least 2 "
+                "generations (the one that loses task 0 and its successor)"
+            ]
         )
-    params["mode"] = "handoff"  # as a flag, so it beats NVRX_MODE and the config file
-    resolved = commands.resolve_chain(params, config_file, extra)
-    resolved = _qualify_shape(resolved)
-    if not resolved.spec.image:
-        fail("--image: name the image to qualify (.sqsh or .sif)", prefix=QUALIFY)
-    # Progress goes to stderr under --json, so that stdout is the one document.
-    say = functools.partial(click.echo, err=as_json)
-    user = slurmcli.current_user()
-    started = _now()
-    try:
-        done = submission.submit_resolved(resolved, user=user, extra=extra, vet=_image_file_only)
-    except submitting.Refused as exc:
-        for problem in exc.problems:
-            click.echo(f"{QUALIFY}: {problem}", err=True)
-        sys.exit(exitcodes.USAGE)
-    except submitting.SubmitFailed as exc:
-        fail(str(exc), prefix=QUALIFY, code=1)
+    if origins["job_name"] == "default":
+        changes["job_name"] = f"nvrx-qualify-{uuid.uuid4().hex[:6]}"
+        origins["job_name"] = "default (qualify: a name of its own)"
+    return api.Resolution(dataclasses.replace(spec, **changes), origins, resolved.notices)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    record: dict[str, Any]  # the qualification record (image/qualification.py)
+    written: list[Path]  # where it was written
+    submitted: api.Submitted
+
+    @property
+    def passed(self) -> bool:
+        return self.record["result"] == "passed"
+
+
+def run(
+    resolved: api.Resolution,
+    *,
+    sbatch_args: Sequence[str] = (),
+    deadline: float = DEFAULT_DEADLINE_S,
+    say: Echo = lambda line: None,
+    warn: Echo = lambda line: None,
+) -> Outcome:
+    """Queue the hand-off demo of `settle(resolved)` with its image, follow it until the
+    checks are decided or `deadline` seconds pass, cancel what is left of the chain, and
+    write the record beside the image and into the work dir. Raises SettingsError (an
+    image qualify cannot record), SubmitFailed or SubmitInterrupted; `say` hears the
+    progress, `warn` what could not be done."""
+    resolved = settle(resolved)
+    plan = api.prepare(resolved.spec, sbatch_args=sbatch_args, origins=resolved.origins)
+    if not plan.manifest.image:
+        raise api.SettingsError(
+            ["--image: qualify needs an image file whose manifest it can record, not a "
+             "registry reference"]
+        )  # fmt: skip
+    started = now_iso()
+    done = api.submit(plan, on_wait=warn)
     # The record holds the image's own manifest, not what submit thought of it.
-    image_manifest = qualification_status.image_manifest(done.plan.manifest.image or {})
-    spec, layout = done.plan.manifest.spec, done.plan.manifest.layout
+    image_manifest = qualification_status.image_manifest(plan.manifest.image)
+    spec, layout = plan.manifest.spec, plan.manifest.layout
     first, second = done.job_ids[0], done.job_ids[1]
     say(
         f"Qualifying {spec.image} on this cluster: hand-off demo {spec.job_name!r}, "
         f"generations {first} -> {second}, work dir {spec.work_dir}"
     )
     try:
-        checks, evidence = _watch(layout, first, second, spec, user, deadline, say)
+        checks, evidence = _watch(layout, first, second, spec, plan.manifest.user, deadline, say)
     finally:
         # Already over, or Slurm unreachable: then the chain's own teardown ends it.
-        with contextlib.suppress(NotFound, slurmcli.SlurmUnavailable):
-            cancel.cancel_chain(layout.work_dir, user=user)
+        with contextlib.suppress(api.ChainNotFound, api.SlurmUnreachable):
+            api.cancel(done)
     data = q.record(
         image=str(Path(spec.image).resolve()),
         image_manifest=image_manifest,
@@ -223,41 +222,7 @@ def qualify_command(
         cluster=cluster_facts(evidence, spec),
         chain={"job_name": spec.job_name, "generations": done.job_ids, "work_dir": spec.work_dir},
         started=started,
-        finished=_now(),
+        finished=now_iso(),
         tool_version=__version__,
     )
-    written = _write_records(data, spec.image, layout)
-    for path in written:
-        say(f"Qualification record: {path}")
-    if as_json:
-        click.echo(jsondoc.dumps("qualification", {**data, "written": [str(p) for p in written]}))
-    if data["result"] != "passed":
-        click.echo(f"{spec.image}: qualification FAILED on this cluster", err=True)
-        sys.exit(1)
-    say(f"{spec.image}: qualified on this cluster (hand-off recovered)")
-
-
-def _image_file_only(plan: submitting.Plan) -> None:
-    if not plan.manifest.image:
-        fail(
-            "--image: qualify needs an image file whose manifest it can record, not a registry reference"
-        )
-
-
-def _qualify_shape(resolved: resolve.Resolved) -> resolve.Resolved:
-    """Two generations and a name of its own unless the user chose them; never fewer
-    than the two the checks need (the one that loses task 0 and its successor)."""
-    spec, origins = resolved.spec, dict(resolved.origins)
-    changes: dict[str, Any] = {}
-    if origins["depth"] == "default":
-        changes["depth"], origins["depth"] = 2, "default (qualify: 2)"
-    elif spec.depth < 2:
-        fail(
-            f"--depth {spec.depth} (from {origins['depth']}): qualify needs at least 2 "
-            "generations (the one that loses task 0 and its successor)",
-            prefix=QUALIFY,
-        )
-    if origins["job_name"] == "default":
-        changes["job_name"] = f"nvrx-qualify-{uuid.uuid4().hex[:6]}"
-        origins["job_name"] = "default (qualify: a name of its own)"
-    return resolve.Resolved(dataclasses.replace(spec, **changes), origins)
+    return Outcome(data, _write_records(data, spec.image, layout, warn), done)

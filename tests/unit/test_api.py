@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance import api
-from nvrx_appliance.cli import cli
+from nvrx_appliance.cli.main import cli
 
 SHARED = "/shared/alice/run"
 

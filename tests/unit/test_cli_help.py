@@ -10,21 +10,24 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from nvrx_appliance.cli import COMMANDS, LOCAL_COMMANDS, cli
-from nvrx_appliance.entrypoints.main import cli as entrypoint_cli
-from nvrx_appliance.watch.main import watch as watch_cli
+from nvrx_appliance.cli.entrypoint import cli as entrypoint_cli
+from nvrx_appliance.cli.main import COMMANDS, LOCAL_COMMANDS, cli
+from nvrx_appliance.cli.watch import watch as watch_cli
 
 
 def test_top_level_help_imports_no_subcommand():
     probe = (
-        "import sys; from nvrx_appliance.cli import cli; "
+        "import sys; from nvrx_appliance.cli.main import cli; "
         "cli.main(['--help'], prog_name='nvrx-appliance', standalone_mode=False); "
         "print(sorted(m for m in sys.modules if m.startswith(('nvrx_appliance', 'rich'))))"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     loaded = done.stdout.strip().splitlines()[-1]
-    assert loaded == "['nvrx_appliance', 'nvrx_appliance.cli', 'nvrx_appliance.clihelp']"
+    assert (
+        loaded
+        == "['nvrx_appliance', 'nvrx_appliance.cli', 'nvrx_appliance.cli.help', 'nvrx_appliance.cli.main']"
+    )
 
 
 @pytest.mark.parametrize("name", [*COMMANDS, *LOCAL_COMMANDS])

@@ -11,10 +11,10 @@ import pytest
 from rich.console import Console
 
 from nvrx_appliance import api
+from nvrx_appliance.cli import chain as commands
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.times import parse_time
-from nvrx_appliance.slurm import commands, status, status_view
-from nvrx_appliance.slurm import submit as submitting
+from nvrx_appliance.slurm import status, status_view
 
 WORK = "/shared/alice/run"
 
@@ -40,7 +40,7 @@ def plan_for(**settings) -> api.SubmitPlan:
 )
 def test_a_queued_chain_says_what_was_queued_its_mode_and_how_to_follow_it(mode, said):
     plan = plan_for(mode=mode, depth=3, train_tasks=2, hot_spares=1, cold_spares=2)
-    lines = commands.submitted_lines(submitting.Submitted(["101", "102", "103"], plan))
+    lines = commands.submitted_lines(api.Submitted(["101", "102", "103"], plan))
     assert lines == [
         "Queued chain 'gpt': 3 generation(s) of array 0-4%3 (2 training + 1 hot + 2 cold spare "
         "tasks)",

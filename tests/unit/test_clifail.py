@@ -3,7 +3,7 @@
 import click
 from click.testing import CliRunner
 
-from nvrx_appliance.clifail import fail
+from nvrx_appliance.cli.fail import fail
 
 
 @click.command()

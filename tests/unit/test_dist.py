@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 # installed the wheel without the apptainer extra.
 WITHOUT_SPYTHON = (
     "import sys; sys.modules['spython'] = None; "
-    "from nvrx_appliance.cli import main; sys.argv[0] = 'nvrx-appliance'; main()"
+    "from nvrx_appliance.cli.main import main; sys.argv[0] = 'nvrx-appliance'; main()"
 )
 
 

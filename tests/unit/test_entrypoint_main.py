@@ -24,7 +24,7 @@ from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.layout import ControlFiles
 from tests.unit import entrypoint_support as support
 
-ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.entrypoints.main import main; main()"]
+ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.cli.entrypoint import main; main()"]
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 DEAD_HOST = "192.0.2.1"  # TEST-NET-1: nothing ever answers there
 
@@ -320,7 +320,7 @@ def test_a_peer_whose_task_0_died_without_a_trap_fences_it_when_the_lease_goes_s
         assert "fenced task 0" in proc.stderr.read()
         assert not launcher.is_running()
         # The generation is closed on task 0's behalf, for every node and late spare...
-        flag = json.loads(ControlFiles(directory).closed.read_text())
+        flag = control.decode_fields(ControlFiles(directory).closed.read_text())
         assert (
             flag["generation"] == f"{support.CHAIN}/700/" and "fenced by task 1" in flag["reason"]
         )
@@ -384,7 +384,7 @@ def test_task_0_told_to_stop_by_slurm_closes_the_generation_at_once(tmp_path):
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         assert code not in (exitcodes.NVRX_NO_RESTART, exitcodes.STOPPED_BY_CLOSED_FLAG)
-        closed = json.loads(flag.read_text())
+        closed = control.decode_fields(flag.read_text())
         assert closed["generation"] == f"{support.CHAIN}/700/"
         assert "got SIGTERM from Slurm" in closed["reason"]
     finally:

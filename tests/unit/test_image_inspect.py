@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
+from nvrx_appliance.cli.image import image
 from nvrx_appliance.image import sif
-from nvrx_appliance.image.commands import image
 from nvrx_appliance.image.inspect import ImageError, image_manifest_rows, read_image_manifest
 from nvrx_appliance.image.pins import IMAGE_MANIFEST_PATH
 from tests.unit.images import cpu_manifest, needs_squashfs, squash, squash_image

@@ -4,7 +4,7 @@ sbatch arguments after `--`, and refuses bad ones the same way, before anything 
 import pytest
 from click.testing import CliRunner
 
-from nvrx_appliance.cli import cli
+from nvrx_appliance.cli.main import cli
 
 IMAGE = ["--image", "/shared/images/x.sqsh", "--work-dir", "/shared/alice/q"]
 

@@ -153,7 +153,7 @@ def test_status_json_round_trips():
 
 
 def test_status_of_a_work_dir_without_a_chain_says_so(tmp_path):
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     result = CliRunner().invoke(cli, ["status", "x", "--work-dir", str(tmp_path)])
     assert result.exit_code == 2
@@ -258,7 +258,7 @@ def test_a_qualify_runs_own_record_is_shown_check_by_check():
 
 def test_status_reads_the_image_from_run_json_and_the_work_dirs_qualification_record(tmp_path):
     from nvrx_appliance import manifest as run_manifest
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
     from nvrx_appliance.settings.chain import ChainSpec
 
     spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", image=IMAGE, runtime="pyxis",
@@ -305,7 +305,7 @@ def test_a_queued_generation_says_why_squeue_holds_it_and_has_no_node():
 
 
 def test_status_json_names_its_schema_and_gives_times_in_iso_utc(tmp_path):
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     doc = _view().to_json()
     started = doc["generations"][1]["started"]
@@ -321,7 +321,7 @@ def test_status_json_names_its_schema_and_gives_times_in_iso_utc(tmp_path):
 
 
 def test_status_says_plainly_when_slurm_cannot_be_reached_and_fails(tmp_path):
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     manifest = {**MANIFEST, "spec": {**MANIFEST["spec"], "work_dir": str(tmp_path)}}
     (tmp_path / "run.json").write_text(json.dumps(manifest))
@@ -337,7 +337,7 @@ def test_status_says_plainly_when_slurm_cannot_be_reached_and_fails(tmp_path):
 
 
 def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, monkeypatch):
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
     from nvrx_appliance.observe import slurmcli
 
     # This machine has no Slurm configuration of its own: the real squeue fails.
@@ -379,7 +379,7 @@ def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(t
 
 
 def test_status_watch_refuses_to_refresh_faster_than_the_floor(tmp_path):
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     result = CliRunner().invoke(cli, ["status", "1", "--work-dir", str(tmp_path), "--watch", "0"])
     assert result.exit_code == 2

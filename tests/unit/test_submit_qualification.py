@@ -8,7 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.cli import cli
+from nvrx_appliance.cli.main import cli
 from nvrx_appliance.entrypoints import preflight
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status

@@ -82,7 +82,7 @@ def test_the_config_file_takes_dashed_or_underscored_names():
 def test_a_config_key_is_the_flags_name_as_the_help_says(tmp_path):
     from click.testing import CliRunner
 
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     config = tmp_path / "run.toml"
     config.write_text('time = "02:00:00"\ntrain-tasks = 3\n')
@@ -130,7 +130,7 @@ def test_bare_mode_records_the_python_that_ran_submit_but_a_container_does_not()
 def _print_config(env, tmp_path):
     from click.testing import CliRunner
 
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     args = ["submit", "--work-dir", str(tmp_path), "--print-config", "--json"]
     return CliRunner().invoke(cli, args, env=env)
@@ -164,7 +164,7 @@ def test_megatrons_fault_kinds_are_read_as_ours(tmp_path):
 def test_nvrx_dry_run_makes_submit_a_dry_run(tmp_path):
     from click.testing import CliRunner
 
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     args = ["submit", "--work-dir", "/shared/nvrx-dry-run", "--workload", "cpu"]
     env = {"NVRX_DRY_RUN": "1", "SLURM_CONF": str(tmp_path / "none.conf")}

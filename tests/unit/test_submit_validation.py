@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL
-from nvrx_appliance.cli import cli
+from nvrx_appliance.cli.main import cli
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.settings.validate import Facts, is_image_file, is_registry_ref, judge
 from nvrx_appliance.slurm import probe

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from nvrx_appliance.cli import cli
+from nvrx_appliance.cli.main import cli
 
 WORK = "/shared/alice/run"  # never created: a dry run writes nothing
 IMAGE = "registry.example#nvidia/pytorch:25.12-py3"  # a registry image: nothing to read

@@ -14,14 +14,15 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance import __version__, manifest
+from nvrx_appliance.cli.watch import watch
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.watch import detectors, persistence, target
-from nvrx_appliance.watch import main as watch_main
+from nvrx_appliance.watch import shell as watch_shell
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.findings import Run
-from nvrx_appliance.watch.main import build, watch
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.readers import CycleReader
+from nvrx_appliance.watch.shell import build
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
 
@@ -312,7 +313,7 @@ class AgingOut:
 def watch_once(monkeypatch, slurm: AgingOut, state: Path) -> Run:
     """What one cron run of `nvrx-watch 1` does (main.build, then a pass), with Slurm's
     commands answering from the recordings; returns the run it located."""
-    monkeypatch.setattr(watch_main, "SlurmPlatform", lambda timeout: SlurmPlatform(timeout, slurm))
+    monkeypatch.setattr(watch_shell, "SlurmPlatform", lambda timeout: SlurmPlatform(timeout, slurm))
     settings = Settings(state_file=str(state))
     request = target.Request(job_id="1")
     watcher = build(request, settings, Thresholds(), logging.getLogger("test_watch_cli"))
@@ -371,11 +372,11 @@ def test_a_job_id_slurm_has_forgotten_is_followed_from_the_state_file(tmp_path):
 def test_the_console_script_and_the_subcommand_are_the_same_command():
     from importlib.metadata import entry_points
 
-    from nvrx_appliance.cli import cli
+    from nvrx_appliance.cli.main import cli
 
     assert cli.get_command(None, "watch") is watch
     [script] = [e for e in entry_points(group="console_scripts") if e.name == "nvrx-watch"]
-    assert script.value == "nvrx_appliance.watch.main:main"
+    assert script.value == "nvrx_appliance.cli.watch:main"
 
 
 def test_interval_runs_pass_after_pass_until_sigterm(tmp_path):
@@ -386,7 +387,7 @@ def test_interval_runs_pass_after_pass_until_sigterm(tmp_path):
     work = killed_run(tmp_path)
     state = tmp_path / "state" / "state.json"
     watcher = subprocess.Popen(
-        [sys.executable, "-c", "from nvrx_appliance.watch.main import main; main()",
+        [sys.executable, "-c", "from nvrx_appliance.cli.watch import main; main()",
          "--platform", "none", "--work-dir", str(work), "--state-file", str(state), "--interval", "1", "--stall-seconds", "1e9"],
         stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

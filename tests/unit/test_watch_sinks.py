@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance.watch import detectors, sinks, target
-from nvrx_appliance.watch import main as watch_main
+from nvrx_appliance.watch import shell as watch_shell
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.watcher import Watcher
 from tests.unit.test_watch_slurm import SACCT_TIMED_OUT, Replay, one_pass
@@ -109,8 +109,8 @@ def make_watcher(
         heartbeat_url=f"{url}/ping/{BEAT_TOKEN}",
     )
     request = target.Request(platform="none", work_dir=str(work))
-    return watch_main.build(
-        request, settings, Thresholds(stall_seconds=stall_seconds), watch_main._logger("")
+    return watch_shell.build(
+        request, settings, Thresholds(stall_seconds=stall_seconds), watch_shell.make_logger("")
     )
 
 
@@ -194,8 +194,8 @@ def test_a_dedup_key_past_pagerdutys_limit_is_shortened_the_same_way_to_trigger_
     settings = Settings(state_file=str(tmp_path / "state.json"))
     pagerduty = [sinks.PagerDutySink(f"{receiver.url}/v2/enqueue", ROUTING_KEY, "4343")]
     request = target.Request(platform="none", work_dir=str(work), job_name=name)
-    watcher = watch_main.build(
-        request, settings, Thresholds(stall_seconds=1), watch_main._logger("")
+    watcher = watch_shell.build(
+        request, settings, Thresholds(stall_seconds=1), watch_shell.make_logger("")
     )
     watcher.paging = pagerduty
     watcher.pass_once()
@@ -343,14 +343,15 @@ def test_the_textfile_keeps_every_series_at_zero_and_holds_no_job_id_in_a_label(
         metrics_file=str(tmp_path / "empty.prom"),
     )
     request = target.Request(platform="none", work_dir=str(empty))
-    watch_main.build(request, settings, Thresholds(), watch_main._logger("")).pass_once()
+    watch_shell.build(request, settings, Thresholds(), watch_shell.make_logger("")).pass_once()
     before = series(Path(settings.metrics_file).read_text())
     for name in detectors.NAMES:
         assert any(s.startswith("nvrx_watch_findings{") and f'detector="{name}"' in s
                    for s in before), name  # fmt: skip
     assert all(v == "0" for s, v in before.items() if s.startswith("nvrx_watch_findings{"))
     assert (
-        before[f'nvrx_watch_current_cycle{{chain="empty",owner="{watch_main._caller()}"}}'] == "NaN"
+        before[f'nvrx_watch_current_cycle{{chain="empty",owner="{watch_shell.caller_name()}"}}']
+        == "NaN"
     )
 
     recorded = json.loads((FIXTURES / "killed" / "cycle_info.4343.0.0").read_text())
@@ -359,11 +360,13 @@ def test_the_textfile_keeps_every_series_at_zero_and_holds_no_job_id_in_a_label(
         cycles.mkdir(parents=True)
         info = recorded | {"job_id": generation, "cycle_start_time": f"2026-11-30T1{hour}:00:00Z"}
         (cycles / f"cycle_info.{generation}.0.0").write_text(json.dumps(info))
-        watch_main.build(request, settings, Thresholds(), watch_main._logger("")).pass_once()
+        watch_shell.build(request, settings, Thresholds(), watch_shell.make_logger("")).pass_once()
         after = series(Path(settings.metrics_file).read_text())
         assert after.keys() == before.keys()  # the same series, pass after pass
         assert generation not in "".join(after.keys())
-        current = f'nvrx_watch_current_generation{{chain="empty",owner="{watch_main._caller()}"}}'
+        current = (
+            f'nvrx_watch_current_generation{{chain="empty",owner="{watch_shell.caller_name()}"}}'
+        )
         assert after[current] == generation
 
 

@@ -1,4 +1,4 @@
-"""`nvrx-appliance`: the host-side tool. Each subcommand lives beside the code it drives.
+"""`nvrx-appliance`: the host-side tool, one module of cli/ per subcommand.
 
 The group imports a subcommand's module only when that subcommand is run (or its own
 help asked for): `nvrx-appliance --help` and shell completion of command names stay
@@ -12,36 +12,37 @@ from typing import Any
 
 import click
 
-from nvrx_appliance import __version__, clihelp
+from nvrx_appliance import __version__
+from nvrx_appliance.cli import help as clihelp
 
 # name: (module:attribute of the click command, its line in the top-level help).
 COMMANDS = {
-    "submit": ("nvrx_appliance.slurm.commands:submit_command", "Queue a chain of generations."),
-    "status": ("nvrx_appliance.slurm.commands:status_command", "Show a chain at a glance."),
-    "logs": ("nvrx_appliance.slurm.commands:logs_command", "Show a generation's logs."),
+    "submit": ("nvrx_appliance.cli.chain:submit_command", "Queue a chain of generations."),
+    "status": ("nvrx_appliance.cli.chain:status_command", "Show a chain at a glance."),
+    "logs": ("nvrx_appliance.cli.chain:logs_command", "Show a generation's logs."),
     "cancel": (
-        "nvrx_appliance.slurm.commands:cancel_command",
+        "nvrx_appliance.cli.chain:cancel_command",
         "Cancel every generation of a chain.",
     ),
     "watch": (
-        "nvrx_appliance.watch.main:watch",
+        "nvrx_appliance.cli.watch:watch",
         "Watch a chain from outside the job (nvrx-watch).",
     ),
     "qualify": (
-        "nvrx_appliance.workflows.qualify:qualify_command",
+        "nvrx_appliance.cli.qualify:qualify_command",
         "Qualify an image on this cluster.",
     ),
-    "image": ("nvrx_appliance.image.commands:image", "Build, inspect and verify appliance images."),
+    "image": ("nvrx_appliance.cli.image:image", "Build, inspect and verify appliance images."),
 }
 # The local test cluster and the demo on it: for trying the appliance on one machine,
 # never for a production cluster; listed apart so nobody mistakes them for the latter.
 LOCAL_COMMANDS = {
     "cluster": (
-        "nvrx_appliance.devcluster.commands:cluster_group",
+        "nvrx_appliance.cli.cluster:cluster_group",
         "A local Slurm cluster on this machine (demo, tests; root).",
     ),
     "demo": (
-        "nvrx_appliance.workflows.demo:demo_command",
+        "nvrx_appliance.cli.demo:demo_command",
         "Run the hand-off demo on the local cluster.",
     ),
 }

@@ -1,21 +1,9 @@
-"""`nvrx-watch <job id>` (also `nvrx-appliance watch`): the shell around the watcher.
-
-Every flag can also be set as NVRX_WATCH_<FLAG> (e.g. NVRX_WATCH_WORK_DIR); --work-dir
-and --job-name then fall back to NVRX_WORK_DIR and NVRX_JOB_NAME, the names
-`nvrx-appliance submit` reads (and the seeds' deployment set). Secrets
-are never flags: the PagerDuty routing key, the webhook URL and the heartbeat URL come
-from NVRX_WATCH_PAGERDUTY_ROUTING_KEY / NVRX_WATCH_WEBHOOK_URL /
-NVRX_WATCH_HEARTBEAT_URL, or from a file named by a --...-file flag.
-"""
+"""`nvrx-watch <job id>` (also `nvrx-appliance watch`): the command line of the watcher
+(watch/shell.py runs it; its docstring says where each setting and secret comes from)."""
 
 from __future__ import annotations
 
-import logging
-import os
-import pwd
-import signal
 import sys
-import time
 from typing import Any
 
 if sys.version_info >= (3, 11):
@@ -25,25 +13,11 @@ else:  # Python 3.10: the backport the wheel requires there
 
 import click
 
-from nvrx_appliance import __version__, clihelp
-from nvrx_appliance.watch import detectors, persistence, sinks, target
-from nvrx_appliance.watch.config import (
-    Settings,
-    Thresholds,
-    env_name,
-    parse_disable,
-    thresholds_fields,
-)
-from nvrx_appliance.watch.findings import Run
-from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.watcher import DEGRADED, Watcher
-
-PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
-SECRETS = {
-    "pagerduty_routing_key": "NVRX_WATCH_PAGERDUTY_ROUTING_KEY",
-    "webhook_url": "NVRX_WATCH_WEBHOOK_URL",
-    "heartbeat_url": "NVRX_WATCH_HEARTBEAT_URL",
-}
+from nvrx_appliance import __version__
+from nvrx_appliance.cli import help as clihelp
+from nvrx_appliance.watch import detectors, shell, target
+from nvrx_appliance.watch.config import Thresholds, env_name, thresholds_fields
+from nvrx_appliance.watch.shell import PAGERDUTY_EVENTS_URL, SECRETS
 
 
 def _option(*decls: str, fallback_env: str = "", **kwargs: Any):
@@ -281,9 +255,9 @@ def watch(**options: Any) -> None:
     JOB_ID is any Slurm job id of the chain; name, owner and the run's files resolve
     from it. Observe-only unless --act.
     """
-    logger = _logger(options["log_file"], options["verbose"])
+    logger = shell.make_logger(options["log_file"], options["verbose"])
     try:
-        settings = _settings(options)
+        settings = shell.settings_from(options, warn=_warn)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     thresholds = Thresholds(**{f.name: options[f.name] for f in thresholds_fields()})
@@ -301,174 +275,15 @@ def watch(**options: Any) -> None:
         raise click.UsageError("--platform none needs --work-dir or --cycle-info-glob")
     if options["once"] and options["interval"]:
         raise click.UsageError("--once and --interval N exclude each other; pick one")
-    code = _loop(request, settings, thresholds, logger, options["interval"])
+    try:
+        code = shell.loop(request, settings, thresholds, logger, options["interval"])
+    except target.ResolveError as exc:
+        raise click.UsageError(str(exc)) from None
     sys.exit(code)
 
 
-def _settings(options: dict[str, Any]) -> Settings:
-    secrets = {name: _secret(name, options) for name in SECRETS}
-    urls = {
-        "webhook URL": (secrets["webhook_url"], "NVRX_WATCH_WEBHOOK_URL or --webhook-url-file"),
-        "heartbeat URL": (
-            secrets["heartbeat_url"],
-            "NVRX_WATCH_HEARTBEAT_URL or --heartbeat-url-file",
-        ),
-        "PagerDuty URL": (options["pagerduty_url"], "--pagerduty-url"),
-    }
-    for what, (url, source) in urls.items():
-        problem = url and sinks.url_problem(url)
-        if problem:  # the URL itself stays out of the message: it may carry a token
-            raise ValueError(f"the {what} ({source}) {problem}; fix it")
-    metrics = options["metrics_file"]
-    if metrics and not metrics.endswith(".prom"):
-        # node_exporter's textfile collector reads *.prom only: any other name is never scraped.
-        raise ValueError(
-            f"--metrics-file {metrics}: node_exporter's textfile collector reads only "
-            "files named *.prom; name it so"
-        )
-    plain = options["pagerduty_url"].startswith("http://")
-    if plain and secrets["pagerduty_routing_key"] and not options["pagerduty_allow_http"]:
-        raise ValueError(
-            "--pagerduty-url is plain http, so the routing key would cross the network in "
-            "clear; use https, or --pagerduty-allow-http for a local relay"
-        )
-    if options["state_file"] and options["state_dir"]:
-        raise ValueError("--state-file and --state-dir both place the state; give one")
-    state_file = options["state_file"] or (
-        os.path.join(options["state_dir"], "state.json")
-        if options["state_dir"]
-        else persistence.default_state_file()
-    )
-    return Settings(
-        act=options["act"],
-        dry_run=options["dry_run"],
-        disable=parse_disable(options["disable"], detectors.NAMES),
-        alert_cooldown=options["alert_cooldown"],
-        command_timeout=options["command_timeout"],
-        state_file=state_file,
-        metrics_file=options["metrics_file"],
-        pagerduty_url=options["pagerduty_url"],
-        **secrets,
-    )
-
-
-def _secret(name: str, options: dict[str, Any]) -> str:
-    """From its environment variable, else from the file its --...-file flag names."""
-    value = os.environ.get(SECRETS[name], "").strip()
-    path = options.get(f"{name}_file", "")
-    if value or not path:
-        return value
-    flag = f"--{_dashed(name)}-file"
-    try:
-        with open(path) as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            value = fh.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{flag}: cannot read {path}: {getattr(exc, 'strerror', exc)}") from None
-    if not value:
-        # An empty key would turn paging off without a word.
-        raise ValueError(f"{flag}: {path} is empty; put the secret in it, or drop the flag")
-    if mode & 0o077:
-        click.echo(
-            f"nvrx-watch: warning: {flag}: {path} is open to other users (mode "
-            f"{mode & 0o777:04o}); chmod 600 it",
-            err=True,
-        )
-    return value
-
-
-def _logger(log_file: str, verbose: bool = False) -> logging.Logger:
-    logger = logging.getLogger("nvrx_watch")
-    logger.setLevel(logging.DEBUG if verbose else logging.INFO)
-    logger.propagate = False
-    for handler in list(logger.handlers):
-        logger.removeHandler(handler)
-    formatter = logging.Formatter("%(asctime)s nvrx-watch %(levelname)s %(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
-    if log_file:
-        handlers.append(logging.FileHandler(log_file))
-    for handler in handlers:
-        handler.setFormatter(formatter)
-        logger.addHandler(handler)
-    return logger
-
-
-def _caller() -> str:
-    return pwd.getpwuid(os.getuid()).pw_name
-
-
-def _paging(settings: Settings, job_id: str) -> list:
-    paging: list = []
-    if settings.pagerduty_routing_key and settings.pagerduty_url:
-        paging.append(
-            sinks.PagerDutySink(settings.pagerduty_url, settings.pagerduty_routing_key, job_id)
-        )
-    if settings.webhook_url:
-        paging.append(sinks.WebhookSink(settings.webhook_url))
-    return paging
-
-
-def build(request, settings, thresholds, logger) -> Watcher:
-    """Identify the job and locate the run; a watcher that is blind when Slurm cannot say
-    whose job it is (the pass then pages that, and exits 1)."""
-    caller = _caller()
-    platform = (
-        None if request.platform == "none" else SlurmPlatform(timeout=settings.command_timeout)
-    )
-    known = persistence.load(settings.state_file).get("jobs", {})
-    common = dict(
-        thresholds=thresholds,
-        settings=settings,
-        caller=caller,
-        logger=logger,
-        paging=_paging(settings, request.job_id),
-    )
-    try:
-        info = target.identify(request, platform, caller, known)
-    except SlurmUnavailable as exc:
-        placeholder = Run(job_name=request.job_name or f"job-{request.job_id}", owner=caller)
-        return Watcher(run=placeholder, platform=None, blind=str(exc), **common)
-    run, notes = target.locate(request, info)
-    for note in notes:
-        logger.warning("%s", note)
-    logger.info("%s", watching(run, slurm=platform is not None))
-    return Watcher(run=run, platform=platform, job_id=request.job_id, identity=info, **common)
-
-
-def watching(run: Run, slurm: bool) -> str:
-    """What this watcher looks at, said once at start: the paths it will read and where
-    they came from, so a wrong glob shows up in the first line, not as silence."""
-    where = "through Slurm" if slurm else "without Slurm (--platform none: chain detectors off)"
-    return (
-        f"watching chain {run.job_name} of {run.owner} {where}; "
-        f"cycle infos: {run.cycle_glob or 'none'}; checkpoint tracker: {run.tracker or 'none'}; "
-        f"work dir: {run.work_dir or 'none'}; from {run.origin or 'nowhere (chain detectors only)'}"
-    )
-
-
-def _loop(request, settings, thresholds, logger, interval: int) -> int:
-    stop = {"now": False}
-
-    def _stop(signum, _frame):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    watcher: Watcher | None = None
-    code = DEGRADED
-    while not stop["now"]:
-        if watcher is None or watcher.blind:
-            try:
-                watcher = build(request, settings, thresholds, logger)
-            except target.ResolveError as exc:
-                raise click.UsageError(str(exc)) from None
-        code = watcher.pass_once().exit_code
-        if not interval:
-            return code
-        deadline = time.monotonic() + interval
-        while not stop["now"] and time.monotonic() < deadline:
-            time.sleep(min(1.0, deadline - time.monotonic()))
-    return code
+def _warn(line: str) -> None:
+    click.echo(f"nvrx-watch: warning: {line}", err=True)
 
 
 def main() -> None:

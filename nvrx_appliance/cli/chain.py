@@ -1,4 +1,4 @@
-"""The click commands of the Slurm side: submit, status, cancel."""
+"""The chain's commands: submit, status, logs, cancel; each a thin face of api.py."""
 
 from __future__ import annotations
 
@@ -18,30 +18,18 @@ from rich.console import Console
 from rich.live import Live
 
 from nvrx_appliance import api, jsondoc
-from nvrx_appliance.clifail import fail
+from nvrx_appliance.cli.fail import fail, refused, submit_failures
+from nvrx_appliance.cli.options import chain_options, spec_flags
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
-from nvrx_appliance.settings import extra as extra_args
-from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import derive, spec_fields
-from nvrx_appliance.settings.options import chain_options, spec_flags
 from nvrx_appliance.slurm import status_view
-from nvrx_appliance.slurm import submit as submitting
+
+SUBMIT = "nvrx-appliance submit"  # who speaks in submit's one-line failures
 
 
-def resolve_from_cli(params: dict[str, Any], config_file: str | None) -> resolve.Resolved:
-    return resolve.resolve(
-        spec_flags(params),
-        os.environ,
-        resolve.read_config(config_file) if config_file else {},
-        config_source=config_file or "",
-        cwd=os.getcwd(),
-        python=sys.executable,
-    )
-
-
-def _config_rows(resolved: resolve.Resolved) -> list[tuple[str, Any, str]]:
+def _config_rows(resolved: api.Resolution) -> list[tuple[str, Any, str]]:
     return [
         (f.name, getattr(resolved.spec, f.name), resolved.origins[f.name]) for f in spec_fields()
     ]
@@ -51,7 +39,7 @@ def _sbatch_env() -> dict[str, str]:
     return {k: v for k, v in sorted(os.environ.items()) if k.startswith("SBATCH_")}
 
 
-def show_config(resolved: resolve.Resolved, as_json: bool) -> None:
+def show_config(resolved: api.Resolution, as_json: bool) -> None:
     shape = dataclasses.asdict(derive(resolved.spec))
     if as_json:
         settings = {name: {"value": v, "from": o} for name, v, o in _config_rows(resolved)}
@@ -71,19 +59,20 @@ def show_config(resolved: resolve.Resolved, as_json: bool) -> None:
 
 def resolve_chain(
     params: dict[str, Any], config_file: str | None, extra: tuple[str, ...]
-) -> resolve.Resolved:
+) -> api.Resolution:
     """What submit and qualify do first: check the extra sbatch arguments, resolve every
-    setting (flags > env > config > defaults), tell about the seeds' names read."""
-    found = extra_args.problem(extra)
-    if found:
-        fail(f"after `--`: {found}")
+    setting (flags > env > config > defaults), tell about the reference names read."""
     try:
-        resolved = resolve_from_cli(params, config_file)
-    except resolve.SettingError as exc:
-        fail(str(exc))
-    for notice in resolve.seed_notices(resolved, os.environ):
-        click.echo(f"notice: {notice}", err=True)
+        resolved = api.resolve_settings(spec_flags(params), config_file, sbatch_args=extra)
+    except api.SettingsError as exc:
+        fail("; ".join(exc.problems))
+    for line in resolved.notices:
+        notice(line)
     return resolved
+
+
+def notice(line: str) -> None:
+    click.echo(f"notice: {line}", err=True)
 
 
 @click.command("submit", context_settings={"show_default": False})
@@ -107,7 +96,7 @@ def submit_command(
     """
     resolved = resolve_chain(params, config_file, extra)
     if os.environ.get("NVRX_DRY_RUN", "").strip() not in ("", "0") and not dry_run:
-        click.echo("notice: NVRX_DRY_RUN is set: a dry run, as --dry-run", err=True)
+        notice("NVRX_DRY_RUN is set: a dry run, as --dry-run")
         dry_run = True
     if print_config:
         show_config(resolved, as_json)
@@ -118,7 +107,7 @@ def submit_command(
             origins=resolved.origins,
         )  # fmt: skip
     except api.SettingsError as exc:
-        _refused(exc)
+        refused(exc.problems, prefix=SUBMIT)
     for warning in plan.warnings:
         click.echo(f"warning: {warning}", err=True)
     if plan.image_note:
@@ -127,22 +116,9 @@ def submit_command(
     if dry_run:
         _print_dry_run(plan, as_json)
         return
-    try:
-        chain = api.submit(plan, on_wait=lambda line: click.echo(f"notice: {line}", err=True))
-    except api.SettingsError as exc:
-        _refused(exc)
-    except api.SubmitInterrupted as exc:
-        # The exit status a shell gives a command a signal ended: 130 for Ctrl-C.
-        fail(str(exc), prefix="nvrx-appliance submit", code=128 + exc.signum)
-    except api.SubmitFailed as exc:
-        fail(str(exc), prefix="nvrx-appliance submit", code=1)
-    _print_submitted(submitting.Submitted(list(chain.job_ids), plan), as_json)
-
-
-def _refused(exc: api.SettingsError) -> NoReturn:
-    for problem in exc.problems:
-        click.echo(f"nvrx-appliance submit: {problem}", err=True)
-    fail("nothing was written or submitted", prefix="nvrx-appliance submit")
+    with submit_failures(SUBMIT):
+        done = api.submit(plan, on_wait=notice)
+    _print_submitted(done, as_json)
 
 
 def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
@@ -181,7 +157,7 @@ def mode_line(manifest: Manifest) -> str:
     return f"{mode} demo ({'injects faults' if faults else 'no workload fault'})"
 
 
-def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
+def _print_submitted(done: api.Submitted, as_json: bool) -> None:
     if as_json:
         click.echo(jsondoc.dumps("submitted", done.to_json()))
         return
@@ -189,7 +165,7 @@ def _print_submitted(done: submitting.Submitted, as_json: bool) -> None:
         click.echo(line)
 
 
-def submitted_lines(done: submitting.Submitted) -> list[str]:
+def submitted_lines(done: api.Submitted) -> list[str]:
     """What a person reads once the chain is queued: what, which jobs, where, what next."""
     spec, shape = done.plan.manifest.spec, done.plan.manifest.shape
     return [

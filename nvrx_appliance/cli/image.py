@@ -10,7 +10,7 @@ from pathlib import Path
 
 import click
 
-from nvrx_appliance.clifail import fail
+from nvrx_appliance.cli.fail import fail
 from nvrx_appliance.image import build as builder_mod
 from nvrx_appliance.image import verify as verify_mod
 from nvrx_appliance.image.inspect import ImageError, image_manifest_rows, read_image_manifest

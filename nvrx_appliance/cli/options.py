@@ -1,6 +1,6 @@
 """Click options for every ChainSpec field, generated from the field's metadata.
 
-chain.py is the one list of settings; this turns it into flags. No option carries a
+settings/chain.py is the one list of settings; this turns it into flags. No option carries a
 default or an envvar of its own: an unset flag is None, and resolve.py applies the
 environment, the config file and the defaults so that each value knows its origin.
 """
@@ -13,30 +13,19 @@ from typing import Any
 
 import click
 
-from nvrx_appliance import clihelp
+from nvrx_appliance.cli import help as clihelp
 from nvrx_appliance.settings.chain import (
     MODES,
     PROFILES,
     RUNTIMES,
     WORKLOADS,
     flag,
+    shown_default,
     spec_fields,
 )
 
 _CHOICES = {"runtime": RUNTIMES, "mode": MODES, "workload": WORKLOADS, "profile": PROFILES}
 _TYPES = {"int": click.INT, "float": click.FLOAT}
-
-
-def shown_default(field: dataclasses.Field) -> str:
-    """A setting's default as help and docs show it."""
-    if field.default_factory is not dataclasses.MISSING:
-        return "none" if not field.default_factory() else str(field.default_factory())
-    default = field.default
-    if isinstance(default, bool):
-        return "on" if default else "off"
-    if default is None:
-        return "unset"
-    return "empty" if default == "" else str(default)
 
 
 def _help(field: dataclasses.Field) -> str:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import click
 
 from nvrx_appliance import jsondoc
-from nvrx_appliance.clifail import fail
+from nvrx_appliance.cli.fail import fail
 from nvrx_appliance.devcluster import cluster as shell
 from nvrx_appliance.devcluster import packages
 from nvrx_appliance.devcluster.daemons import DaemonError

@@ -1,18 +1,18 @@
-"""`nvrx-entrypoint`: what srun starts on every node of every generation (node_lifecycle.py),
-plus the operator's views: `--dry-run` and `detect`."""
+"""`nvrx-entrypoint`: what srun starts on every node of every generation
+(entrypoints/node_lifecycle.py), plus the operator's views: `--dry-run` and `detect`."""
 
 from __future__ import annotations
 
 import json
 import shlex
-import socket
 import sys
 from pathlib import Path
 
 import click
 
-from nvrx_appliance import __version__, clihelp, exitcodes
-from nvrx_appliance.entrypoints import detect, node_probe
+from nvrx_appliance import __version__, exitcodes
+from nvrx_appliance.cli import help as clihelp
+from nvrx_appliance.entrypoints import node_probe
 from nvrx_appliance.entrypoints.node_lifecycle import plan_dry_run, run
 from nvrx_appliance.entrypoints.preflight import Refused, say
 
@@ -37,22 +37,6 @@ def _print_plan(plan: dict) -> None:
 
 
 # --- detect --------------------------------------------------------------------------------
-
-
-def detect_report() -> dict:
-    fabric = node_probe.node_fabric()
-    auto = detect.decide("auto", fabric)
-    return {
-        "hostname": socket.gethostname(),
-        "gpus": [
-            {"bus_id": g.bus_id, "name": g.name, "uuid": g.uuid, "cluster_uuid": g.cluster_uuid}
-            for g in fabric.gpus
-        ],
-        "cluster_uuid": fabric.cluster_uuid,
-        "reason": fabric.reason,
-        "auto_segment": auto.segment,
-        "auto_reason": auto.reason,
-    }
 
 
 def _print_detect(report: dict) -> None:
@@ -123,7 +107,7 @@ def cli(ctx: click.Context, manifest_path: Path | None, dry_run: bool, as_json: 
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def detect_cmd(as_json: bool) -> None:
     """What this node's GPUs report as ClusterUUID, and the segment decision auto takes."""
-    report = detect_report()
+    report = node_probe.detect_report()
     if as_json:
         print(json.dumps(report, indent=2))
     else:
