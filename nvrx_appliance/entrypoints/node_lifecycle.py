@@ -24,7 +24,16 @@ from pathlib import Path
 from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, node_probe
+from nvrx_appliance.entrypoints import (
+    control,
+    controldir,
+    detect,
+    env,
+    gate,
+    launch,
+    node_probe,
+    retention,
+)
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.preflight import (
     Preflight,
@@ -282,6 +291,16 @@ def supervise(
         clock.remove()
 
 
+def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper | None:
+    """Task 0 keeps the newest --save-retention checkpoints when the workload does not
+    (Megatron); started here, it runs as long as the generation does."""
+    if not manifest.policy.checkpoints_kept:
+        return None
+    kept = retention.Keeper(manifest.layout.checkpoints, manifest.policy.checkpoints_kept, say)
+    kept.start()
+    return kept
+
+
 def run(manifest_path: Path | None) -> int:
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
@@ -294,11 +313,14 @@ def run(manifest_path: Path | None) -> int:
     else:
         record = gate_loop(manifest, node, pre.fabric, directory, generation(manifest, node))
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
+    kept = retention_keeper(manifest) if keeper is not None else None
     try:
         outcome = supervise(pre, record, directory, keeper)
     finally:
         if keeper is not None:
             keeper.stop()
+        if kept is not None:
+            kept.stop()
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
         try:
             controldir.mark_no_restart(directory, outcome.exit_code, record.generation)

@@ -2,9 +2,10 @@
 
 The mode (train, no-restart, handoff) switches several things at once: the iteration
 file NVRx judges progress by, how many cycles without progress it tolerates, whether
-the workload injects faults, and the GPU-failure schedule. Submit computes them here;
-the entrypoint and the workload builders read the values from run.json and never ask
-which mode they are in. Pure.
+the workload injects faults, and the GPU-failure schedule; the workload decides who
+keeps checkpoints to --save-retention. Submit computes them here; the entrypoint and
+the workload builders read the values from run.json and never ask which mode or
+workload they are in. Pure.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class Policy:
     max_no_progress_cycles: int  # ft_launcher's --ft-max-no-progress-cycles
     faults_active: bool  # the workload injects its faults (demo modes, when asked)
     gpu_failure: str | None  # NVRX_INJECT_GPU_FAILURE; None leaves it unset
+    # Task 0's entrypoint keeps this many newest complete checkpoints (0: it removes
+    # none). Megatron has no keep-N of its own; the cpu trainer and scripts prune theirs.
+    checkpoints_kept: int
 
 
 def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
@@ -40,6 +44,7 @@ def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
         max_no_progress_cycles=1 if frozen else spec.max_no_progress_cycles,
         faults_active=faults_active(spec),
         gpu_failure=_gpu_failure(spec),
+        checkpoints_kept=spec.save_retention if spec.workload == "megatron" else 0,
     )
 
 
@@ -58,6 +63,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_no_progress_cycles": (int,),
     "faults_active": (bool,),
     "gpu_failure": (str, type(None)),
+    "checkpoints_kept": (int,),
 }
 
 
@@ -72,4 +78,6 @@ def from_dict(data: Any) -> Policy:
             raise ValueError(f"policy field {name!r} has the wrong type ({value!r})")
     if data["max_no_progress_cycles"] < 1:
         raise ValueError("policy field 'max_no_progress_cycles' must be at least 1")
+    if data["checkpoints_kept"] < 0:
+        raise ValueError("policy field 'checkpoints_kept' cannot be negative")
     return Policy(**data)

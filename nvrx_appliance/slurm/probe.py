@@ -29,8 +29,10 @@ def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
             path: os.path.exists(path) for check in host_checks(spec) for path in check.required
         },
     }
+    existing = _existing_run(spec.work_dir)
+    facts["work_dir_wandb_run_id"] = _wandb_run_id(existing)
     if with_slurm:
-        facts.update(_slurm(spec.job_name, _existing_chain(spec.work_dir), user))
+        facts.update(_slurm(spec.job_name, _job_name(existing), user))
     return Facts(**facts)
 
 
@@ -112,13 +114,25 @@ def _python(spec: ChainSpec) -> dict:
     return {}
 
 
-def _existing_chain(work_dir: str) -> str:
-    """The job name in a run.json already in the work dir ("" if none or unreadable)."""
+def _existing_run(work_dir: str) -> dict:
+    """The run.json already in the work dir, as decoded ({} if none or unreadable)."""
     try:
         data = json.loads(Layout(Path(work_dir)).run_json.read_text())
-        return str(data["spec"]["job_name"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _job_name(run: dict) -> str:
+    try:
+        return str(run["spec"]["job_name"])
+    except (KeyError, TypeError):
         return ""
+
+
+def _wandb_run_id(run: dict) -> str:
+    wandb = run.get("wandb")
+    return str(wandb.get("run_id") or "") if isinstance(wandb, dict) else ""
 
 
 def _slurm(job_name: str, existing_chain: str, user: str) -> dict:
@@ -155,7 +169,7 @@ def chain_conflicts(job_name: str, existing_chain: str, user: str) -> dict:
 def recheck(spec: ChainSpec, user: str) -> Facts:
     """Submit's Slurm facts again, read under the submit lock just before queueing."""
     try:
-        found = chain_conflicts(spec.job_name, _existing_chain(spec.work_dir), user)
+        found = chain_conflicts(spec.job_name, _job_name(_existing_run(spec.work_dir)), user)
     except (slurmcli.SlurmUnavailable, slurm_output.ParseError) as exc:
         return Facts(slurm_error=str(exc))
     return Facts(**found)

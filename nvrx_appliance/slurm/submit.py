@@ -26,6 +26,7 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
+from nvrx_appliance.settings import megatron_rules
 from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
@@ -137,11 +138,19 @@ def plan(
     if problems:
         raise Refused(problems)
     warnings += _ignored_demo_settings(resolved)
+    if spec.workload == "megatron":
+        warnings += megatron_rules.notes(spec.megatron_args)
     found = _qualification_status(spec, facts)
     image = None
     if found is not None and facts.image_manifest is not None:
         image = {**facts.image_manifest, qualification_status.KEY: found.to_json()}
-    manifest = run_manifest.build(spec, created=now_iso(), user=user, image=image)
+    manifest = run_manifest.build(
+        spec,
+        created=now_iso(),
+        user=user,
+        image=image,
+        previous_wandb_run_id=facts.work_dir_wandb_run_id,
+    )
     script = render.render(manifest, template=template_text(), extra=extra)
     return Plan(
         manifest=manifest,

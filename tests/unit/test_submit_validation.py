@@ -88,9 +88,15 @@ def test_a_sane_spec_on_a_sane_cluster_passes():
             "--global-batch: 3 is not divisible by micro batch x data-parallel size = 1 x 4",
         ),
         (
-            {"tensor_parallel": 3},
+            {"workload": "megatron", "tensor_parallel": 3},
             {},
-            "--tensor-parallel: TP x PP = 3 does not divide the world of 4 ranks",
+            "--train-tasks: a world of 4 ranks is not divisible by TP 3 x PP 1 x CP 1 = 3",
+        ),
+        (
+            {"tensor_parallel": 2},
+            {},
+            "--tensor-parallel: applies to --workload megatron; a cpu workload is "
+            "data-parallel over every rank",
         ),
         (
             {},

@@ -129,16 +129,18 @@ def test_the_config_file_takes_the_arguments_as_a_list(tmp_path):
     ("line", "expected"),
     [
         (
-            "--tensor-model-parallel-size 4",
-            "--megatron-args: --tensor-model-parallel-size conflicts with --tensor-parallel; "
-            "remove it and set --tensor-parallel instead",
-        ),
-        (
             "--persistent-save-interval=100",
-            "--megatron-args: --persistent-save-interval conflicts with --save-interval",
+            "--megatron-args: --persistent-save-interval is a chain setting; remove it and "
+            "set --save-interval",
         ),
-        ("--save /elsewhere", "--megatron-args: --save is set by the appliance"),
-        ("--fault-injector-ranks 3", "--megatron-args: --fault-injector-ranks is set by the"),
+        ("--save /elsewhere", "--megatron-args: --save is the appliance's"),
+        ("--fault-injector-ranks 3", "--megatron-args: --fault-injector-ranks is the demo"),
+        (
+            "--load /lustre/base",
+            "--megatron-args: --load is the appliance's (every generation resumes from "
+            "<work dir>/checkpoints); to start from another checkpoint, use "
+            "--pretrained-checkpoint DIR",
+        ),
     ],
 )
 def test_an_argument_the_appliance_owns_is_refused_naming_both(tmp_path, line, expected):
