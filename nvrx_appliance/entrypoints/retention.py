@@ -14,7 +14,8 @@ every rank has finished does rank 0 rewrite latest_checkpointed_iteration.txt. S
 
 A sweep therefore removes only checkpoints older than the tracked one, beyond the
 newest N up to it (checkpoint_dir.retired), and nothing at all when the tracker does
-not read as an iteration. A removal first renames the directory out of the iter_
+not read as an iteration (a tracker caught half-rewritten reads as a shorter, smaller
+number, which can only retire less). A removal first renames the directory out of the iter_
 names, so a sweep killed midway never leaves a half-deleted directory that looks like
 a checkpoint; the next sweep finishes it.
 """
