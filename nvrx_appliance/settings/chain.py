@@ -279,7 +279,8 @@ class Shape:
     microbatches: int  # per step: global batch / (micro batch x data-parallel)
 
 
-# The settings that are sizes of the parallel shape (each also a flag in parallel.SIZE_FLAGS).
+# The settings that are sizes of the parallel shape (Megatron's only; parallel.SIZE_FLAGS
+# names the flag each may also be stated by, the virtual stages apart).
 PARALLEL_SETTINGS = (
     "tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
     "expert_tensor_parallel", "virtual_pipeline",
@@ -303,7 +304,7 @@ def derive(spec: ChainSpec) -> Shape:
     size = active + spec.cold_spares
     world = spec.train_tasks * spec.nodes_per_task * spec.gpus_per_node
     p, _ = parallel_of(spec)
-    dp = p.data_parallel(world) if p.model_size > 0 else 0
+    dp = p.data_parallel(world)
     gbs = p.global_batch_for(world)
     return Shape(
         array_size=size,

@@ -282,6 +282,15 @@ def _interleaving(p: Parallel, microbatches: int, step: int) -> list[tuple[str, 
     default): PP <= G <= M, and what is left over must be none or at least PP."""
     if not p.virtual_pipeline:
         return []
+    if p.pipeline < 2:
+        return [
+            (
+                "virtual_pipeline",
+                f"{p.virtual_pipeline} virtual stages need pipeline parallelism (PP 2 or "
+                "more, as Megatron's interleaved schedule does); raise the pipeline-parallel "
+                "size or drop the virtual stages",
+            )
+        ]
     group = p.microbatch_group or p.pipeline
     left = microbatches % group
     if p.pipeline <= group <= microbatches and not 0 < left < p.pipeline:

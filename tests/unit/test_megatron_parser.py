@@ -196,6 +196,18 @@ REFUSED: dict[str, Refusal] = {
              "start from another checkpoint, use --pretrained-checkpoint DIR"),
         ]
     },
+    "virtual-stages-without-a-pipeline": Refusal(
+        dict(profile="small", virtual_pipeline=2),
+        "--virtual-pipeline: 2 virtual stages need pipeline parallelism (PP 2 or more",
+        "pipeline-model-parallel size should be greater than 1"),
+    "exit-on-missing-without-pretrained": Refusal(
+        dict(megatron_args=team_args("llama3-8b", "--exit-on-missing-checkpoint"),
+             train_samples=1000),
+        "--megatron-args: --exit-on-missing-checkpoint stops the first generation, which "
+        "starts with no checkpoint"),
+    "override-iteration": Refusal(
+        dict(megatron_args=team_args("finetune", "--override-ckpt-iteration", "0")),
+        "--megatron-args: --override-ckpt-iteration rewrites the iteration on every resume"),
     # 3. A length and a schedule in one unit.
     "preset-samples-with-iteration-decay": Refusal(
         dict(profile="small", megatron_args=["--lr-decay-iters", "2000"]),
