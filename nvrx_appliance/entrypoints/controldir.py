@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from nvrx_appliance.entrypoints import control, gate
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.layout import ControlFiles
 
 
@@ -31,7 +31,7 @@ def _dir_seen(path: Path) -> gate.DirSeen:
 
 def prepare(path: Path, uid: int) -> None:
     """Create the directory owner-only (whoever comes first), then refuse it unless it is."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
     d = _dir_seen(path)

@@ -20,7 +20,7 @@ from typing import Any
 
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
@@ -189,9 +189,9 @@ def write(plan: Plan) -> None:
     layout = plan.manifest.layout
     # Owner-only: run.json there names the code every node runs (probe.py refuses a
     # work dir others can write).
-    layout.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(layout.work_dir)
     # Slurm opens the --output file on the node at start: its directory must exist.
-    layout.logs.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(layout.logs)
     run_manifest.save(plan.manifest)
     write_teardown(layout)  # before the script that runs it
     write_atomic(plan.script_path, plan.script, mode=0o700)

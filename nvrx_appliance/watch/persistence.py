@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.observe.types import Checkpoint, Cycle
 
 VERSION = 1
@@ -95,7 +95,7 @@ def _locked(path: str) -> Iterator[None]:
 
 
 def _private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dirs(path)
 
 
 def save_chain(path: str, key: str, section: dict[str, Any], jobs: dict[str, Any]) -> None:

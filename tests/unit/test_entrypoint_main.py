@@ -494,3 +494,15 @@ def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives
     else:
         assert refused.value.exit_code == exitcodes.RECORD_REFUSED
         assert len(polls) == node_lifecycle.MAX_READ_FAILURES - 1
+
+
+@pytest.mark.parametrize("text", ["²\n", "7" * 5000 + "\n", "release\n"])
+def test_task_0_publishes_whatever_the_tracker_holds(tmp_path, text):
+    # "²" passes str.isdigit and int() refuses it: every generation's task 0 died
+    # publishing its lease. A tracker that is no number is "no checkpoint yet".
+    m = manifest.load(write_manifest(tmp_path))
+    m.layout.checkpoints.mkdir(parents=True)
+    m.layout.tracker.write_text(text)
+    assert node_lifecycle.checkpoint_start(m) is None
+    m.layout.tracker.write_text("40\n")
+    assert node_lifecycle.checkpoint_start(m) == 40
