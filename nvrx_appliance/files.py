@@ -25,9 +25,13 @@ import tempfile
 from pathlib import Path
 
 
+class NotRegularFile(OSError):
+    """A FIFO, a device or a directory where a regular file belongs."""
+
+
 def read_text(path: str | Path, limit: int) -> str | None:
     """The first `limit` bytes of a regular file as text; None when it does not exist.
-    Raises OSError when it cannot be read or is not a regular file."""
+    Raises OSError when it cannot be read, NotRegularFile when it is not a regular file."""
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -35,7 +39,7 @@ def read_text(path: str | Path, limit: int) -> str | None:
         return None
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
         return fh.read(limit).decode("utf-8", errors="replace")
 
 
