@@ -26,7 +26,8 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
+from nvrx_appliance.settings import policy
+from nvrx_appliance.settings.chain import ChainSpec, Problem
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
 from nvrx_appliance.slurm import probe, render, submit_lock
@@ -136,7 +137,7 @@ def plan(
     problems = judge(spec, facts, force=force)
     if problems:
         raise Refused(problems)
-    warnings += _ignored_demo_settings(resolved)
+    warnings += policy.unused(spec, resolved.origins)
     found = _qualification_status(spec, facts)
     image = None
     if found is not None and facts.image_manifest is not None:
@@ -152,22 +153,6 @@ def plan(
         image_qualification=found,
         force=force,
     )
-
-
-# Settings that only the demo modes read: in train mode nothing is ever injected.
-DEMO_SETTINGS = ("fault_inject", "fault_ranks", "fault_delay", "fault_types", "gpu_failure")
-
-
-def _ignored_demo_settings(resolved: Resolved) -> list[str]:
-    """A fault setting the user gave for a chain that trains: say it does nothing."""
-    if resolved.spec.mode in DEMO_MODES:
-        return []
-    return [
-        f"{flag(name)} ({resolved.origins[name]}) applies to the demo modes only; "
-        "this chain trains (--mode train), which never injects a fault, so it is ignored"
-        for name in DEMO_SETTINGS
-        if resolved.origins[name] != "default"
-    ]
 
 
 def _qualification_status(
