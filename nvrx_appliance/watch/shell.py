@@ -17,19 +17,19 @@ import os
 import pwd
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from nvrx_appliance import files
 from nvrx_appliance.watch import detectors, persistence, sinks, target
-from nvrx_appliance.watch.config import Settings, parse_disable
+from nvrx_appliance.watch.config import PAGERDUTY_KEY_ENV, Settings, parse_disable
 from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import NullPlatform, Platform, SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.watcher import DEGRADED, StopRequest, Watcher
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SECRETS = {
-    "pagerduty_routing_key": "NVRX_WATCH_PAGERDUTY_ROUTING_KEY",
+    "pagerduty_routing_key": PAGERDUTY_KEY_ENV,
     "webhook_url": "NVRX_WATCH_WEBHOOK_URL",
     "heartbeat_url": "NVRX_WATCH_HEARTBEAT_URL",
 }
@@ -39,10 +39,13 @@ def _dashed(name: str) -> str:
     return name.replace("_", "-")
 
 
-def settings_from(options: dict[str, Any], warn: Callable[[str], None]) -> Settings:
+def settings_from(
+    options: dict[str, Any], warn: Callable[[str], None], environ: Mapping[str, str]
+) -> Settings:
     """The watcher's settings from its options (flags, NVRX_WATCH_* or a --config file,
-    as click resolved them) and its secrets. Raises ValueError naming the option."""
-    secrets = {name: _secret(name, options, warn) for name in SECRETS}
+    as click resolved them) and its secrets (from `environ`, with the reference
+    watcher's names read under ours). Raises ValueError naming the option."""
+    secrets = {name: _secret(name, options, warn, environ) for name in SECRETS}
     urls = {
         "webhook URL": (secrets["webhook_url"], "NVRX_WATCH_WEBHOOK_URL or --webhook-url-file"),
         "heartbeat URL": (
@@ -88,9 +91,11 @@ def settings_from(options: dict[str, Any], warn: Callable[[str], None]) -> Setti
     )
 
 
-def _secret(name: str, options: dict[str, Any], warn: Callable[[str], None]) -> str:
+def _secret(
+    name: str, options: dict[str, Any], warn: Callable[[str], None], environ: Mapping[str, str]
+) -> str:
     """From its environment variable, else from the file its --...-file flag names."""
-    value = os.environ.get(SECRETS[name], "").strip()
+    value = environ.get(SECRETS[name], "").strip()
     path = options.get(f"{name}_file", "")
     if value or not path:
         return value

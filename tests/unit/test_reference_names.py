@@ -14,13 +14,17 @@ from nvidia_resiliency_ext.fault_tolerance import launcher
 from nvidia_resiliency_ext.fault_tolerance.config import FaultToleranceConfig
 
 from nvrx_appliance import manifest
+from nvrx_appliance.cli import watch as watch_cli
 from nvrx_appliance.cli.main import cli
+from nvrx_appliance.cli.watch import watch
 from nvrx_appliance.entrypoints import env as node_env
 from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.settings import reference, resolve
+from nvrx_appliance.watch import config as watch_config
 from tests.unit import entrypoint_support as support
 from tests.unit import reference_names
+from tests.unit.test_watch_sinks import killed_run, receiver  # noqa: F401 - a fixture
 
 # Read where they act rather than by submit: on the node, and by submit's command line.
 AT_THE_NODE = {"NCCL_MNNVL_ENABLE"}
@@ -149,3 +153,66 @@ def test_print_config_shows_what_a_train_chain_will_do_not_a_value_nothing_reads
     table = CliRunner().invoke(cli, args).stdout
     [row] = [line for line in table.splitlines() if line.startswith("fault_inject ")]
     assert row.split()[1] == "false" and "never injects" in row
+
+
+# --- the reference watcher -------------------------------------------------------------
+
+
+def test_each_name_the_reference_watcher_reads_is_read_here_or_refused_in_one_line():
+    known = watch_cli.variables(watch)
+    for name, value in reference_names.WATCHER_ENV.items():
+        _, notices, refusals = watch_config.reference_environment({name: value}, known)
+        handled = name in known or any(name in line for line in notices + refusals)
+        assert handled, f"{name} is silently ignored"
+        assert all(line.startswith(name) and "\n" not in line for line in refusals)
+
+
+def test_every_option_of_the_reference_watcher_is_an_option_here():
+    ours = {opt for param in watch.params for opt in (*param.opts, *param.secondary_opts)}
+    assert set(reference_names.WATCHER_OPTIONS) - ours == set()
+
+
+def _watch_once(tmp_path, env, *args):
+    work = killed_run(tmp_path)
+    base = ["--platform", "none", "--work-dir", str(work), "--stall-seconds", "1"]
+    base += ["--state-file", str(tmp_path / "state" / "state.json"), *args]
+    return CliRunner().invoke(watch, base, env=env)
+
+
+def test_the_readmes_routing_key_name_still_pages(tmp_path, receiver):  # noqa: F811
+    # The reference README's cron line sets NVRX_WATCH_PD_ROUTING_KEY: ignored, paging
+    # just stopped.
+    env = {"NVRX_WATCH_PD_ROUTING_KEY": "R0UTING-of-the-readme"}
+    url = f"{receiver.url}/v2/enqueue"
+    result = _watch_once(tmp_path, env, "--pagerduty-url", url, "--pagerduty-allow-http")
+    assert result.exit_code == 2, result.output  # the killed cycle stalls: critical
+    [trigger] = receiver.bodies("/v2/enqueue")
+    assert trigger["routing_key"] == "R0UTING-of-the-readme"
+    assert "notice: NVRX_WATCH_PD_ROUTING_KEY read as NVRX_WATCH_PAGERDUTY_ROUTING_KEY" in (
+        result.stderr
+    )
+    assert "R0UTING-of-the-readme" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"NVRX_WATCH_OBSERVE_ONLY": "0"}, "act with --act"),
+        ({"NVRX_WATCH_NO_RESTART_EXIT_CODE": "42"}, "chain_not_cancelled looks for 93"),
+        ({"NVRX_WATCH_EXPECT_FILE": "/h/.x"}, "the chain marker here is <work dir>/chain.active"),
+        ({"NVRX_WATCH_PD_ROUTING_KEY": "a", "NVRX_WATCH_PAGERDUTY_ROUTING_KEY": "b"}, "disagree"),
+        ({"NVRX_WATCH_STALL_SECOND": "60"}, "is not an nvrx-watch setting"),
+    ],
+)
+def test_the_watcher_refuses_a_name_it_cannot_honour_before_any_pass(tmp_path, env, said):
+    result = _watch_once(tmp_path, env)
+    assert result.exit_code == 2
+    assert said in result.output and "pass over" not in result.output
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_reference_config_key_is_refused_naming_what_to_do(tmp_path):
+    config = tmp_path / "watch.toml"
+    config.write_text("observe_only = false\n")
+    result = _watch_once(tmp_path, {}, "--config", str(config))
+    assert result.exit_code == 2 and "act with --act" in result.output
