@@ -25,8 +25,8 @@ REFUSED = {
         "the preset's, so yours wins)"
     ),
     "SAVE_RETAIN_INTERVAL": (
-        "the appliance derives Megatron's --save-retain-interval from --save-retention "
-        "(NVRX_SAVE_RETENTION, the checkpoints kept): set that"
+        "the appliance's retention is a count of complete checkpoints kept: set "
+        "--save-retention N (NVRX_SAVE_RETENTION)"
     ),
 }
 # Taken only when they agree with what the appliance does (derived or fixed).

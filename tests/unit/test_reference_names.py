@@ -71,7 +71,7 @@ def test_the_reference_scripts_whole_default_environment_is_taken_but_two_refusa
         ({"NVRX_ACTIVE_TASKS": "5"}, "NVRX_ACTIVE_TASKS='5' disagrees with --train-tasks"),
         ({"NVRX_NO_RESTART_EXIT_CODE": "42"}, "keeps NVRx's own code 93"),
         ({"LR_DECAY_SAMPLES": "9"}, "put --lr-decay-samples N in your --megatron-args"),
-        ({"SAVE_RETAIN_INTERVAL": "9"}, "from --save-retention (NVRX_SAVE_RETENTION"),
+        ({"SAVE_RETAIN_INTERVAL": "9"}, "set --save-retention N (NVRX_SAVE_RETENTION)"),
     ],
 )
 def test_submit_refuses_a_reference_name_it_cannot_honour_in_one_line(tmp_path, environ, said):
