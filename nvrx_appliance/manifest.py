@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import read_text, write_atomic
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.settings import policy as mode_policy
 from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
@@ -181,13 +181,18 @@ def trust_problem(path: Path, uid: int) -> str | None:
     return None
 
 
+# A run.json is a few kilobytes; one larger than this is not one, and reading it whole
+# would cost a reader (a cron watcher, every node's entrypoint) its memory.
+MAX_MANIFEST_BYTES = 4 << 20
+
+
 def load(path: Path) -> Manifest:
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ManifestError(f"run manifest {path} does not exist") from None
+        text = read_text(path, MAX_MANIFEST_BYTES)
     except OSError as exc:
         raise ManifestError(f"run manifest {path} is unreadable: {exc.strerror}") from None
+    if text is None:
+        raise ManifestError(f"run manifest {path} does not exist")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

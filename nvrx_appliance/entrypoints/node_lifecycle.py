@@ -47,7 +47,7 @@ from nvrx_appliance.entrypoints.preflight import (
     workload_argv,
 )
 from nvrx_appliance.entrypoints.supervise import Supervisor
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import parse_tracker
+from nvrx_appliance.observe import run_files
 
 # Every node stats the shared file system this often, waiting or training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
@@ -73,7 +73,7 @@ def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
             layout.logs,
             layout.checkpoints,
         ):
-            path.mkdir(parents=True, exist_ok=True)
+            files.make_private_dirs(path)
     except controldir.ControlDirError as exc:
         raise Refused(exitcodes.RECORD_REFUSED, str(exc)) from None
     except OSError as exc:
@@ -210,7 +210,7 @@ def checkpoint_start(manifest: run_manifest.Manifest) -> int | None:
         text = files.read_text(manifest.layout.tracker, 64)
     except OSError:
         return None
-    return parse_tracker(text) if text is not None else None
+    return run_files.tracker_value(text) if text is not None else None
 
 
 def publish(pre: Preflight, record: control.Record, directory: Path) -> controldir.LeaseKeeper:

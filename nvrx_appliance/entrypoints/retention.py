@@ -31,6 +31,7 @@ from pathlib import Path
 from nvrx_appliance import files
 from nvrx_appliance.entrypoints.workloads import checkpoint_dir
 from nvrx_appliance.layout import TRACKER_FILE
+from nvrx_appliance.observe import run_files
 
 # How often task 0 looks at the tracker. A save at scale takes minutes; between two
 # looks at most one checkpoint more than N is on disk.
@@ -48,7 +49,7 @@ def sweep(checkpoints: Path, keep: int) -> list[int]:
     for name in names:
         if name.startswith(_REMOVING):  # a removal a killed sweep left unfinished
             shutil.rmtree(checkpoints / name, ignore_errors=True)
-    tracked = checkpoint_dir.parse_tracker(text) if text is not None else None
+    tracked = run_files.tracker_value(text) if text is not None else None
     if tracked is None:
         return []  # empty (being rewritten), or Megatron's "release"
     found = {

@@ -187,7 +187,8 @@ class ChainSpec:
     max_restarts: int = _opt(8, "In-job restarts per generation.", "NVRX_MAX_RESTARTS")
     max_no_progress_cycles: int = _opt(
         3,
-        "Cycles without checkpoint progress before NVRx exits 93 (no-restart mode uses 1).",
+        "Cycles without checkpoint progress before NVRx exits 93 (0: progress tracking "
+        "off; the no-restart demo uses 1).",
         "NVRX_MAX_NO_PROGRESS_CYCLES",
     )
     join_timeout: int = _opt(600, "Rendezvous join timeout (s).", "NVRX_JOIN_TIMEOUT")
@@ -495,8 +496,9 @@ def check(spec: ChainSpec) -> list[Problem]:
         margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)
         if margins:
             bad("lease_stale_after", margins)
-    if spec.max_no_progress_cycles < 1:
-        bad("max_no_progress_cycles", "must be at least 1")
+    if spec.max_no_progress_cycles < 0:
+        # NVRx also reads -1 as off; one spelling here, its documented one.
+        bad("max_no_progress_cycles", "cannot be negative; 0 turns NVRx's progress tracking off")
     if not 1 <= spec.rdzv_port <= 65535:
         bad("rdzv_port", f"must be a TCP port 1-65535 (got {spec.rdzv_port})")
     if not _JOB_NAME.fullmatch(spec.job_name):

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
@@ -372,7 +373,10 @@ def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, m
         assert "no job" not in result.stderr
 
 
-def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path):
+@pytest.mark.parametrize(
+    "tracker", [b"\xff12\n", b"7" * 5000 + b"\n"], ids=["not-utf8", "5000-digits"]
+)
+def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path, tracker):
     from nvrx_appliance import manifest as run_manifest
     from nvrx_appliance.settings.chain import ChainSpec
 
@@ -384,7 +388,7 @@ def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(t
     cycles.mkdir(parents=True)
     (cycles / "cycle_info.101.0.0").write_bytes(b'{"job_id": "101", "\xff\xfe": 1}')
     m.layout.checkpoints.mkdir()
-    m.layout.tracker.write_bytes(b"\xff12\n")
+    m.layout.tracker.write_bytes(tracker)  # 5,000 digits: more than Python 3.11's int() takes
     # A separate process with a deadline: a hang must fail the test, not stall the suite.
     done = subprocess.run(
         [str(Path(sys.executable).parent / "nvrx-appliance"), "status", "odd",

@@ -168,6 +168,28 @@ def test_probe_says_a_work_dir_below_a_file_cannot_be_created(tmp_path):
     assert "cannot be created" in facts.work_dir_error
 
 
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--work-dir", "{long}/run", "File name too long"),
+        ("--image", "{long}.sqsh", "File name too long"),
+        ("--python", "{long}/bin/python", "File name too long"),
+        ("--megatron-path", "{long}", "has no pretrain_gpt.py"),
+    ],
+)
+def test_a_path_component_longer_than_the_file_system_allows_is_one_line(
+    tmp_path, option, value, said
+):
+    # 300 characters: more than NAME_MAX (255), so looking the path up raises ENAMETOOLONG,
+    # which submit's probe let out as a traceback.
+    path = value.format(long=str(tmp_path / ("a" * 300)))
+    args = ["submit", "--runtime", "bare", "--work-dir", "/shared/alice/x", option, path]
+    result = CliRunner().invoke(cli, [*args, "--dry-run"], env={"SLURM_CONF": "/nonexistent"})
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    mine = [line for line in result.stderr.splitlines() if f"submit: {option}: " in line]
+    assert len(mine) == 1 and said in mine[0], result.stderr
+
+
 def test_probe_refuses_a_bare_python_without_the_entrypoint_beside_it(tmp_path):
     python = tmp_path / "python"
     python.write_text("#!/bin/sh\n")

@@ -33,12 +33,6 @@ def parse_iteration_dir(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def parse_tracker(text: str) -> int | None:
-    """The tracked iteration; None for an empty or foreign tracker (e.g. Megatron's 'release')."""
-    value = text.strip()
-    return int(value) if value.isdigit() else None
-
-
 def tracker_text(iteration: int) -> str:
     return f"{iteration}\n"
 
