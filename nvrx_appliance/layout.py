@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 TRACKER_FILE = "latest_checkpointed_iteration.txt"  # Megatron's name; NVRx reads it too
+# Beside the tracker, in its format: the final iteration, once training is done.
+TRAINING_DONE_FILE = "training_done.txt"
 # One spelling for the batch log's name: sbatch expands the %-pattern, `logs` the values.
 _BATCH_LOG = "slurm-{job_name}-{array_job_id}_{task}.out"
 
@@ -43,6 +45,13 @@ class ControlFiles:
         # on behalf of a task 0 whose lease went stale; whoever fails to create it
         # leaves quietly.
         return self.directory / "fence"
+
+    @property
+    def time_limit(self) -> Path:
+        # The time-limit notice: a batch shell that Slurm's --signal reached, or task 0's
+        # entrypoint at the exit duration, says the generation must save and end. Every
+        # entrypoint then sends its workload the save signal (settings/endings.py).
+        return self.directory / "time_limit"
 
     @property
     def no_restart(self) -> Path:
@@ -92,6 +101,12 @@ class Layout:
     @property
     def tracker(self) -> Path:
         return self.checkpoints / TRACKER_FILE
+
+    @property
+    def training_done(self) -> Path:
+        # The training-done marker: the workload (or, for Megatron, task 0's entrypoint)
+        # writes the final iteration here by rename; task 0's teardown then ends the chain.
+        return self.checkpoints / TRAINING_DONE_FILE
 
     @property
     def static_tracker(self) -> Path:

@@ -313,23 +313,7 @@ def submitted_script(submit_line: str, work_dir: str) -> str:
     return ""
 
 
-# --- time limits, host lists -----------------------------------------------------------------
-
-_SLURM_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
-
-
-def slurm_seconds(text: str) -> int | None:
-    """A Slurm time limit in seconds: "M", "M:S", "H:M:S", "D-H", "D-H:M", "D-H:M:S"."""
-    match = _SLURM_TIME.match(text.strip())
-    if not match:
-        return None
-    days, first, second, third = match.groups()
-    if days is None:
-        parts = [int(first), int(second or 0), int(third or 0)]
-        # Without days: M, M:S or H:M:S.
-        hours, minutes, seconds = [0, *parts[:2]] if third is None else parts
-        return hours * 3600 + minutes * 60 + seconds
-    return int(days) * 86400 + int(first) * 3600 + int(second or 0) * 60 + int(third or 0)
+# --- host lists -----------------------------------------------------------------
 
 
 def expand_nodelist(nodelist: str) -> list[str]:

@@ -61,6 +61,13 @@ class ChainSpec:
     time_limit: str = _opt(
         "01:00:00", "Wall time of one generation.", "NVRX_TIME_LIMIT", flag="--time"
     )
+    time_limit_margin: str = _opt(
+        "auto",
+        "Seconds before --time at which each generation saves and ends: auto (the "
+        "checkpointing timeout, at most a quarter of --time), off (run into Slurm's "
+        "limit), or a number.",
+        "NVRX_TIME_LIMIT_MARGIN",
+    )
     partition: str = _opt("", "Slurm partition (empty: the cluster default).", "NVRX_PARTITION")
     # The reference asks for the whole node: under DefMemPerCPU a task would otherwise
     # get a small default limit, and the out-of-memory killer ends a healthy rank.
@@ -173,7 +180,10 @@ class ChainSpec:
     )
     train_samples: int = _opt(0, "Samples to train (0: the mode's default).", "NVRX_TRAIN_SAMPLES")
     exit_duration_min: int = _opt(
-        0, "Minutes after which training saves and exits (0: off).", "NVRX_EXIT_DURATION"
+        0,
+        "Minutes after task 0 starts a generation at which it saves and ends, however "
+        "many in-job restarts happened (0: off).",
+        "NVRX_EXIT_DURATION",
     )
     # --- NVRx ft_launcher ----------------------------------------------------------------
     setup_timeout: int = _opt(600, "Section timeout (s): setup.", "NVRX_SETUP_TIMEOUT")

@@ -15,7 +15,7 @@ own parser checks these argvs (tests/unit/test_megatron_parser.py)."""
 from __future__ import annotations
 
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.settings import megatron_rules, parallel, workload_args
+from nvrx_appliance.settings import endings, megatron_rules, parallel, workload_args
 from nvrx_appliance.settings.chain import ChainSpec, Shape, effective_profile, train_samples
 from nvrx_appliance.settings.policy import Policy
 
@@ -184,9 +184,6 @@ def length_args(spec: ChainSpec) -> list[str]:
 
 def program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) -> list[str]:
     checkpoints = str(layout.checkpoints)
-    exit_duration = (
-        ["--exit-duration-in-mins", str(spec.exit_duration_min)] if spec.exit_duration_min else []
-    )
     return [
         f"{spec.megatron_path.rstrip('/')}/{SCRIPT}",
         # Makes Megatron open and close NVRx's setup/step/checkpointing sections, so
@@ -195,7 +192,9 @@ def program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) 
         *preset_args(effective_profile(spec), spec.megatron_args),
         *shape_args(spec, shape),
         *length_args(spec),
-        *exit_duration,
+        # Save and exit 0 on the save signal, which ft_launcher forwards at the time-limit
+        # notice (settings/endings.py); the exit duration arrives the same way.
+        "--exit-signal-handler", "--exit-signal", endings.SAVE_SIGNAL.name,
         "--load", checkpoints,
         "--save", checkpoints,
         "--save-interval", str(spec.save_interval),

@@ -36,8 +36,6 @@ def cpu_program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layo
         "--progress-log", str(layout.progress_log),
         "--log-interval", str(CPU_LOG_INTERVAL),
     ]  # fmt: skip
-    if spec.exit_duration_min:
-        argv += ["--exit-duration-in-mins", str(spec.exit_duration_min)]
     if policy.faults_active:
         argv += [
             "--fault-injector-ranks", spec.fault_ranks,

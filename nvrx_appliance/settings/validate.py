@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL
-from nvrx_appliance.settings import megatron_paths
+from nvrx_appliance.settings import endings, megatron_paths
 from nvrx_appliance.settings.chain import (
     CONTAINER_RUNTIMES,
     ChainSpec,
@@ -62,6 +62,10 @@ class Facts:
     work_dir_wandb_run_id: str = ""
     # Host paths the user's workload arguments need (host_checks), and whether each exists.
     host_paths: dict[str, bool] = field(default_factory=dict)
+    # The chain already in the work dir, when it completed training: the final iteration
+    # its training-done marker names, and its settings (None if run.json is unreadable).
+    work_dir_completed: int | None = None
+    work_dir_spec: ChainSpec | None = None
 
 
 def is_image_file(image: str) -> bool:
@@ -86,7 +90,18 @@ def judge(spec: ChainSpec, facts: Facts, *, force: bool = False) -> list[Problem
     problems += _host_side(spec, facts)
     problems += _workload_paths(spec, facts)
     problems += cluster_problems(spec, facts, force=force, shape_ok=shape_ok)
+    problems += endings.problems(spec)
+    problems += _completed(spec, facts, force=force)
     return problems
+
+
+def _completed(spec: ChainSpec, facts: Facts, *, force: bool) -> list[Problem]:
+    """A chain queued where training is already done would load the final checkpoint,
+    find nothing to train, and stop: refused unless it trains longer, or --force."""
+    if facts.work_dir_completed is None or force:
+        return []
+    why = endings.resubmit_problem(facts.work_dir_spec, spec, facts.work_dir_completed)
+    return [Problem(flag("work_dir"), why)] if why else []
 
 
 def _work_dir(spec: ChainSpec, facts: Facts) -> list[Problem]:

@@ -25,6 +25,11 @@ OWNED_MEGATRON_FLAGS: dict[str, str] = {
     "--train-samples": "is a chain setting; remove it and set --train-samples "
     "(or --train-iters in your arguments)",
     "--exit-duration-in-mins": "is a chain setting; remove it and set --exit-duration-min",
+    # The time-limit save: Megatron saves and exits on the signal the appliance sends.
+    "--exit-signal-handler": "is the appliance's (the time-limit save; see --time-limit-margin); "
+    "remove it",
+    "--exit-signal": "is the appliance's (the time-limit save; see --time-limit-margin); "
+    "remove it",
 }
 # Every --fault-injector-* flag: faults are the demo modes' business (--fault-* settings).
 OWNED_MEGATRON_PREFIXES: dict[str, str] = {

@@ -16,8 +16,9 @@ from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurm_output, slurmcli
+from nvrx_appliance.observe.run_files import tracker_value
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec, from_dict
 from nvrx_appliance.settings.resolve import HOST_PYTHON_RUNTIMES
 from nvrx_appliance.settings.validate import Facts, host_checks, is_image_file
 
@@ -38,6 +39,7 @@ def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
     facts["work_dir_wandb_run_id"] = _wandb_run_id(existing)
     if with_slurm:
         facts.update(_slurm(spec.job_name, _job_name(existing), user))
+    facts.update(_completed(spec.work_dir, existing))
     return Facts(**facts)
 
 
@@ -157,6 +159,22 @@ def _job_name(run: dict) -> str:
 def _wandb_run_id(run: dict) -> str:
     wandb = run.get("wandb")
     return str(wandb.get("run_id") or "") if isinstance(wandb, dict) else ""
+
+
+def _completed(work_dir: str, run: dict) -> dict:
+    """The final iteration of a chain that completed training in this work dir (its
+    training-done marker), and that chain's settings (from its run.json)."""
+    try:
+        done = tracker_value(read_text(Layout(Path(work_dir)).training_done, 64) or "")
+    except OSError:
+        return {}
+    if done is None:
+        return {}
+    try:
+        old = from_dict(run["spec"])
+    except (KeyError, TypeError, ValueError):
+        old = None
+    return {"work_dir_completed": done, "work_dir_spec": old}
 
 
 def _slurm(job_name: str, existing_chain: str, user: str) -> dict:

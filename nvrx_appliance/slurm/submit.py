@@ -26,7 +26,7 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings import megatron_rules, policy
+from nvrx_appliance.settings import endings, megatron_rules, policy
 from nvrx_appliance.settings.chain import ChainSpec, Problem
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
@@ -140,6 +140,7 @@ def plan(
     warnings += policy.unused(spec, resolved.origins)
     if spec.workload == "megatron":
         warnings += megatron_rules.notes(spec.megatron_args)
+    warnings += endings.warnings(spec)
     found = _qualification_status(spec, facts)
     image = None
     if found is not None and facts.image_manifest is not None:
@@ -186,6 +187,9 @@ def write(plan: Plan) -> None:
     # Slurm opens the --output file on the node at start: its directory must exist.
     make_private_dirs(layout.logs)
     run_manifest.save(plan.manifest)
+    # A chain that completed here left its training-done marker; this one was let
+    # through to train further (or forced), and must not be ended by the old marker.
+    layout.training_done.unlink(missing_ok=True)
     write_teardown(layout)  # before the script that runs it
     write_atomic(plan.script_path, plan.script, mode=0o700)
     # Before the first sbatch, never after: a generation that ends at once (exit 93)

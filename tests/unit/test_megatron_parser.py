@@ -34,6 +34,7 @@ from nvrx_appliance.settings import (
     workload_args,
 )
 from nvrx_appliance.settings.chain import ChainSpec, check
+from nvrx_appliance.settings.endings import SAVE_SIGNAL
 
 HOPPER = 9  # the GPU architecture validate_args is told it runs on
 MEGATRON = Path(sys.prefix) / f"megatron-core-{load().megatron_core_version}"
@@ -134,7 +135,8 @@ def case(manifest: Manifest) -> dict:
                    "virtual_pipeline_model_parallel_size", "micro_batch_size", "async_save",
                    "async_strategy", "use_persistent_ckpt_worker", "ckpt_format",
                    "pretrained_checkpoint", "tokenizer_model", "wandb_project",
-                   "lr_decay_samples", "lr_decay_iters", "lr_warmup_samples"],
+                   "lr_decay_samples", "lr_decay_iters", "lr_warmup_samples",
+                   "exit_signal_handler", "exit_signal", "exit_duration_in_mins"],
     }  # fmt: skip
 
 
@@ -288,6 +290,7 @@ def answers() -> dict:
                 *workload_args.parse_args_file(USER_ARGS.replace("samples", "iters"), "args.txt"),
                 "--train-iters", "100000",
             ],
+            exit_duration_min=110,
         ),
         **{name: megatron_manifest(**settings) for name, settings in TEAM_RUNS.items()},
         **{f"refused-{n}": megatron_manifest(checked=False, **r.settings)
@@ -331,6 +334,17 @@ def test_a_users_own_arguments_on_real_data_pass_megatrons_validation(answers, n
         assert values["train_samples"] == 480_000_000
 
 
+def test_every_argv_saves_and_exits_on_the_save_signal_and_never_times_itself(answers):
+    # The time-limit save: the save signal the entrypoint sends at the notice. Megatron's
+    # own exit duration would count from each worker's start, so it is never passed.
+    for name, result in answers["cases"].items():
+        assert result["ok"], (name, result["error"])
+        values = result["values"]
+        assert values["exit_signal_handler"] is True, name
+        assert values["exit_signal"] == int(SAVE_SIGNAL), name
+        assert values["exit_duration_in_mins"] is None, name
+
+
 def test_the_parser_rejects_what_megatron_rejects(answers):
     """The check can fail: a TP that does not divide the world is Megatron's error too."""
     m = megatron_manifest(profile="small")
@@ -346,7 +360,7 @@ def test_the_parser_rejects_what_megatron_rejects(answers):
 
 OWNED_DESTS = (
     "save", "load", "save_interval", "enable_ft_package", "train_samples",
-    "exit_duration_in_mins",
+    "exit_duration_in_mins", "exit_signal_handler", "exit_signal",
 )  # fmt: skip
 RESUME_BREAKING_DESTS = (
     "finetune", "no_load_optim", "no_load_rng", "no_save_optim", "ckpt_step",

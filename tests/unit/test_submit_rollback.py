@@ -69,6 +69,17 @@ def test_a_failure_after_two_generations_cancels_both_and_says_so(slurm, tmp_pat
     assert not p.manifest.layout.submitted.exists()
 
 
+def test_a_chain_let_into_a_completed_work_dir_is_not_ended_by_the_old_marker(slurm, tmp_path):
+    # submit refuses such a chain unless it trains longer or --force (test_submit_validation);
+    # once let through, the earlier chain's training-done marker must not end it at once.
+    p = make_plan(tmp_path / "run")
+    done = p.manifest.layout.training_done
+    done.parent.mkdir(parents=True)
+    done.write_text("200\n")
+    submit.submit(p)
+    assert not done.exists()
+
+
 def test_a_failure_on_the_first_sbatch_cancels_nothing(slurm, tmp_path):
     slurm.steer(fail_from=1)
     with pytest.raises(submit.SubmitFailed, match="nothing was queued"):

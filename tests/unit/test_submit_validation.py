@@ -126,6 +126,30 @@ def test_a_work_dir_holding_another_live_chains_manifest_is_refused():
     assert message.startswith("--work-dir:") and "nvrx-appliance cancel other" in message
 
 
+def test_a_work_dir_whose_chain_completed_takes_only_a_longer_run_or_force():
+    done = dataclasses.replace(
+        GOOD_FACTS, work_dir_completed=200, work_dir_spec=_spec(train_samples=800)
+    )
+    [refused] = _messages(_spec(train_samples=800), done)
+    assert refused.startswith("--work-dir: the chain trained in /shared/alice/run completed at")
+    assert "Raise --train-samples to train further, or pass --force" in refused
+    assert _messages(_spec(train_samples=1600), done) == []  # trains further
+    assert _messages(_spec(train_samples=800), done, force=True) == []
+
+
+def test_probe_reads_the_training_done_marker_and_the_chain_that_left_it(tmp_path):
+    from nvrx_appliance import manifest
+
+    work = tmp_path / "run"
+    old = _spec(work_dir=str(work), train_samples=800)
+    manifest.save(manifest.build(old, created="c", user="alice"))
+    (work / "checkpoints").mkdir()
+    assert probe.gather(old, with_slurm=False, user="alice").work_dir_completed is None
+    (work / "checkpoints" / "training_done.txt").write_text("200\n")
+    facts = probe.gather(old, with_slurm=False, user="alice")
+    assert (facts.work_dir_completed, facts.work_dir_spec) == (200, old)
+
+
 def test_an_image_of_another_entrypoint_protocol_or_flavour_is_refused():
     old = {"entrypoint_protocol": ENTRYPOINT_PROTOCOL + 1, "flavor": "gpu"}
     spec = _spec(image="/img/a.sqsh", runtime="pyxis")
