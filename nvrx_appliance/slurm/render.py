@@ -15,10 +15,16 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings import endings
 from nvrx_appliance.settings.chain import effective_mounts
 
 # The variables the sbatch sets for the entrypoint; pyxis only passes named ones through.
-FORWARDED_ENV = ("NVRX_ARRAY_THROTTLE", "NVRX_ARRAY_SUBMITTED", "NVRX_RUN_MANIFEST")
+FORWARDED_ENV = (
+    "NVRX_ARRAY_THROTTLE",
+    "NVRX_ARRAY_SUBMITTED",
+    "NVRX_RUN_MANIFEST",
+    "NVRX_TERM_DRAIN",
+)
 ENTRYPOINT = "nvrx-entrypoint"
 _PLACEHOLDER = re.compile(r"\{\{(\w+)\}\}")
 _DIRECTIVE_PLAIN = re.compile(r"[A-Za-z0-9_./:=,%@+-]+")
@@ -56,6 +62,8 @@ def sbatch_args(manifest: Manifest, extra: tuple[str, ...] = ()) -> list[str]:
         f"--nodes={spec.nodes_per_task}",
         "--ntasks-per-node=1",
         f"--time={spec.time_limit}",
+        # Every generation saves and ends before its limit (settings/endings.py).
+        *filter(None, [endings.sbatch_signal(spec)]),
         f"--chdir={spec.work_dir}",
         f"--output={log_pattern(manifest)}",
     ]
@@ -177,6 +185,9 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "closed": generation_path(control_files.closed),
         "fence": generation_path(control_files.fence),
         "no_restart_witness": generation_path(control_files.no_restart),
+        "time_limit_notice": generation_path(control_files.time_limit),
+        "time_limit_signal": endings.SAVE_SIGNAL.name.removeprefix("SIG"),
+        "training_done": shlex.quote(str(layout.training_done)),
         "host_python": shlex.quote(host_python(manifest)),
         "teardown": shlex.quote(str(layout.teardown)),
         "no_restart": str(exitcodes.NVRX_NO_RESTART),

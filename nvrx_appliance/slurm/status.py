@@ -10,15 +10,16 @@ chain was a qualify run. A source that could not be read is passed as None and n
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
-from nvrx_appliance.observe.slurm_output import AcctRow, slurm_seconds
+from nvrx_appliance.observe.slurm_output import AcctRow
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle, Task
+from nvrx_appliance.settings.endings import slurm_seconds
 
 IMAGE_FILE, REGISTRY, BARE_METAL = "image file", "registry image", "bare metal"
 
@@ -93,6 +94,8 @@ class ChainView:
     generations: tuple[GenerationView, ...]
     queued: tuple[str, ...]  # generations not started yet, oldest first
     chain_marker: bool
+    # The final iteration, when a generation's teardown found training done (ledger).
+    completed_at: int | None = None
     image: ImageView = field(default_factory=bare_metal)
     qualify_run: QualifyRunView | None = None
     parallelism: str = ""  # the shape submit validated, as shape_text says it
@@ -260,6 +263,11 @@ def qualify_run_view(record: Any) -> QualifyRunView | None:
     )
 
 
+def _completed_at(entries: Iterable[dict[str, Any]]) -> int | None:
+    done = [e.get("final_iteration") for e in entries if e.get("action") == "completed"]
+    return next((d for d in reversed(done) if isinstance(d, int)), None)
+
+
 def assemble(
     *,
     manifest: dict[str, Any],
@@ -323,6 +331,7 @@ def assemble(
         generations=tuple(generations),
         queued=tuple(g.array_job_id for g in generations if g.state == "queued"),
         chain_marker=chain_marker,
+        completed_at=_completed_at(by_array.values()),
         image=image_view(manifest),
         qualify_run=qualify_run_view(qualify_record),
         parallelism=shape_text(shape),

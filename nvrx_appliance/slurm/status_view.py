@@ -19,6 +19,8 @@ from nvrx_appliance.slurm.status import (
 
 _ACTIONS = {
     "released_spares": "released spares",
+    "saved_at_time_limit": "saved at the time limit",
+    "completed": "training completed",
     "cancelled_chain": "cancelled chain",
     "burn_guard": "burn guard",
     # A peer closed the generation for a task 0 whose lease went stale (issue 11).
@@ -145,6 +147,8 @@ def render(view: ChainView) -> Group:
         f"queued generations: {', '.join(view.queued) or 'none'}   ",
         f"chain marker: {'present' if view.chain_marker else 'absent'}",
     )
+    if view.completed_at is not None:
+        head.append(f"\ntraining completed at iteration {view.completed_at}", style="bold green")
     parts: list = [head, image_line(view.image), generations_table(view)]
     if not view.slurm_reachable:
         parts.insert(

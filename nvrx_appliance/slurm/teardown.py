@@ -44,6 +44,10 @@ LEDGER_TAIL_BYTES = 1 << 20
 MAX_ITERATION_DIGITS = 18
 
 RELEASED_SPARES = "released_spares"
+# The workload saved and ended before the time limit (the time-limit notice, exit 0).
+SAVED_AT_TIME_LIMIT = "saved_at_time_limit"
+# The workload finished training (its training-done marker names the tracked iteration).
+COMPLETED = "completed"
 CANCELLED_CHAIN = "cancelled_chain"
 BURN_GUARD = "burn_guard"
 FENCED = "fenced"
@@ -82,18 +86,34 @@ def decide(
     this: Dict[str, Any],
     burn_guard: int,
     no_restart_witness: bool = False,
+    done: Optional[int] = None,
+    time_limit_notice: bool = False,
 ) -> Tuple[str, str]:
     """(action, reason) for a generation whose task 0 ended with exit_code.
 
     history: this chain's earlier ledger entries, oldest first. no_restart_witness: a
     node left the control dir's no-restart file (its ft_launcher exited 93 even if
-    task 0's srun reports another code).
+    task 0's srun reports another code). done: the final iteration, when the workload
+    marked training done there (training_done). time_limit_notice: the generation
+    was told to save and end before its time limit.
     """
     if exit_code == NO_RESTART or no_restart_witness:
         return (
             CANCELLED_CHAIN,
             f"ft_launcher exited {NO_RESTART}: NVRx decided not to restart; "
             "cancelling every queued generation of the chain",
+        )
+    if done is not None:
+        return (
+            COMPLETED,
+            f"training completed at iteration {done}; cancelling every queued generation "
+            "of the chain",
+        )
+    if exit_code == 0 and time_limit_notice:
+        return (
+            SAVED_AT_TIME_LIMIT,
+            f"saved at the time limit (checkpoint iteration {this.get('checkpoint_iteration')}); "
+            "releasing this generation's pending spares so the next generation resumes there",
         )
     streak = consecutive_burnt([*history, this])
     if burn_guard > 0 and streak >= burn_guard:
@@ -113,7 +133,7 @@ def decide(
 def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) -> List[str]:
     """The one scancel the action needs. Always PENDING-only and scoped to the user:
     running peers are stopped by the closed flag, and another user's jobs are never ours."""
-    if action in (CANCELLED_CHAIN, BURN_GUARD):
+    if action in (CANCELLED_CHAIN, BURN_GUARD, COMPLETED):
         # By name: under the singleton dependency every PENDING job of ours with this
         # name is this chain (this array's own spares included).
         return ["scancel", "--state=PENDING", f"--name={job_name}", f"--user={user}"]
@@ -161,6 +181,13 @@ def parse_iteration(text: str) -> Optional[int]:
     text = text.strip()
     # isdecimal, not isdigit: "²" is a digit that int() refuses.
     return int(text) if text.isdecimal() and len(text) <= MAX_ITERATION_DIGITS else None
+
+
+def training_done(marker_text: str, tracked: Optional[int]) -> Optional[int]:
+    """The final iteration when the training-done marker names the checkpoint the tracker
+    holds; None otherwise (no marker, or one another run left behind)."""
+    done = parse_iteration(marker_text)
+    return done if done is not None and done == tracked else None
 
 
 # --- shell --------------------------------------------------------------------------
@@ -332,9 +359,17 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
 
 def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) -> int:
     history = _history(args.ledger, this["chain"])
+    marker = _read(args.training_done) if args.training_done else ""
+    done = training_done(marker, this["checkpoint_iteration"])
+    if marker.strip() and done is None:
+        _log(
+            f"ignoring the training-done marker {args.training_done}: it names "
+            f"{marker.strip()!r}, the tracker {this['checkpoint_iteration']}"
+        )
     action, reason = decide(
-        args.exit_code, history, this, burn_guard, bool(args.no_restart_witness)
-    )
+        args.exit_code, history, this, burn_guard, bool(args.no_restart_witness),
+        done=done, time_limit_notice=bool(args.time_limit_notice),
+    )  # fmt: skip
     job_name = this["job_name"]
     if not job_name or not args.user:
         action, reason = NONE, "job name or user unknown: refusing to scancel by name"
@@ -346,8 +381,10 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
             scancel_argv(action, job_name=job_name, user=args.user, array_job_id=args.array_job_id)
         )
     this.update(action=action, reason=reason, scancel_ok=ok)
+    if action == COMPLETED:
+        this["final_iteration"] = done
     _record(args.ledger, this)
-    if action in (CANCELLED_CHAIN, BURN_GUARD) and ok and args.marker:
+    if action in (CANCELLED_CHAIN, BURN_GUARD, COMPLETED) and ok and args.marker:
         # The chain ended on purpose: the watcher must not page "chain exhausted".
         try:
             os.unlink(args.marker)
@@ -373,10 +410,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         "checkpoint-start",
         "fence",
         "job-id",
+        "training-done",
     ):
         parser.add_argument("--" + name, default="")
     parser.add_argument("--exit-code", type=int)
     parser.add_argument("--no-restart-witness", type=int, default=0)
+    parser.add_argument("--time-limit-notice", type=int, default=0)
     args = parser.parse_args(argv)
     if not args.fence and args.exit_code is None:
         parser.error("--exit-code is required (or --fence CLAIM)")

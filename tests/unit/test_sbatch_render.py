@@ -95,7 +95,10 @@ def test_pyxis_runs_the_entrypoint_in_the_image_with_the_work_dir_mounted_by_def
     assert "--container-mounts=/shared/alice/run:/shared/alice/run" in srun
     assert "--no-container-mount-home" in srun
     assert "--container-name=nvrx_${ARRAY_JOB_ID}_${TASK_ID}" in srun
-    assert "--container-env=NVRX_ARRAY_THROTTLE,NVRX_ARRAY_SUBMITTED,NVRX_RUN_MANIFEST" in srun
+    assert (
+        "--container-env=NVRX_ARRAY_THROTTLE,NVRX_ARRAY_SUBMITTED,NVRX_RUN_MANIFEST,NVRX_TERM_DRAIN"
+        in srun
+    )
     assert srun[-3:] == ["nvrx-entrypoint", "--manifest", f"{WORK}/run.json"]
 
 
@@ -209,7 +212,9 @@ def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_pa
     assert not [p for p in tmp_path.rglob("PWNED")], "an injected command ran"
     expected = [a if isinstance(a, str) else "--ntasks=1" for a in render.launch_argv(m)][1:]
     assert _recorded(log, "srun") == expected
-    assert _recorded(log, "scontrol") == ["show", "job", "77"]
+    # Task 0 asks for KillWait too (its TERM drain), everyone for the array's job record.
+    config = ["show", "config"] if task_id == "0" else []
+    assert _recorded(log, "scontrol") == [*config, "show", "job", "77"]
     if task_id == "0":
         assert (m.layout.control("77") / "closed").is_file()
         assert _recorded(log, "scancel") == ["--state=PENDING", "--user=alice", "77"]

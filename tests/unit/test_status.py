@@ -169,6 +169,22 @@ def test_a_generation_a_peer_fenced_says_so():
     assert "fenced dead task 0" in _rendered(view)
 
 
+def test_a_save_at_the_time_limit_and_a_completed_chain_say_so_plainly():
+    saved = {**LEDGER[0], "exit_code": 0, "action": "saved_at_time_limit"}
+    done = {**LEDGER[0], "array_job_id": "4250", "exit_code": 0, "action": "completed",
+            "checkpoint_iteration": 200, "final_iteration": 200}  # fmt: skip
+    view = status.assemble(
+        manifest=MANIFEST, queue=[], acct=slurm_output.sacct_rows(SACCT),
+        ledger=[saved, done], cycles={}, checkpoint_now=200, chain_marker=False,
+        now=parse_time(NOW),
+    )  # fmt: skip
+    assert view.completed_at == 200 and view.to_json()["completed_at"] == 200
+    text = _rendered(view)
+    assert "saved at the time limit" in text and "training completed" in text
+    assert "training completed at iteration 200" in text
+    assert "training completed at iteration" not in _rendered(_view())  # a chain that trains on
+
+
 def test_status_json_round_trips():
     doc = json.loads(json.dumps(_view().to_json()))
     assert doc["generations"][0]["cycles"][1]["number"] == 1

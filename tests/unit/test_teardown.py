@@ -5,12 +5,14 @@ sbatch under bash with stand-ins for srun and scancel (a shell script each, on P
 the real ones are exercised on the local cluster by tests/integration/test_chain_*.
 """
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
+import time
 
 import pytest
 
@@ -84,6 +86,38 @@ def test_an_earlier_chain_in_the_same_work_dir_does_not_count():
     assert history == []
 
 
+def test_training_done_ends_the_chain_whatever_the_exit_code():
+    action, reason = teardown.decide(0, [], _entry(0, 180, 200), 2, done=200)
+    assert action == teardown.COMPLETED and "training completed at iteration 200" in reason
+    assert teardown.decide(93, [], _entry(93, 180, 200), 2, done=200)[0] == teardown.CANCELLED_CHAIN
+
+
+def test_a_save_at_the_time_limit_is_not_a_failure_and_not_burnt():
+    entry = _entry(0, 40, 40)  # told to save before anything new was trained
+    action, reason = teardown.decide(0, [entry], entry, 2, time_limit_notice=True)
+    assert action == teardown.SAVED_AT_TIME_LIMIT and "saved at the time limit" in reason
+    assert not teardown.burnt(entry)
+
+
+def test_exit_0_without_the_notice_or_the_marker_is_neither_completion_nor_a_save():
+    # e.g. an exit duration of the workload's own, or a script that simply returned
+    assert teardown.decide(0, [], _entry(0, 20, 40), 2)[0] == teardown.RELEASED_SPARES
+    # the notice came, but the workload did not save (it ignored the signal): killed
+    assert teardown.decide(143, [], _entry(143, 20, 20), 2, time_limit_notice=True)[0] == (
+        teardown.RELEASED_SPARES
+    )
+
+
+@pytest.mark.parametrize(("marker", "tracked", "done"), [
+    ("200\n", 200, 200),
+    ("100\n", 200, None),  # left by a shorter run of this work dir: training went on
+    ("200\n", 180, None),  # names a checkpoint the tracker does not hold
+    ("", 200, None),
+])  # fmt: skip
+def test_the_marker_counts_only_when_it_names_the_tracked_checkpoint(marker, tracked, done):
+    assert teardown.training_done(marker, tracked) == done
+
+
 def test_cancelling_the_chain_is_by_name_and_user_and_pending_only():
     argv = teardown.scancel_argv(
         teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7"
@@ -99,9 +133,17 @@ def test_cancelling_the_chain_is_by_name_and_user_and_pending_only():
 
 STANDIN = """#!/bin/sh
 # stand-in for {name}: records its argv, says ${{STANDIN_STDERR}}, exits with ${{{var}:-0}}
-# (srun first sleeps ${{SRUN_SLEEP:-0}} s, like a generation that is still training)
+# (srun first sleeps ${{SRUN_SLEEP:-0}} s, like a generation that is still training, and
+# on TERM takes ${{SRUN_DRAIN:-0}} s to finish, like a workload saving, then exits
+# ${{SRUN_TERM_EXIT:-143}}; scontrol says KillWait when asked for the config)
 echo "{name} $*" >> "$STANDIN_LOG"
-[ "{name}" = srun ] && sleep "${{SRUN_SLEEP:-0}}"
+if [ "{name}" = srun ]; then
+    trap 'sleep "${{SRUN_DRAIN:-0}}"; exit ${{SRUN_TERM_EXIT:-143}}' TERM
+    sleep "${{SRUN_SLEEP:-0}}" & wait $!
+fi
+if [ "{name} $1 $2" = "scontrol show config" ] && [ -n "$KILL_WAIT" ]; then
+    echo "KillWait                = $KILL_WAIT sec"
+fi
 [ -n "$STANDIN_STDERR" ] && echo "$STANDIN_STDERR" >&2
 exit ${{{var}:-0}}
 """
@@ -172,6 +214,85 @@ def test_slurms_term_at_the_time_limit_runs_the_teardown_at_once_with_143(tmp_pa
     assert (ledger[-1]["exit_code"], ledger[-1]["action"]) == (143, "released_spares")
     closed = control.decode_fields((work / "nvrx/500/control/closed").read_text())
     assert closed["exit_code"] == "143"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """What the test left running (the stand-in srun's sleep), if anything."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_slurms_term_gives_a_saving_workload_two_thirds_of_killwait(tmp_path):
+    # The issue's case: a workload that needs a few seconds to save on TERM. Before, the
+    # trap ran at once (143) while it saved; now the shell waits for srun's own end.
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    env.update(SRUN_SLEEP="60", SRUN_DRAIN="2", SRUN_TERM_EXIT="0", KILL_WAIT="9")
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    calls = tmp_path / "calls"
+    try:
+        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
+        os.killpg(proc.pid, signal.SIGTERM)  # Slurm signals the batch step's processes
+        assert proc.wait(timeout=20) == 0  # srun's own code: it finished within the drain
+    finally:
+        _kill_group(proc)
+    _, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["exit_code"] == 0
+
+
+def test_a_term_drain_that_runs_out_leaves_the_teardown_its_third_of_killwait(tmp_path):
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    env.update(SRUN_SLEEP="60", SRUN_DRAIN="60", KILL_WAIT="6")  # drain: 4 s
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    calls = tmp_path / "calls"
+    try:
+        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
+        os.killpg(proc.pid, signal.SIGTERM)
+        termed = time.monotonic()
+        assert proc.wait(timeout=20) == 143
+        assert 3 <= time.monotonic() - termed < 6
+    finally:
+        _kill_group(proc)
+    _, ledger = _outcome(tmp_path, work)
+    assert (ledger[-1]["exit_code"], ledger[-1]["action"]) == (143, "released_spares")
+
+
+def test_the_time_limit_signal_writes_the_notice_and_srun_runs_on_to_its_save(tmp_path):
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    env["SRUN_SLEEP"] = "3"  # the workload saves and ends on its own after the notice
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    calls = tmp_path / "calls"
+    try:
+        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
+        proc.send_signal(signal.SIGURG)  # Slurm's --signal=B:URG@margin, to this shell only
+        notice = work / "nvrx/500/control/time_limit"
+        wait_until(notice.exists, 10, "the time-limit notice")
+        assert proc.wait(timeout=20) == 0  # the shell did not take the signal for srun's end
+    finally:
+        _kill_group(proc)
+    body = json.loads(notice.read_text())
+    assert body["generation"].startswith("chain-1/500/") and "near its time limit" in body["reason"]
+    _, ledger = _outcome(tmp_path, work)
+    assert (ledger[-1]["exit_code"], ledger[-1]["action"]) == (0, "saved_at_time_limit")
+    assert (work / "chain.active").exists()  # the chain goes on
+
+
+def test_training_done_cancels_every_queued_generation_and_ends_the_chain(tmp_path):
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    (work / "checkpoints").mkdir()
+    (work / "checkpoints/latest_checkpointed_iteration.txt").write_text("200\n")
+    (work / "checkpoints/training_done.txt").write_text("200\n")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls, ledger = _outcome(tmp_path, work)
+    assert done.returncode == 0
+    assert "scancel --state=PENDING --name=demo --user=alice" in calls
+    assert (ledger[-1]["action"], ledger[-1]["final_iteration"]) == ("completed", 200)
+    assert not (work / "chain.active").exists()  # the watcher must not page "exhausted"
 
 
 def test_exit_93_passes_through_the_trap_untouched_and_cancels_the_chain(tmp_path):
@@ -309,7 +430,7 @@ def test_every_slurm_call_of_the_batch_script_is_bounded_by_a_timeout():
     bounded = 'timeout "$SLURM_CALL_TIMEOUT" '
     pattern = r"(?:^\s*|\$\()((?:" + re.escape(bounded) + r")?(?:scancel|scontrol|squeue|sacct))\b"
     calls = re.findall(pattern, text, flags=re.MULTILINE)
-    assert len(calls) == 3 and all(call.startswith(bounded) for call in calls), calls
+    assert len(calls) == 4 and all(call.startswith(bounded) for call in calls), calls
 
 
 # --- a peer's batch script: the closed flag of its own generation, and the fence -----------
