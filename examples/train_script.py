@@ -3,8 +3,9 @@
 It keeps the contract in docs/workload-contract.md and nothing more: a data-parallel
 model, a checkpoint every --save-interval iterations into NVRX_APPLIANCE_CHECKPOINT_DIR,
 the tracker file moved there by rename only after the checkpoint is complete, resume
-from whatever the tracker names, and NVRx's sections when ft_launcher offers them.
-Plain PyTorch: on GPUs with NCCL, on CPUs with gloo.
+from whatever the tracker names, a checkpoint and exit 0 on the save signal (the time
+limit is near), the training-done marker at the end, and NVRx's sections when
+ft_launcher offers them. Plain PyTorch: on GPUs with NCCL, on CPUs with gloo.
 
     nvrx-appliance submit --workload script --script /shared/train_script.py \\
         --script-args args.txt --work-dir /shared/run ...
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 from typing import NoReturn
@@ -23,6 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 TRACKER = "latest_checkpointed_iteration.txt"  # the name NVRx and the chain read
+SAVE_REQUESTED: list[float] = []  # set by the save signal's handler
+
+
+def on_save_signal(_signum, _frame) -> None:
+    SAVE_REQUESTED.append(time.time())
 
 
 class Sections:
@@ -58,6 +65,14 @@ def read_tracker(directory: str) -> int:
         return 0
 
 
+def write_by_rename(path: str, text: str) -> None:
+    with open(path + ".tmp", "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(path + ".tmp", path)
+
+
 def save(directory: str, iteration: int, model: nn.Module, optimizer, rank: int) -> None:
     """Rank 0 writes iter_N, then moves the tracker to it; no rank goes on before that."""
     if rank == 0:
@@ -66,12 +81,15 @@ def save(directory: str, iteration: int, model: nn.Module, optimizer, rank: int)
             {"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path + ".tmp"
         )
         os.replace(path + ".tmp", path)
-        with open(os.path.join(directory, TRACKER + ".tmp"), "w") as fh:
-            fh.write(f"{iteration}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(os.path.join(directory, TRACKER + ".tmp"), os.path.join(directory, TRACKER))
+        write_by_rename(os.path.join(directory, TRACKER), f"{iteration}\n")
     dist.barrier()
+
+
+def anyone_asked(device: torch.device) -> bool:
+    """Did any rank get the save signal? All ranks must stop at the same iteration."""
+    flag = torch.tensor([1 if SAVE_REQUESTED else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
 
 
 def main() -> NoReturn:
@@ -84,6 +102,10 @@ def main() -> NoReturn:
     parser.add_argument("--step-seconds", type=float, default=0.05, help="Pace the demo.")
     args = parser.parse_args()
     directory = os.environ["NVRX_APPLIANCE_CHECKPOINT_DIR"]
+    # First: the appliance sends the save signal only once every rank catches it.
+    signal.signal(
+        signal.Signals[os.environ.get("NVRX_APPLIANCE_SAVE_SIGNAL", "SIGURG")], on_save_signal
+    )
 
     sections = Sections()
     sections.start("setup")
@@ -118,11 +140,18 @@ def main() -> NoReturn:
         time.sleep(args.step_seconds)
         sections.end("step")
         log(rank, f"iteration {iteration} loss {loss.item():.4f} world {world}")
-        if iteration % args.save_interval == 0:
+        stopping = anyone_asked(device)
+        if iteration % args.save_interval == 0 or stopping or iteration == args.iterations:
             sections.start("checkpointing")
             save(directory, iteration, model.module, optimizer, rank)
             sections.end("checkpointing")
             log(rank, f"saved checkpoint at iteration {iteration}")
+        if stopping:
+            log(rank, f"the time limit is near: saved at iteration {iteration}, ending")
+            break
+    if iteration == args.iterations and rank == 0:
+        # Training done (its last iteration is saved): the marker beside the tracker.
+        write_by_rename(os.environ["NVRX_APPLIANCE_TRAINING_DONE"], f"{iteration}\n")
     dist.destroy_process_group()
     # Leave while `model` is still referenced: freeing DDP at exit can hang or abort
     # the rank (docs/workload-contract.md, "Exit 0 when training is done").

@@ -12,13 +12,18 @@ from dataclasses import dataclass
 
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.settings import endings
 
 # Transformer Engine leaves SMs free for communication kernels (the reference deployment's value).
 TE_SM_MARGIN = "16"
-# torch elastic turns only these into a clean shutdown of the workers; any other signal
-# kills ft_launcher outright and orphans its workers, which run in their own sessions.
-# USR1/USR2 are added so the signals we forward end the workers through ft_launcher.
-LAUNCHER_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2"
+# torch elastic turns only these into a clean shutdown of the workers: it sends the same
+# signal to every worker's process group and waits --term-timeout for them; any other
+# signal kills ft_launcher outright and orphans its workers, which run in their own
+# sessions. USR1/USR2 are added so the signals we forward end the workers through
+# ft_launcher, and the save signal (settings/endings.py) so that it reaches every worker.
+LAUNCHER_SIGNALS = ",".join(
+    ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", endings.SAVE_SIGNAL.name]
+)
 
 
 def contract(manifest: Manifest) -> dict[str, str]:
@@ -28,6 +33,8 @@ def contract(manifest: Manifest) -> dict[str, str]:
         "NVRX_APPLIANCE_WORK_DIR": str(layout.work_dir),
         "NVRX_APPLIANCE_CHECKPOINT_DIR": str(layout.checkpoints),
         "NVRX_APPLIANCE_TRACKER": str(layout.tracker),
+        "NVRX_APPLIANCE_TRAINING_DONE": str(layout.training_done),
+        "NVRX_APPLIANCE_SAVE_SIGNAL": endings.SAVE_SIGNAL.name,
         "NVRX_APPLIANCE_SAVE_INTERVAL": str(spec.save_interval),
         "NVRX_APPLIANCE_PROGRESS_LOG": str(layout.progress_log),
         "NVRX_APPLIANCE_MODE": spec.mode,

@@ -66,3 +66,10 @@ def array_throttle(env: Mapping[str, str]) -> int | None:
     if not value.isdigit() or int(value) < 1:
         raise NodeError(f"NVRX_ARRAY_THROTTLE={value!r} is not a task count >= 1")
     return int(value)
+
+
+def term_drain(env: Mapping[str, str]) -> float:
+    """NVRX_TERM_DRAIN: how long task 0's batch shell lets the workload finish after
+    Slurm's TERM (two thirds of KillWait); 0 when unset or unreadable, as before."""
+    value = env.get("NVRX_TERM_DRAIN", "")
+    return float(value) if value.isdecimal() else 0.0

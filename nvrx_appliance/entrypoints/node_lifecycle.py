@@ -8,6 +8,8 @@
     ft_launcher (hosts the store)        ft_launcher (dials the store)
               supervised: signals forwarded, closed flag and lease watched
     stops itself if its lease fails      fences task 0 if its lease goes stale
+    time-limit notice, or its own exit duration: the save signal to ft_launcher
+    marks Megatron's training done
     exit with ft_launcher's code         exit with ft_launcher's code
 
 Our own failures use the codes in exitcodes.py, never 93.
@@ -33,8 +35,9 @@ from nvrx_appliance.entrypoints import (
     launch,
     node_probe,
     retention,
+    time_limit,
 )
-from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
+from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env, term_drain
 from nvrx_appliance.entrypoints.preflight import (
     Preflight,
     Refused,
@@ -46,8 +49,10 @@ from nvrx_appliance.entrypoints.preflight import (
     task0_record,
     workload_argv,
 )
-from nvrx_appliance.entrypoints.supervise import Supervisor
+from nvrx_appliance.entrypoints.supervise import Save, SaveSignal, Supervisor, Verdict
+from nvrx_appliance.entrypoints.workloads.checkpoint_dir import tracker_text
 from nvrx_appliance.observe import run_files
+from nvrx_appliance.settings import endings
 
 # Every node stats the shared file system this often, waiting or training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
@@ -177,12 +182,14 @@ def watch(
     clock,
     token: str,
     watch_lease: bool,
+    exit_at: float | None = None,
 ):
     """The supervisor's look at the control directory (file system calls: it runs where
-    a hang cannot keep task 0 from fencing itself)."""
+    a hang cannot keep task 0 from fencing itself). `exit_at`: task 0's monotonic
+    deadline for the exit duration, at which it writes the time-limit notice."""
     spec = manifest.spec
 
-    def check() -> gate.Leave | None:
+    def check() -> Verdict:
         verdict = gate.while_running(
             closed=controldir.closed(directory, token),
             lease_age=controldir.lease_age(directory, clock, token) if watch_lease else None,
@@ -191,7 +198,13 @@ def watch(
         )
         if verdict is not None and verdict.fence:
             fence(node, directory, token, verdict.message)
-        return verdict
+        if verdict is not None:
+            return verdict
+        reason = time_limit.noticed(directory, token)
+        if reason is None and exit_at is not None and time.monotonic() >= exit_at:
+            reason = f"exit duration of {spec.exit_duration_min} min since task 0 started reached"
+            time_limit.write_notice(directory, token, reason)
+        return Save(reason) if reason is not None else None
 
     return check
 
@@ -255,11 +268,24 @@ def closer(node: Node, directory: Path, token: str):
     return close
 
 
+def exit_deadline(manifest: run_manifest.Manifest, started: float) -> float | None:
+    """Task 0's monotonic deadline for --exit-duration-min, counted from its own start (the
+    generation's), so in-job restarts, which start new workers, cannot reset it."""
+    minutes = manifest.spec.exit_duration_min
+    return started + minutes * 60 if minutes else None
+
+
+def save_signal(workload: list[str]) -> SaveSignal:
+    signum = endings.SAVE_SIGNAL
+    return SaveSignal(signum, lambda pid: time_limit.ready(pid, workload, signum))
+
+
 def supervise(
     pre: Preflight,
     record: control.Record,
     directory: Path,
     keeper: controldir.LeaseKeeper | None,
+    started: float,
 ):
     argv = launch.command(
         pre.manifest,
@@ -277,14 +303,18 @@ def supervise(
             child_env,
             # Task 0 judges its own lease by its own refreshes, the others by its age.
             check=watch(
-                pre.manifest, pre.node, directory, clock, record.generation, keeper is None
+                pre.manifest, pre.node, directory, clock, record.generation, keeper is None,
+                exit_at=exit_deadline(pre.manifest, started) if keeper else None,
             ),
             urgent=self_fence_watch(pre.manifest, keeper) if keeper is not None else None,
             grace=pre.manifest.spec.closed_flag_grace,
             poll=RUN_POLL_S,
             log=say,
             on_stop_signal=closer(pre.node, directory, record.generation) if keeper else None,
-        ).run()
+            # Task 0 lets a workload finish (save) after Slurm's TERM, as its batch shell does.
+            drain=term_drain(os.environ) if keeper else None,
+            save=save_signal(pre.workload),
+        ).run()  # fmt: skip
     except OSError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
     finally:
@@ -302,6 +332,7 @@ def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper | None
 
 
 def run(manifest_path: Path | None) -> int:
+    started = time.monotonic()
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
     # Decided before anything is created: a refusal leaves nothing behind.
@@ -315,12 +346,14 @@ def run(manifest_path: Path | None) -> int:
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     kept = retention_keeper(manifest) if keeper is not None else None
     try:
-        outcome = supervise(pre, record, directory, keeper)
+        outcome = supervise(pre, record, directory, keeper, started)
     finally:
         if keeper is not None:
             keeper.stop()
         if kept is not None:
             kept.stop()
+    if keeper is not None:
+        mark_megatron_done(manifest)
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
         try:
             controldir.mark_no_restart(directory, outcome.exit_code, record.generation)
@@ -332,6 +365,24 @@ def run(manifest_path: Path | None) -> int:
         say(f"ft_launcher exited {outcome.exit_code}; its log: {log}")
     say(f"{node.label}: exiting with {outcome.exit_code}")
     return outcome.exit_code
+
+
+def mark_megatron_done(manifest: run_manifest.Manifest) -> None:
+    """Megatron writes no training-done marker: task 0 writes it for it once the tracker
+    has reached the iteration at which Megatron ends training (settings/endings.py), so
+    that the teardown ends the chain for Megatron as for every other workload."""
+    if manifest.spec.workload != "megatron":
+        return
+    final = endings.megatron_final_iteration(manifest.spec, manifest.shape.global_batch)
+    tracked = checkpoint_start(manifest)
+    if final is None or tracked is None or tracked < final:
+        return
+    try:
+        files.write_atomic(manifest.layout.training_done, tracker_text(tracked))
+    except OSError as exc:
+        say(f"could not mark training done at iteration {tracked}: {exc}")
+        return
+    say(f"Megatron reached its final iteration {final}: training done at iteration {tracked}")
 
 
 # --- dry run -------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Run ft_launcher as our child: forward signals to it, stop it when the generation ends.
+"""Run ft_launcher as our child: forward signals to it, ask its workload to save and end
+at the time-limit notice, stop it when the generation ends.
 
 The exit code is ft_launcher's, unchanged (93 above all); a death by signal N comes out
 as 128+N, as a shell would report it. Only when we stopped it ourselves because the
@@ -28,6 +29,7 @@ except ImportError:  # pragma: no cover - degraded: only the process group is ki
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 STOPPING = (signal.SIGTERM, signal.SIGINT)  # Slurm ends the job: time limit, scancel, ...
 REAP_S = 2.0  # after SIGKILL, how long we wait for the kernel to reap
+LEFTOVER_POLL_S = 0.2  # while a drain lets what ft_launcher left behind finish
 # A control-dir check that has not returned after this long is reported once: the file
 # system is stalled here (the self-fence deadline is still judged meanwhile).
 STUCK_REPORT_S = 5.0
@@ -51,8 +53,27 @@ class Outcome:
     stopped: Leave | None  # why we stopped ft_launcher, if we did
 
 
+@dataclass(frozen=True)
+class Save:
+    """The time-limit notice: the workload must save and end (time_limit.py)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class SaveSignal:
+    """How the workload is asked to save: the signal, and whether ft_launcher's pid is
+    ready to pass it on to workers that will act on it."""
+
+    signum: int
+    ready: Callable[[int], bool]
+
+
 def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
+
+
+Verdict = Leave | Save | None
 
 
 class _Probe:
@@ -60,14 +81,14 @@ class _Probe:
     file system then holds only that thread, and the loop goes on judging what needs no
     file system (task 0's self-fence deadline) and stopping ft_launcher when it must."""
 
-    def __init__(self, check: Callable[[], Leave | None]):
+    def __init__(self, check: Callable[[], Verdict]):
         self._check = check
         self._idle = threading.Event()
         self._idle.set()
-        self._result: tuple[Leave | None, OSError | None] | None = None
+        self._result: tuple[Verdict, OSError | None] | None = None
         self.began = 0.0  # monotonic start of the call in flight
 
-    def result(self, wait: float) -> tuple[Leave | None, OSError | None] | None:
+    def result(self, wait: float) -> tuple[Verdict, OSError | None] | None:
         """The next check's (verdict, error), waiting up to `wait` seconds for it;
         None while the call in flight has not returned."""
         if self._idle.is_set() and self._result is None:
@@ -105,17 +126,26 @@ def _descendants(pid: int) -> list:
 
 
 class Supervisor:
+    """ft_launcher under watch. Slurm's TERM (or INT) is passed on once. With a `drain`
+    (task 0), ft_launcher and its workload get that many seconds to finish (a save on
+    TERM) before `on_stop_signal` is called (task 0 closes the generation there) and
+    what is left is stopped; without one, ft_launcher ends on its own or when the closed
+    flag appears. A `Save` verdict of `check` sends `save.signum` to ft_launcher once
+    `save.ready` says it can land."""
+
     def __init__(
         self,
         argv: Sequence[str],
         env: dict[str, str],
         *,
-        check: Callable[[], Leave | None],
+        check: Callable[[], Verdict],
         urgent: Callable[[], Leave | None] | None = None,
         grace: float,
         poll: float,
         log: Callable[[str], None],
         on_stop_signal: Callable[[int], None] | None = None,
+        drain: float | None = None,
+        save: SaveSignal | None = None,
     ):
         self.argv = list(argv)
         self.on_stop_signal = on_stop_signal
@@ -125,7 +155,13 @@ class Supervisor:
         self.grace = grace
         self.poll = poll
         self.log = log
+        self.drain = drain
+        self.save = save
         self.child: subprocess.Popen | None = None
+        self._told: tuple[int, float] | None = None  # Slurm's stop signal, and when
+        self._closed_for_it = False
+        self._asked: str | None = None  # why the workload must save (the notice)
+        self._save_sent = False
 
     def _forward(self, signum: int, _frame) -> None:
         if self.child is not None and self.child.returncode is None:
@@ -133,9 +169,25 @@ class Supervisor:
                 os.kill(self.child.pid, signum)
 
     def _signalled(self, signum: int, frame) -> None:
+        if signum not in STOPPING:
+            self._forward(signum, frame)
+            return
+        if self._told is not None:
+            # Once: torch elastic raises on every one, and a second, raised inside its
+            # shutdown, ends its wait for workers that are saving.
+            return
+        self._told = (signum, time.monotonic())
         self._forward(signum, frame)
-        if signum in STOPPING and self.on_stop_signal is not None:
-            self.on_stop_signal(signum)
+
+    def _close_for_signal(self) -> None:
+        if self._told is not None and not self._closed_for_it and self.on_stop_signal:
+            self._closed_for_it = True
+            self.on_stop_signal(self._told[0])
+
+    def _drain_deadline(self) -> float | None:
+        if self._told is None or self.drain is None:
+            return None
+        return self._told[1] + self.drain
 
     def run(self) -> Outcome:
         previous = {sig: signal.signal(sig, self._signalled) for sig in FORWARDED}
@@ -163,9 +215,14 @@ class Supervisor:
             except subprocess.TimeoutExpired:
                 tree.update((p.pid, p) for p in _descendants(self.child.pid))
             else:
-                self._end_leftovers(list(tree.values()))
+                self._end_leftovers(list(tree.values()), until=self._drain_deadline())
+                self._close_for_signal()
                 return Outcome(code, None)
-            verdict = self.urgent() if self.urgent is not None else None
+            drained = self._drain_deadline()
+            if drained is not None and time.monotonic() >= drained and self._told is not None:
+                return self._drained_out(self._told[0])
+            self._send_save()
+            verdict: Verdict = self.urgent() if self.urgent is not None else None
             if verdict is None:
                 result = probe.result(wait=self.poll)
                 if result is None:
@@ -180,6 +237,11 @@ class Supervisor:
                 if error is not None:
                     self.log(f"could not read the control directory: {error}; still watching")
                     continue
+            if isinstance(verdict, Save):
+                if self._asked is None:
+                    self._asked = verdict.reason
+                    self.log(f"{verdict.reason}: asking the workload to save and end")
+                continue
             if verdict is not None:
                 # ft_launcher may have ended while the check read the file system (93
                 # among the likeliest: the same fault that ends the generation): its own
@@ -192,13 +254,38 @@ class Supervisor:
                 self._stop()
                 return Outcome(verdict.exit_code, verdict)
 
-    def _end_leftovers(self, tree: list) -> None:
+    def _send_save(self) -> None:
+        """The save signal to ft_launcher, once, as soon as it can reach every worker."""
+        save, child = self.save, self.child
+        if self._asked is None or self._save_sent or save is None or child is None:
+            return
+        if not save.ready(child.pid):
+            return
+        self._save_sent = True
+        self.log(f"sending {signal.Signals(save.signum).name} to ft_launcher: every worker saves")
+        self._forward(save.signum, None)
+
+    def _drained_out(self, signum: int) -> Outcome:
+        """Slurm's TERM came `drain` seconds ago and ft_launcher still runs: close the
+        generation (task 0) and stop what is left before Slurm's KILL."""
+        name = signal.Signals(signum).name
+        message = f"ft_launcher still running {self.drain or 0:g} s after {name}; stopping it"
+        self.log(message)
+        self._close_for_signal()
+        self._stop()
+        return Outcome(128 + signum, Leave(128 + signum, message))
+
+    def _end_leftovers(self, tree: list, until: float | None = None) -> None:
         """ft_launcher has exited on its own, after its own graceful shutdown: whatever it
         started and left running (in a session of its own, out of reach of Slurm's
         process-group kill) must not outlive it into the next generation on this node.
-        KILL at once: waiting here would hold the generation's end. is_running() checks
+        KILL at once, since waiting would hold the generation's end; but while a TERM
+        drain lasts (`until`), a worker still saving is let finish. is_running() checks
         the start time, so a reused pid is never signalled."""
         alive = [p for p in tree if _running(p)]
+        while alive and until is not None and time.monotonic() < until:
+            time.sleep(LEFTOVER_POLL_S)
+            alive = [p for p in alive if _running(p)]
         if not alive:
             return
         self.log(f"ft_launcher left {len(alive)} process(es) running; killing them")

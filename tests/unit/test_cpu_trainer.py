@@ -22,10 +22,12 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nvrx_appliance.entrypoints.env import LAUNCHER_SIGNALS
 from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.manifest import Manifest, build
 from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.endings import SAVE_SIGNAL
 
 FT_LAUNCHER = Path(sys.executable).parent / "ft_launcher"
 NPROC = 2
@@ -134,6 +136,43 @@ def test_fresh_run_reaches_a_complete_checkpoint_and_tracker(fresh):
     assert sorted(p.name for p in tracked.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert "saved checkpoint at iteration 20" in fresh.output
     assert "iteration 20/20" in fresh.output
+
+
+def test_a_finished_run_marks_training_done_beside_the_tracker(fresh):
+    assert fresh.manifest.layout.training_done.read_text() == "20\n"
+    assert not fresh.of("saved_at_time_limit")
+
+
+def test_the_save_signal_through_ft_launcher_saves_every_rank_at_one_iteration_and_ends_0(
+    tmp_path,
+):
+    # NVRx 0.7.0's ft_launcher (torch elastic) turns a signal it was told to handle
+    # (TORCHELASTIC_SIGNALS_TO_HANDLE, as entrypoints/env.py sets it) into the same
+    # signal to every worker's process group, and waits for them to exit.
+    m = cpu_manifest(tmp_path / "limit", iterations=100_000, save_interval=100_000)
+    m.layout.work_dir.mkdir(parents=True)
+    env = {**os.environ, "TORCHELASTIC_SIGNALS_TO_HANDLE": LAUNCHER_SIGNALS}
+    proc = subprocess.Popen(
+        [*launcher_argv(m), "--log-interval", "1"], cwd=m.layout.work_dir, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not [e for e in read_events(m) if e["event"] == "step" and e["iteration"] >= 20]:
+            assert time.monotonic() < deadline and proc.poll() is None, "training never got going"
+            time.sleep(0.1)
+        proc.send_signal(SAVE_SIGNAL)
+        output, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            kill_tree(psutil.Process(proc.pid))
+    assert proc.returncode == 0, output[-3000:]
+    [stopped] = [e for e in read_events(m) if e["event"] == "saved_at_time_limit"]
+    trained = max(e["iteration"] for e in read_events(m) if e["event"] == "step")
+    # Nothing trained after the last checkpoint: the tracker holds the last step.
+    assert int(m.layout.tracker.read_text()) == stopped["iteration"] == trained
+    assert not m.layout.training_done.exists()  # an end at the time limit is not the end
+    assert f"Received {int(SAVE_SIGNAL)} death signal" in output
 
 
 def test_fresh_run_logs_each_step_with_a_falling_loss(fresh):

@@ -19,8 +19,9 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.entrypoints import control, controldir, detect, node_lifecycle
+from nvrx_appliance.entrypoints import control, controldir, detect, node_lifecycle, time_limit
 from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.entrypoints.supervise import Save
 from nvrx_appliance.layout import ControlFiles
 from tests.unit import entrypoint_support as support
 
@@ -390,6 +391,74 @@ def test_task_0_told_to_stop_by_slurm_closes_the_generation_at_once(tmp_path):
         assert "got SIGTERM from Slurm" in closed["reason"]
     finally:
         stop(proc)
+
+
+def progress(run_json: Path) -> list[dict]:
+    path = run_json.parent / "logs" / "progress.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_the_time_limit_notice_makes_every_worker_save_and_the_node_end_0(tmp_path):
+    # The whole path on one node: notice -> the supervisor's save signal to the real
+    # ft_launcher -> every rank of the cpu trainer saves at one iteration -> exit 0.
+    run_json = write_manifest(tmp_path, mode="train", gpus_per_node=2, save_interval=100_000)
+    proc = subprocess.Popen(
+        [*ENTRYPOINT, "--manifest", str(run_json)],
+        env=srun_stand_in(), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not any(e["event"] == "step" and e["iteration"] >= 20 for e in progress(run_json)):
+            assert time.monotonic() < deadline and proc.poll() is None, "no training"
+            time.sleep(0.2)
+        time_limit.write_notice(control_dir(run_json), f"{support.CHAIN}/700/", "a test's notice")
+        assert proc.wait(timeout=60) == 0
+        err = proc.stderr.read()
+    finally:
+        stop(proc)
+    assert "a test's notice: asking the workload to save and end" in err
+    [saved] = [e for e in progress(run_json) if e["event"] == "saved_at_time_limit"]
+    tracker = run_json.parent / "checkpoints" / "latest_checkpointed_iteration.txt"
+    assert int(tracker.read_text()) == saved["iteration"] >= 20
+
+
+def test_task_0_writes_the_notice_at_its_exit_duration_counted_from_its_own_start(tmp_path):
+    # Counted by task 0's entrypoint, not by worker processes: an in-job restart starts
+    # new workers, and cannot reset it.
+    run_json = write_manifest(tmp_path, mode="train", exit_duration_min=1)
+    m = manifest.load(run_json)
+    directory = control_dir(run_json)
+    directory.mkdir(parents=True, mode=0o700)
+    token = f"{support.CHAIN}/700/"
+    started = time.monotonic()
+    deadline = node_lifecycle.exit_deadline(m, started)
+    assert deadline == started + 60
+    node = Node("700", 0, 0, "700", "node1")
+    clock = controldir.Clock(directory, "node1")
+    check = node_lifecycle.watch(m, node, directory, clock, token, False, exit_at=started - 1)
+    verdict = check()
+    assert isinstance(verdict, Save) and "exit duration of 1 min" in verdict.reason
+    assert time_limit.noticed(directory, token) == verdict.reason  # every node sees it
+    later = node_lifecycle.watch(m, node, directory, clock, token, False, exit_at=None)
+    assert isinstance(later(), Save)
+    assert node_lifecycle.exit_deadline(manifest.load(write_manifest(tmp_path / "b")), 0) is None
+
+
+def test_task_0_marks_megatrons_training_done_once_the_tracker_reaches_the_last_iteration(
+    tmp_path,
+):
+    # Megatron writes no marker of its own; at 1600 samples of 8 it ends at iteration 200.
+    m = support.run_manifest(
+        tmp_path / "work", workload="megatron", train_tasks=1, hot_spares=0, gpus_per_node=8,
+        train_samples=1600,
+    )  # fmt: skip
+    m.layout.checkpoints.mkdir(parents=True)
+    m.layout.tracker.write_text("180\n")  # saved at the time limit, short of the end
+    node_lifecycle.mark_megatron_done(m)
+    assert not m.layout.training_done.exists()
+    m.layout.tracker.write_text("200\n")
+    node_lifecycle.mark_megatron_done(m)
+    assert m.layout.training_done.read_text() == "200\n"
 
 
 def alive(process) -> bool:

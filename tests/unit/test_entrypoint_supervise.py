@@ -20,21 +20,34 @@ from nvrx_appliance import exitcodes
 
 DRIVER = textwrap.dedent(
     """
-    import os, sys
+    import os, signal, sys
     from pathlib import Path
-    from nvrx_appliance.entrypoints import gate
-    from nvrx_appliance.entrypoints.supervise import Supervisor
+    from nvrx_appliance.entrypoints import gate, time_limit
+    from nvrx_appliance.entrypoints.supervise import Save, SaveSignal, Supervisor
 
     flag, grace, argv = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
+    # Task 0's options, as node_lifecycle sets them: the time-limit notice, a TERM drain,
+    # and what it does when the drain ends (there: write the closed flag).
+    notice = Path(os.environ.get("DRIVER_NOTICE", "/nonexistent"))
+    drain = float(os.environ["DRIVER_DRAIN"]) if "DRIVER_DRAIN" in os.environ else None
+    closed_for_signal = os.environ.get("DRIVER_ON_STOP")
 
     def check():
-        return gate.while_running(
+        verdict = gate.while_running(
             closed=flag.exists(), lease_age=None, watch_lease=False, stale_after=60
         )
+        if verdict is None and notice.exists():
+            return Save("the time limit is near")
+        return verdict
+
+    def on_stop(signum):
+        Path(closed_for_signal).write_text(signal.Signals(signum).name)
 
     outcome = Supervisor(
         argv, dict(os.environ), check=check, grace=grace, poll=0.2,
         log=lambda line: print(line, file=sys.stderr, flush=True),
+        on_stop_signal=on_stop if closed_for_signal else None, drain=drain,
+        save=SaveSignal(signal.SIGURG, lambda pid: time_limit.catches(pid, signal.SIGURG)),
     ).run()
     sys.exit(outcome.exit_code)
     """
@@ -73,7 +86,9 @@ def _no_leftovers():
         proc.wait(timeout=30)
 
 
-def supervise(tmp_path: Path, child: str, grace: float = 1.0) -> subprocess.Popen:
+def supervise(
+    tmp_path: Path, child: str, grace: float = 1.0, **driver_env: str
+) -> subprocess.Popen:
     driver = tmp_path / "driver.py"
     driver.write_text(DRIVER)
     script = tmp_path / "child.py"
@@ -90,6 +105,7 @@ def supervise(tmp_path: Path, child: str, grace: float = 1.0) -> subprocess.Pope
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        env={**os.environ, **driver_env},
     )
     STARTED.append(proc)
     return proc
@@ -110,7 +126,9 @@ def test_a_child_killed_by_a_signal_reports_128_plus_the_signal(tmp_path):
     assert proc.wait(timeout=30) == 128 + signal.SIGKILL
 
 
-def test_slurms_signals_reach_ft_launcher(tmp_path):
+def test_slurms_signals_reach_ft_launcher_and_a_stop_signal_only_once(tmp_path):
+    # torch elastic raises on every stop signal; a second one, raised inside its shutdown,
+    # would end its wait for workers that are saving.
     seen = tmp_path / "seen"
     proc = supervise(
         tmp_path,
@@ -118,25 +136,112 @@ def test_slurms_signals_reach_ft_launcher(tmp_path):
         import signal, sys, time
         from pathlib import Path
         seen = Path({str(seen)!r})
+        stopping = []
         def note(signum, _):
             with seen.open("a") as fh:
                 fh.write(signal.Signals(signum).name + "\\n")
-            if signum == signal.SIGTERM:
-                sys.exit(42)
+            if signum in (signal.SIGINT, signal.SIGTERM):
+                stopping.append(signum)
         for s in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM):
             signal.signal(s, note)
         seen.write_text("ready\\n")
-        while True:
+        while not stopping:
             time.sleep(0.1)
+        time.sleep(1.5)  # long enough for a second stop signal to arrive, if sent
+        sys.exit(42)
         """,
     )
     wait_for(lambda: seen.exists(), 30, "the child to start")
     received = []
-    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT):
         proc.send_signal(sig)
         received.append(sig.name)
         wait_for(lambda: seen.read_text().split()[1:] == received, 10, f"{sig.name} to arrive")
+    proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) == 42
+    assert seen.read_text().split()[1:] == received
+
+
+def test_the_notice_sends_the_save_signal_once_and_only_once_it_can_land(tmp_path):
+    # A process without a handler ignores SIGURG: sent while ft_launcher is still in its
+    # rendezvous (or its workers still import), it would be lost. So it waits.
+    seen, notice = tmp_path / "seen", tmp_path / "time_limit"
+    notice.write_text("{}")
+    proc = supervise(
+        tmp_path,
+        f"""
+        import signal, sys, time
+        from pathlib import Path
+        time.sleep(1.5)  # setting up: no handler yet, for several polls of the supervisor
+        got = []
+        signal.signal(signal.SIGURG, lambda *_: got.append(1))
+        deadline = time.monotonic() + 20
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # saving: a second signal would be counted here
+        Path({str(seen)!r}).write_text(str(len(got)))
+        sys.exit(0)
+        """,
+        DRIVER_NOTICE=str(notice),
+    )
+    assert proc.wait(timeout=30) == 0
+    assert seen.read_text() == "1"
+    err = proc.stderr.read()
+    assert "the time limit is near: asking the workload to save and end" in err
+    assert "sending SIGURG to ft_launcher" in err
+
+
+def test_task_0_lets_a_workload_that_saves_on_term_finish_before_it_closes(tmp_path):
+    # The issue's run: a child that needs seconds to drain on TERM was killed 3 s in
+    # (exit 76); task 0 now waits up to its drain and closes the generation after.
+    saved, closed = tmp_path / "saved", tmp_path / "closed_for_signal"
+    proc = supervise(
+        tmp_path,
+        f"""
+        import signal, sys, time
+        from pathlib import Path
+        def drain(*_):
+            time.sleep(4)  # longer than the closed flag's grace
+            Path({str(saved)!r}).write_text("done")
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, drain)
+        Path({str(saved)!r} + ".ready").write_text("")
+        while True:
+            time.sleep(0.1)
+        """,
+        grace=1.0,
+        DRIVER_DRAIN="10",
+        DRIVER_ON_STOP=str(closed),
+    )
+    wait_for(lambda: Path(str(saved) + ".ready").exists(), 30, "the child to start")
+    proc.send_signal(signal.SIGTERM)
+    wait_for(lambda: proc.poll() is not None or closed.exists(), 30, "the drain to end")
+    assert saved.exists(), "the generation was closed before the workload had saved"
+    assert proc.wait(timeout=10) == 0
+    assert closed.read_text() == "SIGTERM"  # task 0 closes the generation once drained
+
+
+def test_a_term_drain_that_runs_out_closes_the_generation_and_stops_everything(tmp_path):
+    closed, pid_file = tmp_path / "closed_for_signal", tmp_path / "child.pid"
+    proc = supervise(
+        tmp_path,
+        f"""
+        import os, signal, time
+        from pathlib import Path
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        Path({str(pid_file)!r}).write_text(str(os.getpid()))
+        while True:
+            time.sleep(0.1)
+        """,
+        grace=1.0,
+        DRIVER_DRAIN="1",
+        DRIVER_ON_STOP=str(closed),
+    )
+    pid = int(wait_for(lambda: pid_file.exists() and pid_file.read_text(), 30, "the child"))
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 128 + signal.SIGTERM
+    assert closed.read_text() == "SIGTERM" and gone(pid)
+    assert "ft_launcher still running 1 s after SIGTERM" in proc.stderr.read()
 
 
 def test_the_closed_flag_stops_even_a_child_that_ignores_term(tmp_path):

@@ -24,7 +24,7 @@ import torch.distributed.checkpoint as dcp
 
 from nvrx_appliance.entrypoints.workloads import checkpoint_dir
 from nvrx_appliance.files import make_private_dirs, read_text
-from nvrx_appliance.layout import TRACKER_FILE
+from nvrx_appliance.layout import TRACKER_FILE, TRAINING_DONE_FILE
 from nvrx_appliance.manifest import write_atomic
 from nvrx_appliance.observe import run_files
 
@@ -63,6 +63,12 @@ def save(save_dir: Path, iteration: int, state: dict[str, Any], keep: int) -> No
         write_atomic(save_dir / TRACKER_FILE, checkpoint_dir.tracker_text(iteration))
         _prune(save_dir, iteration, keep)
     dist.barrier()
+
+
+def mark_done(save_dir: Path, iteration: int) -> None:
+    """The training-done marker (rank 0, after the final checkpoint is tracked): the
+    final iteration in the tracker's format, by rename."""
+    write_atomic(save_dir / TRAINING_DONE_FILE, checkpoint_dir.tracker_text(iteration))
 
 
 def _prune(save_dir: Path, latest: int, keep: int) -> None:

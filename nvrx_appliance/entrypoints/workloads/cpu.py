@@ -7,7 +7,9 @@ A small GPT-style model on mock data, under ft_launcher, keeping Megatron's cont
 --save/--load, iter_XXXXXXX checkpoints (torch.distributed.checkpoint) with optimizer
 state and data position, latest_checkpointed_iteration.txt moved only after a
 checkpoint is complete, resume from it; NVRx setup/step/checkpointing sections; and
-Megatron-named fault-injector flags with this trainer's own kinds (faults.py).
+Megatron-named fault-injector flags with this trainer's own kinds (faults.py). It keeps
+the appliance's workload contract too: on the save signal it saves at the end of the
+step and exits 0, and when training is done it writes the training-done marker.
 
 This module holds the command line (settings/program_argv.py, the argv submit gives it);
 importing it does not import torch.
@@ -24,6 +26,8 @@ from pathlib import Path
 
 from nvrx_appliance.entrypoints.workloads import faults
 from nvrx_appliance.entrypoints.workloads.launchenv import Rank
+from nvrx_appliance.entrypoints.workloads.save_request import SaveRequest
+from nvrx_appliance.settings.endings import SAVE_SIGNAL
 from nvrx_appliance.settings.program_argv import CPU_MODULE as MODULE
 
 
@@ -57,10 +61,6 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--global-batch-size", type=int, help="Default: micro batch x world size.")
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--seed", type=int, default=1234)
-    train.add_argument(
-        "--exit-duration-in-mins", type=float, default=0,
-        help="Save and exit after this many minutes (0: off).",
-    )  # fmt: skip
     train.add_argument("--log-interval", type=int, default=1)
     train.add_argument("--progress-log", type=Path, help="Append structured events here.")
     model = p.add_argument_group("model (small defaults, fast on two CPU cores)")
@@ -115,6 +115,8 @@ def resolve(args: argparse.Namespace, world: int) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     launched = time.time()
+    save = SaveRequest()
+    save.install(SAVE_SIGNAL)
     parser = build_parser()
     args = parser.parse_args(argv)
     me = Rank.from_env(os.environ)
@@ -133,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     # torch is imported only now, so a bad flag is refused in a fraction of a second.
     from nvrx_appliance.entrypoints.workloads.trainer import run
 
-    return run(args, me, plan, launched=launched)
+    return run(args, me, plan, save, launched=launched)
 
 
 if __name__ == "__main__":

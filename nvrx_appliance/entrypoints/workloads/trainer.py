@@ -28,6 +28,7 @@ from nvrx_appliance.entrypoints.workloads.events import ProgressLog
 from nvrx_appliance.entrypoints.workloads.gpt import TinyGPT, loss_fn, mock_batch
 from nvrx_appliance.entrypoints.workloads.launchenv import Rank
 from nvrx_appliance.entrypoints.workloads.monitor import CHECKPOINTING, SETUP, STEP, Sections
+from nvrx_appliance.entrypoints.workloads.save_request import SaveRequest
 
 
 class InjectedFault(RuntimeError):
@@ -56,11 +57,14 @@ class Job:
 
 
 def run(
-    args: argparse.Namespace, me: Rank, plan: faults.FaultPlan | None, launched: float | None = None
+    args: argparse.Namespace,
+    me: Rank,
+    plan: faults.FaultPlan | None,
+    save: SaveRequest,
+    launched: float | None = None,
 ) -> NoReturn:
-    """Train to the end and exit 0 (see leave); `launched`: the wall time the process
-    began, before torch was imported."""
-    started = time.monotonic()
+    """Train to the end, or until the save signal, and exit 0 (see leave); `launched`:
+    the wall time the process began, before torch was imported."""
     # The start event carries when each step of the setup ended, so a benchmark can tell
     # the process's start and torch's import from joining the process group and building.
     setup = {"launched": launched, "imported": time.time()}
@@ -76,9 +80,15 @@ def run(
         setup={k: round(v, 3) for k, v in setup.items() if v is not None},
     )  # fmt: skip
     sections.end(SETUP)
-    _train(job, faults.fault_for(plan, me.rank, me.cycle), plan, started)
-    job.log.emit("done", iteration=job.pos.iteration)
-    _say(me, f"training done at iteration {job.pos.iteration}")
+    stopped = _train(job, faults.fault_for(plan, me.rank, me.cycle), plan, save)
+    if stopped:
+        job.log.emit("saved_at_time_limit", iteration=job.pos.iteration, signalled=save.at)
+        _say(me, f"saved at iteration {job.pos.iteration} on the save signal; ending")
+    else:
+        if args.save and me.rank == 0:
+            checkpointing.mark_done(args.save, job.pos.iteration)
+        job.log.emit("done", iteration=job.pos.iteration)
+        _say(me, f"training done at iteration {job.pos.iteration}")
     sections.shutdown()
     dist.destroy_process_group()
     job.log.close()
@@ -143,16 +153,19 @@ def _resume(job: Job) -> None:
     _say(job.me, f"resumed from iteration {job.pos.iteration}")
 
 
-def _train(job: Job, kind: str | None, plan: faults.FaultPlan | None, started: float) -> None:
+def _train(job: Job, kind: str | None, plan: faults.FaultPlan | None, save: SaveRequest) -> bool:
+    """Train to args.train_iters; True when the save signal ended it first. Either way the
+    last iteration trained is checkpointed before this returns."""
     args, pos = job.args, job.pos
     first, saved = pos.iteration, pos.iteration
     train_start = time.monotonic()
+    stopped = False
     while pos.iteration < args.train_iters:
         job.sections.start(STEP)
         if kind and plan and faults.due(plan, time.monotonic() - train_start):
             _inject(kind, job.me, args.progress_log)
         step_start = time.monotonic()
-        loss = _train_step(job)
+        loss, stopped = _train_step(job, save.requested)
         pos.iteration += 1
         pos.consumed_samples += args.global_batch_size
         job.sections.end(STEP)
@@ -166,11 +179,11 @@ def _train(job: Job, kind: str | None, plan: faults.FaultPlan | None, started: f
         if args.save and args.save_interval and pos.iteration % args.save_interval == 0:
             _checkpoint(job)
             saved = pos.iteration
-        if _exit_duration_reached(args, started, job.device):
-            _say(job.me, f"exit duration of {args.exit_duration_in_mins} min reached")
+        if stopped:
             break
     if args.save and pos.iteration != saved:
         _checkpoint(job)
+    return stopped
 
 
 def _init_distributed(me: Rank) -> torch.device:
@@ -182,13 +195,16 @@ def _init_distributed(me: Rank) -> torch.device:
     return torch.device("cpu")
 
 
-def _train_step(job: Job) -> float:
-    """One optimizer step over the global batch; returns the loss averaged over ranks."""
+def _train_step(job: Job, asked: bool) -> tuple[float, bool]:
+    """One optimizer step over the global batch; returns the loss averaged over ranks, and
+    whether any rank got the save signal. Every rank must stop at the same iteration and
+    the signal may reach them a moment apart (or, when one task's time limit comes
+    first, only some of them), so the request rides on the loss's all-reduce."""
     args, me, pos = job.args, job.me, job.pos
     micro = args.micro_batch_size
     accumulation = args.global_batch_size // (micro * me.world)
     job.optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros((), device=job.device)
+    total = torch.zeros(2, device=job.device)  # [loss, ranks asked to save]
     for m in range(accumulation):
         first = pos.consumed_samples + (m * me.world + me.rank) * micro
         inputs, labels = mock_batch(
@@ -199,10 +215,11 @@ def _train_step(job: Job) -> float:
             logits = job.ddp(inputs.to(job.device))
             loss = loss_fn(logits, labels.to(job.device)) / accumulation
             loss.backward()
-        total += loss.detach()
+        total[0] += loss.detach()
     job.optimizer.step()
+    total[1] = float(asked)
     dist.all_reduce(total)
-    return float(total) / me.world
+    return float(total[0]) / me.world, bool(total[1] > 0)
 
 
 def _checkpoint(job: Job) -> None:
@@ -233,16 +250,6 @@ def _optimizer_step(optimizer: torch.optim.Optimizer) -> int:
         if "step" in param_state:
             return int(param_state["step"])
     return 0
-
-
-def _exit_duration_reached(args: argparse.Namespace, started: float, device: torch.device) -> bool:
-    if not args.exit_duration_in_mins:
-        return False
-    # Every rank must stop at the same iteration, so the slowest clock decides for all.
-    over = time.monotonic() - started > args.exit_duration_in_mins * 60
-    flag = torch.tensor([int(over)], device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())
 
 
 def _inject(kind: str, me: Rank, progress_log: Path | None) -> None:

@@ -1,0 +1,87 @@
+"""The time-limit notice and the save signal, on one node (settings/endings.py has the
+design).
+
+The notice is a control file: a batch shell that Slurm's --signal reached writes it, or
+task 0's entrypoint at the exit duration. Every entrypoint's supervisor reads it with
+the closed flag and then sends the save signal to its ft_launcher, once, which forwards
+it to each worker's process group. Once only, and only when it can land: a process
+that has not installed a handler ignores SIGURG, so a signal sent while ft_launcher is
+still in its rendezvous, or while a worker is still importing, would be lost. So the
+supervisor waits until ft_launcher and every worker of it catch the signal (the kernel
+says so in /proc/PID/status), which also covers a notice that arrives during an
+in-job restart: the next cycle's workers get it as soon as they can act on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+from nvrx_appliance.entrypoints import control, controldir
+from nvrx_appliance.files import write_atomic
+from nvrx_appliance.layout import ControlFiles
+
+try:  # an NVRx dependency, so present wherever ft_launcher is
+    import psutil
+except ImportError:  # pragma: no cover - degraded: the signal goes out without waiting
+    psutil = None  # type: ignore[assignment]
+
+
+def noticed(directory: Path, generation: str) -> str | None:
+    """Why this generation must save and end (the notice's reason), or None."""
+    seen = controldir.read_file(ControlFiles(directory).time_limit)
+    if seen is None or not seen.is_file or control.foreign(seen.text, generation):
+        return None
+    try:
+        reason = json.loads(seen.text).get("reason", "")
+    except (ValueError, AttributeError):
+        reason = ""
+    return str(reason) or "the time-limit notice is present"
+
+
+def write_notice(directory: Path, generation: str, reason: str) -> None:
+    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    doc = {"generation": generation, "reason": reason, "time": now}
+    write_atomic(ControlFiles(directory).time_limit, json.dumps(doc, sort_keys=True) + "\n", 0o600)
+
+
+def catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler installed for the signal (SigCgt)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
+
+
+def workers(launcher_pid: int, workload: Sequence[str]) -> list[int]:
+    """ft_launcher's children that run the workload. Its rank monitors are children too,
+    forked, so their command line is ft_launcher's own, which ends with the workload's:
+    only a command line that is the workload's from its start counts. The interpreter's
+    path is left out: it may be spelled otherwise once exec'd (numactl, when NVRx binds
+    ranks, execs it by the name it was given)."""
+    if psutil is None:
+        return []
+    found = []
+    with contextlib.suppress(psutil.Error):
+        for child in psutil.Process(launcher_pid).children():
+            with contextlib.suppress(psutil.Error):
+                if child.cmdline()[1:] == list(workload[1:]):
+                    found.append(child.pid)
+    return found
+
+
+def ready(launcher_pid: int, workload: Sequence[str], signum: int) -> bool:
+    """ft_launcher will forward the signal, and every worker it runs will act on it."""
+    if psutil is None:
+        return True
+    if not catches(launcher_pid, signum):
+        return False
+    running = workers(launcher_pid, workload)
+    return bool(running) and all(catches(pid, signum) for pid in running)

@@ -1,0 +1,114 @@
+"""The time-limit notice in the control directory, and when the save signal can land:
+ft_launcher and every worker it runs have a handler installed (real processes)."""
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+
+from nvrx_appliance.entrypoints import time_limit
+from nvrx_appliance.layout import ControlFiles
+
+GENERATION = "chain-1/500/2026-01-01T00:00:00"
+
+
+def test_the_notice_names_its_generation_and_another_runs_is_ignored(tmp_path):
+    assert time_limit.noticed(tmp_path, GENERATION) is None
+    time_limit.write_notice(tmp_path, GENERATION, "exit duration of 1 min reached")
+    assert time_limit.noticed(tmp_path, GENERATION) == "exit duration of 1 min reached"
+    assert ControlFiles(tmp_path).time_limit.stat().st_mode & 0o777 == 0o600
+    assert time_limit.noticed(tmp_path, "chain-1/501/") is None  # a reused array job id
+
+
+def test_the_notice_the_batch_shell_writes_is_read(tmp_path):
+    # The shell's printf, as generation.sbatch.tmpl writes it (submit time unknown there
+    # when scontrol did not answer: still the same generation).
+    ControlFiles(tmp_path).time_limit.write_text(
+        '{"generation": "chain-1/500/", "reason": "Slurm: task 3 is near its time limit", '
+        '"time": "2026-01-01T00:59:00Z"}\n'
+    )
+    assert time_limit.noticed(tmp_path, GENERATION) == "Slurm: task 3 is near its time limit"
+
+
+# A stand-in for ft_launcher: it catches the signal (as torch elastic does once its
+# workers start) and runs one worker, and a forked child like its rank monitors, whose
+# command line is the launcher's own and so ends with the workload's.
+LAUNCHER = textwrap.dedent(
+    """
+    import os, signal, subprocess, sys, time
+    signal.signal(signal.SIGURG, lambda *_: None)
+    if os.fork() == 0:
+        signal.signal(signal.SIGURG, signal.SIG_DFL)
+        time.sleep(60)
+        os._exit(0)
+    subprocess.Popen([sys.executable, "-c", WORKER, "train.py", "--iters", "9"])
+    while True:
+        time.sleep(0.1)
+    """
+)
+WORKER = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    time.sleep(float(os.environ["HANDLER_AFTER"]))  # importing, building the model
+    signal.signal(signal.SIGURG, lambda *_: None)
+    time.sleep(60)
+    """
+)
+
+
+def test_the_save_signal_waits_for_every_worker_to_catch_it(tmp_path):
+    code = LAUNCHER.replace("WORKER, ", repr(WORKER) + ", ")
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code, "-c", WORKER, "train.py", "--iters", "9"],
+        env={**os.environ, "HANDLER_AFTER": "2"},
+    )
+    workload = [sys.executable, "-c", WORKER, "train.py", "--iters", "9"]
+    try:
+        deadline = time.monotonic() + 20
+        while len(psutil.Process(launcher.pid).children()) < 2:
+            assert time.monotonic() < deadline, "the launcher's children never started"
+            time.sleep(0.05)
+        # The forked child's command line ends with the workload's; only the worker counts.
+        assert len(time_limit.workers(launcher.pid, workload)) == 1
+        assert not time_limit.ready(launcher.pid, workload, signal.SIGURG)
+        while not time_limit.ready(launcher.pid, workload, signal.SIGURG):
+            assert time.monotonic() < deadline, "never ready"
+            time.sleep(0.05)
+        [worker] = time_limit.workers(launcher.pid, workload)
+        assert time_limit.catches(worker, signal.SIGURG)
+        assert not time_limit.catches(worker, signal.SIGUSR2)
+    finally:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        launcher.kill()
+        launcher.wait()
+
+
+def test_no_worker_is_not_ready(tmp_path):
+    # Between two cycles of an in-job restart: the workers are gone, the next not started.
+    sleeper = subprocess.Popen(
+        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGURG, print); "
+         "time.sleep(60)"]
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 10
+        while not time_limit.catches(sleeper.pid, signal.SIGURG):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert not time_limit.ready(sleeper.pid, ["python", "train.py"], signal.SIGURG)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_a_notice_that_is_not_json_still_counts(tmp_path):
+    # Only the reason is lost: the generation must still save.
+    Path(ControlFiles(tmp_path).time_limit).write_text("garbage")
+    assert time_limit.noticed(tmp_path, GENERATION) == "the time-limit notice is present"
