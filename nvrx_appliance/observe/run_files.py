@@ -106,6 +106,9 @@ def ledger_entries(text: str) -> tuple[LedgerEntry, ...]:
             exit_code=row.get("exit_code") if _integer(row.get("exit_code")) else None,
             action=_text(row.get("action")),
             reason=_text(row.get("reason")),
+            final_iteration=row["final_iteration"]
+            if _integer(row.get("final_iteration"))
+            else None,
         )
         for row in ledger_lines(text)
     )

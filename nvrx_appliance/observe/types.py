@@ -133,6 +133,11 @@ class Checkpoint:
     since: float | None = None  # first time this value was observed
 
 
+# The ledger's action for a generation whose workload finished training (the teardown
+# writes it; a test keeps the two spellings in step).
+COMPLETED = "completed"
+
+
 @dataclass(frozen=True)
 class LedgerEntry:
     array_job_id: str
@@ -140,3 +145,4 @@ class LedgerEntry:
     exit_code: int | None
     action: str
     reason: str
+    final_iteration: int | None = None  # set when action is COMPLETED

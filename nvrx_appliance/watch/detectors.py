@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from nvrx_appliance.exitcodes import NVRX_NO_RESTART
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.times import age_text
-from nvrx_appliance.observe.types import Cycle, Ending, Generation
+from nvrx_appliance.observe.types import COMPLETED, Cycle, Ending, Generation
 from nvrx_appliance.watch.config import Thresholds
 from nvrx_appliance.watch.findings import (
     CANCEL_GENERATION,
@@ -177,8 +177,8 @@ def stranded_generation(snap: Snapshot, t: Thresholds) -> list[Finding]:
 
 def chain_exhausted(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """Nothing of the chain is running or queued, yet its chain marker says it should be."""
-    if not snap.chain_marker or snap.generations:
-        return []
+    if not snap.chain_marker or snap.generations or snap.completed is not None:
+        return []  # a chain whose training completed has ended as it should
     last = snap.ledger[-1] if snap.ledger else None
     history = (
         f" The last generation recorded, {last.array_job_id}, ended with exit {last.exit_code}"
@@ -202,22 +202,28 @@ def chain_exhausted(snap: Snapshot, t: Thresholds) -> list[Finding]:
     ]
 
 
-def _no_restart_endings(snap: Snapshot) -> dict[str, float | None]:
-    """Generations whose task 0 ended with NVRx's do-not-restart code, by Slurm or ledger."""
-    ended: dict[str, float | None] = {}
+def _final_endings(snap: Snapshot) -> dict[str, tuple[float | None, str]]:
+    """Generations after which the chain must end, and why: task 0 ended with NVRx's
+    do-not-restart code (by Slurm or ledger), or its teardown found training done."""
+    ended: dict[str, tuple[float | None, str]] = {}
+    no_restart = f"ended {NVRX_NO_RESTART} (NVRx: do not restart)"
     for ending in snap.endings:
         if ending.exit_code == NVRX_NO_RESTART:
-            ended[ending.array_job_id] = ending.end
+            ended[ending.array_job_id] = (ending.end, no_restart)
     for entry in snap.ledger:
-        if entry.exit_code == NVRX_NO_RESTART:
-            ended[entry.array_job_id] = ended.get(entry.array_job_id) or entry.end
+        if entry.exit_code == NVRX_NO_RESTART or entry.action == COMPLETED:
+            why = no_restart if entry.action != COMPLETED else "completed training"
+            ended[entry.array_job_id] = (
+                ended.get(entry.array_job_id, (None, ""))[0] or entry.end,
+                why,
+            )
     return ended
 
 
 def chain_not_cancelled(snap: Snapshot, t: Thresholds) -> list[Finding]:
-    """A generation ended 93 (NVRx: do not restart) but successors are still queued or running."""
+    """A generation ended 93 (NVRx: do not restart) or completed training, but successors are still queued or running."""
     findings = []
-    for array_job_id, end in _no_restart_endings(snap).items():
+    for array_job_id, (end, why) in _final_endings(snap).items():
         successors = [
             g.array_job_id
             for g in snap.generations
@@ -235,13 +241,14 @@ def chain_not_cancelled(snap: Snapshot, t: Thresholds) -> list[Finding]:
                 array_job_id,
                 CRITICAL,
                 summary=(
-                    f"generation {array_job_id} of {snap.run.job_name} ended {NVRX_NO_RESTART} (NVRx: "
-                    f"do not restart) but generation(s) {', '.join(successors)} are still queued"
+                    f"generation {array_job_id} of {snap.run.job_name} {why} but "
+                    f"generation(s) {', '.join(successors)} are still queued"
                 ),
                 detail=(
                     "The teardown's cancel of the chain did not happen (its scancel failed, or "
                     "the exit code was rewritten on the way), so the next generation would "
-                    f"repeat what NVRx refused to restart. Cancel them: {command}"
+                    "repeat what NVRx refused to restart, or start only to find training "
+                    f"done. Cancel them: {command}"
                 ),
             )
         )
@@ -628,6 +635,8 @@ def complete(detector: Detector, snap: Snapshot) -> bool:
 
 
 def run(snap: Snapshot, t: Thresholds, disabled: frozenset[str] = frozenset()) -> list[Finding]:
+    if snap.finished:
+        return []  # training completed and Slurm holds nothing of the chain: all is well
     findings: list[Finding] = []
     for detector in ALL:
         if detector.name not in disabled and runnable(detector, snap):

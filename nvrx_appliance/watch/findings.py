@@ -13,7 +13,14 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
-from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry
+from nvrx_appliance.observe.types import (
+    COMPLETED,
+    Checkpoint,
+    Cycle,
+    Ending,
+    Generation,
+    LedgerEntry,
+)
 
 # --- severities: what reaches a person -------------------------------------------------
 INFO = "info"  # logged and counted, never paged
@@ -82,6 +89,17 @@ class Snapshot:
         return all(
             self.sources.get(s, SourceStatus(NOT_CONFIGURED)).state == OBSERVED for s in sources
         )
+
+    @property
+    def completed(self) -> LedgerEntry | None:
+        """The newest ledger entry, when its generation found training done."""
+        last = self.ledger[-1] if self.ledger else None
+        return last if last is not None and last.action == COMPLETED else None
+
+    @property
+    def finished(self) -> bool:
+        """Training is done and Slurm holds nothing of the chain: nothing left to watch."""
+        return self.completed is not None and self.has(SLURM) and not self.generations
 
     def generation(self, array_job_id: str) -> Generation | None:
         return next((g for g in self.generations if g.array_job_id == array_job_id), None)

@@ -296,14 +296,16 @@ class Watcher:
         self, sink: sinks.Sink, sent: dict, snap: Snapshot, findings, result
     ) -> None:
         """Close what was paged and is gone, if the detector that paged it ran this pass
-        on everything it consults (a missing ending hides a finding, it does not end it)."""
+        on everything it consults (a missing ending hides a finding, it does not end it).
+        A chain whose training completed, with nothing of it left in Slurm, has nothing
+        left open: every page of it is resolved."""
         if not sink.resolves:
             return
         firing = {f.key for f in findings}
         ran = {d.name for d in detectors.ALL if detectors.complete(d, snap)}
         prefix = f"nvrx/{self.run.owner}/{self.run.job_name}/"
         for key in [k for k in sent if k.startswith(prefix) and k not in firing]:
-            if key[len(prefix) :].split("/", 1)[0] not in ran:
+            if key[len(prefix) :].split("/", 1)[0] not in ran and not snap.finished:
                 continue
             try:
                 sink.resolve(key)
@@ -372,6 +374,13 @@ class Watcher:
         blind = [f"{n} ({s.reason})" for n, s in snap.sources.items() if s.state == UNAVAILABLE]
         running = sum(len(g.running) for g in snap.generations)
         pending = sum(len(g.pending) for g in snap.generations)
+        if snap.finished and snap.completed is not None:
+            self.logger.info(
+                "chain %s completed training at iteration %s: nothing left to watch; remove "
+                "it from cron",
+                snap.run.job_name,
+                snap.completed.final_iteration,
+            )
         self.logger.info(
             "pass over %s (%s): %d generation(s) queued, %d task(s) running, %d pending; "
             "%d cycle(s); checkpoint %s; %d finding(s)%s; exit %d",

@@ -233,6 +233,32 @@ def test_chain_not_cancelled_is_silent_when_only_the_ended_generation_drains():
     assert detectors.chain_not_cancelled(snap, T) == []
 
 
+def completed(array_job_id: str, ago: float) -> LedgerEntry:
+    reason = "training completed at iteration 200; cancelling every queued generation"
+    return LedgerEntry(array_job_id, NOW - ago, 0, "completed", reason, final_iteration=200)
+
+
+def test_a_chain_whose_training_completed_is_finished_not_exhausted():
+    # The marker normally goes with the completion; even where its removal failed, a
+    # completed chain with nothing queued pages nobody, however many generations ended.
+    snap = snapshot(chain_marker=True, ledger=(completed("104", 60),), endings=_endings(9))
+    assert snap.finished
+    assert detectors.chain_exhausted(snap, T) == []
+    assert names(detectors.run(snap, T)) == []
+    resubmitted = replace(snap, generations=(gen("105", "PENDING", submitted=NOW - 10),))
+    assert not resubmitted.finished  # trained further: watched again
+
+
+def test_chain_not_cancelled_fires_for_generations_queued_past_a_completed_training():
+    snap = snapshot(
+        generations=(gen("105", "PENDING", submitted=NOW - 3600),),
+        ledger=(completed("104", 60),),
+    )
+    [finding] = detectors.chain_not_cancelled(snap, T)
+    assert "generation 104 of chain-a completed training but generation(s) 105" in finding.summary
+    assert "scancel --state=PENDING --user=alice --name=chain-a" in finding.detail
+
+
 def _endings(count: int, spacing: float = 60.0) -> tuple[Ending, ...]:
     return tuple(ended(str(100 + i), (i + 1) * spacing) for i in range(count))
 

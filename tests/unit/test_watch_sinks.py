@@ -18,6 +18,7 @@ import pytest
 from nvrx_appliance.watch import detectors, sinks, target
 from nvrx_appliance.watch import shell as watch_shell
 from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.platform import SlurmPlatform
 from nvrx_appliance.watch.watcher import Watcher
 from tests.unit.test_watch_slurm import SACCT_TIMED_OUT, Replay, one_pass
 
@@ -184,6 +185,28 @@ def test_pagerduty_gets_a_resolve_once_the_condition_is_gone(tmp_path, receiver)
         (e["event_action"], e["dedup_key"].split("/")[3]) for e in receiver.bodies("/v2/enqueue")
     ]
     assert actions == [("trigger", "cycle_stalled"), ("resolve", "cycle_stalled")]
+
+
+def test_once_training_completed_every_open_page_is_resolved_and_the_pass_is_clean(
+    tmp_path, receiver
+):
+    watcher = make_watcher(tmp_path, receiver.url)
+    assert watcher.pass_once().exit_code == 2  # cycle_stalled paged
+    # The chain then finished training, after a busy hour (more generations ended than
+    # generation_churn allows): its last teardown wrote `completed`, and Slurm holds
+    # nothing of it. The cycle files are as they were.
+    work = Path(watcher.run.work_dir)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    entries = [{"array_job_id": str(4300 + i), "exit_code": 0, "end": now,
+                "action": "saved_at_time_limit", "reason": "saved"} for i in range(9)]  # fmt: skip
+    entries.append(entries[-1] | {"array_job_id": "4343", "action": "completed",
+                                  "final_iteration": 200})  # fmt: skip
+    (work / "chain.jsonl").write_text("".join(json.dumps(e) + "\n" for e in entries))
+    quiet = dataclasses.replace(watcher, platform=SlurmPlatform(run=lambda argv, timeout: ""))
+    result = quiet.pass_once()
+    assert (result.findings, result.exit_code) == ([], 0)
+    actions = [(e["event_action"], e["dedup_key"].split("/")[3]) for e in receiver.bodies("/v2/")]
+    assert actions[-1] == ("resolve", "cycle_stalled")
 
 
 def test_a_dedup_key_past_pagerdutys_limit_is_shortened_the_same_way_to_trigger_and_resolve(
