@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from bench import (
+    completion,
     floor,
     handoff,
     machine,
@@ -32,6 +33,7 @@ from bench import (
     seeds,
     sigkill,
     spare,
+    timelimit,
     watcher,
 )
 from bench.harness import Harness
@@ -39,8 +41,11 @@ from bench.report import Result
 from nvrx_appliance.devcluster.lock import cluster_lock
 
 SCENARIOS = {
-    m.NAME: m for m in (floor, handoff, sigkill, seeds, spare, norestart, restart, watcher)
-}
+    m.NAME: m
+    for m in (
+        floor, handoff, sigkill, seeds, spare, norestart, restart, timelimit, completion, watcher,
+    )
+}  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME}
 RESULTS = Path(__file__).parent / "results"
 RESULTS_DOC = Path(__file__).parent.parent / "docs" / "benchmarks.md"

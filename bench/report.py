@@ -20,6 +20,7 @@ class Metric:
     target_s: float | None = None
     indent: bool = False  # a phase of the metric above it
     given: dict[str, Any] | None = None  # figures measured elsewhere (the watcher's own bench)
+    unit: str = "s"  # a count (iterations, generations) has no ratio to the floor
 
     def figures(self) -> dict[str, Any]:
         if self.given is not None:
@@ -129,10 +130,13 @@ def table(results: Sequence[Result]) -> str:
         for i, metric in enumerate(result.metrics):
             f = metric.figures()
             label = f"- {metric.label}" if metric.indent else metric.label
+            per_floor = ratio(f["median_s"], floor) if metric.unit == "s" else None
+            if metric.unit != "s":
+                label += f" ({metric.unit}, not s)"
             lines.append(
                 f"| {result.title if i == 0 and not result.error else ''} | {label} | {f['n']} | "
                 f"{_seconds(f['median_s'])} | {_seconds(f['min_s'])} | {_seconds(f['max_s'])} | "
-                f"{_ratio(ratio(f['median_s'], floor))} | {_verdict(metric)} |"
+                f"{_ratio(per_floor)} | {_verdict(metric)} |"
             )
     return "\n".join(lines)
 
@@ -159,7 +163,10 @@ def document(
                     {
                         "label": m.label,
                         **m.figures(),
-                        "median_over_floor": ratio(m.figures()["median_s"], floor),
+                        "unit": m.unit,
+                        "median_over_floor": (
+                            ratio(m.figures()["median_s"], floor) if m.unit == "s" else None
+                        ),
                         "target_s": m.target_s,
                         "met": m.met(),
                         "samples_s": m.samples,

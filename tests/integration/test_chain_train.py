@@ -1,7 +1,8 @@
-"""f) task 0's normal end releases the pending cold spares; h) two chains with different
-names leave each other alone, and a second chain under a name in use is refused;
-j) a chain submitted with no --mode trains (`train`) to the end with no injected fault
-anywhere in its logs."""
+"""f) task 0's end releases the pending cold spares; h) two chains with different names
+leave each other alone, and a second chain under a name in use is refused; j) a chain
+submitted with no --mode trains (`train`) to the end with no injected fault anywhere in
+its logs; and training done in generation 1 of 3 ends the chain: no later generation
+ever starts, the ledger says `completed`, status says so, and nvrx-watch is content."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from .chain_support import (
     wait_ledger,
 )
 from .conftest import Cluster
+from .test_watch_cluster import reported, watch
 
 pytestmark = pytest.mark.cluster
 
@@ -44,14 +46,14 @@ def injections(work: Path) -> list[str]:
     ]
 
 
-def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
+def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster, tmp_path: Path):
     work_a, work_b = cluster.workdir("train"), cluster.workdir("neighbour")
     name_a, name_b = unique("train"), unique("neighbour")
     # Throttle 1: the two cold spares stay pending for as long as task 0 runs.
-    a1, a2 = submit(
+    a1, a2, a3 = submit(
         cluster, work_a, name_a,
         "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "2",
-        "--depth", "2", "--train-samples", str(2 * ITERATIONS),
+        "--depth", "3", "--train-samples", str(2 * ITERATIONS),
     )  # fmt: skip
 
     # h) the same name again is refused, and nothing is written for it.
@@ -60,7 +62,8 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
               "--job-name", name_a)  # fmt: skip
     assert dup.returncode == 2
     assert (
-        f"--job-name: {name_a!r} is used by your queued or running job(s) {a1}, {a2}" in dup.stderr
+        f"--job-name: {name_a!r} is used by your queued or running job(s) {a1}, {a2}, {a3}"
+        in dup.stderr
     )
     assert not (work_dup / "run").exists()
 
@@ -86,9 +89,9 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
         ran(r) for r in tasks(cluster, a2).values()
     ), "the neighbour's cancel reached this chain"
 
-    wait_ledger(work_a, 2, timeout=300)
+    wait_ledger(work_a, 1, timeout=300)
     wait_idle(cluster, name_a, timeout=60)
-    first, second = ledger(work_a)
+    [first] = ledger(work_a)
     # j) training ran to its end: exit 0, no fault, the tracker at the last iteration.
     assert first["exit_code"] == 0, logs_on_failure(work_a)
     assert first["mode"] == "train"
@@ -99,9 +102,20 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster):
     gen1 = tasks(cluster, a1)
     assert (state(gen1[0]), gen1[0]["ExitCode"]) == ("COMPLETED", "0:0")
     # f) task 0's end released the cold spares: cancelled, never started.
-    assert first["action"] == "released_spares"
     for spare in (1, 2):
         assert state(gen1[spare]) == "CANCELLED" and not ran(gen1[spare])
-    # The next generation found the work done: it resumed at the end and stopped cleanly.
-    assert (second["array_job_id"], second["exit_code"]) == (a2, 0)
-    assert second["checkpoint_iteration_start"] == ITERATIONS
+    # Training done ended the chain: no later generation ever started (before, both
+    # would have queued for nodes, loaded the final checkpoint and stopped).
+    assert (first["action"], first["final_iteration"]) == ("completed", ITERATIONS)
+    assert (work_a / "checkpoints" / "training_done.txt").read_text() == f"{ITERATIONS}\n"
+    for later in (a2, a3):
+        records = cluster.wait_until(lambda j=later: tasks(cluster, j) or None, 60, f"{later}")
+        assert all(state(r) == "CANCELLED" and not ran(r) for r in records.values()), records
+    shown = cli(cluster, "status", a1)
+    assert shown.returncode == 0 and f"training completed at iteration {ITERATIONS}" in " ".join(
+        shown.stdout.split()
+    ), shown.stdout
+    watched = watch(cluster, tmp_path, a1, "--work-dir", str(work_a))
+    assert watched.returncode == 0, watched.stderr
+    assert not reported(watched, "chain_exhausted")
+    assert "completed training at iteration" in watched.stderr

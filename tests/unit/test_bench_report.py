@@ -80,6 +80,8 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "spare",
         "norestart",
         "restart",
+        "timelimit",
+        "completion",
         "watcher",
     ]
     assert parse_args([]).chosen == everything

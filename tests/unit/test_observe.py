@@ -10,7 +10,7 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files, slurm_output, workdir
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import LIVE_STATES, RUNNING_STATES, terminal
-from nvrx_appliance.slurm import status, teardown
+from nvrx_appliance.slurm import status, status_view, teardown
 
 
 def test_what_the_teardown_appends_is_what_status_and_the_watcher_read(tmp_path):
@@ -29,6 +29,16 @@ def test_what_the_teardown_appends_is_what_status_and_the_watcher_read(tmp_path)
     [entry] = run_files.ledger_entries(layout.ledger.read_text())
     assert (entry.array_job_id, entry.exit_code, entry.action) == ("4242", 1, teardown.NONE)
     assert entry.end is not None and entry.reason
+
+
+def test_the_ledgers_action_words_the_watcher_reads_are_the_teardowns():
+    from nvrx_appliance.observe.types import COMPLETED
+
+    assert teardown.COMPLETED == COMPLETED
+    assert set(status_view._ACTIONS) >= {
+        teardown.RELEASED_SPARES, teardown.SAVED_AT_TIME_LIMIT, teardown.COMPLETED,
+        teardown.CANCELLED_CHAIN, teardown.BURN_GUARD, teardown.FENCED, teardown.NONE,
+    }  # fmt: skip
 
 
 def _with_reader_timeout(read):
