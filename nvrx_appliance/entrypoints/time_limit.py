@@ -15,11 +15,10 @@ in-job restart: the next cycle's workers get it as soon as they can act on it.
 from __future__ import annotations
 
 import contextlib
-import datetime
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from nvrx_appliance.clock import now_iso
 from nvrx_appliance.entrypoints import control, controldir
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.layout import ControlFiles
@@ -31,21 +30,17 @@ except ImportError:  # pragma: no cover - degraded: the signal goes out without 
 
 
 def noticed(directory: Path, generation: str) -> str | None:
-    """Why this generation must save and end (the notice's reason), or None."""
+    """Why this generation must save and end (the notice's reason), or None. The notice
+    is `key=value` lines, `generation` first, as the batch script writes it."""
     seen = controldir.read_file(ControlFiles(directory).time_limit)
     if seen is None or not seen.is_file or control.foreign(seen.text, generation):
         return None
-    try:
-        reason = json.loads(seen.text).get("reason", "")
-    except (ValueError, AttributeError):
-        reason = ""
-    return str(reason) or "the time-limit notice is present"
+    return control.decode_fields(seen.text).get("reason") or "the time-limit notice is present"
 
 
 def write_notice(directory: Path, generation: str, reason: str) -> None:
-    now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    doc = {"generation": generation, "reason": reason, "time": now}
-    write_atomic(ControlFiles(directory).time_limit, json.dumps(doc, sort_keys=True) + "\n", 0o600)
+    fields = {"generation": generation, "reason": reason, "time": now_iso()}
+    write_atomic(ControlFiles(directory).time_limit, control.encode_fields(fields), 0o600)
 
 
 def catches(pid: int, signum: int) -> bool:

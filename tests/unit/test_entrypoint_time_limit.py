@@ -30,8 +30,8 @@ def test_the_notice_the_batch_shell_writes_is_read(tmp_path):
     # The shell's printf, as generation.sbatch.tmpl writes it (submit time unknown there
     # when scontrol did not answer: still the same generation).
     ControlFiles(tmp_path).time_limit.write_text(
-        '{"generation": "chain-1/500/", "reason": "Slurm: task 3 is near its time limit", '
-        '"time": "2026-01-01T00:59:00Z"}\n'
+        "generation=chain-1/500/\nreason=Slurm: task 3 is near its time limit\n"
+        "time=2026-01-01T00:59:00Z\n"
     )
     assert time_limit.noticed(tmp_path, GENERATION) == "Slurm: task 3 is near its time limit"
 
@@ -110,5 +110,5 @@ def test_no_worker_is_not_ready(tmp_path):
 
 def test_a_notice_that_is_not_json_still_counts(tmp_path):
     # Only the reason is lost: the generation must still save.
-    Path(ControlFiles(tmp_path).time_limit).write_text("garbage")
+    Path(ControlFiles(tmp_path).time_limit).write_text("garbage\n")
     assert time_limit.noticed(tmp_path, GENERATION) == "the time-limit notice is present"

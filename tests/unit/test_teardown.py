@@ -275,8 +275,9 @@ def test_the_time_limit_signal_writes_the_notice_and_srun_runs_on_to_its_save(tm
         assert proc.wait(timeout=20) == 0  # the shell did not take the signal for srun's end
     finally:
         _kill_group(proc)
-    body = json.loads(notice.read_text())
-    assert body["generation"].startswith("chain-1/500/") and "near its time limit" in body["reason"]
+    generation, reason, _time = notice.read_text().splitlines()
+    assert generation.startswith("generation=chain-1/500/")
+    assert reason == "reason=Slurm: task 0 is near its time limit"
     _, ledger = _outcome(tmp_path, work)
     assert (ledger[-1]["exit_code"], ledger[-1]["action"]) == (0, "saved_at_time_limit")
     assert (work / "chain.active").exists()  # the chain goes on
