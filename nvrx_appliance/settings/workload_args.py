@@ -28,8 +28,7 @@ OWNED_MEGATRON_FLAGS: dict[str, str] = {
     # The time-limit save: Megatron saves and exits on the signal the appliance sends.
     "--exit-signal-handler": "is the appliance's (the time-limit save; see --time-limit-margin); "
     "remove it",
-    "--exit-signal": "is the appliance's (the time-limit save; see --time-limit-margin); "
-    "remove it",
+    "--exit-signal": "is the appliance's (the time-limit save; see --time-limit-margin); remove it",
 }
 # Every --fault-injector-* flag: faults are the demo modes' business (--fault-* settings).
 OWNED_MEGATRON_PREFIXES: dict[str, str] = {

@@ -359,7 +359,7 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
 
 def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) -> int:
     history = _history(args.ledger, this["chain"])
-    marker = _read(args.training_done) if args.training_done else ""
+    marker = _read(args.training_done, TRACKER_BYTES) if args.training_done else ""
     done = training_done(marker, this["checkpoint_iteration"])
     if marker.strip() and done is None:
         _log(

@@ -337,7 +337,9 @@ def test_a_users_own_arguments_on_real_data_pass_megatrons_validation(answers, n
 def test_every_argv_saves_and_exits_on_the_save_signal_and_never_times_itself(answers):
     # The time-limit save: the save signal the entrypoint sends at the notice. Megatron's
     # own exit duration would count from each worker's start, so it is never passed.
-    for name, result in answers["cases"].items():
+    built = {n: r for n, r in answers["cases"].items() if not n.startswith("refused-")}
+    assert len(built) > 5
+    for name, result in built.items():
         assert result["ok"], (name, result["error"])
         values = result["values"]
         assert values["exit_signal_handler"] is True, name
