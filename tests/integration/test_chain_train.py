@@ -46,6 +46,13 @@ def injections(work: Path) -> list[str]:
     ]
 
 
+def ended(cluster: Cluster, array_job_id: str, count: int) -> dict | None:
+    """sacct's record of every task of a generation, once none is live any more."""
+    found = tasks(cluster, array_job_id)
+    live = {"PENDING", "RUNNING", "COMPLETING"} & {state(r) for r in found.values()}
+    return found if len(found) == count and not live else None
+
+
 def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster, tmp_path: Path):
     work_a, work_b = cluster.workdir("train"), cluster.workdir("neighbour")
     name_a, name_b = unique("train"), unique("neighbour")
@@ -99,7 +106,8 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster, tmp_p
     assert injections(work_a) == []
     done = [e for e in progress(work_a) if e["event"] == "done"]
     assert done and done[0]["iteration"] == ITERATIONS == tracker(work_a)
-    gen1 = tasks(cluster, a1)
+    # Accounting lags squeue (no later generation's start waits for it here any more).
+    gen1 = cluster.wait_until(lambda: ended(cluster, a1, 3), 60, f"accounting to record {a1}'s end")
     assert (state(gen1[0]), gen1[0]["ExitCode"]) == ("COMPLETED", "0:0")
     # f) task 0's end released the cold spares: cancelled, never started.
     for spare in (1, 2):
