@@ -31,7 +31,8 @@ def one(h: Harness, scenario: str, script: Path) -> dict:
     args.write_text("--iterations 50\n--step-seconds 0.05\n")
     ids = h.submit(
         work, name, *chains.FAST, "--workload", "script", "--script", str(script),
-        "--script-args", str(args), "--train-tasks", "1",
+        "--script-args", str(args), "--gpus-per-node", str(chains.WORKERS_PER_NODE),
+        "--train-tasks", "1",
         "--hot-spares", "0", "--cold-spares", "0", "--depth", str(DEPTH),
     )  # fmt: skip
     try:

@@ -249,13 +249,13 @@ def publish(pre: Preflight, record: control.Record, directory: Path) -> controld
 
 
 def closer(node: Node, directory: Path, token: str):
-    """Task 0's answer to Slurm's TERM, once ft_launcher has finished or the drain (two
-    thirds of KillWait) has run out: the generation ends, whether or not a trap will run
-    (its batch shell may be the one that was killed), so the closed flag goes out and the
-    peers leave instead of waiting for the lease to go stale. Meanwhile the lease stays
-    fresh and the peers train on, so a workload that saves on TERM can save with them.
-    The trap, if it runs, rewrites the flag with the exit code; exit 93 and the chain's
-    fate stay the trap's decision."""
+    """Task 0's answer to Slurm's TERM: the generation ends now, whether or not a trap
+    will run (its batch shell may be the one that was killed, and then Slurm kills this
+    step within a second), so the closed flag goes out at once and the peers leave
+    instead of waiting for the lease to go stale. Task 0's own ft_launcher, told to stop
+    by the same TERM, is still let finish (the supervisor's drain). The trap, if it
+    runs, rewrites the flag with the exit code; exit 93 and the chain's fate stay the
+    trap's decision."""
 
     def close(signum: int) -> None:
         why = f"task 0 ({node.label}) got {signal.Signals(signum).name} from Slurm"

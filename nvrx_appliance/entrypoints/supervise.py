@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nvrx_appliance import exitcodes
 from nvrx_appliance.entrypoints.gate import Leave
 
 try:  # an NVRx dependency, so present wherever ft_launcher is
@@ -126,12 +127,14 @@ def _descendants(pid: int) -> list:
 
 
 class Supervisor:
-    """ft_launcher under watch. Slurm's TERM (or INT) is passed on once. With a `drain`
-    (task 0), ft_launcher and its workload get that many seconds to finish (a save on
-    TERM) before `on_stop_signal` is called (task 0 closes the generation there) and
-    what is left is stopped; without one, ft_launcher ends on its own or when the closed
-    flag appears. A `Save` verdict of `check` sends `save.signum` to ft_launcher once
-    `save.ready` says it can land."""
+    """ft_launcher under watch. Slurm's TERM (or INT) is passed on once, and
+    `on_stop_signal` runs at once (task 0 writes the closed flag there: its batch shell
+    may be what died, and then Slurm kills this step within a second). From then on the
+    closed flag no longer cuts ft_launcher short: it was told to stop and finishes on its
+    own (a workload may be saving on TERM), within `drain` seconds (task 0: two thirds
+    of Slurm's KillWait; then what is left is stopped) or Slurm's KillWait (a peer). A
+    `Save` verdict of `check` sends `save.signum` to ft_launcher once `save.ready` says
+    it can land."""
 
     def __init__(
         self,
@@ -159,7 +162,7 @@ class Supervisor:
         self.save = save
         self.child: subprocess.Popen | None = None
         self._told: tuple[int, float] | None = None  # Slurm's stop signal, and when
-        self._closed_for_it = False
+        self._draining_noted = False
         self._asked: str | None = None  # why the workload must save (the notice)
         self._save_sent = False
 
@@ -178,11 +181,8 @@ class Supervisor:
             return
         self._told = (signum, time.monotonic())
         self._forward(signum, frame)
-
-    def _close_for_signal(self) -> None:
-        if self._told is not None and not self._closed_for_it and self.on_stop_signal:
-            self._closed_for_it = True
-            self.on_stop_signal(self._told[0])
+        if self.on_stop_signal is not None:
+            self.on_stop_signal(signum)
 
     def _drain_deadline(self) -> float | None:
         if self._told is None or self.drain is None:
@@ -216,7 +216,6 @@ class Supervisor:
                 tree.update((p.pid, p) for p in _descendants(self.child.pid))
             else:
                 self._end_leftovers(list(tree.values()), until=self._drain_deadline())
-                self._close_for_signal()
                 return Outcome(code, None)
             drained = self._drain_deadline()
             if drained is not None and time.monotonic() >= drained and self._told is not None:
@@ -242,6 +241,8 @@ class Supervisor:
                     self._asked = verdict.reason
                     self.log(f"{verdict.reason}: asking the workload to save and end")
                 continue
+            if self._told_to_finish(verdict):
+                continue
             if verdict is not None:
                 # ft_launcher may have ended while the check read the file system (93
                 # among the likeliest: the same fault that ends the generation): its own
@@ -253,6 +254,18 @@ class Supervisor:
                 self.log(verdict.message)
                 self._stop()
                 return Outcome(verdict.exit_code, verdict)
+
+    def _told_to_finish(self, verdict: Verdict) -> bool:
+        """The closed flag, after Slurm's TERM reached us: ft_launcher is stopping already
+        and is let finish (task 0 wrote that flag itself on the same TERM)."""
+        if self._told is None or not isinstance(verdict, Leave):
+            return False
+        if verdict.exit_code != exitcodes.STOPPED_BY_CLOSED_FLAG:
+            return False
+        if not self._draining_noted:
+            self._draining_noted = True
+            self.log("the generation is closed; ft_launcher, told to stop, finishes on its own")
+        return True
 
     def _send_save(self) -> None:
         """The save signal to ft_launcher, once, as soon as it can reach every worker."""
@@ -266,12 +279,11 @@ class Supervisor:
         self._forward(save.signum, None)
 
     def _drained_out(self, signum: int) -> Outcome:
-        """Slurm's TERM came `drain` seconds ago and ft_launcher still runs: close the
-        generation (task 0) and stop what is left before Slurm's KILL."""
+        """Slurm's TERM came `drain` seconds ago and ft_launcher still runs: stop what is
+        left before Slurm's KILL, leaving the rest of KillWait to the teardown."""
         name = signal.Signals(signum).name
         message = f"ft_launcher still running {self.drain or 0:g} s after {name}; stopping it"
         self.log(message)
-        self._close_for_signal()
         self._stop()
         return Outcome(128 + signum, Leave(128 + signum, message))
 

@@ -241,6 +241,23 @@ def test_slurms_term_gives_a_saving_workload_two_thirds_of_killwait(tmp_path):
     assert ledger[-1]["exit_code"] == 0
 
 
+def test_a_peers_shell_waits_on_slurms_term_for_its_step_to_finish(tmp_path):
+    # Ending the shell at once would have Slurm kill the step with it, cutting short a
+    # workload that saves on TERM; Slurm's KillWait bounds the wait instead.
+    script, _work, env = _prepare(tmp_path, srun_exit=0)
+    env.update(SLURM_ARRAY_TASK_ID="1", SRUN_SLEEP="60", SRUN_DRAIN="2", SRUN_TERM_EXIT="0")
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    calls = tmp_path / "calls"
+    try:
+        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=20) == 0  # srun's own code, after its 2 s
+    finally:
+        _kill_group(proc)
+
+
 def test_a_term_drain_that_runs_out_leaves_the_teardown_its_third_of_killwait(tmp_path):
     script, work, env = _prepare(tmp_path, srun_exit=0)
     env.update(SRUN_SLEEP="60", SRUN_DRAIN="60", KILL_WAIT="6")  # drain: 4 s
