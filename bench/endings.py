@@ -24,12 +24,15 @@ def _of(events: Sequence[dict], generation: str) -> list[dict]:
     return [e for e in events if e.get("slurm_array_job_id") == generation]
 
 
-def boundary_sample(events: Sequence[dict], generation: str, successor: str) -> dict:
+def boundary_sample(
+    events: Sequence[dict], generation: str, successor: str, ended: float | None = None
+) -> dict:
     """One time-limit boundary from the cpu trainer's progress log: the last iteration
     the generation trained, the checkpoint its successor resumed from, and when the
     successor's first step came. Steps are logged every few iterations, so where the
     generation was killed the last one logged can precede the last one trained: the
-    loss is then under-counted by less than the log interval."""
+    loss is then under-counted by less than the log interval. `ended`: when Slurm saw the
+    generation's last task end, which splits the hand-off in two."""
     ours, theirs = _of(events, generation), _of(events, successor)
     trained = [e for e in ours if e["event"] in TRAINED]
     resumed = next((e for e in theirs if e["event"] == "start"), None)
@@ -59,6 +62,8 @@ def boundary_sample(events: Sequence[dict], generation: str, successor: str) -> 
         # the last step logged (none when the checkpoint came after the last step).
         "seconds_lost": max(0.0, max(e["time"] for e in steps) - saved["time"]) if steps else 0.0,
         "handoff_s": first_step["time"] - last["time"],
+        "last_step_to_end_s": None if ended is None else ended - last["time"],
+        "end_to_first_step_s": None if ended is None else first_step["time"] - ended,
     }
 
 
@@ -88,6 +93,6 @@ def side_by_side(samples: Sequence[dict], measures: Sequence[tuple[str, str, str
     for design, who in DESIGNS:
         ours = [s for s in samples if s["design"] == design]
         for i, (key, label, unit) in enumerate(measures):
-            values = [s[key] for s in ours]
+            values = [s[key] for s in ours if s.get(key) is not None]
             metrics.append(Metric(f"{who}: {label}", values, unit=unit, indent=i > 0))
     return metrics

@@ -17,6 +17,8 @@ from bench import chains, endings
 from bench.extract import Incomplete
 from bench.harness import Harness
 from bench.report import Result
+from bench.timing import Task
+from bench.timing import generation_end as last_end
 
 NAME = "timelimit"
 TITLE = "8 time-limit boundary"
@@ -30,6 +32,11 @@ SHORT = (
 BOUNDARY_TIMEOUT_S = 300  # a generation runs into its limit (60-90 s) and the next starts
 
 
+def generation_end(tasks: list[Task]) -> float | None:
+    found = last_end(tasks)
+    return None if found is None else found[0]
+
+
 def chain(h: Harness, repeat: int, result: Result, scenario: str, *flags: str) -> list[dict]:
     work, name = h.workdir(scenario), h.job_name(scenario)
     ids = h.submit(work, name, *chains.FAST, *SHORT, "--mode", "train",
@@ -41,7 +48,8 @@ def chain(h: Harness, repeat: int, result: Result, scenario: str, *flags: str) -
             h.wait_event(work, f"generation {successor} to step", BOUNDARY_TIMEOUT_S, "step",
                          slurm_array_job_id=successor)  # fmt: skip
             try:
-                samples.append(endings.boundary_sample(h.progress(work), gen, successor))
+                ended = generation_end(h.wait_final([gen], 120, array_size=1))
+                samples.append(endings.boundary_sample(h.progress(work), gen, successor, ended))
             except Incomplete as exc:
                 result.notes.append(f"{scenario} boundary {gen} -> {successor} dropped: {exc}")
             h.say(f"{scenario}: {len(samples)}/{repeat} boundaries")
@@ -64,6 +72,8 @@ def finish(result: Result, floor: float | None) -> None:
             ("iterations_lost", "iterations trained and lost at the limit", "iterations"),
             ("seconds_lost", "seconds of training lost at the limit", "s"),
             ("handoff_s", "last step -> successor's first step", "s"),
+            ("last_step_to_end_s", "of which: last step -> its last task ended (Slurm)", "s"),
+            ("end_to_first_step_s", "of which: then -> successor's first step", "s"),
         ],
     )
     saved = sum(s["saved_at_limit"] for s in result.samples if s["design"] == "appliance")
