@@ -216,10 +216,25 @@ def test_slurms_term_at_the_time_limit_runs_the_teardown_at_once_with_143(tmp_pa
     assert closed["exit_code"] == "143"
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
-    """What the test left running (the stand-in srun's sleep), if anything."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
+def _signalled_generation(script, env, calls, signalling) -> tuple[int, float]:
+    """Run the batch script, call `signalling(proc)` once srun has started, and return the
+    script's exit code and how long after the signal it came. Its own process group, so
+    what the stand-in srun leaves sleeping is killed after."""
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
+        signalling(proc)
+        sent = time.monotonic()
+        return proc.wait(timeout=20), time.monotonic() - sent
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def _term_to_the_batch_step(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)  # Slurm signals the batch step's processes
 
 
 def test_slurms_term_gives_a_saving_workload_two_thirds_of_killwait(tmp_path):
@@ -227,16 +242,8 @@ def test_slurms_term_gives_a_saving_workload_two_thirds_of_killwait(tmp_path):
     # trap ran at once (143) while it saved; now the shell waits for srun's own end.
     script, work, env = _prepare(tmp_path, srun_exit=0)
     env.update(SRUN_SLEEP="60", SRUN_DRAIN="2", SRUN_TERM_EXIT="0", KILL_WAIT="9")
-    proc = subprocess.Popen(
-        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    calls = tmp_path / "calls"
-    try:
-        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
-        os.killpg(proc.pid, signal.SIGTERM)  # Slurm signals the batch step's processes
-        assert proc.wait(timeout=20) == 0  # srun's own code: it finished within the drain
-    finally:
-        _kill_group(proc)
+    code, _ = _signalled_generation(script, env, tmp_path / "calls", _term_to_the_batch_step)
+    assert code == 0  # srun's own code: it finished within the drain
     _, ledger = _outcome(tmp_path, work)
     assert ledger[-1]["exit_code"] == 0
 
@@ -246,33 +253,15 @@ def test_a_peers_shell_waits_on_slurms_term_for_its_step_to_finish(tmp_path):
     # workload that saves on TERM; Slurm's KillWait bounds the wait instead.
     script, _work, env = _prepare(tmp_path, srun_exit=0)
     env.update(SLURM_ARRAY_TASK_ID="1", SRUN_SLEEP="60", SRUN_DRAIN="2", SRUN_TERM_EXIT="0")
-    proc = subprocess.Popen(
-        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    calls = tmp_path / "calls"
-    try:
-        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
-        os.killpg(proc.pid, signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0  # srun's own code, after its 2 s
-    finally:
-        _kill_group(proc)
+    code, after = _signalled_generation(script, env, tmp_path / "calls", _term_to_the_batch_step)
+    assert (code, after >= 2) == (0, True)  # srun's own code, after its 2 s
 
 
 def test_a_term_drain_that_runs_out_leaves_the_teardown_its_third_of_killwait(tmp_path):
     script, work, env = _prepare(tmp_path, srun_exit=0)
     env.update(SRUN_SLEEP="60", SRUN_DRAIN="60", KILL_WAIT="6")  # drain: 4 s
-    proc = subprocess.Popen(
-        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    calls = tmp_path / "calls"
-    try:
-        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
-        os.killpg(proc.pid, signal.SIGTERM)
-        termed = time.monotonic()
-        assert proc.wait(timeout=20) == 143
-        assert 3 <= time.monotonic() - termed < 6
-    finally:
-        _kill_group(proc)
+    code, after = _signalled_generation(script, env, tmp_path / "calls", _term_to_the_batch_step)
+    assert code == 143 and 3 <= after < 6
     _, ledger = _outcome(tmp_path, work)
     assert (ledger[-1]["exit_code"], ledger[-1]["action"]) == (143, "released_spares")
 
@@ -280,18 +269,14 @@ def test_a_term_drain_that_runs_out_leaves_the_teardown_its_third_of_killwait(tm
 def test_the_time_limit_signal_writes_the_notice_and_srun_runs_on_to_its_save(tmp_path):
     script, work, env = _prepare(tmp_path, srun_exit=0)
     env["SRUN_SLEEP"] = "3"  # the workload saves and ends on its own after the notice
-    proc = subprocess.Popen(
-        ["bash", str(script)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    calls = tmp_path / "calls"
-    try:
-        wait_until(lambda: calls.exists() and "srun" in calls.read_text(), 10, "srun to start")
+    notice = work / "nvrx/500/control/time_limit"
+
+    def near_the_limit(proc: subprocess.Popen) -> None:
         proc.send_signal(signal.SIGURG)  # Slurm's --signal=B:URG@margin, to this shell only
-        notice = work / "nvrx/500/control/time_limit"
         wait_until(notice.exists, 10, "the time-limit notice")
-        assert proc.wait(timeout=20) == 0  # the shell did not take the signal for srun's end
-    finally:
-        _kill_group(proc)
+
+    code, _ = _signalled_generation(script, env, tmp_path / "calls", near_the_limit)
+    assert code == 0  # the shell did not take the signal for srun's end
     generation, reason, _time = notice.read_text().splitlines()
     assert generation.startswith("generation=chain-1/500/")
     assert reason == "reason=Slurm: task 0 is near its time limit"
