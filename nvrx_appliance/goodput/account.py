@@ -492,12 +492,11 @@ def _parts(nodes: Sequence[NodeTime]) -> dict[str, dict[str, float]]:
 
 def _hand_offs(generations: list[GenerationAccount]) -> list[GenerationAccount]:
     """How long after each generation's training stopped the next one's began."""
-    out = []
-    for before, after in zip(generations, [*generations[1:], None], strict=True):
-        wait = None
-        if after and before.training_stopped and after.training_started:
+    out = list(generations)
+    for index, (before, after) in enumerate(itertools.pairwise(generations)):
+        if before.training_stopped and after.training_started:
             wait = after.training_started - before.training_stopped
-        out.append(dataclasses.replace(before, successor_resumed_s=wait))
+            out[index] = dataclasses.replace(before, successor_resumed_s=wait)
     return out
 
 

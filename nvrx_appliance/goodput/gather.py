@@ -79,6 +79,7 @@ def read(work_dir: Path, sacct: Sacct, *, now: float, memo: LogMemo | None = Non
         blind = (f"sacct: {exc}",)
     ledger = workdir.ledger(layout)
     ids = {a.generation for a in held or ()} | {str(e["array_job_id"]) for e in ledger}
+    ids |= _generation_dirs(layout)
     cycles = workdir.cycles(layout, sorted(ids))
     work, source = _training_record(layout, spec, cycles, memo or LogMemo())
     return Inputs(
@@ -93,6 +94,14 @@ def read(work_dir: Path, sacct: Sacct, *, now: float, memo: LogMemo | None = Non
         work_source=source,
         blind=blind,
     )
+
+
+def _generation_dirs(layout: Layout) -> set[str]:
+    """The generations that left files in the work dir, whatever Slurm remembers."""
+    try:
+        return {p.name for p in layout.generations_root.iterdir() if p.name.isdigit()}
+    except OSError:
+        return set()
 
 
 def _training_record(
