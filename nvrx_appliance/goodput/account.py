@@ -299,8 +299,10 @@ def _without_record(line: Timeline, ordered: Sequence[Cycle], why: str, tail: st
     line.add(INF, tail, "", _active(ordered[-1]))
 
 
-def _kept(saves: Sequence[Save], stop: float) -> Save | None:
-    committed = [s for s in saves if s.committed is not None and s.ended <= stop]
+def _kept(saves: Sequence[Save]) -> Save | None:
+    """The cycle's last checkpoint the tracker named: where the next start resumes. A
+    rank may finish a save a moment after NVRx has ended the cycle; it counts."""
+    committed = [s for s in saves if s.committed is not None]
     return max(committed, key=lambda s: s.iteration, default=None)
 
 
@@ -319,7 +321,7 @@ def _training(
     """One cycle from its training start to `stop`: productive up to the iteration the
     last kept checkpoint holds, the saves, then what came after it."""
     active = _active(cycle)
-    kept = _kept(work.saves, stop)
+    kept = _kept(work.saves)
     if kept is not None:
         for save in sorted(work.saves, key=lambda s: s.began):
             if save.iteration > kept.iteration:
