@@ -233,7 +233,10 @@ def _generation_timeline(
     ordered = sorted(cycles, key=lambda c: (c.attempt, c.number))
     if not ordered:
         if any(key[0] == generation for key in work):
-            reason = f"generation {generation} left no cycle-info files: its training nodes cannot be told from its spares"
+            reason = (
+                f"generation {generation} left no cycle-info files: its training nodes "
+                "cannot be told from its spares"
+            )
             line.add(INF, UNKNOWN, reason, None)
         else:
             line.add(INF, START_UP, "never reached an NVRx cycle", None)

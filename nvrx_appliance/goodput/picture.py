@@ -33,6 +33,7 @@ WIDTH, LEFT, RIGHT = 1000, 170, 20
 ROW, ROW_GAP, GENERATION_GAP = 12, 3, 14
 MAX_ROWS = 48  # beyond this, nodes that spent their time alike share one row
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
+HALO = ' stroke="#ffffff" stroke-width="3" paint-order="stroke"'  # legible over lines
 
 
 class _Axis:
@@ -114,7 +115,7 @@ def _marks(
         x = axis.x(cycle.start)
         out.append(f'<line x1="{x:.1f}" y1="{top - 2:.1f}" x2="{x:.1f}" y2="{bottom + 2:.1f}" '
                    'stroke="#212121" stroke-width="1" stroke-dasharray="2,2"/>')  # fmt: skip
-        out.append(_text(x + 2, top - 3, f"cycle {cycle.number}", 9))
+        out.append(_text(x + 2, top - 3, f"cycle {cycle.number}", 9, extra=HALO))
     for work in account.work:
         if work.generation != generation.array_job_id:
             continue
@@ -142,7 +143,7 @@ def _hand_offs(account: Account, axis: _Axis, spans: dict[str, tuple[float, floa
                    'stroke-width="1.5" fill="none" stroke-dasharray="5,3" marker-end="url(#arrow)"/>')  # fmt: skip
         seconds = after.training_started - before.training_stopped
         out.append(_text((x0 + x1) / 2 + 4, (y0 + y1) / 2 + 4, f"hand-off {summary.duration(seconds)}",
-                         10, extra=' fill="#6a1b9a"'))  # fmt: skip
+                         10, extra=HALO + ' fill="#6a1b9a"'))  # fmt: skip
     return out
 
 
@@ -202,7 +203,8 @@ def _axis_ticks(axis: _Axis, y: float) -> list[str]:
         out.append(
             f'<line x1="{x:.1f}" y1="{y:.1f}" x2="{x:.1f}" y2="{y + 4:.1f}" stroke="#757575"/>'
         )
-        out.append(_text(x, y + 15, _clock(moment), 10, "middle"))
+        anchor = "start" if k == 0 else "end" if k == count else "middle"
+        out.append(_text(x, y + 15, _clock(moment), 10, anchor))
     out.append(_text(WIDTH - RIGHT, y + 28, "UTC", 9, "end"))
     return out
 
