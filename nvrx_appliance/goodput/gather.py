@@ -10,7 +10,7 @@ through its platform), so each keeps its own rate limit and its own idea of blin
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,9 +63,17 @@ def allocations(
     return tuple(held), tuple(sorted(queued - started))
 
 
-def read(work_dir: Path, sacct: Sacct, *, now: float, memo: LogMemo | None = None) -> Inputs:
+def read(
+    work_dir: Path,
+    sacct: Sacct,
+    *,
+    now: float,
+    memo: LogMemo | None = None,
+    cycles: Mapping[str, Sequence[Cycle]] | None = None,
+) -> Inputs:
     """Everything the account needs. Raises workdir.NotFound for a work dir without a
-    run manifest; a Slurm that does not answer leaves the allocation unknown (blind)."""
+    run manifest; a Slurm that does not answer leaves the allocation unknown (blind).
+    `cycles`: the cycle-info files already read (the watcher's cache), by generation."""
     manifest = workdir.load_manifest(work_dir)
     layout, spec = Layout(work_dir), manifest["spec"]
     blind: tuple[str, ...] = ()
@@ -78,9 +86,9 @@ def read(work_dir: Path, sacct: Sacct, *, now: float, memo: LogMemo | None = Non
     except (SlurmUnavailable, ParseError) as exc:
         blind = (f"sacct: {exc}",)
     ledger = workdir.ledger(layout)
-    ids = {a.generation for a in held or ()} | {str(e["array_job_id"]) for e in ledger}
-    ids |= _generation_dirs(layout)
-    cycles = workdir.cycles(layout, sorted(ids))
+    if cycles is None:
+        ids = {a.generation for a in held or ()} | {str(e["array_job_id"]) for e in ledger}
+        cycles = workdir.cycles(layout, sorted(ids | _generation_dirs(layout)))
     work, source = _training_record(layout, spec, cycles, memo or LogMemo())
     return Inputs(
         job_name=spec["job_name"],
@@ -105,7 +113,7 @@ def _generation_dirs(layout: Layout) -> set[str]:
 
 
 def _training_record(
-    layout: Layout, spec: dict[str, Any], cycles: dict[str, list[Cycle]], memo: LogMemo
+    layout: Layout, spec: dict[str, Any], cycles: Mapping[str, Sequence[Cycle]], memo: LogMemo
 ) -> tuple[dict[Key, CycleWork], str]:
     """(the record, where it came from) or ({}, why there is none)."""
     if spec.get("workload") == "megatron":

@@ -19,7 +19,7 @@ from typing import Any
 from nvrx_appliance.goodput import gather
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.observe.types import Checkpoint
+from nvrx_appliance.observe.types import Checkpoint, Cycle
 from nvrx_appliance.observe.workdir import NotFound
 from nvrx_appliance.watch import (
     action_gate,
@@ -343,12 +343,16 @@ class Watcher:
         gauges say NaN). Only with a metrics file: it costs one more sacct a pass."""
         if not self.run.work_dir:
             return None
+        cycles: dict[str, list[Cycle]] = {}
+        for cycle in snap.cycles:  # already read (and cached) by this pass
+            cycles.setdefault(cycle.job_id, []).append(cycle)
         try:
             inputs = gather.read(
                 Path(self.run.work_dir),
                 lambda query: self.platform.allocations(self.run.owner, query),
                 now=snap.observed_at,
                 memo=self._logs,
+                cycles=cycles,
             )
         except NotFound:
             return None
