@@ -125,6 +125,9 @@ class GenerationAccount:
     training_started: float | None
     training_stopped: float | None
     successor_resumed_s: float | None  # its training's stop -> the next one's training start
+    # The tracker when it began and when it ended (the ledger): the progress it kept, the
+    # one measure of progress a script without a training record still has.
+    tracker: tuple[int | None, int | None] = (None, None)
 
 
 @dataclass(frozen=True)
@@ -471,6 +474,7 @@ def account(inputs: Inputs) -> Account:
                 training_started=facts.training_started,
                 training_stopped=facts.training_stopped,
                 successor_resumed_s=None,
+                tracker=_tracker(ledger.get(generation, {})),
             )
         )
     generations = _hand_offs(generations)
@@ -498,6 +502,15 @@ def account(inputs: Inputs) -> Account:
         wall_s=_wall(generations, inputs.now),
         work=tuple(sorted(inputs.work.values(), key=lambda w: (w.started or 0, w.cycle))),
         blind=inputs.blind,
+    )
+
+
+def _tracker(entry: Mapping) -> tuple[int | None, int | None]:
+    def number(value: object) -> int | None:
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return number(entry.get("checkpoint_iteration_start")), number(
+        entry.get("checkpoint_iteration")
     )
 
 

@@ -79,9 +79,11 @@ def lines(account: Account) -> list[str]:
             if g.successor_resumed_s is not None
             else ""
         )
+        begun, ended = g.tracker
+        kept = f", checkpoint {begun or 0} -> {ended}" if ended is not None else ""
         out.append(
             f"  generation {g.array_job_id}: {duration(g.node_seconds)} of node time, "
-            f"{share:.0%} productive, {len(g.cycles)} cycle(s), ended: {g.ending}{resumed}"
+            f"{share:.0%} productive, {len(g.cycles)} cycle(s){kept}, ended: {g.ending}{resumed}"
         )
     for lost in account.lost:
         if lost.iterations:
@@ -94,8 +96,13 @@ def lines(account: Account) -> list[str]:
 
 
 def _basis(account: Account) -> str:
+    if not account.work:
+        return (
+            f"no training record ({account.work_source or 'none'}): progress is the tracker's "
+            "alone (each generation's checkpoint below); the time inside cycles is unknown"
+        )
     if account.step_s is None:
-        return f"training record: {account.work_source or 'none'}; no measured step time"
+        return f"training record: {account.work_source}; no measured step time"
     seen = (
         f"; iterations logged every {account.log_interval}: up to {account.log_interval - 1} "
         "more per failure may have trained unseen"
@@ -162,6 +169,8 @@ def to_json(account: Account) -> dict[str, Any]:
                 "training_started": iso_utc(g.training_started),
                 "training_stopped": iso_utc(g.training_stopped),
                 "next_generation_trained_after_s": g.successor_resumed_s,
+                "checkpoint_at_start": g.tracker[0],
+                "checkpoint_at_end": g.tracker[1],
             }
             for g in account.generations
         ],

@@ -99,7 +99,15 @@ def chain_inputs(**changes):
         "allocations": allocations,
         "cycles": cycles,
         "work": from_progress_log(events),
-        "ledger": [{"array_job_id": "10", "action": "fenced", "exit_code": None}],
+        "ledger": [
+            {
+                "array_job_id": "10",
+                "action": "fenced",
+                "exit_code": None,
+                "checkpoint_iteration_start": None,
+                "checkpoint_iteration": 100,
+            },
+        ],
         "work_source": "progress log",
     }
     return Inputs(**{**fields, **changes})
@@ -213,6 +221,9 @@ def test_a_script_without_a_progress_log_is_split_only_as_far_as_the_cycles_go()
     assert result.parts[UNKNOWN] == {why: pytest.approx(30 + 58 + 90)}
     assert result.categories[PRODUCTIVE] == 0 and result.lost == ()
     assert sum(result.categories.values()) == pytest.approx(396.0)
+    text = "\n".join(summary.lines(result))
+    assert f"no training record ({why}): progress is the tracker's alone" in text
+    assert "generation 10: " in text and ", checkpoint 0 -> 100, ended:" in text
 
 
 def test_lost_iterations_without_a_measured_step_time_are_unknown_not_free():
