@@ -165,6 +165,7 @@ def test_the_report_accounts_for_every_node_second_and_each_lost_iteration(
     picture = tmp_path / "goodput.svg"
     human = cli(cluster, "report", name, "--svg", str(picture))
     assert human.returncode == 0, human.stderr
+    (tmp_path / "report.txt").write_text(human.stdout)
     assert human.stdout.startswith(f"Goodput of chain {name}: "), human.stdout
     assert f"generation {first}: " in human.stdout and "ended: time limit" in human.stdout
     ET.parse(picture)
