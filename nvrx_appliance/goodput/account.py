@@ -78,6 +78,9 @@ class Inputs:
     cycles: Mapping[str, Sequence[Cycle]] = field(default_factory=dict)
     work: Mapping[Key, CycleWork] = field(default_factory=dict)
     ledger: Sequence[Mapping] = ()
+    # When each generation's task 0 published its rendezvous record (its mtime): the
+    # entrypoint is up, ft_launcher starts next.
+    published: Mapping[str, float] = field(default_factory=dict)
     # Where the training record came from, or why there is none.
     work_source: str = ""
     blind: tuple[str, ...] = ()
@@ -232,6 +235,7 @@ def _generation_timeline(
     running: bool,
     now: float,
     tail: str,
+    published: float | None,
 ) -> tuple[Timeline, _Facts]:
     line, facts = Timeline(), _Facts()
     ordered = sorted(cycles, key=lambda c: (c.attempt, c.number))
@@ -246,7 +250,7 @@ def _generation_timeline(
             line.add(INF, START_UP, "never reached an NVRx cycle", None)
         return line, facts
     if not has_record:
-        _without_record(line, ordered, why_no_record, tail)
+        _without_record(line, ordered, why_no_record, tail, published)
         return line, facts
     trained = [
         (c, w)
@@ -258,7 +262,7 @@ def _generation_timeline(
         line.add(INF, START_UP, "" if running else "never began training", everyone)
         return line, facts
     first_cycle, first_work = trained[0]
-    marks = [("launch and rendezvous", ordered[0].start)]
+    marks = _launch(ordered[0], published)
     if first_cycle is not ordered[0]:
         marks.append(("cycles that never trained", first_cycle.start))
     assert first_work.started is not None
@@ -294,10 +298,19 @@ def _generation_timeline(
     return line, facts
 
 
-def _without_record(line: Timeline, ordered: Sequence[Cycle], why: str, tail: str) -> None:
+def _launch(first: Cycle, published: float | None) -> list[tuple[str, float]]:
+    """Start-up until the first cycle, cut where task 0 published its record, if known."""
+    if published is None or published > first.start:
+        return [("launch and rendezvous", first.start)]
+    return [("container and entrypoint", published), ("ft_launcher and rendezvous", first.start)]
+
+
+def _without_record(
+    line: Timeline, ordered: Sequence[Cycle], why: str, tail: str, published: float | None
+) -> None:
     """The cycles alone (a script without a progress log): start-up until the first
     cycle, restarts between cycles; what happened inside a cycle is unknown."""
-    line.add(ordered[0].start, START_UP, "launch and rendezvous", _active(ordered[0]))
+    line.steps(_launch(ordered[0], published), START_UP, ordered[0].start, _active(ordered[0]))
     for index, cycle in enumerate(ordered):
         end = cycle.end if cycle.end is not None else INF
         line.add(end, UNKNOWN, why, _active(cycle))
@@ -449,6 +462,7 @@ def account(inputs: Inputs) -> Account:
             generation, inputs.cycles.get(generation, ()), inputs.work,
             has_record=has_record, why_no_record=inputs.work_source, step_s=step_s,
             running=running, now=inputs.now, tail=HAND_OFFS if successor else CHAIN_END,
+            published=inputs.published.get(generation),
         )  # fmt: skip
         lost += facts.lost
         not_yet_saved += facts.not_yet_saved

@@ -91,6 +91,7 @@ def read(
         cycles = workdir.cycles(layout, sorted(ids | _generation_dirs(layout)))
     work, source = _training_record(layout, spec, cycles, memo or LogMemo())
     return Inputs(
+        published=_published(layout, cycles),
         job_name=spec["job_name"],
         work_dir=spec["work_dir"],
         now=now,
@@ -102,6 +103,17 @@ def read(
         work_source=source,
         blind=blind,
     )
+
+
+def _published(layout: Layout, cycles: Mapping[str, Sequence[Cycle]]) -> dict[str, float]:
+    """When each generation's task 0 published its rendezvous record (its mtime)."""
+    found = {}
+    for generation in cycles:
+        try:
+            found[generation] = os.stat(layout.control_files(generation).record).st_mtime
+        except OSError:
+            continue
+    return found
 
 
 def _generation_dirs(layout: Layout) -> set[str]:

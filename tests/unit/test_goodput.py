@@ -257,3 +257,10 @@ def test_the_summary_reads_like_the_account_and_the_json_carries_every_category(
     assert math.isclose(sum(c["node_seconds"] for c in doc["categories"]), 396.0)
     assert doc["training_lost"]["iterations"] == 830
     assert doc["generations"][0]["start"].endswith("Z")
+
+
+def test_start_up_is_cut_where_task_0_published_its_rendezvous_record():
+    parts = account(chain_inputs(published={"10": T0 + 6})).parts[START_UP]
+    assert parts["container and entrypoint"] == pytest.approx(6)  # node1: 0 -> 6
+    assert parts["ft_launcher and rendezvous"] == pytest.approx(4)  # 6 -> cycle 0 at 10
+    assert parts["launch and rendezvous"] == pytest.approx(8)  # generation 11: no record
