@@ -30,7 +30,7 @@ COLOURS = {
     "unknown": "#fdd835",
 }
 WIDTH, LEFT, RIGHT = 1000, 170, 20
-ROW, ROW_GAP, GENERATION_GAP = 12, 3, 14
+ROW, ROW_GAP, GENERATION_GAP = 12, 3, 28  # the gap holds ticks, a hand-off, cycle labels
 MAX_ROWS = 48  # beyond this, nodes that spent their time alike share one row
 FONT = 'font-family="DejaVu Sans, Arial, sans-serif"'
 HALO = ' stroke="#ffffff" stroke-width="3" paint-order="stroke"'  # legible over lines
@@ -142,8 +142,10 @@ def _hand_offs(account: Account, axis: _Axis, spans: dict[str, tuple[float, floa
         out.append(f'<path d="M{x0:.1f},{y0:.1f} L{x1:.1f},{y1:.1f}" stroke="#6a1b9a" '
                    'stroke-width="1.5" fill="none" stroke-dasharray="5,3" marker-end="url(#arrow)"/>')  # fmt: skip
         seconds = after.training_started - before.training_stopped
-        out.append(_text((x0 + x1) / 2 + 4, (y0 + y1) / 2 + 4, f"hand-off {summary.duration(seconds)}",
-                         10, extra=HALO + ' fill="#6a1b9a"'))  # fmt: skip
+        # Beside where training stopped, under the old generation's checkpoint ticks: the
+        # new generation's own labels sit at its end of the arrow.
+        out.append(_text(x0 + 6, y0 + 16, f"hand-off {summary.duration(seconds)}", 10,
+                         extra=HALO + ' fill="#6a1b9a"'))  # fmt: skip
     return out
 
 
