@@ -1,7 +1,13 @@
-"""How this project writes and reads its small files (manifests, ledgers, state).
+"""How this project writes and reads its small files (manifests, ledgers, state), and
+creates its directories.
 
 Reading never blocks and never raises on bad bytes: a FIFO or a device planted where a
 file belongs is refused, and a byte that is not UTF-8 spoils only itself.
+
+Every directory this project creates is 0700, whatever the umask: under a group-writable
+umask (002) a member of the group could otherwise plant a checkpoint in `checkpoints/`
+(torch loads it with pickle: code run as the job's user) or swap the control directory
+for a symlink.
 
 Writing replaces a file by a private temp file beside it, then rename. Why each step: the temp file comes from mkstemp (O_CREAT|O_EXCL, a random name, mode
 0600), so nothing planted in the directory (a symlink at a guessable name) is ever
@@ -19,9 +25,13 @@ import tempfile
 from pathlib import Path
 
 
+class NotRegularFile(OSError):
+    """A FIFO, a device or a directory where a regular file belongs."""
+
+
 def read_text(path: str | Path, limit: int) -> str | None:
     """The first `limit` bytes of a regular file as text; None when it does not exist.
-    Raises OSError when it cannot be read or is not a regular file."""
+    Raises OSError when it cannot be read, NotRegularFile when it is not a regular file."""
     try:
         # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
@@ -29,8 +39,25 @@ def read_text(path: str | Path, limit: int) -> str | None:
         return None
     with os.fdopen(fd, "rb") as fh:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "not a regular file", str(path))
+            raise NotRegularFile(errno.EINVAL, "not a regular file", str(path))
         return fh.read(limit).decode("utf-8", errors="replace")
+
+
+def make_private_dirs(path: str | Path) -> None:
+    """Create `path` and each missing parent, every one 0700 whatever the umask. What
+    already exists is left as it is: the checks that trust a directory judge it."""
+    missing: list[Path] = []
+    here = Path(path)
+    while not os.path.lexists(here) and here != here.parent:
+        missing.append(here)
+        here = here.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, 0o700)
+        except FileExistsError:
+            continue  # another node or process made it first: theirs to have set
+        # mkdir's mode passes through the umask, which may also take the owner's bits.
+        os.chmod(directory, 0o700)
 
 
 def write_atomic(path: Path, text: str, mode: int = 0o644, *, durable: bool = True) -> None:

@@ -16,17 +16,20 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import read_text, write_atomic
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.settings import policy as mode_policy
 from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
+from nvrx_appliance.settings.megatron_rules import WANDB_RUN_ID, wandb_run_id
 from nvrx_appliance.settings.policy import Policy
 from nvrx_appliance.settings.program_argv import program_argv
 
 SCHEMA = "nvrx-appliance/run"
 # 2: the workload's program argv, computed once at submit, is in run.json.
 # 3: so is the mode's policy (settings/policy.py): the entrypoint reads it, never the mode.
-VERSION = 3
+# 4: the parallel shape (TP, PP, CP, EP, ETP, virtual stages, microbatches), who keeps
+#    checkpoints (policy.checkpoints_kept) and the chain's one W&B run (wandb).
+VERSION = 4
 
 
 class ManifestError(Exception):
@@ -46,6 +49,9 @@ class Manifest:
     # What ft_launcher runs on every rank after the interpreter (build computes it with
     # settings/program_argv.py; the entrypoint only reads it).
     workload: tuple[str, ...] = ()
+    # The chain's one W&B run ("" without --wandb-project): every generation and every
+    # in-job restart logs to it (entrypoints/env.py sets WANDB_RUN_ID, WANDB_RESUME).
+    wandb_run_id: str = ""
 
     @property
     def layout(self) -> Layout:
@@ -70,14 +76,21 @@ class Manifest:
             "policy": asdict(self.policy),
             "image": self.image,
             "workload": list(self.workload),
+            "wandb": {"run_id": self.wandb_run_id} if self.wandb_run_id else None,
         }
 
 
 def build(
-    spec: ChainSpec, *, created: str, user: str, image: dict[str, Any] | None = None
+    spec: ChainSpec,
+    *,
+    created: str,
+    user: str,
+    image: dict[str, Any] | None = None,
+    previous_wandb_run_id: str = "",
 ) -> Manifest:
-    """The run manifest of a checked spec, complete: the shape, the mode's policy and the
-    workload's argv are decided here, once."""
+    """The run manifest of a checked spec, complete: the shape, the mode's policy, the
+    workload's argv and the chain's W&B run are decided here, once. A chain resubmitted
+    into a work dir whose run.json names a W&B run continues that run."""
     layout = Layout(Path(spec.work_dir))
     shape = derive(spec)
     policy = mode_policy.decide(spec, tracker=layout.tracker, static_tracker=layout.static_tracker)
@@ -89,6 +102,7 @@ def build(
         created=created,
         user=user,
         workload=tuple(program_argv(spec, shape, policy, layout)),
+        wandb_run_id=wandb_run_id(spec, created, previous_wandb_run_id),
     )
 
 
@@ -127,6 +141,10 @@ def parse(data: Any) -> Manifest:
     workload = data.get("workload")
     if not isinstance(workload, list) or not all(isinstance(w, str) for w in workload):
         raise ManifestError("run manifest workload is not a list of arguments; resubmit")
+    wandb = data.get("wandb")
+    run_id = wandb.get("run_id") if isinstance(wandb, dict) else None
+    if wandb is not None and not (isinstance(run_id, str) and WANDB_RUN_ID.fullmatch(run_id)):
+        raise ManifestError('run manifest wandb is not {"run_id": ID}; resubmit')
     return Manifest(
         spec=spec,
         shape=shape,
@@ -137,6 +155,7 @@ def parse(data: Any) -> Manifest:
         tool_version=str(data.get("tool_version", "")),
         protocol=data["protocol"],
         workload=tuple(workload),
+        wandb_run_id=run_id or "",
     )
 
 
@@ -162,13 +181,18 @@ def trust_problem(path: Path, uid: int) -> str | None:
     return None
 
 
+# A run.json is a few kilobytes; one larger than this is not one, and reading it whole
+# would cost a reader (a cron watcher, every node's entrypoint) its memory.
+MAX_MANIFEST_BYTES = 4 << 20
+
+
 def load(path: Path) -> Manifest:
     try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ManifestError(f"run manifest {path} does not exist") from None
+        text = read_text(path, MAX_MANIFEST_BYTES)
     except OSError as exc:
         raise ManifestError(f"run manifest {path} is unreadable: {exc.strerror}") from None
+    if text is None:
+        raise ManifestError(f"run manifest {path} does not exist")
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -23,16 +23,16 @@ from nvrx_appliance.cli.options import chain_options, spec_flags
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
-from nvrx_appliance.settings.chain import derive, spec_fields
+from nvrx_appliance.settings import policy
+from nvrx_appliance.settings.chain import derive
 from nvrx_appliance.slurm import status_view
 
 SUBMIT = "nvrx-appliance submit"  # who speaks in submit's one-line failures
 
 
 def _config_rows(resolved: api.Resolution) -> list[tuple[str, Any, str]]:
-    return [
-        (f.name, getattr(resolved.spec, f.name), resolved.origins[f.name]) for f in spec_fields()
-    ]
+    # What the chain will do: a value the mode decides is shown as decided, with why.
+    return policy.config_rows(resolved.spec, resolved.origins)
 
 
 def _sbatch_env() -> dict[str, str]:

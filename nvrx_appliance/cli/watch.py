@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -16,7 +17,13 @@ import click
 from nvrx_appliance import __version__
 from nvrx_appliance.cli import help as clihelp
 from nvrx_appliance.watch import detectors, shell, target
-from nvrx_appliance.watch.config import Thresholds, env_name, thresholds_fields
+from nvrx_appliance.watch.config import (
+    Thresholds,
+    env_name,
+    reference_environment,
+    reference_key_refusal,
+    thresholds_fields,
+)
 from nvrx_appliance.watch.shell import PAGERDUTY_EVENTS_URL, SECRETS
 
 
@@ -79,6 +86,9 @@ def _read_config(ctx: click.Context, _param: Any, path: str | None) -> None:
         name = key.lstrip("-").replace("-", "_")
         if name in REFUSED_SECRET_FLAGS:
             raise click.BadParameter(f"{path}: {key}: {_refused_secret_message(name)}")
+        refusal = reference_key_refusal(name)
+        if refusal:
+            raise click.BadParameter(f"{path}: {refusal} (the reference watcher's key)")
         if name not in settable:
             raise click.BadParameter(
                 f"{path}: unknown setting {key!r}; keys are nvrx-watch's flag names "
@@ -257,7 +267,7 @@ def watch(**options: Any) -> None:
     """
     logger = shell.make_logger(options["log_file"], options["verbose"])
     try:
-        settings = shell.settings_from(options, warn=_warn)
+        settings = shell.settings_from(options, warn=_warn, environ=_environment())
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     thresholds = Thresholds(**{f.name: options[f.name] for f in thresholds_fields()})
@@ -280,6 +290,28 @@ def watch(**options: Any) -> None:
     except target.ResolveError as exc:
         raise click.UsageError(str(exc)) from None
     sys.exit(code)
+
+
+def variables(command: click.Command) -> set[str]:
+    """Every environment variable nvrx-watch reads: its options' and the secrets'."""
+    found = set(SECRETS.values())
+    for param in command.params:
+        envvar = param.envvar
+        found.update([envvar] if isinstance(envvar, str) else envvar or [])
+    return found
+
+
+def _environment() -> dict[str, str]:
+    """The environment, with the reference watcher's names read under ours; one of them
+    that cannot be honoured, or an NVRX_WATCH_* name nvrx-watch does not read, is a usage
+    error (config.reference_environment)."""
+    known = variables(click.get_current_context().command)
+    environ, notices, refusals = reference_environment(os.environ, known)
+    if refusals:
+        raise click.UsageError("; ".join(refusals))
+    for notice in notices:
+        click.echo(f"nvrx-watch: notice: {notice}", err=True)
+    return environ
 
 
 def _warn(line: str) -> None:

@@ -79,6 +79,15 @@ def foreign(text: str, ours: str) -> bool:
     return theirs is not None and not same_generation(theirs, ours)
 
 
+def names_ours(text: str, ours: str) -> bool:
+    """Does this file say, itself, that it ends our generation? A closed flag or a
+    no-restart witness is obeyed only then: one that names no generation (`{}`, or an
+    older tool's) may be another run's, left under a reused array job id, and obeying it
+    would end a new generation that is healthy. Every writer names the generation."""
+    theirs = named_generation(text)
+    return theirs is not None and same_generation(theirs, ours)
+
+
 class RecordError(ValueError):
     """The rendezvous record cannot be trusted; the message says why, in one line."""
 

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from nvrx_appliance.entrypoints import control, gate
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.layout import ControlFiles
 
 
@@ -31,7 +31,7 @@ def _dir_seen(path: Path) -> gate.DirSeen:
 
 def prepare(path: Path, uid: int) -> None:
     """Create the directory owner-only (whoever comes first), then refuse it unless it is."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     with contextlib.suppress(FileExistsError):
         path.mkdir(mode=0o700)
     d = _dir_seen(path)
@@ -119,12 +119,18 @@ def observe(directory: Path, clock: Clock, generation: str) -> gate.Observation:
         closed=closed(directory, generation),
         lease_age=lease_age(directory, clock, generation),
         record=_ours(ControlFiles(directory).record, generation),
-        no_restart=_ours(ControlFiles(directory).no_restart, generation) is not None,
+        no_restart=_ends_ours(ControlFiles(directory).no_restart, generation),
     )
 
 
+def _ends_ours(path: Path, generation: str) -> bool:
+    """A closed flag or no-restart witness that names this generation (control.names_ours)."""
+    seen = read_file(path)
+    return seen is not None and seen.is_file and control.names_ours(seen.text, generation)
+
+
 def closed(directory: Path, generation: str) -> bool:
-    return _ours(ControlFiles(directory).closed, generation) is not None
+    return _ends_ours(ControlFiles(directory).closed, generation)
 
 
 def lease_holder(directory: Path, generation: str) -> dict:

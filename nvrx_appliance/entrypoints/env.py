@@ -65,6 +65,12 @@ def plan(manifest: Manifest, node: Node, inherited: Mapping[str, str]) -> EnvPla
         values["NVRX_GPUS_PER_NUMA"] = str(spec.gpus_per_numa)
     else:
         unset.append("NVRX_GPUS_PER_NUMA")
+    if manifest.wandb_run_id:
+        # W&B's own variables (wandb/env.py): Megatron's wandb.init passes neither an id
+        # nor a resume mode, so these make every generation and in-job restart log to
+        # the chain's one run; "allow" creates it the first time and resumes it after.
+        values["WANDB_RUN_ID"] = manifest.wandb_run_id
+        values["WANDB_RESUME"] = "allow"
     if manifest.policy.gpu_failure:
         values["NVRX_INJECT_GPU_FAILURE"] = manifest.policy.gpu_failure
     else:

@@ -24,7 +24,16 @@ from pathlib import Path
 from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, node_probe
+from nvrx_appliance.entrypoints import (
+    control,
+    controldir,
+    detect,
+    env,
+    gate,
+    launch,
+    node_probe,
+    retention,
+)
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.preflight import (
     Preflight,
@@ -38,7 +47,7 @@ from nvrx_appliance.entrypoints.preflight import (
     workload_argv,
 )
 from nvrx_appliance.entrypoints.supervise import Supervisor
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import parse_tracker
+from nvrx_appliance.observe import run_files
 
 # Every node stats the shared file system this often, waiting or training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
@@ -64,7 +73,7 @@ def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
             layout.logs,
             layout.checkpoints,
         ):
-            path.mkdir(parents=True, exist_ok=True)
+            files.make_private_dirs(path)
     except controldir.ControlDirError as exc:
         raise Refused(exitcodes.RECORD_REFUSED, str(exc)) from None
     except OSError as exc:
@@ -201,7 +210,7 @@ def checkpoint_start(manifest: run_manifest.Manifest) -> int | None:
         text = files.read_text(manifest.layout.tracker, 64)
     except OSError:
         return None
-    return parse_tracker(text) if text is not None else None
+    return run_files.tracker_value(text) if text is not None else None
 
 
 def publish(pre: Preflight, record: control.Record, directory: Path) -> controldir.LeaseKeeper:
@@ -282,6 +291,16 @@ def supervise(
         clock.remove()
 
 
+def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper | None:
+    """Task 0 keeps the newest --save-retention checkpoints when the workload does not
+    (Megatron); started here, it runs as long as the generation does."""
+    if not manifest.policy.checkpoints_kept:
+        return None
+    kept = retention.Keeper(manifest.layout.checkpoints, manifest.policy.checkpoints_kept, say)
+    kept.start()
+    return kept
+
+
 def run(manifest_path: Path | None) -> int:
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
@@ -294,11 +313,14 @@ def run(manifest_path: Path | None) -> int:
     else:
         record = gate_loop(manifest, node, pre.fabric, directory, generation(manifest, node))
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
+    kept = retention_keeper(manifest) if keeper is not None else None
     try:
         outcome = supervise(pre, record, directory, keeper)
     finally:
         if keeper is not None:
             keeper.stop()
+        if kept is not None:
+            kept.stop()
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
         try:
             controldir.mark_no_restart(directory, outcome.exit_code, record.generation)

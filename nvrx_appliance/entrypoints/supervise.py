@@ -181,6 +181,13 @@ class Supervisor:
                     self.log(f"could not read the control directory: {error}; still watching")
                     continue
             if verdict is not None:
+                # ft_launcher may have ended while the check read the file system (93
+                # among the likeliest: the same fault that ends the generation): its own
+                # code stands, or a "do not restart" would be lost with its witness.
+                ended = self.child.poll()
+                if ended is not None:
+                    self._end_leftovers(list(tree.values()))
+                    return Outcome(exit_code(ended), None)
                 self.log(verdict.message)
                 self._stop()
                 return Outcome(verdict.exit_code, verdict)

@@ -64,11 +64,17 @@ def _integer(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+# Python 3.11's int() refuses more than 4,300 digits; no run trains 10**18 iterations.
+MAX_ITERATION_DIGITS = 18
+
+
 def tracker_value(text: str) -> int | None:
     """latest_checkpointed_iteration.txt holds an iteration number (Megatron may write
-    'release' for a converted checkpoint, which carries no progress)."""
+    'release' for a converted checkpoint, which carries no progress). Anything else,
+    however it got there, is no number: never an exception in the reader."""
     value = text.strip()
-    return int(value) if value.isdecimal() else None  # not isdigit: int("²") raises
+    # isdecimal, not isdigit: "²" is a digit to isdigit, and int("²") raises.
+    return int(value) if value.isdecimal() and len(value) <= MAX_ITERATION_DIGITS else None
 
 
 def json_lines(text: str) -> list[dict[str, Any]]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import lease
-from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings import megatron_rules, parallel
 
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).
@@ -125,14 +125,52 @@ class ChainSpec:
         "File of your script's arguments, in the --megatron-args file format.",
         "NVRX_SCRIPT_ARGS",
     )
-    micro_batch: int = _opt(1, "Micro batch size per rank.", "NVRX_MICRO_BATCH")
-    global_batch: int = _opt(
-        0, "Global batch size (0: micro batch x data-parallel size).", "NVRX_GLOBAL_BATCH"
+    # The shape's sizes: 0 takes what your --megatron-args say (settings/parallel.py),
+    # else the default; a setting and a line of your arguments that disagree are refused.
+    micro_batch: int = _opt(
+        0, "Micro batch size per rank (0: your --micro-batch-size, else 1).", "NVRX_MICRO_BATCH"
     )
-    tensor_parallel: int = _opt(1, "Tensor-parallel size.", "NVRX_TP")
-    pipeline_parallel: int = _opt(1, "Pipeline-parallel size.", "NVRX_PP")
+    global_batch: int = _opt(
+        0,
+        "Global batch size (0: your --global-batch-size, else micro batch x data-parallel size).",
+        "NVRX_GLOBAL_BATCH",
+    )
+    tensor_parallel: int = _opt(
+        0, "Tensor-parallel size (0: your --tensor-model-parallel-size, else 1).", "NVRX_TP"
+    )
+    pipeline_parallel: int = _opt(
+        0, "Pipeline-parallel size (0: your --pipeline-model-parallel-size, else 1).", "NVRX_PP"
+    )
+    context_parallel: int = _opt(
+        0, "Context-parallel size (0: your --context-parallel-size, else 1).", "NVRX_CP"
+    )
+    expert_parallel: int = _opt(
+        0, "Expert-parallel size (0: your --expert-model-parallel-size, else 1).", "NVRX_EP"
+    )
+    expert_tensor_parallel: int = _opt(
+        0,
+        "Expert tensor-parallel size (0: your --expert-tensor-parallel-size, else the "
+        "tensor-parallel size).",
+        "NVRX_ETP",
+    )
+    virtual_pipeline: int = _opt(
+        0,
+        "Virtual pipeline stages per pipeline rank (0: as your arguments say, else none).",
+        "NVRX_VP",
+    )
     save_interval: int = _opt(20, "Iterations between checkpoints.", "NVRX_SAVE_INTERVAL")
-    save_retention: int = _opt(2, "Complete checkpoints kept (0 keeps all).", "NVRX_SAVE_RETENTION")
+    save_retention: int = _opt(
+        2,
+        "Newest complete checkpoints kept; older ones are removed, never the tracked one or "
+        "one being written (0 keeps all).",
+        "NVRX_SAVE_RETENTION",
+    )
+    async_save: bool = _opt(
+        True,
+        "Megatron: save checkpoints asynchronously through NVRx (torch_dist, --async-save, "
+        "a persistent worker); --no-async-save saves synchronously.",
+        "NVRX_ASYNC_SAVE",
+    )
     train_samples: int = _opt(0, "Samples to train (0: the mode's default).", "NVRX_TRAIN_SAMPLES")
     exit_duration_min: int = _opt(
         0, "Minutes after which training saves and exits (0: off).", "NVRX_EXIT_DURATION"
@@ -149,7 +187,8 @@ class ChainSpec:
     max_restarts: int = _opt(8, "In-job restarts per generation.", "NVRX_MAX_RESTARTS")
     max_no_progress_cycles: int = _opt(
         3,
-        "Cycles without checkpoint progress before NVRx exits 93 (no-restart mode uses 1).",
+        "Cycles without checkpoint progress before NVRx exits 93 (0: progress tracking "
+        "off; the no-restart demo uses 1).",
         "NVRX_MAX_NO_PROGRESS_CYCLES",
     )
     join_timeout: int = _opt(600, "Rendezvous join timeout (s).", "NVRX_JOIN_TIMEOUT")
@@ -228,17 +267,46 @@ class Shape:
     max_nodes: int  # ft_launcher --nnodes MAX
     nproc_per_node: int
     world_size: int  # ranks that train: min_nodes x nproc_per_node
-    data_parallel: int
+    # The parallel shape, from the settings and the user's arguments (settings/parallel.py).
+    tensor_parallel: int
+    pipeline_parallel: int
+    context_parallel: int
+    expert_parallel: int
+    expert_tensor_parallel: int
+    virtual_pipeline: int  # 0: no interleaving
+    data_parallel: int  # world / (TP x PP x CP), as Megatron's data_parallel_size
+    micro_batch: int
     global_batch: int
+    microbatches: int  # per step: global batch / (micro batch x data-parallel)
+
+
+# The settings that are sizes of the parallel shape (Megatron's only; parallel.SIZE_FLAGS
+# names the flag each may also be stated by, the virtual stages apart).
+PARALLEL_SETTINGS = (
+    "tensor_parallel", "pipeline_parallel", "context_parallel", "expert_parallel",
+    "expert_tensor_parallel", "virtual_pipeline",
+)  # fmt: skip
+
+
+def parallel_of(spec: ChainSpec) -> tuple[parallel.Parallel, list[parallel.Conflict]]:
+    """The run's parallel sizes and batch, and the conflicts between the settings and
+    the user's arguments. Only Megatron is split model-parallel: every other workload
+    is data-parallel over the whole world."""
+    settings = {name: getattr(spec, name) for name in parallel.SIZE_FLAGS}
+    if spec.workload != "megatron":
+        return parallel.Parallel(
+            micro_batch=spec.micro_batch or 1, global_batch=spec.global_batch
+        ), []
+    return parallel.stated(settings, spec.megatron_args, spec.virtual_pipeline)
 
 
 def derive(spec: ChainSpec) -> Shape:
     active = spec.train_tasks + spec.hot_spares
     size = active + spec.cold_spares
     world = spec.train_tasks * spec.nodes_per_task * spec.gpus_per_node
-    model_parallel = spec.tensor_parallel * spec.pipeline_parallel
-    dp = world // model_parallel if model_parallel > 0 else 0
-    gbs = spec.global_batch or spec.micro_batch * max(dp, 1)
+    p, _ = parallel_of(spec)
+    dp = p.data_parallel(world)
+    gbs = p.global_batch_for(world)
     return Shape(
         array_size=size,
         active_tasks=active,
@@ -247,8 +315,16 @@ def derive(spec: ChainSpec) -> Shape:
         max_nodes=active * spec.nodes_per_task,
         nproc_per_node=spec.gpus_per_node,
         world_size=world,
+        tensor_parallel=p.tensor,
+        pipeline_parallel=p.pipeline,
+        context_parallel=p.context,
+        expert_parallel=p.expert,
+        expert_tensor_parallel=p.expert_tensor_size,
+        virtual_pipeline=p.virtual_pipeline,
         data_parallel=dp,
+        micro_batch=p.micro_batch,
         global_batch=gbs,
+        microbatches=gbs // (p.micro_batch * p.batch_parallel(world)) if dp else 0,
     )
 
 
@@ -386,9 +462,6 @@ def check(spec: ChainSpec) -> list[Problem]:
         "nodes_per_task",
         "gpus_per_node",
         "depth",
-        "micro_batch",
-        "tensor_parallel",
-        "pipeline_parallel",
         "save_interval",
     ):
         if getattr(spec, name) < 1:
@@ -406,7 +479,9 @@ def check(spec: ChainSpec) -> list[Problem]:
         if getattr(spec, name) <= 0:
             bad(name, f"must be a positive number of seconds (got {getattr(spec, name)})")
     for name in (
+        "micro_batch",
         "global_batch",
+        *PARALLEL_SETTINGS,
         "save_retention",
         "train_samples",
         "exit_duration_min",
@@ -421,8 +496,9 @@ def check(spec: ChainSpec) -> list[Problem]:
         margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)
         if margins:
             bad("lease_stale_after", margins)
-    if spec.max_no_progress_cycles < 1:
-        bad("max_no_progress_cycles", "must be at least 1")
+    if spec.max_no_progress_cycles < 0:
+        # NVRx also reads -1 as off; one spelling here, its documented one.
+        bad("max_no_progress_cycles", "cannot be negative; 0 turns NVRx's progress tracking off")
     if not 1 <= spec.rdzv_port <= 65535:
         bad("rdzv_port", f"must be a TCP port 1-65535 (got {spec.rdzv_port})")
     if not _JOB_NAME.fullmatch(spec.job_name):
@@ -476,20 +552,11 @@ def check(spec: ChainSpec) -> list[Problem]:
         return problems  # the arithmetic below assumes sane numbers
 
     shape = derive(spec)
-    model_parallel = spec.tensor_parallel * spec.pipeline_parallel
-    if shape.world_size % model_parallel:
-        bad(
-            "tensor_parallel",
-            f"TP x PP = {model_parallel} does not divide the world of "
-            f"{shape.world_size} ranks; pick TP and PP whose product divides it",
-        )
-    elif shape.global_batch % (spec.micro_batch * shape.data_parallel):
-        bad(
-            "global_batch",
-            f"{shape.global_batch} is not divisible by micro batch x data-parallel "
-            f"size = {spec.micro_batch} x {shape.data_parallel}; use a multiple of "
-            f"{spec.micro_batch * shape.data_parallel}",
-        )
+    p, conflicts = parallel_of(spec)
+    problems += [Problem(flag(c.setting), c.message) for c in conflicts]
+    problems += [
+        Problem(flag(name), message) for name, message in parallel.problems(p, shape.world_size)
+    ]
     if faults_active(spec) and max(map(int, ranks)) >= shape.world_size:
         bad(
             "fault_ranks",
@@ -533,55 +600,23 @@ def _workload_problems(spec: ChainSpec) -> list[Problem]:
             )
     if spec.workload == "megatron":
         problems += _megatron_problems(spec)
+    else:
+        for name in PARALLEL_SETTINGS:
+            if getattr(spec, name):
+                bad(name, f"applies to --workload megatron; a {spec.workload} workload is "
+                    "data-parallel over every rank: leave it unset")  # fmt: skip
     return problems
 
 
 def _megatron_problems(spec: ChainSpec) -> list[Problem]:
-    option = flag("megatron_args")
-    problems = [
-        Problem(option, f"{user} is set by {owner}; remove it from your arguments")
-        if owner.startswith("the ")
-        else Problem(option, f"{user} conflicts with {owner}; remove it and set {owner} instead")
-        for user, owner in workload_args.owned_conflicts(spec.megatron_args)
-    ]
-    if effective_profile(spec) == "none" and not spec.megatron_args:
-        problems.append(
-            Problem(
-                flag("profile"),
-                "none passes only your arguments, and there are none: pass --megatron-args "
-                "FILE, or a demo preset (--profile small)",
-            )
-        )
-    user_iters = "--train-iters" in workload_args.flags_in(spec.megatron_args)
-    if (
-        effective_profile(spec) == "none"
-        and spec.megatron_args
-        and not (spec.train_samples or user_iters)
-    ):
-        problems.append(
-            Problem(
-                flag("train_samples"),
-                "your run needs a length (it drives the learning-rate schedule): set "
-                "--train-samples N, or --train-iters N in your arguments",
-            )
-        )
-    if user_iters and spec.train_samples:
-        problems.append(
-            Problem(
-                option,
-                "--train-iters conflicts with --train-samples; Megatron takes one of them",
-            )
-        )
-    for arg in workload_args.path_args(spec.megatron_args):
-        if not arg.path.startswith("/"):
-            problems.append(
-                Problem(
-                    option,
-                    f"{arg.flag} {arg.path}: use an absolute path (the workload does not run in "
-                    "the directory you submit from)",
-                )
-            )
-    return problems
+    run = megatron_rules.Run(
+        args=spec.megatron_args,
+        profile=effective_profile(spec),
+        train_samples=spec.train_samples,
+        save_retention=spec.save_retention,
+        async_save=spec.async_save,
+    )
+    return [Problem(flag(name), line) for name, line in megatron_rules.problems(run)]
 
 
 def spec_fields() -> list[dataclasses.Field]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from nvrx_appliance.settings import reference
 from nvrx_appliance.settings.chain import flag, spec_fields
 from nvrx_appliance.settings.resolve import seed_names
 
@@ -65,11 +66,14 @@ def _flag(field: dataclasses.Field) -> str:
 
 def _seed_names() -> str:
     names = ", ".join(f"`{seed}` (`{ours}`)" for seed, ours, _ in seed_names())
+    refused = ", ".join(f"`{name}`" for name in reference.REFUSED)
     return (
         f"\nThe reference scripts' environment names are read too, each with a one-line "
         f"notice naming this tool's: {names}. `NVRX_FAULT_TYPES` takes Megatron's kinds "
         "(`async_exc`, `sigkill`, `lock_gil`) as well, and `NVRX_DRY_RUN=1` makes `submit` "
-        "a dry run."
+        f"a dry run. {refused} have no setting here and are refused, naming what to use "
+        "instead; `NVRX_ACTIVE_TASKS` is taken only when it equals `--train-tasks` + "
+        "`--hot-spares`, and `NVRX_NO_RESTART_EXIT_CODE` only as 93 (docs/migrating.md)."
     )
 
 

@@ -3,18 +3,19 @@ the user's. Pure.
 
 The appliance always sets what the chain depends on (workload_args.OWNED_MEGATRON_FLAGS):
 NVRx's section API (--enable-ft-package), checkpoints saved to and resumed from the work
-directory's checkpoints/ (whose tracker NVRx and the chain read), the parallel and batch
-shape the chain was validated for, and the demo modes' fault injector. A preset (the
-reference deployment's `small` and `8b` profiles, on mock data with NullTokenizer) follows,
-then the user's --megatron-args, last, so they override the preset. Profile `none` passes
-only the user's. Megatron needs GPUs; here its own parser checks these argvs
-(tests/unit/test_megatron_parser.py).
-"""
+directory's checkpoints/ (whose tracker NVRx and the chain read), asynchronously through
+NVRx unless --no-async-save, the parallel and batch shape the chain was validated for
+(settings/parallel.py), and the demo modes' fault injector. A preset (the reference
+deployment's `small` and `8b` profiles, on mock data with NullTokenizer) comes first, then the
+user's --megatron-args, last, so they override the preset. Profile `none` passes only
+the user's. Retention is not Megatron's: task 0's entrypoint keeps the newest
+--save-retention checkpoints (entrypoints/retention.py). Megatron needs GPUs; here its
+own parser checks these argvs (tests/unit/test_megatron_parser.py)."""
 
 from __future__ import annotations
 
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings import megatron_rules, parallel, workload_args
 from nvrx_appliance.settings.chain import ChainSpec, Shape, effective_profile, train_samples
 from nvrx_appliance.settings.policy import Policy
 
@@ -59,7 +60,6 @@ _DATA = [
 ]  # fmt: skip
 
 _ARCHITECTURE = [
-    "--use-mcore-models",
     "--untie-embeddings-and-output-weights",
     "--disable-bias-linear",
     "--position-embedding-type", "rope",
@@ -69,6 +69,7 @@ _ARCHITECTURE = [
     "--hidden-dropout", "0.0",
 ]  # fmt: skip
 
+# Flag and value pairs; the schedule's two sample-based lengths may give way.
 _OPTIMIZER = [
     "--lr-decay-samples", "1038336",
     "--lr-warmup-samples", "10240",
@@ -79,6 +80,9 @@ _OPTIMIZER = [
     "--clip-grad", "1.0",
     "--adam-beta1", "0.9",
     "--adam-beta2", "0.95",
+]  # fmt: skip
+
+_OPTIMIZER_SWITCHES = [
     "--bf16",
     "--use-distributed-optimizer",
     "--overlap-grad-reduce",
@@ -96,30 +100,28 @@ _LOGGING = [
     "--timing-log-option", "minmax",
 ]  # fmt: skip
 
-# Asynchronous, fully parallel torch_dist checkpoints: the save that NVRx's progress
-# tracker watches through latest_checkpointed_iteration.txt.
-_CHECKPOINT_FORMAT = [
-    "--ckpt-format", "torch_dist",
-    "--ckpt-fully-parallel-save",
+# The presets' checkpoint loading: parallel across data-parallel ranks, and a save plan
+# reused from one checkpoint to the next (the model's structure never changes in a run).
+_CHECKPOINT_SPEED = [
     "--ckpt-fully-parallel-load",
     "--ckpt-assume-constant-structure",
+]  # fmt: skip
+
+# Every Megatron run's checkpoints, unless --no-async-save: torch_dist saved in the
+# background by a persistent worker, through NVRx (the strategy Megatron takes for
+# --async-save at the pin), so a step does not wait for the file system. The tracker
+# NVRx's progress tracker and the chain read moves only once a save is complete.
+# (Megatron's --ckpt-fully-parallel-save and --use-mcore-models are deprecated no-ops
+# at the pin, so they are not passed.)
+ASYNC_SAVE = [
+    "--ckpt-format", "torch_dist",
     "--async-save",
     "--use-persistent-ckpt-worker",
 ]  # fmt: skip
 
 
-# The reference deployment's --save-retain-interval. Megatron deletes every checkpoint but the newest
-# unless its iteration is a multiple of this, and asserts it is a multiple of the save
-# interval; it has no "keep the newest N", so any retention > 0 means: the newest, plus
-# one about every 10000 iterations. Retention 0 keeps everything.
-RETAIN_EVERY = 10_000
-
-
-def retention_args(save_interval: int, retention: int) -> list[str]:
-    if not retention:
-        return []
-    every = -(-RETAIN_EVERY // save_interval) * save_interval
-    return ["--save-retain-interval", str(every)]
+def async_save_args(spec: ChainSpec) -> list[str]:
+    return list(ASYNC_SAVE) if spec.async_save else []
 
 
 def fault_args(spec: ChainSpec, policy: Policy) -> list[str]:
@@ -133,18 +135,49 @@ def fault_args(spec: ChainSpec, policy: Policy) -> list[str]:
     ]  # fmt: skip
 
 
-def preset_args(profile: str) -> list[str]:
-    """A demo preset: the reference deployment's model on mock data (none: nothing)."""
+def preset_args(profile: str, user_args: list[str]) -> list[str]:
+    """A demo preset: the reference deployment's model on mock data (none: nothing). Its
+    learning-rate schedule is in samples; it gives way where the user's arguments state
+    their own or measure the run in iterations, since Megatron refuses a mix of the two
+    units."""
     if profile == "none":
         return []
+    dropped = megatron_rules.preset_schedule_gives_way(user_args)
+    optimizer = [
+        word
+        for flag, value in zip(_OPTIMIZER[::2], _OPTIMIZER[1::2], strict=True)
+        if flag not in dropped
+        for word in (flag, value)
+    ]
+    return [*_DATA, *PROFILES[profile], *_ARCHITECTURE, *optimizer, *_OPTIMIZER_SWITCHES,
+            *_LOGGING, *_CHECKPOINT_SPEED]  # fmt: skip
+
+
+def shape_args(spec: ChainSpec, shape: Shape) -> list[str]:
+    """The parallel and batch sizes the chain was validated for (settings/parallel.py):
+    TP, PP and the batch always; CP, EP, ETP and virtual stages when they are settings
+    (a user's arguments that state them keep their own line, which agrees)."""
+    optional = [
+        ("--context-parallel-size", spec.context_parallel),
+        ("--expert-model-parallel-size", spec.expert_parallel),
+        ("--expert-tensor-parallel-size", spec.expert_tensor_parallel),
+        ("--num-virtual-stages-per-pipeline-rank", spec.virtual_pipeline),
+    ]
+    # Megatron takes a batch schedule or a global batch, never both.
+    scheduled = parallel.BATCH_SCHEDULE in workload_args.flags_in(spec.megatron_args)
+    global_batch = [] if scheduled else ["--global-batch-size", str(shape.global_batch)]
     return [
-        *_DATA, *PROFILES[profile], *_ARCHITECTURE, *_OPTIMIZER, *_LOGGING, *_CHECKPOINT_FORMAT,
+        "--tensor-model-parallel-size", str(shape.tensor_parallel),
+        "--pipeline-model-parallel-size", str(shape.pipeline_parallel),
+        *(word for flag, size in optional if size for word in (flag, str(size))),
+        "--micro-batch-size", str(shape.micro_batch),
+        *global_batch,
     ]  # fmt: skip
 
 
 def length_args(spec: ChainSpec) -> list[str]:
     """--train-samples, unless the user measures the run in iterations themselves."""
-    if "--train-iters" in workload_args.flags_in(spec.megatron_args):
+    if megatron_rules.in_iterations(spec.megatron_args):
         return []
     return ["--train-samples", str(train_samples(spec))]
 
@@ -159,17 +192,14 @@ def program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) 
         # Makes Megatron open and close NVRx's setup/step/checkpointing sections, so
         # ft_launcher's section timeouts bound them.
         "--enable-ft-package",
-        *preset_args(effective_profile(spec)),
-        "--tensor-model-parallel-size", str(spec.tensor_parallel),
-        "--pipeline-model-parallel-size", str(spec.pipeline_parallel),
-        "--micro-batch-size", str(spec.micro_batch),
-        "--global-batch-size", str(shape.global_batch),
+        *preset_args(effective_profile(spec), spec.megatron_args),
+        *shape_args(spec, shape),
         *length_args(spec),
         *exit_duration,
         "--load", checkpoints,
         "--save", checkpoints,
         "--save-interval", str(spec.save_interval),
-        *retention_args(spec.save_interval, spec.save_retention),
+        *async_save_args(spec),
         *fault_args(spec, policy),
         *spec.megatron_args,
     ]  # fmt: skip

@@ -2,18 +2,21 @@
 
 The mode (train, no-restart, handoff) switches several things at once: the iteration
 file NVRx judges progress by, how many cycles without progress it tolerates, whether
-the workload injects faults, and the GPU-failure schedule. Submit computes them here;
-the entrypoint and the workload builders read the values from run.json and never ask
-which mode they are in. Pure.
+the workload injects faults, and the GPU-failure schedule; the workload decides who
+keeps checkpoints to --save-retention. Submit computes them here; the entrypoint and
+the workload builders read the values from run.json and never ask which mode or
+workload they are in. Pure.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.settings.chain import ChainSpec, faults_active
+from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, faults_active, flag, to_dict
 
 # The hand-off demo fails task 0's node (infra rank 0) at cycles 1 and 2, after the
 # workload fault has advanced the cycle and a checkpoint exists (the reference deployment's default).
@@ -29,6 +32,9 @@ class Policy:
     max_no_progress_cycles: int  # ft_launcher's --ft-max-no-progress-cycles
     faults_active: bool  # the workload injects its faults (demo modes, when asked)
     gpu_failure: str | None  # NVRX_INJECT_GPU_FAILURE; None leaves it unset
+    # Task 0's entrypoint keeps this many newest complete checkpoints (0: it removes
+    # none). Megatron has no keep-N of its own; the cpu trainer and scripts prune theirs.
+    checkpoints_kept: int
 
 
 def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
@@ -37,10 +43,16 @@ def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
     return Policy(
         progress_file=str(static_tracker if frozen else tracker),
         progress_frozen=frozen,
-        max_no_progress_cycles=1 if frozen else spec.max_no_progress_cycles,
+        max_no_progress_cycles=_max_no_progress_cycles(spec),
         faults_active=faults_active(spec),
         gpu_failure=_gpu_failure(spec),
+        checkpoints_kept=spec.save_retention if spec.workload == "megatron" else 0,
     )
+
+
+def _max_no_progress_cycles(spec: ChainSpec) -> int:
+    """The no-restart demo needs NVRx to give up at the first cycle without progress."""
+    return 1 if spec.mode == "no-restart" else spec.max_no_progress_cycles
 
 
 def _gpu_failure(spec: ChainSpec) -> str | None:
@@ -58,6 +70,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_no_progress_cycles": (int,),
     "faults_active": (bool,),
     "gpu_failure": (str, type(None)),
+    "checkpoints_kept": (int,),
 }
 
 
@@ -70,6 +83,71 @@ def from_dict(data: Any) -> Policy:
         # bool is an int to isinstance: a count must not be true or false.
         if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
             raise ValueError(f"policy field {name!r} has the wrong type ({value!r})")
-    if data["max_no_progress_cycles"] < 1:
-        raise ValueError("policy field 'max_no_progress_cycles' must be at least 1")
+    if data["max_no_progress_cycles"] < 0:
+        raise ValueError("policy field 'max_no_progress_cycles' cannot be negative")
+    if data["checkpoints_kept"] < 0:
+        raise ValueError("policy field 'checkpoints_kept' cannot be negative")
     return Policy(**data)
+
+
+# --- what the mode does to the settings, said where a person reads them ---------------
+
+# Settings only the demo modes read: in train mode nothing is ever injected.
+DEMO_SETTINGS = ("fault_inject", "fault_ranks", "fault_delay", "fault_types", "gpu_failure")
+
+
+def overrides(spec: ChainSpec) -> dict[str, tuple[Any, str]]:
+    """Settings whose value is not what the chain will do, because its mode decides:
+    name -> (what it will do, why)."""
+    found: dict[str, tuple[Any, str]] = {}
+    if spec.fault_inject and not faults_active(spec):
+        found["fault_inject"] = (False, f"mode {spec.mode} never injects a fault")
+    cycles = _max_no_progress_cycles(spec)
+    if cycles != spec.max_no_progress_cycles:
+        found["max_no_progress_cycles"] = (
+            cycles,
+            "the no-restart demo ends the chain (exit 93) at the first cycle without progress",
+        )
+    gpu_failure = _gpu_failure(spec)
+    if gpu_failure != (spec.gpu_failure or None):  # "" is off, as None is
+        why = (
+            "the hand-off demo's schedule"
+            if spec.mode == "handoff"
+            else f"only the hand-off demo fails a node (mode {spec.mode})"
+        )
+        found["gpu_failure"] = (gpu_failure, why)
+    return found
+
+
+def unused(spec: ChainSpec, origins: Mapping[str, str]) -> list[str]:
+    """One warning for each setting the user gave (not a default) that the chain will
+    not use as given: the demo settings in train mode, and what a demo mode replaces."""
+    given = {n for n, origin in origins.items() if not origin.startswith("default")}
+    if spec.mode not in DEMO_MODES:
+        return [
+            f"{flag(name)} ({origins[name]}) applies to the demo modes only; this chain "
+            "trains (--mode train), which never injects a fault, so it is ignored"
+            for name in DEMO_SETTINGS
+            if name in given
+        ]
+    values = to_dict(spec)
+    return [
+        f"{flag(name)} {json.dumps(values[name])} ({origins[name]}) is not used: {why}; "
+        f"it will be {'off' if value is None else json.dumps(value)}"
+        for name, (value, why) in overrides(spec).items()
+        if name in given
+    ]
+
+
+def config_rows(spec: ChainSpec, origins: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+    """(setting, value, where it came from) as --print-config shows them: for a setting
+    the mode decides, what the chain will do and why, with what was given beside it."""
+    values, decided = to_dict(spec), overrides(spec)
+    rows = []
+    for name, value in values.items():
+        if name in decided:
+            will, why = decided[name]
+            rows.append((name, will, f"{why} (given {json.dumps(value)} by {origins[name]})"))
+        else:
+            rows.append((name, value, origins[name]))
+    return rows

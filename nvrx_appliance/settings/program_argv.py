@@ -30,7 +30,7 @@ def cpu_program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layo
         "--load", str(layout.checkpoints),
         "--save-interval", str(spec.save_interval),
         "--save-retention", str(spec.save_retention),
-        "--micro-batch-size", str(spec.micro_batch),
+        "--micro-batch-size", str(shape.micro_batch),
         "--global-batch-size", str(shape.global_batch),
         "--train-samples", str(train_samples(spec)),
         "--progress-log", str(layout.progress_log),

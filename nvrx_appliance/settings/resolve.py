@@ -26,7 +26,7 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the backport the wheel requires there
     import tomli as tomllib
 
-from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings import reference, workload_args
 from nvrx_appliance.settings.chain import (
     ChainSpec,
     effective_profile,
@@ -49,6 +49,7 @@ SEED_NAMES = {
     "PIPELINE_PARALLEL": "pipeline_parallel",
     "SAVE_INTERVAL": "save_interval",
     "TRAIN_SAMPLES": "train_samples",
+    "EXIT_DURATION_IN_MINS": "exit_duration_min",
 }
 # The reference deployment names fault kinds as Megatron's injector does (async_exc); ours are plainer.
 _FAULT_KIND_OF = {megatron: ours for ours, megatron in workload_args.MEGATRON_FAULT_TYPES.items()}
@@ -235,7 +236,7 @@ def seed_names() -> list[tuple[str, str, str]]:
 
 def seed_notices(resolved: Resolved, environ: Mapping[str, str]) -> list[str]:
     """One line per reference-script name that was read, naming this tool's name."""
-    notices = []
+    notices = reference.notices(resolved.spec, environ)
     for seed, ours, name in seed_names():
         if resolved.origins.get(name) == f"env {seed}":
             notices.append(f"{seed} read as {ours} ({flag(name)}); the reference scripts' name")
@@ -278,6 +279,9 @@ def resolve(
         else:
             origins[name] = "default"
     spec = ChainSpec(**values)
+    refused = reference.problems(spec, environ)
+    if refused:
+        raise SettingError("; ".join(refused))
     return _fill_implicit(Resolved(spec, origins), cwd=cwd, python=python)
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL
-from nvrx_appliance.settings import workload_args
+from nvrx_appliance.settings import megatron_paths
 from nvrx_appliance.settings.chain import (
     CONTAINER_RUNTIMES,
     ChainSpec,
@@ -58,6 +58,8 @@ class Facts:
     # The chain whose run.json is already in the work dir, and its live job ids.
     work_dir_chain: str = ""
     work_dir_chain_live: tuple[str, ...] = field(default_factory=tuple)
+    # The W&B run that run.json names, which a resubmitted chain continues.
+    work_dir_wandb_run_id: str = ""
     # Host paths the user's workload arguments need (host_checks), and whether each exists.
     host_paths: dict[str, bool] = field(default_factory=dict)
 
@@ -247,11 +249,11 @@ def host_checks(spec: ChainSpec) -> list[HostCheck]:
     """Every host-visible path the user's arguments name (pure; probe.py stats them)."""
     checks = []
     if spec.workload == "megatron":
-        for arg in workload_args.path_args(spec.megatron_args):
+        for arg in megatron_paths.path_args(spec.megatron_args):
             if not arg.path.startswith("/"):
                 continue  # chain.check refuses relative paths
             host = on_host(arg.path, spec)
-            required = tuple(on_host(p, spec) or p for p in workload_args.required_files(arg))
+            required = tuple(on_host(p, spec) or p for p in megatron_paths.required_files(arg))
             checks.append(
                 HostCheck(flag("megatron_args"), f"{arg.flag} {arg.path}", arg.path, host,
                           required if host else (), must_be_mounted=True)

@@ -1,5 +1,5 @@
-"""A user's own workload arguments: the file they are written in, what they may not say,
-and which of them name paths. Pure.
+"""A user's own workload arguments: the file they are written in, and what they may not
+say. Pure.
 
 Read at submit (so bad input is refused before anything is written) and by the Megatron
 argv builder (so the arguments the appliance owns are set in one place). The option
@@ -10,52 +10,48 @@ by tests/unit/test_megatron_parser.py, aliases included.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 
-# Megatron flags the appliance sets itself, and what the user sets instead. A user
-# argument naming one of these is refused at submit: argparse keeps the last value, so a
-# user's --save would silently move checkpoints away from the tracker the chain reads.
+# Megatron flags the appliance sets itself, each with the rest of the line that refuses
+# it in a user's arguments: argparse keeps the last value, so a user's --save would
+# silently move checkpoints away from the tracker the chain reads. (The parallel and
+# batch sizes are not here: a user's arguments may state them, settings/parallel.py.)
 OWNED_MEGATRON_FLAGS: dict[str, str] = {
-    "--save": "the appliance (checkpoints go to <work dir>/checkpoints)",
-    "--load": "the appliance (every generation resumes from <work dir>/checkpoints)",
-    "--save-interval": "--save-interval",
-    "--persistent-save-interval": "--save-interval",
-    "--save-retain-interval": "--save-retention",
-    "--enable-ft-package": "the appliance (NVRx's sections are always on)",
-    "--tensor-model-parallel-size": "--tensor-parallel",
-    "--pipeline-model-parallel-size": "--pipeline-parallel",
-    "--micro-batch-size": "--micro-batch",
-    "--global-batch-size": "--global-batch",
-    "--train-samples": "--train-samples",
-    "--exit-duration-in-mins": "--exit-duration-min",
+    "--save": "is the appliance's (checkpoints go to <work dir>/checkpoints); remove it",
+    "--load": "is the appliance's (every generation resumes from <work dir>/checkpoints); "
+    "to start from another checkpoint, use --pretrained-checkpoint DIR",
+    "--save-interval": "is a chain setting; remove it and set --save-interval",
+    "--persistent-save-interval": "is a chain setting; remove it and set --save-interval",
+    "--enable-ft-package": "is the appliance's (NVRx's sections are always on); remove it",
+    "--train-samples": "is a chain setting; remove it and set --train-samples "
+    "(or --train-iters in your arguments)",
+    "--exit-duration-in-mins": "is a chain setting; remove it and set --exit-duration-min",
 }
 # Every --fault-injector-* flag: faults are the demo modes' business (--fault-* settings).
 OWNED_MEGATRON_PREFIXES: dict[str, str] = {
-    "--fault-injector-": "the --fault-* settings (demo modes only)",
+    "--fault-injector-": "is the demo modes' (the --fault-* settings); remove it",
+}
+# Flags that break resuming in a chain: every generation and every in-job restart loads
+# the checkpoint the tracker names, and each of these drops, pins or hides what it holds.
+RESUME_BREAKING_FLAGS: dict[str, str] = {
+    "--finetune": "restarts training at iteration 0 on every resume (generations and "
+    "in-job restarts); to fine-tune, use --pretrained-checkpoint DIR alone, which Megatron "
+    "reads only while <work dir>/checkpoints holds nothing",
+    "--no-load-optim": "drops the optimizer state on every resume; remove it "
+    "(--pretrained-checkpoint DIR starts a fresh optimizer on a pretrained model)",
+    "--no-load-rng": "drops the RNG state on every resume; remove it",
+    "--no-save-optim": "saves checkpoints no generation can resume from (no optimizer "
+    "state); remove it",
+    "--ckpt-step": "pins every resume to one iteration; remove it (each generation resumes "
+    "from the tracker)",
+    "--override-ckpt-iteration": "rewrites the iteration on every resume; remove it",
+    "--yaml-cfg": "makes Megatron ignore the command line, the appliance's flags included; "
+    "put the arguments in your --megatron-args file instead",
 }
 
 # Our fault kinds as Megatron's injector names them (NVRx's shared_utils Fault enum):
 # an asynchronous exception in the training thread, SIGKILL of the rank, and a thread
 # that takes the GIL and never lets go, so the step hangs until NVRx's section timeout.
 MEGATRON_FAULT_TYPES = {"exception": "async_exc", "exit": "sigkill", "hang": "lock_gil"}
-
-# Megatron flags whose values are paths the nodes must see. "prefixes": a blend list of
-# optional weights and dataset prefixes (PREFIX.bin and PREFIX.idx); "file"/"dir": must
-# exist; "output": written by the job, so only its mount is checked.
-MEGATRON_PATH_FLAGS: dict[str, str] = {
-    "--data-path": "prefixes",
-    "--train-data-path": "prefixes",
-    "--valid-data-path": "prefixes",
-    "--test-data-path": "prefixes",
-    "--data-args-path": "file",
-    "--per-split-data-args-path": "file",
-    "--tokenizer-model": "file",
-    "--vocab-file": "file",
-    "--merge-file": "file",
-    "--pretrained-checkpoint": "dir",
-    "--data-cache-path": "output",
-    "--tensorboard-dir": "output",
-}
 
 
 class ArgsFileError(ValueError):
@@ -85,19 +81,21 @@ def flags_in(args: list[str]) -> list[str]:
     return [f for f in map(flag_of, args) if f]
 
 
-def owner_of(megatron_flag: str) -> str | None:
-    """Who sets a Megatron flag the appliance owns (None: the user may set it)."""
-    if megatron_flag in OWNED_MEGATRON_FLAGS:
-        return OWNED_MEGATRON_FLAGS[megatron_flag]
-    for prefix, owner in OWNED_MEGATRON_PREFIXES.items():
+def refusal(megatron_flag: str) -> str | None:
+    """Why a Megatron flag may not be in a user's arguments and what to use instead;
+    None: the user may set it."""
+    for table in (OWNED_MEGATRON_FLAGS, RESUME_BREAKING_FLAGS):
+        if megatron_flag in table:
+            return table[megatron_flag]
+    for prefix, why in OWNED_MEGATRON_PREFIXES.items():
         if megatron_flag.startswith(prefix):
-            return owner
+            return why
     return None
 
 
-def owned_conflicts(args: list[str]) -> list[tuple[str, str]]:
-    """(user flag, who owns it) for every owned flag in the user's arguments."""
-    return [(f, owner) for f in flags_in(args) if (owner := owner_of(f)) is not None]
+def refused(args: list[str]) -> list[str]:
+    """One line per refused flag in the user's arguments: the flag, why, and the fix."""
+    return [f"{f} {why}" for f in flags_in(args) if (why := refusal(f)) is not None]
 
 
 def values_of(args: list[str], megatron_flag: str) -> list[str]:
@@ -112,40 +110,3 @@ def values_of(args: list[str], megatron_flag: str) -> list[str]:
                     break
                 values.append(value)
     return values
-
-
-@dataclass(frozen=True)
-class PathArg:
-    flag: str
-    path: str  # as the workload sees it (inside the container)
-    kind: str  # "file", "dir", "prefix" or "output"
-
-
-def _is_weight(word: str) -> bool:
-    try:
-        float(word)
-    except ValueError:
-        return False
-    return True
-
-
-def path_args(args: list[str]) -> list[PathArg]:
-    """The paths in a user's Megatron arguments, with what must exist for each."""
-    found: list[PathArg] = []
-    for megatron_flag, kind in MEGATRON_PATH_FLAGS.items():
-        for value in values_of(args, megatron_flag):
-            if kind == "prefixes":
-                if not _is_weight(value):
-                    found.append(PathArg(megatron_flag, value, "prefix"))
-            else:
-                found.append(PathArg(megatron_flag, value, kind))
-    return found
-
-
-def required_files(arg: PathArg) -> list[str]:
-    """What must exist for a path argument to be usable (nothing for an output)."""
-    if arg.kind == "prefix":
-        return [arg.path + ".bin", arg.path + ".idx"]
-    if arg.kind in ("file", "dir"):
-        return [arg.path]
-    return []

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from nvrx_appliance.files import read_text
 from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
 from nvrx_appliance.layout import Layout
@@ -18,20 +21,41 @@ from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.settings.resolve import HOST_PYTHON_RUNTIMES
 from nvrx_appliance.settings.validate import Facts, host_checks, is_image_file
 
+MAX_JSON_BYTES = 4 << 20  # run.json, a qualification record: far smaller
+
 
 def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
     facts = {
-        **_work_dir(spec.work_dir),
-        **_image(spec.image),
-        **_python(spec),
-        "megatron_has_pretrain": (Path(spec.megatron_path) / "pretrain_gpt.py").is_file(),
+        **_unusable(_work_dir, spec.work_dir, "work_dir"),
+        **_unusable(_image, spec.image, "image"),
+        **_unusable(_python, spec, "python"),
+        "megatron_has_pretrain": _is_file(Path(spec.megatron_path) / "pretrain_gpt.py"),
         "host_paths": {
             path: os.path.exists(path) for check in host_checks(spec) for path in check.required
         },
     }
+    existing = _existing_run(spec.work_dir)
+    facts["work_dir_wandb_run_id"] = _wandb_run_id(existing)
     if with_slurm:
-        facts.update(_slurm(spec.job_name, _existing_chain(spec.work_dir), user))
+        facts.update(_slurm(spec.job_name, _job_name(existing), user))
     return Facts(**facts)
+
+
+def _unusable(facts: Callable[[Any], dict], value: Any, name: str) -> dict:
+    """What `facts` finds, or for a path the system cannot even look up (a component
+    longer than the file system allows, a loop of symlinks) the one line naming it."""
+    try:
+        return facts(value)
+    except OSError as exc:
+        path = exc.filename or value
+        return {f"{name}_error": f"{path} cannot be looked up ({exc.strerror})"}
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _work_dir(work_dir: str) -> dict:
@@ -90,8 +114,13 @@ def _image_manifest(path: Path) -> dict:
 def _record(image: Path) -> object:
     """The qualification record next to the image; None when absent or unreadable, which
     submit reports the same way: nothing vouches for the image."""
+    return _json_file(qualification.record_path(image))
+
+
+def _json_file(path: Path) -> Any:
+    """A small JSON file read bounded and without blocking; None when absent or bad."""
     try:
-        return json.loads(qualification.record_path(image).read_text())
+        return json.loads(read_text(path, MAX_JSON_BYTES) or "null")
     except (OSError, ValueError):
         return None
 
@@ -112,13 +141,22 @@ def _python(spec: ChainSpec) -> dict:
     return {}
 
 
-def _existing_chain(work_dir: str) -> str:
-    """The job name in a run.json already in the work dir ("" if none or unreadable)."""
+def _existing_run(work_dir: str) -> dict:
+    """The run.json already in the work dir, as decoded ({} if none or unreadable)."""
+    data = _json_file(Layout(Path(work_dir)).run_json)
+    return data if isinstance(data, dict) else {}
+
+
+def _job_name(run: dict) -> str:
     try:
-        data = json.loads(Layout(Path(work_dir)).run_json.read_text())
-        return str(data["spec"]["job_name"])
-    except (OSError, ValueError, KeyError, TypeError):
+        return str(run["spec"]["job_name"])
+    except (KeyError, TypeError):
         return ""
+
+
+def _wandb_run_id(run: dict) -> str:
+    wandb = run.get("wandb")
+    return str(wandb.get("run_id") or "") if isinstance(wandb, dict) else ""
 
 
 def _slurm(job_name: str, existing_chain: str, user: str) -> dict:
@@ -155,7 +193,7 @@ def chain_conflicts(job_name: str, existing_chain: str, user: str) -> dict:
 def recheck(spec: ChainSpec, user: str) -> Facts:
     """Submit's Slurm facts again, read under the submit lock just before queueing."""
     try:
-        found = chain_conflicts(spec.job_name, _existing_chain(spec.work_dir), user)
+        found = chain_conflicts(spec.job_name, _job_name(_existing_run(spec.work_dir)), user)
     except (slurmcli.SlurmUnavailable, slurm_output.ParseError) as exc:
         return Facts(slurm_error=str(exc))
     return Facts(**found)

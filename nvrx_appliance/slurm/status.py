@@ -95,6 +95,8 @@ class ChainView:
     chain_marker: bool
     image: ImageView = field(default_factory=bare_metal)
     qualify_run: QualifyRunView | None = None
+    parallelism: str = ""  # the shape submit validated, as shape_text says it
+    wandb_run_id: str = ""  # the chain's one W&B run, if it logs to W&B
     blind: tuple[str, ...] = field(default_factory=tuple)  # sources that could not be read
 
     @property
@@ -110,6 +112,25 @@ class ChainView:
             for c in g["cycles"]:
                 c["start"], c["end"] = iso_utc(c["start"]), iso_utc(c["end"])
         return doc
+
+
+def shape_text(shape: dict[str, Any]) -> str:
+    """The parallel shape from run.json in one line: how the world splits, and a step."""
+    get = shape.get
+    if get("data_parallel") is None:
+        return ""
+    sizes = [f"TP {get('tensor_parallel')}", f"PP {get('pipeline_parallel')}"]
+    if get("context_parallel", 1) != 1:
+        sizes.append(f"CP {get('context_parallel')}")
+    text = f"{get('world_size')} ranks = {' x '.join(sizes)} x DP {get('data_parallel')}"
+    if get("virtual_pipeline"):
+        text += f", {get('virtual_pipeline')} virtual stages"
+    if get("expert_parallel", 1) != 1:
+        text += f" (experts: EP {get('expert_parallel')} x ETP {get('expert_tensor_parallel')})"
+    return (
+        f"{text}; global batch {get('global_batch')} = micro {get('micro_batch')} x DP "
+        f"{get('data_parallel')} x {get('microbatches')} microbatches"
+    )
 
 
 def _ours(rows, work_dir: str):
@@ -304,5 +325,7 @@ def assemble(
         chain_marker=chain_marker,
         image=image_view(manifest),
         qualify_run=qualify_run_view(qualify_record),
+        parallelism=shape_text(shape),
+        wandb_run_id=str((manifest.get("wandb") or {}).get("run_id", "")),
         blind=tuple(blind),
     )

@@ -137,6 +137,10 @@ def render(view: ChainView) -> Group:
         f"  user {view.user}  array {view.array_spec}  work dir {view.work_dir}\n",
         f"mode: {view.mode}{'' if view.mode == 'train' else ' (demo)'}   ",
         f"workload: {view.workload}\n",
+        f"shape: {view.parallelism}\n" if view.parallelism else "",
+        f"W&B run: {view.wandb_run_id} (every generation logs to it)\n"
+        if view.wandb_run_id
+        else "",
         f"checkpoint iteration now: {_num(view.checkpoint_now)}   ",
         f"queued generations: {', '.join(view.queued) or 'none'}   ",
         f"chain marker: {'present' if view.chain_marker else 'absent'}",

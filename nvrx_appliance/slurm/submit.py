@@ -20,13 +20,14 @@ from typing import Any
 
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, Problem, flag
+from nvrx_appliance.settings import megatron_rules, policy
+from nvrx_appliance.settings.chain import ChainSpec, Problem
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
 from nvrx_appliance.slurm import probe, render, submit_lock
@@ -136,12 +137,20 @@ def plan(
     problems = judge(spec, facts, force=force)
     if problems:
         raise Refused(problems)
-    warnings += _ignored_demo_settings(resolved)
+    warnings += policy.unused(spec, resolved.origins)
+    if spec.workload == "megatron":
+        warnings += megatron_rules.notes(spec.megatron_args)
     found = _qualification_status(spec, facts)
     image = None
     if found is not None and facts.image_manifest is not None:
         image = {**facts.image_manifest, qualification_status.KEY: found.to_json()}
-    manifest = run_manifest.build(spec, created=now_iso(), user=user, image=image)
+    manifest = run_manifest.build(
+        spec,
+        created=now_iso(),
+        user=user,
+        image=image,
+        previous_wandb_run_id=facts.work_dir_wandb_run_id,
+    )
     script = render.render(manifest, template=template_text(), extra=extra)
     return Plan(
         manifest=manifest,
@@ -152,22 +161,6 @@ def plan(
         image_qualification=found,
         force=force,
     )
-
-
-# Settings that only the demo modes read: in train mode nothing is ever injected.
-DEMO_SETTINGS = ("fault_inject", "fault_ranks", "fault_delay", "fault_types", "gpu_failure")
-
-
-def _ignored_demo_settings(resolved: Resolved) -> list[str]:
-    """A fault setting the user gave for a chain that trains: say it does nothing."""
-    if resolved.spec.mode in DEMO_MODES:
-        return []
-    return [
-        f"{flag(name)} ({resolved.origins[name]}) applies to the demo modes only; "
-        "this chain trains (--mode train), which never injects a fault, so it is ignored"
-        for name in DEMO_SETTINGS
-        if resolved.origins[name] != "default"
-    ]
 
 
 def _qualification_status(
@@ -189,9 +182,9 @@ def write(plan: Plan) -> None:
     layout = plan.manifest.layout
     # Owner-only: run.json there names the code every node runs (probe.py refuses a
     # work dir others can write).
-    layout.work_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(layout.work_dir)
     # Slurm opens the --output file on the node at start: its directory must exist.
-    layout.logs.mkdir(parents=True, exist_ok=True)
+    make_private_dirs(layout.logs)
     run_manifest.save(plan.manifest)
     write_teardown(layout)  # before the script that runs it
     write_atomic(plan.script_path, plan.script, mode=0o700)

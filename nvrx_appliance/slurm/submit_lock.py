@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from nvrx_appliance.files import make_private_dirs
+
 # A submit holds the lock for its checks and its `depth` sbatch calls: seconds, or a
 # minute or two on a controller that is slow to answer. Past this, say who holds it.
 WAIT_S = 180.0
@@ -64,7 +66,7 @@ def hold(
 ) -> Iterator[None]:
     """Hold the name's and the work dir's locks; raises LockBusy after `wait_s`."""
     folder = directory or lock_dir()
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(folder)
     with contextlib.ExitStack() as held:
         for name in lock_names(job_name, work_dir):
             path = folder / name

@@ -33,6 +33,15 @@ SCANCEL_TIMEOUT_S = 20
 
 # What scancel says when a --state=PENDING filter matches nothing of an array id.
 BENIGN_SCANCEL = "Invalid job id specified"
+# Bounds on every read, so that no file can hold the teardown past KillWait or exhaust the
+# node's memory (a tracker that is a FIFO or /dev/zero, a ledger grown to gigabytes): the
+# tracker is one number; run.json and a fence claim are small; the burn guard needs only
+# the ledger's newest lines (an entry is about 400 bytes: this is ~2,500 generations).
+TRACKER_BYTES = 64
+SMALL_FILE_BYTES = 4 << 20
+LEDGER_TAIL_BYTES = 1 << 20
+# Python 3.11 refuses int() of more than 4,300 digits; no run trains 10**18 iterations.
+MAX_ITERATION_DIGITS = 18
 
 RELEASED_SPARES = "released_spares"
 CANCELLED_CHAIN = "cancelled_chain"
@@ -151,20 +160,44 @@ def chain_history(entries: List[Dict[str, Any]], chain: str) -> List[Dict[str, A
 def parse_iteration(text: str) -> Optional[int]:
     text = text.strip()
     # isdecimal, not isdigit: "²" is a digit that int() refuses.
-    return int(text) if text.isdecimal() else None
+    return int(text) if text.isdecimal() and len(text) <= MAX_ITERATION_DIGITS else None
 
 
 # --- shell --------------------------------------------------------------------------
 
 
-def _read(path: str) -> str:
-    """The file's text; "" when unreadable. A byte that is not UTF-8 spoils only its own
-    line (parse_ledger skips it), never the whole read: the burn guard needs the rest."""
+def _read(path: str, limit: int, tail: bool = False) -> str:
+    """At most `limit` bytes of a regular file, its first or (tail) its last, as text; ""
+    when it is missing, not a regular file or unreadable. Never blocks: opened with
+    O_NONBLOCK, so a FIFO in its place is seen and refused rather than waited on. A byte
+    that is not UTF-8 spoils only its own line (parse_ledger skips it), never the read."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read().decode("utf-8", errors="replace")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return ""
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            _log(f"ignoring {path}: not a regular file")
+            return ""
+        start = max(0, st.st_size - limit) if tail else 0
+        os.lseek(fd, start, os.SEEK_SET)
+        chunks = []  # type: List[bytes]
+        left = limit
+        while left > 0:
+            chunk = os.read(fd, left)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+    text = b"".join(chunks).decode("utf-8", errors="replace")
+    if start > 0:  # began inside a line: drop its end rather than parse half of it
+        text = text.partition("\n")[2]
+    return text
 
 
 def untrusted(path: str, uid: int) -> Optional[str]:
@@ -235,14 +268,14 @@ def _load_manifest(path: str) -> Dict[str, Any]:
         _log(f"ERROR: ignoring {path} ({distrust}): no burn guard for this generation")
         return {}
     try:
-        manifest = json.loads(_read(path) or "{}")
+        manifest = json.loads(_read(path, SMALL_FILE_BYTES) or "{}")
     except ValueError:
         return {}
     return manifest if isinstance(manifest, dict) else {}
 
 
 def _history(path: str, chain: str) -> List[Dict[str, Any]]:
-    ledger_text = _read(path)
+    ledger_text = _read(path, LEDGER_TAIL_BYTES, tail=True)
     entries = parse_ledger(ledger_text)
     skipped = sum(1 for line in ledger_text.splitlines() if line.strip()) - len(entries)
     if skipped:
@@ -264,7 +297,7 @@ def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
         _log(f"ERROR: ignoring the fence claim {path} ({problem})")
         return None
     try:
-        claim = json.loads(_read(path) or "null")
+        claim = json.loads(_read(path, SMALL_FILE_BYTES) or "null")
     except ValueError:
         claim = None
     return claim if isinstance(claim, dict) else None
@@ -357,7 +390,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "start": args.start,
         "end": _now(),
         "exit_code": args.exit_code,
-        "checkpoint_iteration": parse_iteration(_read(args.tracker)),
+        "checkpoint_iteration": parse_iteration(_read(args.tracker, TRACKER_BYTES)),
         "checkpoint_iteration_start": parse_iteration(args.checkpoint_start),
         "chain": str(manifest.get("created", "")),
         "mode": spec.get("mode", ""),

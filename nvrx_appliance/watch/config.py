@@ -11,6 +11,7 @@ Pure: no I/O (the environment is passed in where it is read).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,89 @@ class Settings:
         return tuple(
             s for s in (self.pagerduty_routing_key, self.webhook_url, self.heartbeat_url) if s
         )
+
+
+# --- coming from the reference watcher ----------------------------------------------------
+
+# The reference watcher (NVRx's examples/fault_tolerance/deployment/watch) reads
+# NVRX_WATCH_<FIELD> for each field of its config. The fields that are not an option
+# here, by field name: each is honoured under our name or refused, never ignored
+# (paging would just stop). The rest share our names (docs/migrating.md).
+PAGERDUTY_KEY_ENV = "NVRX_WATCH_PAGERDUTY_ROUTING_KEY"
+REFERENCE_RENAMED = {"pd_routing_key": PAGERDUTY_KEY_ENV}
+NO_RESTART_EXIT_CODE = "93"
+_TRUE = ("1", "true", "yes", "on")  # how the reference reads a boolean
+
+
+def _reference_refusal(key: str, raw: str | None, name: str) -> str | None:
+    """Why the reference's `key` (set to `raw`, as `name`) cannot be taken here; None
+    when it says what nvrx-watch does anyway (raw None: a config key, always refused)."""
+    shown = name if raw is None else f"{name}={raw!r}"
+    if key == "observe_only":
+        if raw is not None and raw.strip().lower() in _TRUE:
+            return None
+        return f"{shown}: observe-only is the default here; act with --act (act = true)"
+    if key == "no_restart_exit_code":
+        if raw is not None and raw.strip() == NO_RESTART_EXIT_CODE:
+            return None
+        return (
+            f"{shown}: ft_launcher says 'do not restart' with 93 unless told "
+            "otherwise (the reference's sbatch never tells it), and chain_not_cancelled "
+            "looks for 93; drop it"
+        )
+    if key == "expect_file":
+        return (
+            f"{name}: the chain marker here is <work dir>/chain.active, which submit "
+            "writes; for a chain submit_chain.sh queued, watch it with --work-dir "
+            "<its NVRX_WORK_DIR> and create chain.active there; drop it"
+        )
+    return None
+
+
+REFERENCE_ONLY = ("pd_routing_key", "observe_only", "no_restart_exit_code", "expect_file")
+
+
+def reference_environment(
+    environ: Mapping[str, str], known: Iterable[str]
+) -> tuple[dict[str, str], list[str], list[str]]:
+    """(the environment with the reference's names read under ours, notices, refusals).
+
+    `known`: the NVRX_WATCH_* variables nvrx-watch reads. Any other NVRX_WATCH_* name is
+    refused too: a misspelt or foreign one would otherwise be ignored in silence.
+    """
+    env, notices, refusals = dict(environ), [], []
+    for key in REFERENCE_ONLY:
+        name = ENV_PREFIX + key.upper()
+        if name not in environ:
+            continue
+        raw = environ[name]
+        ours = REFERENCE_RENAMED.get(key)
+        if ours and environ.get(ours, raw) != raw:
+            refusals.append(
+                f"{name} and {ours} disagree; {name} is the reference watcher's name for "
+                f"{ours}: unset one of them"
+            )
+        elif ours:
+            env[ours] = raw
+            notices.append(f"{name} read as {ours}; the reference watcher's name")
+        elif refusal := _reference_refusal(key, raw, name):
+            refusals.append(refusal)
+        else:
+            notices.append(f"{name}={raw.strip()} is what nvrx-watch does anyway")
+    own = set(known) | {ENV_PREFIX + k.upper() for k in REFERENCE_ONLY}
+    for name in sorted(n for n in environ if n.startswith(ENV_PREFIX) and n not in own):
+        refusals.append(f"{name} is not an nvrx-watch setting; see nvrx-watch --help")
+    return env, notices, refusals
+
+
+def reference_key_refusal(key: str) -> str | None:
+    """Why a --config key the reference watcher's config had is refused here, or None
+    for a key the reference did not have."""
+    if key in REFERENCE_RENAMED:
+        return f"{key}: a secret never goes in a config file here; set {REFERENCE_RENAMED[key]}"
+    if key in REFERENCE_ONLY:
+        return _reference_refusal(key, None, key)
+    return None
 
 
 def parse_disable(raw: str, known: list[str]) -> frozenset[str]:

@@ -23,10 +23,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.files import write_atomic
+from nvrx_appliance.files import make_private_dirs, read_text, write_atomic
 from nvrx_appliance.observe.types import Checkpoint, Cycle
 
 VERSION = 1
+# The state holds timers and alert times of a few chains; a cycle cache file, one
+# generation's cycles. Anything larger is not ours to parse.
+MAX_STATE_BYTES = 16 << 20
 
 
 def default_state_file() -> str:
@@ -37,12 +40,17 @@ def chain_key(owner: str, job_name: str) -> str:
     return f"{owner}/{job_name}"
 
 
+def _read_json(path: str | Path) -> Any:
+    """A file of ours, read bounded and without blocking; None when absent or bad."""
+    try:
+        return json.loads(read_text(path, MAX_STATE_BYTES) or "null")
+    except (OSError, ValueError):
+        return None
+
+
 def load(path: str) -> dict[str, Any]:
     """The whole state file, or an empty state if it is missing, unreadable or foreign."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
+    data = _read_json(path)
     return data if isinstance(data, dict) and data.get("version") == VERSION else {}
 
 
@@ -95,7 +103,7 @@ def _locked(path: str) -> Iterator[None]:
 
 
 def _private_dir(path: Path) -> None:
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dirs(path)
 
 
 def save_chain(path: str, key: str, section: dict[str, Any], jobs: dict[str, Any]) -> None:
@@ -161,10 +169,7 @@ def load_cycle_cache(cache_dir: str) -> dict[str, Any]:
     except OSError:
         return cache
     for path in paths:
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
+        data = _read_json(path)
         if isinstance(data, dict) and _cache_rows_sane(data.get("files")):
             cache[str(data.get("directory"))] = {
                 "mtime_ns": data.get("mtime_ns"),

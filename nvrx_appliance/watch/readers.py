@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from nvrx_appliance.files import read_text
+from nvrx_appliance.files import NotRegularFile, read_text
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.types import Checkpoint, Cycle, LedgerEntry
 
@@ -159,15 +159,17 @@ def _unreadable(path: str) -> bool:
 
 
 def _parse_file(path: str, size: int) -> Cycle | None:
+    """A listed cycle-info file, read bounded and without blocking: between the listing
+    and the open it may have been replaced (a FIFO would hold the pass for hours)."""
     if size > MAX_CYCLE_BYTES:
         return None
     try:
-        with open(path, "rb") as fh:
-            return run_files.cycle_info(fh.read())
-    except FileNotFoundError:
-        return None
+        text = read_text(path, MAX_CYCLE_BYTES)
+    except NotRegularFile:
+        return None  # as the listing skips whatever is not a regular file
     except OSError as exc:
         raise ReadError(f"cannot read cycle-info file {path}: {exc.strerror}") from None
+    return None if text is None else run_files.cycle_info(text)
 
 
 def _as_row(cycle: Cycle | None) -> tuple | None:

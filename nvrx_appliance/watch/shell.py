@@ -15,21 +15,21 @@ from __future__ import annotations
 import logging
 import os
 import pwd
-import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from nvrx_appliance import files
 from nvrx_appliance.watch import detectors, persistence, sinks, target
-from nvrx_appliance.watch.config import Settings, parse_disable
+from nvrx_appliance.watch.config import PAGERDUTY_KEY_ENV, Settings, parse_disable
 from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import NullPlatform, Platform, SlurmPlatform, SlurmUnavailable
-from nvrx_appliance.watch.watcher import DEGRADED, Watcher
+from nvrx_appliance.watch.watcher import DEGRADED, StopRequest, Watcher
 
 PAGERDUTY_EVENTS_URL = "https://events.pagerduty.com/v2/enqueue"
 SECRETS = {
-    "pagerduty_routing_key": "NVRX_WATCH_PAGERDUTY_ROUTING_KEY",
+    "pagerduty_routing_key": PAGERDUTY_KEY_ENV,
     "webhook_url": "NVRX_WATCH_WEBHOOK_URL",
     "heartbeat_url": "NVRX_WATCH_HEARTBEAT_URL",
 }
@@ -39,10 +39,13 @@ def _dashed(name: str) -> str:
     return name.replace("_", "-")
 
 
-def settings_from(options: dict[str, Any], warn: Callable[[str], None]) -> Settings:
+def settings_from(
+    options: dict[str, Any], warn: Callable[[str], None], environ: Mapping[str, str]
+) -> Settings:
     """The watcher's settings from its options (flags, NVRX_WATCH_* or a --config file,
-    as click resolved them) and its secrets. Raises ValueError naming the option."""
-    secrets = {name: _secret(name, options, warn) for name in SECRETS}
+    as click resolved them) and its secrets (from `environ`, with the reference
+    watcher's names read under ours). Raises ValueError naming the option."""
+    secrets = {name: _secret(name, options, warn, environ) for name in SECRETS}
     urls = {
         "webhook URL": (secrets["webhook_url"], "NVRX_WATCH_WEBHOOK_URL or --webhook-url-file"),
         "heartbeat URL": (
@@ -88,19 +91,20 @@ def settings_from(options: dict[str, Any], warn: Callable[[str], None]) -> Setti
     )
 
 
-def _secret(name: str, options: dict[str, Any], warn: Callable[[str], None]) -> str:
+def _secret(
+    name: str, options: dict[str, Any], warn: Callable[[str], None], environ: Mapping[str, str]
+) -> str:
     """From its environment variable, else from the file its --...-file flag names."""
-    value = os.environ.get(SECRETS[name], "").strip()
+    value = environ.get(SECRETS[name], "").strip()
     path = options.get(f"{name}_file", "")
     if value or not path:
         return value
     flag = f"--{_dashed(name)}-file"
     try:
-        with open(path) as fh:
-            mode = os.fstat(fh.fileno()).st_mode
-            value = fh.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{flag}: cannot read {path}: {getattr(exc, 'strerror', exc)}") from None
+        value = (files.read_text(path, 64 << 10) or "").strip()  # bounded, never blocking
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise ValueError(f"{flag}: cannot read {path}: {exc.strerror}") from None
     if not value:
         # An empty key would turn paging off without a word.
         raise ValueError(f"{flag}: {path} is empty; put the secret in it, or drop the flag")
@@ -181,24 +185,20 @@ def watching(run: Run, slurm: bool) -> str:
 
 
 def loop(request, settings, thresholds, logger, interval: int) -> int:
-    """One pass, or a pass every `interval` seconds until TERM or INT; the last pass's
-    exit code. Raises target.ResolveError when the request names no chain."""
-    stop = {"now": False}
-
-    def _stop(signum, _frame):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
+    """One pass, or a pass every `interval` seconds until TERM or INT (a second one ends
+    even a pass stuck in a call); the last pass's exit code. Raises target.ResolveError
+    when the request names no chain."""
+    stop = StopRequest(logger)
+    stop.install()
     watcher: Watcher | None = None
     code = DEGRADED
-    while not stop["now"]:
+    while not stop.requested:
         if watcher is None or watcher.blind:
             watcher = build(request, settings, thresholds, logger)
         code = watcher.pass_once().exit_code
         if not interval:
             return code
         deadline = time.monotonic() + interval
-        while not stop["now"] and time.monotonic() < deadline:
+        while not stop.requested and time.monotonic() < deadline:
             time.sleep(min(1.0, deadline - time.monotonic()))
     return code

@@ -11,8 +11,10 @@ redacted against them.
 from __future__ import annotations
 
 import hashlib
+import http.client
 import json
 import logging
+import re
 import shlex
 import urllib.error
 import urllib.parse
@@ -36,10 +38,33 @@ class SinkError(Exception):
     """A sink could not deliver; the message is one line and holds no secret."""
 
 
+# A piece of a secret URL shorter than this is an ordinary word ("services", "ping"):
+# redacting it everywhere would garble messages without hiding a token.
+MIN_TOKEN_PIECE = 10
+
+
+def secret_pieces(secret: str) -> set[str]:
+    """The secret, and for a URL each part that may carry its token: an error can quote a
+    part alone (urllib quotes the port it could not parse, 'TOKEN@host'; a library the
+    path). The scheme and the host name stay readable: they say which service failed."""
+    pieces = {secret}
+    if "://" not in secret:
+        return pieces
+    try:
+        split = urllib.parse.urlsplit(secret)
+        host, password = split.hostname or "", split.password or ""
+    except ValueError:
+        return pieces
+    userinfo = split.netloc.rpartition("@")[0]
+    pieces |= {userinfo, password, split.path, split.query, split.fragment}
+    pieces |= {p for p in re.split(r"[/?&=#:@;]", secret) if len(p) >= MIN_TOKEN_PIECE}
+    return {p for p in pieces if p.strip("/") and p != host}
+
+
 def redact(text: str, secrets: Iterable[str]) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, "***")
+    pieces = set().union(*(secret_pieces(s) for s in secrets if s))
+    for piece in sorted(pieces, key=len, reverse=True):  # the whole before its parts
+        text = text.replace(piece, "***")
     return text
 
 
@@ -55,6 +80,13 @@ def url_problem(url: str) -> str | None:
         return "is not a URL"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "is not an http(s)://host/... URL"
+    if "@" in parts.netloc:
+        # urllib cannot send them: they end up parsed as the port, and quoted in errors.
+        return (
+            "holds a user name or password before the host (user:token@host), which "
+            "nvrx-watch cannot send; use the service's URL that carries its token in the "
+            "path or query"
+        )
     return None
 
 
@@ -86,6 +118,11 @@ def _send(
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise SinkError(redact(f"{what}: unreachable ({reason})", secrets)) from None
+    except http.client.InvalidURL as exc:  # an HTTPException, not a ValueError
+        raise SinkError(redact(f"{what}: unusable URL ({exc})", secrets)) from None
+    except http.client.HTTPException as exc:  # a reply that is not HTTP, a dropped one
+        kind = type(exc).__name__
+        raise SinkError(redact(f"{what}: bad reply ({kind}: {exc})", secrets)) from None
     except ValueError as exc:
         raise SinkError(redact(f"{what}: unusable URL ({exc})", secrets)) from None
 

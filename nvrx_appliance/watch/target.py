@@ -3,7 +3,8 @@
 Name and owner come from scontrol (sacct once the id has aged out of the controller,
 the state file once it has aged out of accounting too). The batch script's path is
 scontrol's Command=; once the id has aged out of scontrol, the Command= remembered in
-the state file, else the script sacct's SubmitLine names. The paths come from the run's
+the state file, else the script sacct's SubmitLine names, else the Command= of a
+generation of the same chain that squeue still lists. The paths come from the run's
 run.json when nvrx-appliance submitted it (the batch script lives in the work dir and
 the job runs there), and otherwise from the batch script itself, read statically.
 Flags override each piece. Nothing here writes anything.
@@ -12,7 +13,7 @@ Flags override each piece. Nothing here writes anything.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from nvrx_appliance.layout import Layout
@@ -57,15 +58,15 @@ def _identify(request: Request, platform: Platform, caller: str, known: dict) ->
         if not request.job_name and not request.work_dir and not request.cycle_info_glob:
             raise ResolveError("give a job id, or --job-name, or --work-dir with --platform none")
         return JobInfo(job_name=request.job_name, owner=caller, work_dir=request.work_dir)
-    remembered = known.get(request.job_id)
+    remembered = _remembered(known.get(request.job_id))
     try:
         info = platform.describe(request.job_id)
     except SlurmUnavailable:
-        if isinstance(remembered, dict):
-            return JobInfo(**remembered)
+        if remembered is not None:
+            return remembered
         raise
-    if info is None and isinstance(remembered, dict):
-        return JobInfo(**remembered)
+    if info is None and remembered is not None:
+        return remembered
     if info is None:
         if request.job_name:
             return JobInfo(job_name=request.job_name, owner=caller, work_dir=request.work_dir)
@@ -75,24 +76,58 @@ def _identify(request: Request, platform: Platform, caller: str, known: dict) ->
         )
     if (
         info.source == "sacct"
-        and isinstance(remembered, dict)
+        and remembered is not None
         and _same_job(remembered, info)
-        and remembered.get("command")
+        and remembered.command
     ):
         # Aged out of scontrol: its Command= from an earlier pass is exact, while sacct's
         # SubmitLine only says how the script was named when it was submitted.
-        info = replace(info, command=remembered["command"])
+        info = replace(info, command=remembered.command)
+    if info.source == "sacct" and not info.command:
+        info = _script_of_a_live_generation(platform, info)
     if request.job_name:
         info = replace(info, job_name=request.job_name)
     return info
 
 
-def _same_job(remembered: object, info: JobInfo) -> bool:
-    return (
-        isinstance(remembered, dict)
-        and remembered.get("job_name") == info.job_name
-        and remembered.get("owner") == info.owner
-    )
+def _script_of_a_live_generation(platform: Platform, info: JobInfo) -> JobInfo:
+    """The batch script of a generation of the same chain that scontrol still knows.
+
+    The id has aged out of scontrol and its SubmitLine cannot name the script (none
+    recorded, `sbatch < script`, a relative name under --chdir); but a chain's
+    generations run the same script, and a queued or running one has scontrol's
+    Command= and WorkDir=. Running ones first: they are the most likely to be current.
+    """
+    try:
+        generations = platform.generations(info.job_name, info.owner)
+    except SlurmUnavailable:
+        return info
+    for generation in sorted(generations, key=lambda g: not g.running):
+        try:
+            live = platform.describe(generation.array_job_id)
+        except SlurmUnavailable:
+            continue
+        if live is None or (live.job_name, live.owner) != (info.job_name, info.owner):
+            continue
+        if live.source == "scontrol" and live.command:
+            return replace(info, command=live.command, work_dir=info.work_dir or live.work_dir)
+    return info
+
+
+def _remembered(entry: object) -> JobInfo | None:
+    """A job id's identity as the state file remembers it; None for an entry of the wrong
+    shape. A hand edit (a key added, a value that is no string) must cost the memory of
+    one job id, never every pass: JobInfo(**entry) raised TypeError in each."""
+    if not isinstance(entry, dict):
+        return None
+    values = {f.name: entry.get(f.name, "") for f in fields(JobInfo)}
+    if not all(isinstance(v, str) for v in values.values()) or not values["job_name"]:
+        return None
+    return JobInfo(**values)
+
+
+def _same_job(remembered: JobInfo, info: JobInfo) -> bool:
+    return (remembered.job_name, remembered.owner) == (info.job_name, info.owner)
 
 
 def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:

@@ -10,6 +10,7 @@ heartbeat), 2 at least one critical finding.
 from __future__ import annotations
 
 import logging
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -69,6 +70,30 @@ class PassResult:
         if any(f.severity == CRITICAL for f in self.findings):
             return CRITICAL_EXIT
         return DEGRADED if self.degraded else CLEAN
+
+
+class StopRequest:
+    """SIGTERM and SIGINT while the watcher runs. The first lets the pass in flight finish
+    (its state, metrics and heartbeat stay whole) and ends the loop after it; a second
+    ends the process at once with 128 + the signal. A pass stuck in a call (a sink that
+    never answers) must not swallow the TERM of `timeout`, systemd or a person."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self.logger = logger
+        self.requested = False
+
+    def install(self) -> None:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: Any) -> None:
+        if self.requested:
+            raise SystemExit(128 + signum)
+        self.requested = True
+        self.logger.warning(
+            "%s: stopping after this pass (send it again to stop at once)",
+            signal.Signals(signum).name,
+        )
 
 
 @dataclass

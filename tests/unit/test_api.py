@@ -78,7 +78,7 @@ def test_a_users_megatron_arguments_go_in_as_a_list_or_as_their_file(tmp_path):
                                train_samples=1000)  # fmt: skip
     assert as_list.megatron_args == from_file.megatron_args == args
     assert as_list.profile == "none"
-    with pytest.raises(api.SettingsError, match="--save is set by the appliance"):
+    with pytest.raises(api.SettingsError, match="--save is the appliance's"):
         api.chain_spec(environ={}, work_dir="/shared/run", megatron_args=["--save", "/x"],
                        train_samples=1000)  # fmt: skip
 

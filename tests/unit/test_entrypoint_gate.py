@@ -331,3 +331,22 @@ def test_a_peers_exit_93_sends_a_late_spare_away_before_it_joins(tmp_path):
     other = control.generation(support.CHAIN, "4242", "2026-02-02T00:00:00")
     _, decision = gate.step(gate.Waiting(), _observe(directory, other), 0.0, _me(), LIMITS)
     assert not isinstance(decision, gate.Leave)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{}\n", '{"exit_code": 1}\n', "\n", '{"generation": 7}\n', "exit_code=1\n", "generation=\n"],
+)
+def test_a_closed_flag_or_witness_that_names_no_generation_ends_nothing(tmp_path, text):
+    # Left under a reused array job id by another run (or an older tool), it would end a
+    # healthy new generation: only a file that names this generation is obeyed.
+    directory = _generation_dir(tmp_path, "4242")
+    _publish(directory, record())
+    ControlFiles(directory).closed.write_text(text)
+    ControlFiles(directory).no_restart.write_text(text)
+    observed = _observe(directory)
+    assert (observed.closed, observed.no_restart) == (False, False)
+    _, decision = gate.step(gate.Waiting(), observed, 0.0, _me(), LIMITS)
+    assert decision == gate.Join(record())
+    ControlFiles(directory).closed.write_text(f"generation={record().generation}\nexit_code=1\n")
+    assert _observe(directory).closed

@@ -294,7 +294,8 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp
     try:
         launcher = ft_launcher_of(proc)
         time.sleep(1)  # it is dialing now; the flag comes later, as in the race
-        ControlFiles(directory).closed.write_text('{"exit_code": 1}\n')
+        flag = {"exit_code": 1, "generation": control.generation(support.CHAIN, "700")}
+        ControlFiles(directory).closed.write_text(json.dumps(flag) + "\n")
         flagged = time.monotonic()
         assert proc.wait(timeout=30) == exitcodes.STOPPED_BY_CLOSED_FLAG
         assert time.monotonic() - flagged <= grace + 2
@@ -476,7 +477,8 @@ def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives
     directory = node_lifecycle.make_dirs(m, peer)
     ControlFiles(directory).lease.write_text("{}\n")  # task 0 started: its age needs the clock
     if closed:
-        ControlFiles(directory).closed.write_text("{}\n")
+        flag = {"generation": control.generation(support.CHAIN, "700")}
+        ControlFiles(directory).closed.write_text(json.dumps(flag) + "\n")
     polls = []
 
     def pause(seconds):  # no wall time between polls; and no endless loop
@@ -494,3 +496,15 @@ def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives
     else:
         assert refused.value.exit_code == exitcodes.RECORD_REFUSED
         assert len(polls) == node_lifecycle.MAX_READ_FAILURES - 1
+
+
+@pytest.mark.parametrize("text", ["²\n", "7" * 5000 + "\n", "release\n"])
+def test_task_0_publishes_whatever_the_tracker_holds(tmp_path, text):
+    # "²" passes str.isdigit and int() refuses it: every generation's task 0 died
+    # publishing its lease. A tracker that is no number is "no checkpoint yet".
+    m = manifest.load(write_manifest(tmp_path))
+    m.layout.checkpoints.mkdir(parents=True)
+    m.layout.tracker.write_text(text)
+    assert node_lifecycle.checkpoint_start(m) is None
+    m.layout.tracker.write_text("40\n")
+    assert node_lifecycle.checkpoint_start(m) == 40

@@ -255,3 +255,33 @@ def test_what_ft_launcher_leaves_running_when_it_exits_is_stopped(tmp_path):
     finally:
         if not gone(pid):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_an_exit_93_during_the_control_dir_check_stands_although_the_check_says_closed(tmp_path):
+    # ft_launcher exits 93 while the check reads the control dir, and the check then finds
+    # the closed flag (task 0's flag follows its own 93): stopping the child anyway and
+    # returning 76 lost the 93, and with it the no-restart witness.
+    from nvrx_appliance.entrypoints import gate
+    from nvrx_appliance.entrypoints.supervise import Supervisor
+
+    go = tmp_path / "go"
+    child = (
+        "import os, sys, time\n"
+        f"while not os.path.exists({str(go)!r}):\n"
+        "    time.sleep(0.01)\n"
+        "sys.exit(93)\n"
+    )
+    supervisor: Supervisor
+
+    def check():
+        go.touch()  # the child exits 93 now, while this check is still "reading"
+        assert supervisor.child is not None
+        os.waitid(os.P_PID, supervisor.child.pid, os.WEXITED | os.WNOWAIT)  # not reaped
+        return gate.while_running(closed=True, lease_age=None, watch_lease=False, stale_after=60)
+
+    supervisor = Supervisor(
+        [sys.executable, "-c", child], dict(os.environ), check=check, grace=1.0, poll=1.0,
+        log=lambda line: None,
+    )  # fmt: skip
+    outcome = supervisor.run()
+    assert (outcome.exit_code, outcome.stopped) == (exitcodes.NVRX_NO_RESTART, None)

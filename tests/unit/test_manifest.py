@@ -86,6 +86,7 @@ def test_the_modes_policy_is_decided_at_submit_and_read_back_from_run_json(tmp_p
         "max_no_progress_cycles": 1,
         "faults_active": True,
         "gpu_failure": None,
+        "checkpoints_kept": 2,  # a Megatron chain: task 0 keeps its --save-retention
     }
     assert manifest.load(saved).policy.progress_file == written["progress_file"]
 

@@ -7,15 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
+from nvrx_appliance import manifest
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.times import parse_time
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import status, status_view
 from tests.unit.images import cpu_manifest
 
@@ -136,6 +139,25 @@ def test_the_table_reads_like_the_chain():
     assert "checkpoint iteration now: 60" in text
     assert "queued generations: 4251" in text
     assert "released spares" in text and "waiting for the scheduler" in text
+
+
+def test_status_shows_the_shape_submit_validated_and_the_chains_wandb_run():
+    spec = ChainSpec(work_dir=WORK, workload="megatron", train_tasks=4, gpus_per_node=8,
+                     tensor_parallel=4, context_parallel=4, global_batch=4,
+                     megatron_args=["--wandb-project", "p", "--wandb-exp-name", "x"])  # fmt: skip
+    m = manifest.build(spec, created="2026-11-30T18:00:00Z", user="alice").to_json()
+    view = status.assemble(
+        manifest={**MANIFEST, "shape": m["shape"], "wandb": m["wandb"]},
+        queue=slurm_output.squeue_tasks(SQUEUE), acct=slurm_output.sacct_rows(SACCT),
+        ledger=LEDGER, cycles={}, checkpoint_now=60, chain_marker=True, now=parse_time(NOW),
+    )  # fmt: skip
+    text = _rendered(view)
+    assert (
+        "shape: 32 ranks = TP 4 x PP 1 x CP 4 x DP 2; global batch 4 = micro 1 x DP 2 x 2 "
+        "microbatches"
+    ) in text
+    assert "W&B run: nvrx-chain-20261130180000 (every generation logs to it)" in text
+    assert view.to_json()["wandb_run_id"] == "nvrx-chain-20261130180000"
 
 
 def test_a_generation_a_peer_fenced_says_so():
@@ -351,7 +373,10 @@ def test_status_and_cancel_without_slurm_conf_name_that_as_the_cause(tmp_path, m
         assert "no job" not in result.stderr
 
 
-def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path):
+@pytest.mark.parametrize(
+    "tracker", [b"\xff12\n", b"7" * 5000 + b"\n"], ids=["not-utf8", "5000-digits"]
+)
+def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(tmp_path, tracker):
     from nvrx_appliance import manifest as run_manifest
     from nvrx_appliance.settings.chain import ChainSpec
 
@@ -363,7 +388,7 @@ def test_status_neither_hangs_on_a_fifo_nor_crashes_on_bytes_that_are_not_utf8(t
     cycles.mkdir(parents=True)
     (cycles / "cycle_info.101.0.0").write_bytes(b'{"job_id": "101", "\xff\xfe": 1}')
     m.layout.checkpoints.mkdir()
-    m.layout.tracker.write_bytes(b"\xff12\n")
+    m.layout.tracker.write_bytes(tracker)  # 5,000 digits: more than Python 3.11's int() takes
     # A separate process with a deadline: a hang must fail the test, not stall the suite.
     done = subprocess.run(
         [str(Path(sys.executable).parent / "nvrx-appliance"), "status", "odd",

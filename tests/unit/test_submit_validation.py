@@ -88,9 +88,15 @@ def test_a_sane_spec_on_a_sane_cluster_passes():
             "--global-batch: 3 is not divisible by micro batch x data-parallel size = 1 x 4",
         ),
         (
-            {"tensor_parallel": 3},
+            {"workload": "megatron", "tensor_parallel": 3},
             {},
-            "--tensor-parallel: TP x PP = 3 does not divide the world of 4 ranks",
+            "--train-tasks: a world of 4 ranks is not divisible by TP 3 x PP 1 x CP 1 = 3",
+        ),
+        (
+            {"tensor_parallel": 2},
+            {},
+            "--tensor-parallel: applies to --workload megatron; a cpu workload is "
+            "data-parallel over every rank",
         ),
         (
             {},
@@ -160,6 +166,28 @@ def test_probe_says_a_work_dir_below_a_file_cannot_be_created(tmp_path):
     (tmp_path / "file").write_text("")
     facts = probe.gather(_spec(work_dir=str(tmp_path / "file" / "run")), with_slurm=False, user="a")
     assert "cannot be created" in facts.work_dir_error
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--work-dir", "{long}/run", "File name too long"),
+        ("--image", "{long}.sqsh", "File name too long"),
+        ("--python", "{long}/bin/python", "File name too long"),
+        ("--megatron-path", "{long}", "has no pretrain_gpt.py"),
+    ],
+)
+def test_a_path_component_longer_than_the_file_system_allows_is_one_line(
+    tmp_path, option, value, said
+):
+    # 300 characters: more than NAME_MAX (255), so looking the path up raises ENAMETOOLONG,
+    # which submit's probe let out as a traceback.
+    path = value.format(long=str(tmp_path / ("a" * 300)))
+    args = ["submit", "--runtime", "bare", "--work-dir", "/shared/alice/x", option, path]
+    result = CliRunner().invoke(cli, [*args, "--dry-run"], env={"SLURM_CONF": "/nonexistent"})
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
+    mine = [line for line in result.stderr.splitlines() if f"submit: {option}: " in line]
+    assert len(mine) == 1 and said in mine[0], result.stderr
 
 
 def test_probe_refuses_a_bare_python_without_the_entrypoint_beside_it(tmp_path):

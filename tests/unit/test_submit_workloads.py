@@ -111,6 +111,20 @@ def test_print_config_shows_the_profile_none_and_where_the_arguments_came_from(t
     assert settings["megatron_args"]["value"][:2] == ["--num-layers", "24"]
 
 
+def test_print_config_derives_the_shape_from_the_users_file_as_megatron_would(tmp_path):
+    path = args_file(tmp_path, "--tensor-model-parallel-size 4\n--context-parallel-size 4\n"
+                               "--global-batch-size 4\n")  # fmt: skip
+    args = (*MEGATRON, "--train-tasks", "4", "--gpus-per-node", "8", "--megatron-args", path)
+    result = submit(tmp_path, *args, "--print-config")
+    assert result.exit_code == 0, result.output
+    derived = next(line for line in result.stdout.splitlines() if line.startswith("derived: "))
+    for part in ("world_size=32", "tensor_parallel=4", "context_parallel=4", "data_parallel=2",
+                 "global_batch=4", "microbatches=2"):  # fmt: skip
+        assert part in derived.split(", ") or f"derived: {part}" in derived, (part, derived)
+    shape = json.loads(submit(tmp_path, *args, "--print-config", "--json").stdout)["shape"]
+    assert (shape["data_parallel"], shape["microbatches"]) == (2, 2)
+
+
 def test_a_preset_keeps_its_mock_data_and_the_users_arguments_override_it(tmp_path):
     path = args_file(tmp_path, "--num-layers 2\n")
     argv = plan(tmp_path, *MEGATRON, "--profile", "small", "--megatron-args", path)["workload"]
@@ -129,16 +143,18 @@ def test_the_config_file_takes_the_arguments_as_a_list(tmp_path):
     ("line", "expected"),
     [
         (
-            "--tensor-model-parallel-size 4",
-            "--megatron-args: --tensor-model-parallel-size conflicts with --tensor-parallel; "
-            "remove it and set --tensor-parallel instead",
-        ),
-        (
             "--persistent-save-interval=100",
-            "--megatron-args: --persistent-save-interval conflicts with --save-interval",
+            "--megatron-args: --persistent-save-interval is a chain setting; remove it and "
+            "set --save-interval",
         ),
-        ("--save /elsewhere", "--megatron-args: --save is set by the appliance"),
-        ("--fault-injector-ranks 3", "--megatron-args: --fault-injector-ranks is set by the"),
+        ("--save /elsewhere", "--megatron-args: --save is the appliance's"),
+        ("--fault-injector-ranks 3", "--megatron-args: --fault-injector-ranks is the demo"),
+        (
+            "--load /lustre/base",
+            "--megatron-args: --load is the appliance's (every generation resumes from "
+            "<work dir>/checkpoints); to start from another checkpoint, use "
+            "--pretrained-checkpoint DIR",
+        ),
     ],
 )
 def test_an_argument_the_appliance_owns_is_refused_naming_both(tmp_path, line, expected):
@@ -207,6 +223,67 @@ def test_a_relative_data_path_is_refused(tmp_path):
     path = args_file(tmp_path, "--data-path corpus_text_document\n")
     lines = refusal(tmp_path, *MEGATRON, "--megatron-args", path)
     assert any("--data-path corpus_text_document: use an absolute path" in m for m in lines)
+
+
+@pytest.mark.parametrize(
+    "option",
+    ["--wandb-save-dir", "--non-persistent-global-ckpt-dir", "--non-persistent-local-ckpt-dir",
+     "--config-logger-dir", "--flight-recorder-dump-path"],
+)  # fmt: skip
+def test_an_output_path_outside_every_mount_is_refused_naming_the_mount_to_add(tmp_path, option):
+    path = args_file(tmp_path, f"{option} /scratch/run1/out\n")
+    lines = refusal(tmp_path, *MEGATRON, "--megatron-args", path)
+    assert lines[:-1] == [
+        f"nvrx-appliance submit: --megatron-args: {option} /scratch/run1/out is not under any "
+        f"container mount, so the job cannot see it; add its directory: --mounts "
+        f"{WORK}:{WORK},/scratch/run1:/scratch/run1",
+    ]
+
+
+@pytest.mark.parametrize(
+    "option", ["--heterogeneous-layers-config-path", "--te-precision-config-file"]
+)
+def test_an_input_file_must_exist_through_its_mount(tmp_path, option):
+    host = tmp_path / "configs"
+    host.mkdir()
+    mounts = ("--mounts", f"{WORK}:{WORK},{host}:/configs")
+    path = args_file(tmp_path, f"{option} /configs/model.json\n")
+    lines = refusal(tmp_path, *MEGATRON, *mounts, "--megatron-args", path)
+    assert any(
+        f"{option} /configs/model.json: {host}/model.json does not exist" in m for m in lines
+    )
+    (host / "model.json").write_text("{}")
+    assert plan(tmp_path, *MEGATRON, *mounts, "--megatron-args", path)
+
+
+def test_a_pretrained_checkpoint_must_hold_megatrons_tracker(tmp_path):
+    host = tmp_path / "base"
+    (host / "iter_0001000").mkdir(parents=True)
+    mounts = ("--mounts", f"{WORK}:{WORK},{host}:/ckpt/base")
+    path = args_file(tmp_path, "--pretrained-checkpoint /ckpt/base\n")
+    lines = refusal(tmp_path, *MEGATRON, *mounts, "--megatron-args", path)
+    assert any(f"{host}/latest_checkpointed_iteration.txt does not exist" in m for m in lines), (
+        lines
+    )
+    (host / "latest_checkpointed_iteration.txt").write_text("1000")
+    assert plan(tmp_path, *MEGATRON, *mounts, "--megatron-args", path)
+
+
+def test_a_huggingface_hub_id_is_a_tokenizer_not_a_relative_path(tmp_path):
+    hub = "--tokenizer-type HuggingFaceTokenizer\n--tokenizer-model meta-llama/Meta-Llama-3-8B\n"
+    result = submit(tmp_path, *MEGATRON, "--megatron-args", args_file(tmp_path, hub),
+                    "--dry-run", "--json")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.stderr.splitlines() if "hub id" in line]
+    assert notes == [
+        "warning: --tokenizer-model meta-llama/Meta-Llama-3-8B is a HuggingFace hub id: compute "
+        "nodes without internet access need it in a HuggingFace cache under a container mount "
+        "(HF_HOME, HF_HUB_OFFLINE=1)"
+    ]
+    # A sentencepiece model has no hub: the same words are a relative path there.
+    spm = "--tokenizer-type GPTSentencePieceTokenizer\n--tokenizer-model tokenizers/spm.model\n"
+    lines = refusal(tmp_path, *MEGATRON, "--megatron-args", args_file(tmp_path, spm))
+    assert any("--tokenizer-model tokenizers/spm.model: use an absolute path" in m for m in lines)
 
 
 # --- any PyTorch script -----------------------------------------------------------------

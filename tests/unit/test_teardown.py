@@ -382,3 +382,84 @@ def test_a_fenced_generation_whose_task_0_ends_after_all_counts_once_for_the_bur
     own = _entry(143, 5, 5, chain="c1")
     assert teardown.chain_history([fenced, own], "c1") == [own]
     assert teardown.consecutive_burnt(teardown.chain_history([fenced, own], "c1")) == 1
+
+
+# --- what the batch script and the teardown read: bounded, never blocking -----------------
+
+
+def _run_bounded(script, env, timeout=30):
+    """The generation under bash in a session of its own, killed whole if it outlives
+    `timeout` (a read that blocks on a FIFO would otherwise hold the test for ever)."""
+    proc = subprocess.Popen(
+        ["bash", str(script)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, start_new_session=True,
+    )  # fmt: skip
+    try:
+        _out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        pytest.fail(f"the generation's batch script still ran after {timeout} s")
+    return proc.returncode, err
+
+
+def _tracker(work):
+    (work / "checkpoints").mkdir(exist_ok=True)
+    return work / "checkpoints" / "latest_checkpointed_iteration.txt"
+
+
+@pytest.mark.parametrize(
+    "plant",
+    [
+        pytest.param(os.mkfifo, id="fifo"),
+        pytest.param(lambda path: path.symlink_to("/dev/zero"), id="dev-zero"),
+        pytest.param(lambda path: path.write_text("7" * 5000 + "\n"), id="5000-digits"),
+    ],
+)
+def test_a_tracker_that_is_no_number_still_gets_srun_started_and_a_ledger_entry(tmp_path, plant):
+    # A FIFO hung `cat` before srun and the teardown's read; /dev/zero ran it out of
+    # memory; 5,000 digits made int() raise on Python 3.11, so the bash fallback ran
+    # without ledger or burn guard.
+    script, work, env = _prepare(tmp_path, srun_exit=1)
+    plant(_tracker(work))
+    code, err = _run_bounded(script, env)
+    calls, ledger = _outcome(tmp_path, work)
+    assert code == 1
+    assert any(call.startswith("srun ") for call in calls)
+    assert "could not run the teardown" not in err, err
+    assert ledger[-1]["action"] == "released_spares"
+    assert ledger[-1]["checkpoint_iteration"] is None
+    assert ledger[-1]["checkpoint_iteration_start"] is None
+
+
+def test_a_ledger_of_a_gigabyte_is_read_from_its_end_within_a_small_memory(tmp_path):
+    # Read whole, a 1 GiB ledger took 24 s and 4 GB, near KillWait: the burn guard needs
+    # only the newest lines. The file is sparse (its head is zeros), so it costs no disk.
+    _, work, _ = _prepare(tmp_path, srun_exit=1)
+    earlier = {"array_job_id": "499", "exit_code": 1, "checkpoint_iteration": None,
+               "checkpoint_iteration_start": None, "chain": "chain-1"}  # fmt: skip
+    ledger = work / "chain.jsonl"
+    with ledger.open("wb") as fh:
+        fh.truncate(1 << 30)
+        fh.seek(1 << 30)
+        fh.write(b"\n" + json.dumps(earlier).encode() + b"\n")
+    budget = 256 << 20  # address space for the whole interpreter, well under the file
+
+    def limit_memory():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (budget, budget))
+
+    args = ["--exit-code", "1", "--run-json", str(work / "run.json"), "--ledger", str(ledger),
+            "--array-job-id", "500", "--job-name", "demo", "--user", "alice"]  # fmt: skip
+    bin_dir = tmp_path / "bin"
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STANDIN_LOG": str(tmp_path / "calls")}
+    done = subprocess.run(
+        ["python3", str(work / "teardown.py"), *args], env=env, capture_output=True,
+        text=True, timeout=20, preexec_fn=limit_memory,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with ledger.open("rb") as fh:
+        fh.seek(1 << 30)
+        last = json.loads(fh.read().splitlines()[-1])
+    assert (last["array_job_id"], last["action"]) == ("500", "burn_guard")

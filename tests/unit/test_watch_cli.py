@@ -15,6 +15,7 @@ from click.testing import CliRunner
 
 from nvrx_appliance import __version__, manifest
 from nvrx_appliance.cli.watch import watch
+from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.watch import detectors, persistence, target
 from nvrx_appliance.watch import shell as watch_shell
@@ -348,6 +349,65 @@ def test_a_job_id_aged_out_of_scontrol_is_read_from_the_script_sacct_names(tmp_p
     assert [c.key for c in CycleReader(run.cycle_glob).scan().cycles] == ["4343.0.0"]
 
 
+class LiveGeneration(AgingOut):
+    """The same recordings, but job 1 was submitted with --chdir and a relative script
+    name, so its SubmitLine names no script; and squeue still lists the chain's job 2
+    running, whose scontrol record (job 1's, as job 2 would print it) names the cell."""
+
+    def __init__(self, work: Path, command: Path) -> None:
+        super().__init__(work, command)
+        self.sacct = self.sacct.replace("--hold ", "--hold --chdir=/elsewhere ")
+        self.running = (
+            self.scontrol.replace("JobId=1 ", "JobId=2 ")
+            .replace("JobState=FAILED Reason=NonZeroExitCode", "JobState=RUNNING Reason=None")
+            .replace("ExitCode=93:0", "ExitCode=0:0")
+        )
+        self.squeue = (FIXTURES / "slurm" / "singleton" / "squeue.txt").read_text()
+        self.forget()
+
+    def __call__(self, argv, timeout):
+        if argv[0] == "scontrol" and argv[-1] == "2":
+            return self.running
+        if argv[0] == "squeue":
+            return self.squeue
+        return super().__call__(argv, timeout)
+
+
+def test_an_aged_out_id_whose_submit_line_names_no_script_is_read_from_a_live_generation(
+    tmp_path, monkeypatch
+):
+    work = tmp_path / "work"
+    cell = production_cell(work / "plain.sbatch", PLAIN)
+    slurm = LiveGeneration(work, cell)
+    assert "--chdir=/elsewhere" in slurm.sacct and "JobId=2 " in slurm.running
+    run = watch_once(monkeypatch, slurm, tmp_path / "state" / "state.json")
+    assert run.cycle_glob == located(cell)
+    assert run.origin.startswith(f"batch script {cell} + ")
+    assert [c.key for c in CycleReader(run.cycle_glob).scan().cycles] == ["4343.0.0"]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"job_name": "chain-a", "owner": "alice", "work_dir": "/w", "command": "",
+         "source": "state", "note": "added by hand"},
+        {"job_name": "chain-a", "owner": "alice", "work_dir": 7},
+        ["chain-a", "alice"],
+    ],
+)  # fmt: skip
+def test_a_hand_edited_state_entry_costs_its_memory_never_a_pass(entry):
+    def unreachable(argv, timeout):
+        raise SlurmUnavailable("slurmctld is not answering")
+
+    platform = SlurmPlatform(run=unreachable)
+    if "note" in entry:  # an extra key: the identity is still good
+        info = target.identify(target.Request(job_id="18"), platform, "bob", {"18": entry})
+        assert (info.job_name, info.owner, info.work_dir) == ("chain-a", "alice", "/w")
+    else:  # unusable: as if nothing were remembered
+        with pytest.raises(SlurmUnavailable):
+            target.identify(target.Request(job_id="18"), platform, "bob", {"18": entry})
+
+
 def test_a_job_id_slurm_has_forgotten_is_followed_from_the_state_file(tmp_path):
     def forgotten(argv, timeout):
         return ""  # scontrol and sacct both answer, and know nothing
@@ -417,6 +477,10 @@ def _me() -> str:
         ("NVRX_WATCH_WEBHOOK_URL", "https://hooks.example/T0KEN with space", "webhook URL"),
         ("NVRX_WATCH_HEARTBEAT_URL", "hc.example/T0KEN", "heartbeat URL"),
         ("NVRX_WATCH_PAGERDUTY_URL", "ftp://pd.example/T0KEN", "PagerDuty URL"),
+        # It passed the start-up check, then every pass crashed with the token in the
+        # traceback (http.client.InvalidURL: nonnumeric port: 'T0KEN@hb.example').
+        ("NVRX_WATCH_HEARTBEAT_URL", "https://hb:T0KEN@hb.example/ping", "user:token@host"),
+        ("NVRX_WATCH_WEBHOOK_URL", "https://T0KEN@hooks.example/x", "user:token@host"),
     ],
 )
 def test_a_malformed_sink_url_is_one_redacted_line_and_exit_2(tmp_path, variable, url, named):
@@ -589,3 +653,82 @@ def test_verbose_also_logs_each_sources_state(tmp_path):
     assert "source cycles: observed" in verbose
     assert "source slurm: not configured (--platform none)" in verbose
     assert "detectors skipped for want of a source: orphaned_generation" in verbose
+
+
+def test_a_run_json_of_gigabytes_is_not_read_whole(tmp_path):
+    # The watcher read run.json unbounded: a 2 GiB file (sparse here, so no disk) took a
+    # cron pass's memory. Bounded, it is one "ignoring" line and the pass goes on.
+    work = tmp_path / "work"
+    work.mkdir()
+    with (work / "run.json").open("wb") as fh:
+        fh.truncate(2 << 30)
+    budget = 400 << 20  # address space for the whole watcher, far below the file
+
+    def limit_memory():
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (budget, budget))
+
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", "from nvrx_appliance.cli.watch import main; main()",
+         "--platform", "none", "--work-dir", str(work),
+         "--state-file", str(tmp_path / "state" / "state.json")],
+        capture_output=True, text=True, timeout=60, preexec_fn=limit_memory,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"ignoring {work}/run.json" in done.stderr and "MemoryError" not in done.stderr
+
+
+def test_a_second_term_stops_a_pass_that_is_stuck_in_a_call(tmp_path):
+    # A pass blocked for hours (a sink that never answers; before, a FIFO) kept its own
+    # TERM handler, which swallowed `timeout`'s TERM: the first TERM lets the pass finish,
+    # the second must end the process at once.
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import threading
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen()
+    held: list[socket.socket] = []
+    accepted = threading.Event()
+
+    def hold() -> None:
+        conn, _ = silent.accept()
+        held.append(conn)  # read nothing, answer nothing
+        accepted.set()
+
+    threading.Thread(target=hold, daemon=True).start()
+    work = killed_run(tmp_path)
+    env = {
+        **os.environ,
+        "NVRX_WATCH_HEARTBEAT_URL": f"http://127.0.0.1:{silent.getsockname()[1]}/p",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from nvrx_appliance.cli.watch import main; main()",
+         "--platform", "none", "--work-dir", str(work), "--stall-seconds", "1e9",
+         "--state-file", str(tmp_path / "state" / "state.json")],
+        env=env, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    try:
+        assert accepted.wait(30), "the pass never reached the heartbeat"
+        proc.send_signal(signal.SIGTERM)
+        wait_until(
+            lambda: any("stopping after this pass" in ln for ln in lines), 10, "the first TERM"
+        )
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=5) == 128 + signal.SIGTERM  # not after the sink's 10 s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for conn in held:
+            conn.close()
+        silent.close()

@@ -385,3 +385,56 @@ def test_a_dry_run_pages_nobody_and_writes_no_state_metrics_or_heartbeat(
     assert f"dry run: would send {key} to pagerduty" in logged
     make_watcher(tmp_path, receiver.url).pass_once()  # the first real pass still pages it
     assert [b["dedup_key"] for b in receiver.bodies("/v2/enqueue")] == [key]
+
+
+class NotHttp(threading.Thread):
+    """A server that answers every connection with a line that is not HTTP."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen()
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+
+    def run(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"SSH-2.0-OpenSSH_9.2\r\n")
+
+
+def test_a_reply_that_is_not_http_is_a_redacted_sink_error_and_the_pass_goes_on(
+    tmp_path, receiver, capsys
+):
+    # http.client.BadStatusLine is an HTTPException, neither OSError nor ValueError: it
+    # escaped the sink and ended the pass.
+    server = NotHttp()
+    server.start()
+    try:
+        watcher = make_watcher(tmp_path, receiver.url, hook_url=f"{server.url}/hook/{HOOK_TOKEN}")
+        result = watcher.pass_once()
+    finally:
+        server.sock.close()
+    assert any(e.startswith("webhook: bad reply (BadStatusLine") for e in result.sink_errors)
+    assert receiver.bodies("/v2/enqueue") and result.heartbeat_sent
+    assert HOOK_TOKEN not in capsys.readouterr().err + " ".join(result.sink_errors)
+
+
+@pytest.mark.parametrize(
+    ("message", "url"),
+    [
+        ("nonnumeric port: 'T0KEN-abc@hb.example'", "https://hb:T0KEN-abc@hb.example/ping"),
+        ("404 for /hook/T0KEN-in-path-0123", "https://hooks.example/hook/T0KEN-in-path-0123"),
+        ("refused: ?key=T0KEN-in-query-0123", "https://hc.example/p?key=T0KEN-in-query-0123"),
+    ],
+)
+def test_a_message_quoting_only_a_part_of_a_secret_url_is_redacted(message, url):
+    # Redacting the whole URL missed an error that quotes its port, path or query alone.
+    redacted = sinks.redact(message, [url])
+    assert "T0KEN" not in redacted and "***" in redacted
+    assert "hb.example" in sinks.redact("hb.example: " + message, [url])  # the host stays

@@ -96,6 +96,36 @@ def test_half_written_and_foreign_files_are_skipped_never_a_crash(tmp_path):
     assert "4444.0.0" in [c.key for c in reader.scan().cycles]
 
 
+def test_a_cycle_info_file_swapped_for_a_fifo_after_the_listing_does_not_block_the_pass(
+    tmp_path, monkeypatch
+):
+    # Between the listing (a regular file) and the open, the file is replaced by a FIFO:
+    # a blocking open waited for a writer, and the pass hung for hours.
+    import threading
+
+    work = work_dir(tmp_path)
+    victim = work / "nvrx" / "4343" / "cycle_infos" / "cycle_info.4343.0.0"
+    listed = readers._files
+
+    def swap_after_listing(directory, name_pattern):
+        for name, stat in listed(directory, name_pattern):
+            if os.path.join(directory, name) == str(victim):
+                victim.unlink()
+                os.mkfifo(victim)
+            yield name, stat
+
+    monkeypatch.setattr(readers, "_files", swap_after_listing)
+    found: list = []
+    scanning = threading.Thread(target=lambda: found.append(CycleReader(pattern(work)).scan()))
+    scanning.start()
+    scanning.join(timeout=10)
+    if scanning.is_alive():  # release the blocked open, then fail
+        os.close(os.open(victim, os.O_WRONLY | os.O_NONBLOCK))
+        scanning.join(timeout=10)
+        pytest.fail("the scan blocked on a FIFO")
+    assert [c.key for c in found[0].cycles] == ["4242.0.0", "4242.0.1"]
+
+
 def test_no_cycle_info_directory_yet_is_no_cycles_not_an_error(tmp_path):
     assert CycleReader(pattern(tmp_path / "fresh")).scan().cycles == ()
 

@@ -74,26 +74,70 @@ def test_megatron_global_batch_defaults_to_micro_batch_times_data_parallel():
     assert flags(run_argv(m))["--global-batch-size"] == str(3 * 4)
 
 
-def test_megatron_checkpoints_are_async_torch_dist_in_the_work_dir():
-    m = manifest(save_interval=50)
+def test_megatron_checkpoints_are_async_through_nvrx_in_the_work_dir_for_every_profile():
+    for profile in ("small", "none"):
+        extra = {"megatron_args": ["--num-layers", "4"], "train_samples": 100}
+        m = manifest(save_interval=50, profile=profile, **(extra if profile == "none" else {}))
+        f = flags(run_argv(m))
+        assert f["--save"] == f["--load"] == str(m.layout.checkpoints)
+        assert f["--ckpt-format"] == "torch_dist"
+        assert "--async-save" in f and "--use-persistent-ckpt-worker" in f
+        assert f["--save-interval"] == "50"
+        # Deprecated no-ops at the pin: never passed.
+        assert "--ckpt-fully-parallel-save" not in f and "--use-mcore-models" not in f
+
+
+def test_no_async_save_leaves_megatrons_synchronous_default():
+    f = flags(run_argv(manifest(async_save=False)))
+    assert "--async-save" not in f and "--use-persistent-ckpt-worker" not in f
+    assert "--ckpt-format" not in f
+
+
+def test_megatrons_retention_is_kept_by_task_0_not_by_a_megatron_flag():
+    m = manifest(save_interval=20, save_retention=3)
+    assert "--save-retain-interval" not in flags(run_argv(m))
+    assert m.policy.checkpoints_kept == 3
+    # The cpu trainer keeps its own: the entrypoint removes nothing of it.
+    cpu_m = manifest(workload="cpu", save_retention=3)
+    assert cpu_m.policy.checkpoints_kept == 0
+
+
+def test_context_expert_and_virtual_sizes_are_passed_when_they_are_settings():
+    m = manifest(train_tasks=8, gpus_per_node=8, tensor_parallel=2, pipeline_parallel=4,
+                 context_parallel=2, expert_parallel=4, expert_tensor_parallel=1,
+                 virtual_pipeline=2, global_batch=64)  # fmt: skip
     f = flags(run_argv(m))
-    assert f["--save"] == f["--load"] == str(m.layout.checkpoints)
-    assert f["--ckpt-format"] == "torch_dist"
-    assert "--async-save" in f
-    assert f["--save-interval"] == "50"
+    assert f["--context-parallel-size"] == "2"
+    assert f["--expert-model-parallel-size"] == "4"
+    assert f["--expert-tensor-parallel-size"] == "1"
+    assert f["--num-virtual-stages-per-pipeline-rank"] == "2"
+    assert m.shape.data_parallel == 64 // (2 * 4 * 2)
+    unset = flags(run_argv(manifest()))
+    assert not {"--context-parallel-size", "--expert-model-parallel-size"} & set(unset)
 
 
-@pytest.mark.parametrize(("interval", "retain"), [(20, "10000"), (30, "10020"), (7, "10003")])
-def test_megatron_keeps_the_newest_checkpoint_plus_a_multiple_of_the_save_interval(
-    interval, retain
-):
-    f = flags(run_argv(manifest(save_interval=interval, save_retention=2)))
-    assert f["--save-retain-interval"] == retain
-    assert int(retain) % interval == 0
+def test_sizes_a_users_arguments_state_stay_in_their_line_and_shape_the_chain():
+    args = ["--num-layers", "4", "--tensor-model-parallel-size", "4",
+            "--context-parallel-size", "4", "--global-batch-size", "4"]  # fmt: skip
+    m = manifest(train_tasks=4, gpus_per_node=8, megatron_args=args, train_samples=100)
+    argv = run_argv(m)
+    assert m.shape.data_parallel == 2 and m.shape.global_batch == 4
+    assert argv.count("--context-parallel-size") == 1  # the user's own line, once
+    assert flags(argv[: argv.index("--num-layers")])["--tensor-model-parallel-size"] == "4"
 
 
-def test_megatron_retention_zero_keeps_every_checkpoint():
-    assert "--save-retain-interval" not in flags(run_argv(manifest(save_retention=0)))
+def test_a_presets_sample_based_schedule_gives_way_to_a_run_measured_in_iterations():
+    m = manifest(profile="small",
+                 megatron_args=["--train-iters", "2000", "--lr-decay-iters", "2000"])  # fmt: skip
+    f = flags(run_argv(m))
+    assert "--lr-decay-samples" not in f and "--lr-warmup-samples" not in f
+    assert "--train-samples" not in f
+    assert f["--lr"] == "6e-4"  # the rest of the preset stays
+
+
+def test_a_presets_warmup_gives_way_to_the_users_own():
+    f = flags(run_argv(manifest(profile="small", megatron_args=["--lr-warmup-fraction", "0.01"])))
+    assert "--lr-warmup-samples" not in f and f["--lr-decay-samples"] == "1038336"
 
 
 def test_megatron_train_samples_default_to_the_seeds_and_follow_the_spec():

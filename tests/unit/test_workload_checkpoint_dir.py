@@ -7,10 +7,10 @@ from nvrx_appliance.entrypoints.workloads.checkpoint_dir import (
     is_partial_dir,
     iteration_dir,
     parse_iteration_dir,
-    parse_tracker,
     partial_dir,
     tracker_text,
 )
+from nvrx_appliance.observe.run_files import tracker_value as parse_tracker
 
 
 def test_iteration_dirs_use_megatron_names_and_round_trip():

@@ -33,12 +33,6 @@ def parse_iteration_dir(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def parse_tracker(text: str) -> int | None:
-    """The tracked iteration; None for an empty or foreign tracker (e.g. Megatron's 'release')."""
-    value = text.strip()
-    return int(value) if value.isdigit() else None
-
-
 def tracker_text(iteration: int) -> str:
     return f"{iteration}\n"
 
@@ -56,3 +50,15 @@ def expired(iterations: Iterable[int], latest: int, keep: int) -> list[int]:
         return abandoned
     old = [i for i in kept_line[:-keep] if i != latest] if len(kept_line) > keep else []
     return sorted(old + abandoned)
+
+
+def retired(iterations: Iterable[int], tracked: int, keep: int) -> list[int]:
+    """Checkpoints a keeper outside the workload may remove: those older than the tracked
+    one beyond the newest `keep` up to it (0: none). Never the tracked one, and never a
+    newer one, which may be a save still being written."""
+    if keep <= 0:
+        return []
+    line = sorted(i for i in set(iterations) if i <= tracked)
+    if tracked not in line:
+        line.append(tracked)  # the tracked one always counts among those kept
+    return [i for i in line[:-keep] if i != tracked]

@@ -23,15 +23,15 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from nvrx_appliance.entrypoints.workloads import checkpoint_dir
+from nvrx_appliance.files import make_private_dirs, read_text
 from nvrx_appliance.layout import TRACKER_FILE
 from nvrx_appliance.manifest import write_atomic
+from nvrx_appliance.observe import run_files
 
 
 def read_tracker(save_dir: Path) -> int | None:
-    try:
-        return checkpoint_dir.parse_tracker((save_dir / TRACKER_FILE).read_text())
-    except FileNotFoundError:
-        return None
+    text = read_text(save_dir / TRACKER_FILE, 64)
+    return None if text is None else run_files.tracker_value(text)
 
 
 def tracked_iteration(save_dir: Path) -> int | None:
@@ -50,7 +50,7 @@ def save(save_dir: Path, iteration: int, state: dict[str, Any], keep: int) -> No
     partial = save_dir / checkpoint_dir.partial_dir(iteration)
     final = save_dir / checkpoint_dir.iteration_dir(iteration)
     if dist.get_rank() == 0:
-        save_dir.mkdir(parents=True, exist_ok=True)
+        make_private_dirs(save_dir)
         # Leftovers of a killed attempt at this iteration: never mix their shards in.
         shutil.rmtree(partial, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)

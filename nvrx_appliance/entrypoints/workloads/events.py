@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.files import make_private_dirs
+
 
 class ProgressLog:
     """`context` rides on every event (cycle, Slurm ids), so a reader of a chain-long log
@@ -22,7 +24,7 @@ class ProgressLog:
         self._fd: int | None = None
         self._context = context
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_private_dirs(path.parent)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def emit(self, event: str, **fields: Any) -> None:

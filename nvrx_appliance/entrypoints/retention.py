@@ -1,0 +1,106 @@
+"""Task 0 keeps the newest N complete Megatron checkpoints (--save-retention N).
+
+Megatron has no "keep the newest N": its only thinning, --save-retain-interval, keeps
+the newest plus every multiple of an interval. So task 0's entrypoint does it, beside
+ft_launcher, for as long as the generation lives. What makes it safe is the order in
+which Megatron writes (megatron/training/checkpointing.py at the pin): the files of a
+save go into iter_NNNNNNN/ first, in the background with --async-save, and only once
+every rank has finished does rank 0 rewrite latest_checkpointed_iteration.txt. So:
+
+- the tracked checkpoint is complete, and so is every older one it tracked before;
+- a directory newer than the tracked one may be a save in progress, or one a dead
+  generation left half-written (Megatron writes over it when training gets there);
+- Megatron rewrites the tracker in place, so a reader can catch it empty.
+
+A sweep therefore removes only checkpoints older than the tracked one, beyond the
+newest N up to it (checkpoint_dir.retired), and nothing at all when the tracker does
+not read as an iteration (a tracker caught half-rewritten reads as a shorter, smaller
+number, which can only retire less). A removal first renames the directory out of the iter_
+names, so a sweep killed midway never leaves a half-deleted directory that looks like
+a checkpoint; the next sweep finishes it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from nvrx_appliance import files
+from nvrx_appliance.entrypoints.workloads import checkpoint_dir
+from nvrx_appliance.layout import TRACKER_FILE
+from nvrx_appliance.observe import run_files
+
+# How often task 0 looks at the tracker. A save at scale takes minutes; between two
+# looks at most one checkpoint more than N is on disk.
+SWEEP_PERIOD_S = 5.0
+_REMOVING = ".removing_"
+
+
+def sweep(checkpoints: Path, keep: int) -> list[int]:
+    """Remove what retention retires now; returns the iterations removed."""
+    try:
+        text = files.read_text(checkpoints / TRACKER_FILE, 64)
+        names = os.listdir(checkpoints)
+    except OSError:
+        return []  # no tracker yet, or the file system is away: nothing to judge
+    for name in names:
+        if name.startswith(_REMOVING):  # a removal a killed sweep left unfinished
+            shutil.rmtree(checkpoints / name, ignore_errors=True)
+    tracked = run_files.tracker_value(text) if text is not None else None
+    if tracked is None:
+        return []  # empty (being rewritten), or Megatron's "release"
+    found = {
+        n: name for name in names if (n := checkpoint_dir.parse_iteration_dir(name)) is not None
+    }
+    removed = []
+    for iteration in checkpoint_dir.retired(found, tracked, keep):
+        aside = checkpoints / (_REMOVING + found[iteration])
+        try:
+            os.rename(checkpoints / found[iteration], aside)
+        except OSError:
+            continue
+        shutil.rmtree(aside, ignore_errors=True)
+        removed.append(iteration)
+    return removed
+
+
+class Keeper:
+    """Sweeps on a thread of its own, so a slow delete never holds task 0's
+    supervision; at start, then whenever the tracker has changed."""
+
+    def __init__(self, checkpoints: Path, keep: int, log: Callable[[str], None]):
+        self.checkpoints = checkpoints
+        self.keep = keep
+        self.log = log
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="checkpoint-retention", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=SWEEP_PERIOD_S)
+
+    def _tracker_stamp(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.checkpoints / TRACKER_FILE)
+        except OSError:
+            return None
+        return st.st_mtime_ns, st.st_size
+
+    def _run(self) -> None:
+        seen: tuple[int, int] | None = (-1, -1)  # never a real stamp: sweep at once
+        while True:
+            stamp = self._tracker_stamp()
+            if stamp is not None and stamp != seen:
+                removed = sweep(self.checkpoints, self.keep)
+                if removed:
+                    self.log(f"retention (newest {self.keep} kept): removed checkpoint(s) "
+                             f"of iteration {', '.join(map(str, removed))}")  # fmt: skip
+                seen = stamp
+            if self._stop.wait(SWEEP_PERIOD_S):
+                return
