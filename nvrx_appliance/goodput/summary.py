@@ -56,7 +56,9 @@ def lines(account: Account) -> list[str]:
     out.append(f"  {'allocation (sacct)':<{width}}  {amount(total, unit):>10} {unit}  100.0%")
     for key, label in CATEGORIES.items():
         value = account.categories[key]
-        if not value and key not in (LOST, UNKNOWN):
+        # Rows that would read "0 ... 0.0%" say nothing, but lost work is always said, and
+        # anything unknown however small.
+        if key != LOST and not (key == UNKNOWN and value) and value < max(0.5, total * 5e-4):
             continue
         note = ""
         if key == LOST:
