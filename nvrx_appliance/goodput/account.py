@@ -424,12 +424,18 @@ def _ending(
     task0 = next((a for a in allocs if a.task in (0, None)), None)
     if task0 is not None and task0.end is None:
         return "running"
-    if any(w.finished is not None for k, w in work.items() if k[0] == generation):
+    action = entry.get("action")
+    if action == "completed" or any(
+        w.finished is not None for k, w in work.items() if k[0] == generation
+    ):
         return "training done"
+    # The teardown's word for a generation that saved and ended before its time limit.
+    if action == "saved_at_time_limit":
+        return "time limit (saved first)"
     state = task0.state if task0 else ""
     if state == "TIMEOUT":
         return "time limit"
-    if entry.get("action") == "fenced":
+    if action == "fenced":
         return "task 0 lost (fenced by a peer)"
     code = entry.get("exit_code")
     if code == 93:

@@ -134,7 +134,6 @@ def test_the_report_accounts_for_every_node_second_and_each_lost_iteration(
     (tmp_path / "report.json").write_text(json.dumps(doc, indent=1))
     shutil.copytree(work, tmp_path / "work", ignore=shutil.ignore_patterns("checkpoints"))
     context = f"report and work dir kept in {tmp_path}\n" + logs_on_failure(work)
-    assert tasks(cluster, second)[0]["State"].split()[0] == "TIMEOUT", context
 
     # Every category of the allocation, summed, is sacct's allocation (within 2%).
     allocation = _allocation(cluster, [first, second])
@@ -157,8 +156,11 @@ def test_the_report_accounts_for_every_node_second_and_each_lost_iteration(
                      "idle_spares", "training_lost", "hangs_until_detected"):  # fmt: skip
         assert shares[category] > 0, (category, context)
     assert shares["unknown"] == 0, context
-    endings = [g["ending"] for g in doc["generations"]]
-    assert endings == ["task 0 lost (fenced by a peer)", "time limit"], context
+    first_end, second_end = (g["ending"] for g in doc["generations"])
+    assert first_end == "task 0 lost (fenced by a peer)", context
+    # Today Slurm's TERM ends it (TIMEOUT); once generations save before the limit
+    # (issue 21), the teardown's ledger says so.
+    assert second_end in ("time limit", "time limit (saved first)"), context
     assert 0 < doc["goodput_ratio"] < 1
 
     # As a person runs it: the lines, and a picture that opens.
@@ -167,7 +169,7 @@ def test_the_report_accounts_for_every_node_second_and_each_lost_iteration(
     assert human.returncode == 0, human.stderr
     (tmp_path / "report.txt").write_text(human.stdout)
     assert human.stdout.startswith(f"Goodput of chain {name}: "), human.stdout
-    assert f"generation {first}: " in human.stdout and "ended: time limit" in human.stdout
+    assert f"generation {first}: " in human.stdout and f"ended: {second_end}" in human.stdout
     ET.parse(picture)
     shutil.copy(picture, tmp_path / f"{name}.svg")  # kept with pytest's temporary files
 

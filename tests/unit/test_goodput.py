@@ -264,3 +264,9 @@ def test_start_up_is_cut_where_task_0_published_its_rendezvous_record():
     assert parts["container and entrypoint"] == pytest.approx(6)  # node1: 0 -> 6
     assert parts["ft_launcher and rendezvous"] == pytest.approx(4)  # 6 -> cycle 0 at 10
     assert parts["launch and rendezvous"] == pytest.approx(8)  # generation 11: no record
+
+
+def test_a_generation_that_saved_before_its_time_limit_says_so():
+    ledger = [{"array_job_id": "11", "action": "saved_at_time_limit", "exit_code": 0}]
+    result = account(chain_inputs(ledger=ledger))
+    assert result.generations[1].ending == "time limit (saved first)"
