@@ -138,6 +138,11 @@ class Layout:
         return self.work_dir / "qualification.json"
 
     @property
+    def goodput_picture(self) -> Path:
+        # The demo's goodput picture (`report` writes its own where it is run).
+        return self.work_dir / "goodput.svg"
+
+    @property
     def generations_root(self) -> Path:
         return self.work_dir / "nvrx"
 
