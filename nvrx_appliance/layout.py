@@ -45,6 +45,12 @@ class ControlFiles:
         return self.directory / "fence"
 
     @property
+    def relay(self) -> Path:
+        # The relay claim: created exclusively by the first peer that leaves because the
+        # generation ended; its batch script cancels the array's other tasks.
+        return self.directory / "relay"
+
+    @property
     def no_restart(self) -> Path:
         # Written by an entrypoint whose ft_launcher exited 93, before it exits: where
         # the site kills a step on the first bad exit, srun can hand the trap 143

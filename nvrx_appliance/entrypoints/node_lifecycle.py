@@ -10,6 +10,12 @@
     stops itself if its lease fails      fences task 0 if its lease goes stale
     exit with ft_launcher's code         exit with ft_launcher's code
 
+While ft_launcher runs, task 0 reads the closed flag every poll; the watchers (node 0
+of array tasks 1..lease_watchers) read the closed flag and the lease every poll; every
+other node only every backstop period (lease.py). The first peer to leave because the
+generation is over claims the relay, and its batch script cancels the array's other
+tasks: that, not polling, is how most nodes learn of the end.
+
 Our own failures use the codes in exitcodes.py, never 93.
 """
 
@@ -49,12 +55,13 @@ from nvrx_appliance.entrypoints.preflight import (
 from nvrx_appliance.entrypoints.supervise import Supervisor
 from nvrx_appliance.observe import run_files
 
-# Every node stats the shared file system this often, waiting or training.
+# Every node reads the control directory this often at the gate; task 0 and the
+# watchers also while training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
 WAIT_REPORT_S = 60.0
-# Polls in a row that may fail to read the control dir (its clock probe cannot be
-# created: quota, a read-only mount) before a peer gives up: a minute of a flaky shared
-# file system is ridden out; a broken one must not hold the node for ever.
+# Polls in a row that may fail to read the control dir before a peer gives up: a minute
+# of a flaky shared file system is ridden out; a broken one must not hold the node for
+# ever.
 MAX_READ_FAILURES = 60
 
 
@@ -117,6 +124,24 @@ def fence(node: Node, directory: Path, token: str, reason: str) -> None:
         "cancels task 0's job and this generation's pending spares")  # fmt: skip
 
 
+def relay(node: Node, directory: Path, token: str, reason: str) -> None:
+    """The generation is over and this node leaves on it: the first peer to do so claims
+    the relay, and its batch script (where Slurm's commands are) cancels every other
+    task of the array but task 0, whose own teardown must run. So the nodes that poll
+    rarely learn of the end from Slurm's TERM, within seconds. Task 0's own nodes never
+    claim it: their batch script is task 0's."""
+    if node.task_id == 0:
+        return
+    claim = {"generation": token, "job_id": node.job_id, "by": node.label,
+             "reason": reason, "time": now_iso()}  # fmt: skip
+    try:
+        if controldir.claim_relay(directory, claim):
+            say(f"{node.label}: this task's batch script cancels the array's other tasks")
+    except OSError as exc:
+        say(f"could not claim the relay in {directory}: {exc}; the other nodes leave on "
+            "the closed flag instead")  # fmt: skip
+
+
 def gate_loop(
     manifest: run_manifest.Manifest,
     node: Node,
@@ -129,64 +154,79 @@ def gate_loop(
         node=node, uid=os.geteuid(), own_names=node_probe.own_names(os.environ), fabric=fabric
     )
     limits = gate.Limits(record_wait=spec.rdzv_host_wait, lease_stale_after=spec.lease_stale_after)
-    clock = controldir.Clock(directory, node.hostname)
+    lease_watch = controldir.LeaseWatch(directory, token)
     state, last_reason, reported = gate.Waiting(), None, time.monotonic()
     failures = 0
-    try:
-        while True:
-            try:
-                seen = controldir.observe(directory, clock, token)
-                failures = 0
-            except OSError as exc:
-                # The closed flag first: it needs no clock, and it ends the wait.
-                if controldir.closed(directory, token):
-                    raise Refused(
-                        exitcodes.TASK0_GONE,
-                        f"{node.label}: generation {node.array_job_id} is closed; leaving",
-                    ) from None
-                failures += 1
-                if failures >= MAX_READ_FAILURES:
-                    raise Refused(
-                        exitcodes.RECORD_REFUSED,
-                        f"could not read {directory} {failures} times in a row ({exc}); giving up",
-                    ) from None
-                say(f"could not read {directory}: {exc}; retrying")
-                time.sleep(GATE_POLL_S)
-                continue
-            state, decision = gate.step(state, seen, time.monotonic(), peer, limits)
-            if isinstance(decision, gate.Join):
-                return decision.record
-            if isinstance(decision, gate.Leave):
-                if decision.fence:
-                    fence(node, directory, token, decision.message)
-                raise Refused(decision.exit_code, decision.message)
-            if decision.reason.split(" (")[0] != last_reason or (
-                time.monotonic() - reported >= WAIT_REPORT_S
-            ):
-                say(f"{node.label}: {decision.reason}")
-                last_reason, reported = decision.reason.split(" (")[0], time.monotonic()
+    while True:
+        try:
+            seen = controldir.observe(directory, lease_watch, token)
+            failures = 0
+        except OSError as exc:
+            # The closed flag alone may still be readable, and it ends the wait.
+            if controldir.closed(directory, token):
+                raise Refused(
+                    exitcodes.TASK0_GONE,
+                    f"{node.label}: generation {node.array_job_id} is closed; leaving",
+                ) from None
+            failures += 1
+            if failures >= MAX_READ_FAILURES:
+                raise Refused(
+                    exitcodes.RECORD_REFUSED,
+                    f"could not read {directory} {failures} times in a row ({exc}); giving up",
+                ) from None
+            say(f"could not read {directory}: {exc}; retrying")
             time.sleep(GATE_POLL_S)
-    finally:
-        clock.remove()
+            continue
+        state, decision = gate.step(state, seen, time.monotonic(), peer, limits)
+        if isinstance(decision, gate.Join):
+            return decision.record
+        if isinstance(decision, gate.Leave):
+            if decision.fence:
+                fence(node, directory, token, decision.message)
+            if decision.over:
+                relay(node, directory, token, decision.message)
+            raise Refused(decision.exit_code, decision.message)
+        if decision.reason.split(" (")[0] != last_reason or (
+            time.monotonic() - reported >= WAIT_REPORT_S
+        ):
+            say(f"{node.label}: {decision.reason}")
+            last_reason, reported = decision.reason.split(" (")[0], time.monotonic()
+        time.sleep(GATE_POLL_S)
 
 
 def watch(
     manifest: run_manifest.Manifest,
     node: Node,
     directory: Path,
-    clock,
     token: str,
-    watch_lease: bool,
+    *,
+    is_task0: bool,
+    active_tasks: int,
 ):
     """The supervisor's look at the control directory (file system calls: it runs where
-    a hang cannot keep task 0 from fencing itself)."""
+    a hang cannot keep task 0 from fencing itself). Task 0 reads the closed flag, a
+    watcher the closed flag and the lease, on every call; any other node both, but only
+    once per backstop period, and judges the lease from those sparse looks."""
     spec = manifest.spec
+    watcher = lease.watches(node.task_id, node.node_id, spec.lease_watchers)
+    period = (
+        RUN_POLL_S
+        if is_task0 or watcher
+        else lease.backstop_period(active_tasks * spec.nodes_per_task)
+    )
+    lease_watch = controldir.LeaseWatch(directory, token)
+    due = time.monotonic()
 
     def check() -> gate.Leave | None:
+        nonlocal due
+        now = time.monotonic()
+        if now < due:
+            return None
+        due = now + period
         verdict = gate.while_running(
             closed=controldir.closed(directory, token),
-            lease_age=controldir.lease_age(directory, clock, token) if watch_lease else None,
-            watch_lease=watch_lease,
+            lease_age=None if is_task0 else lease_watch.look(),
+            watch_lease=not is_task0,
             stale_after=spec.lease_stale_after,
         )
         if verdict is not None and verdict.fence:
@@ -261,24 +301,33 @@ def supervise(
     directory: Path,
     keeper: controldir.LeaseKeeper | None,
 ):
-    argv = launch.command(
-        pre.manifest,
-        record,
-        pre.workload,
-        hosts_rendezvous=pre.node.hosts_rendezvous,
-        launcher=pre.launcher,
-        active_tasks=pre.active_tasks,
-    )
+    # The throttle task 0 read from the controller, for every node alike.
+    active_tasks = record.active_tasks if record.active_tasks is not None else pre.active_tasks
+    try:
+        argv = launch.command(
+            pre.manifest,
+            record,
+            pre.workload,
+            hosts_rendezvous=pre.node.hosts_rendezvous,
+            launcher=pre.launcher,
+            active_tasks=active_tasks,
+        )
+    except launch.ShapeError as exc:
+        raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None
     child_env = env.plan(pre.manifest, pre.node, os.environ).apply(os.environ)
-    clock = controldir.Clock(directory, pre.node.hostname)
+    check = watch(
+        pre.manifest,
+        pre.node,
+        directory,
+        record.generation,
+        is_task0=keeper is not None,
+        active_tasks=active_tasks or pre.manifest.shape.active_tasks,
+    )
     try:
         return Supervisor(
             argv,
             child_env,
-            # Task 0 judges its own lease by its own refreshes, the others by its age.
-            check=watch(
-                pre.manifest, pre.node, directory, clock, record.generation, keeper is None
-            ),
+            check=check,
             urgent=self_fence_watch(pre.manifest, keeper) if keeper is not None else None,
             grace=pre.manifest.spec.closed_flag_grace,
             poll=RUN_POLL_S,
@@ -287,8 +336,6 @@ def supervise(
         ).run()
     except OSError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
-    finally:
-        clock.remove()
 
 
 def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper | None:
@@ -305,7 +352,11 @@ def run(manifest_path: Path | None) -> int:
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
     # Decided before anything is created: a refusal leaves nothing behind.
-    record = task0_record(manifest, node, pre.fabric) if node.hosts_rendezvous else None
+    record = (
+        task0_record(manifest, node, pre.fabric, pre.active_tasks)
+        if node.hosts_rendezvous
+        else None
+    )
     directory = make_dirs(manifest, node)
     keeper = None
     if record is not None:
@@ -321,6 +372,8 @@ def run(manifest_path: Path | None) -> int:
             keeper.stop()
         if kept is not None:
             kept.stop()
+    if outcome.stopped is not None and outcome.stopped.over:
+        relay(node, directory, record.generation, outcome.stopped.message)
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
         try:
             controldir.mark_no_restart(directory, outcome.exit_code, record.generation)
@@ -350,7 +403,7 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
     fabric = node_probe.node_fabric()
     decision = decide(manifest, fabric)
     if node.hosts_rendezvous:
-        record = task0_record(manifest, node, fabric)
+        record = task0_record(manifest, node, fabric, array_throttle(os.environ))
     else:
         record = control.Record(
             host="TASK0_HOST",
