@@ -176,6 +176,7 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "control": generation_path(layout.control(_ARRAY_JOB_ID)),
         "closed": generation_path(control_files.closed),
         "fence": generation_path(control_files.fence),
+        "relay": generation_path(control_files.relay),
         "no_restart_witness": generation_path(control_files.no_restart),
         "host_python": shlex.quote(host_python(manifest)),
         "teardown": shlex.quote(str(layout.teardown)),
