@@ -24,6 +24,7 @@ from pathlib import Path
 from bench import (
     floor,
     handoff,
+    liveness,
     machine,
     norestart,
     readme,
@@ -39,7 +40,8 @@ from bench.report import Result
 from nvrx_appliance.devcluster.lock import cluster_lock
 
 SCENARIOS = {
-    m.NAME: m for m in (floor, handoff, sigkill, seeds, spare, norestart, restart, watcher)
+    m.NAME: m
+    for m in (floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, watcher)
 }
 NEEDS_NO_CLUSTER = {watcher.NAME}
 RESULTS = Path(__file__).parent / "results"
