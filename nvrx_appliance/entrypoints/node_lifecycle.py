@@ -198,7 +198,7 @@ def watch(
     manifest: run_manifest.Manifest,
     node: Node,
     directory: Path,
-    token: str,
+    lease_watch: controldir.LeaseWatch,
     *,
     is_task0: bool,
     active_tasks: int,
@@ -214,7 +214,7 @@ def watch(
         if is_task0 or watcher
         else lease.backstop_period(active_tasks * spec.nodes_per_task)
     )
-    lease_watch = controldir.LeaseWatch(directory, token)
+    token = lease_watch.generation
     due = time.monotonic()
 
     def check() -> gate.Leave | None:
@@ -234,6 +234,45 @@ def watch(
         return verdict
 
     return check
+
+
+def linger(
+    manifest: run_manifest.Manifest,
+    node: Node,
+    directory: Path,
+    lease_watch: controldir.LeaseWatch,
+) -> None:
+    """A watcher whose ft_launcher ended on its own with a failure, unasked: the usual
+    cause is task 0's store gone with task 0, and if the watchers all left now, nobody
+    would fence it. So it stays, reading as before, until task 0 shows it lives (its
+    lease changes), the closed flag appears, or the lease has gone unchanged past the
+    threshold (it fences): the threshold and two polls at most."""
+    spec, token = manifest.spec, lease_watch.generation
+    say(f"{node.label}: ft_launcher ended on its own; making sure task 0 lives before "
+        f"leaving (up to {spec.lease_stale_after + 2 * RUN_POLL_S:.0f} s)")  # fmt: skip
+    deadline = time.monotonic() + spec.lease_stale_after + 2 * RUN_POLL_S
+    try:
+        lease_watch.look()  # a change seen only now may be task 0's last refresh
+        while time.monotonic() < deadline:
+            time.sleep(RUN_POLL_S)
+            closed = controldir.closed(directory, token)
+            unchanged = lease_watch.look()
+            if unchanged is None or (unchanged == 0.0 and not closed):
+                return  # task 0 refreshed its lease since: it lives
+            verdict = gate.while_running(
+                closed=closed,
+                lease_age=unchanged,
+                watch_lease=True,
+                stale_after=spec.lease_stale_after,
+            )
+            if verdict is not None:
+                say(f"{node.label}: {verdict.message}")
+                if verdict.fence:
+                    fence(node, directory, token, verdict.message)
+                relay(node, directory, token, verdict.message)
+                return
+    except OSError as exc:
+        say(f"{node.label}: could not read {directory} ({exc}); leaving")
 
 
 def self_fence_watch(manifest: run_manifest.Manifest, keeper: controldir.LeaseKeeper):
@@ -300,7 +339,11 @@ def supervise(
     record: control.Record,
     directory: Path,
     keeper: controldir.LeaseKeeper | None,
+    lease_watch: controldir.LeaseWatch,
+    stop_signals: list[int],
 ):
+    """ft_launcher under a Supervisor; `stop_signals` collects the stopping signals
+    Slurm sent a peer (task 0 answers them by closing the generation)."""
     # The throttle task 0 read from the controller, for every node alike.
     active_tasks = record.active_tasks if record.active_tasks is not None else pre.active_tasks
     try:
@@ -319,7 +362,7 @@ def supervise(
         pre.manifest,
         pre.node,
         directory,
-        record.generation,
+        lease_watch,
         is_task0=keeper is not None,
         active_tasks=active_tasks or pre.manifest.shape.active_tasks,
     )
@@ -332,7 +375,9 @@ def supervise(
             grace=pre.manifest.spec.closed_flag_grace,
             poll=RUN_POLL_S,
             log=say,
-            on_stop_signal=closer(pre.node, directory, record.generation) if keeper else None,
+            on_stop_signal=closer(pre.node, directory, record.generation)
+            if keeper
+            else stop_signals.append,
         ).run()
     except OSError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
@@ -365,8 +410,10 @@ def run(manifest_path: Path | None) -> int:
         record = gate_loop(manifest, node, pre.fabric, directory, generation(manifest, node))
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     kept = retention_keeper(manifest) if keeper is not None else None
+    lease_watch = controldir.LeaseWatch(directory, record.generation)
+    stop_signals: list[int] = []
     try:
-        outcome = supervise(pre, record, directory, keeper)
+        outcome = supervise(pre, record, directory, keeper, lease_watch, stop_signals)
     finally:
         if keeper is not None:
             keeper.stop()
@@ -374,6 +421,13 @@ def run(manifest_path: Path | None) -> int:
             kept.stop()
     if outcome.stopped is not None and outcome.stopped.over:
         relay(node, directory, record.generation, outcome.stopped.message)
+    elif (
+        lease.watches(node.task_id, node.node_id, manifest.spec.lease_watchers)
+        and outcome.stopped is None
+        and not stop_signals
+        and outcome.exit_code not in (exitcodes.OK, exitcodes.NVRX_NO_RESTART)
+    ):
+        linger(manifest, node, directory, lease_watch)
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
         try:
             controldir.mark_no_restart(directory, outcome.exit_code, record.generation)

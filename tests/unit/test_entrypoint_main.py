@@ -348,6 +348,35 @@ def test_a_peer_whose_task_0_died_without_a_trap_fences_it_when_the_lease_goes_s
         stop(proc)
 
 
+def test_a_watcher_whose_ft_launcher_gives_up_on_the_dead_store_first_still_fences(tmp_path):
+    # Issue 24: with a few watchers, one whose ft_launcher ends on its own (it cannot
+    # reach task 0's store) before the lease is stale must not just leave: if all of
+    # them did, nobody would fence task 0 until Slurm declared its node dead.
+    grace, stale = 1, 6
+    run_json = write_manifest(
+        tmp_path, closed_flag_grace=grace, lease_stale_after=stale, store_connect_wait=1,
+        lease_watchers=1,
+    )  # fmt: skip
+    directory = publish_as_task_0(run_json, DEAD_HOST)
+    task0 = controldir.LeaseKeeper(directory, 0.5, holder={"host": "node1"}, warn=print)
+    task0.start()
+    proc = start_peer(run_json)
+    try:
+        ft_launcher_of(proc)
+        task0.stop()  # task 0 dies; its store never answered anyway
+        died = time.monotonic()
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        assert "ft_launcher ended on its own" in err, err
+        assert "fenced task 0" in err, err
+        assert code not in (exitcodes.OK, exitcodes.NVRX_NO_RESTART)  # ft_launcher's own
+        assert time.monotonic() - died <= stale + 2 * POLL_S + 2
+        assert ControlFiles(directory).fence.exists() and ControlFiles(directory).relay.exists()
+    finally:
+        task0.stop()
+        stop(proc)
+
+
 def test_a_task_0_whose_lease_writes_fail_stops_its_workers_before_the_lease_is_stale(tmp_path):
     # The partition case: task 0 is alive and trains, but the shared file system refuses
     # its lease refreshes (an immutable file refuses them even to root).
