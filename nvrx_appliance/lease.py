@@ -33,7 +33,7 @@ successor starts about one threshold after it), a longer one rides out longer st
 the shared file system without stopping a healthy generation.
 
 Who watches (docs/liveness.md has the failure cases and their bounds): node 0 of array
-tasks 1..W (the watchers) reads the closed flag and the lease every poll. Every other
+tasks 1..W (the watchers) reads the closed flag and the lease twice a second. Every other
 node reads them only every backstop period, which grows with the generation so that
 all of them together stay within BACKSTOP_CALLS_PER_S: they learn that the generation
 ended from Slurm (the first peer to leave on it cancels the rest of the array) and
@@ -45,9 +45,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# How often the gate, the watchers and the supervisor look at the control directory
-# (and task 0 at its own deadline).
+# How often the gate and the supervisor look at the control directory (and task 0 at
+# its own deadline).
 POLL_S = 1.0
+# How often a watcher looks while ft_launcher runs. A watcher learns of task 0's last
+# refresh only at its next look, and of the threshold passing at the one after: two
+# looks where comparing an mtime with a clock took one. Twice as many looks keep the
+# fence as prompt as that was, for two more calls a second per watcher.
+WATCH_POLL_S = 0.5
 # Room for scheduling delays of the stopping process on a loaded node, and for the
 # grace and the poll, which run on clocks NTP may slew (at most 8.3 %, chrony's limit).
 SAFETY_S = 1.0

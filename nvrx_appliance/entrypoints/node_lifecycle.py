@@ -11,8 +11,8 @@
     exit with ft_launcher's code         exit with ft_launcher's code
 
 While ft_launcher runs, task 0 reads the closed flag every poll; the watchers (node 0
-of array tasks 1..lease_watchers) read the closed flag and the lease every poll; every
-other node only every backstop period (lease.py). The first peer to leave because the
+of array tasks 1..lease_watchers) read the closed flag and the lease twice a second;
+every other node only every backstop period (lease.py). The first peer to leave because the
 generation is over claims the relay, and its batch script cancels the array's other
 tasks: that, not polling, is how most nodes learn of the end.
 
@@ -58,6 +58,7 @@ from nvrx_appliance.observe import run_files
 # Every node reads the control directory this often at the gate; task 0 and the
 # watchers also while training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
+WATCH_POLL_S = lease.WATCH_POLL_S  # a watcher, while ft_launcher runs
 WAIT_REPORT_S = 60.0
 # Polls in a row that may fail to read the control dir before a peer gives up: a minute
 # of a flaky shared file system is ridden out; a broken one must not hold the node for
@@ -201,19 +202,13 @@ def watch(
     lease_watch: controldir.LeaseWatch,
     *,
     is_task0: bool,
-    active_tasks: int,
+    period: float,
 ):
     """The supervisor's look at the control directory (file system calls: it runs where
-    a hang cannot keep task 0 from fencing itself). Task 0 reads the closed flag, a
-    watcher the closed flag and the lease, on every call; any other node both, but only
-    once per backstop period, and judges the lease from those sparse looks."""
+    a hang cannot keep task 0 from fencing itself), at most once per `period`: task 0
+    reads the closed flag, any other node the closed flag and the lease (a node that
+    looks rarely judges the lease from those sparse looks)."""
     spec = manifest.spec
-    watcher = lease.watches(node.task_id, node.node_id, spec.lease_watchers)
-    period = (
-        RUN_POLL_S
-        if is_task0 or watcher
-        else lease.backstop_period(active_tasks * spec.nodes_per_task)
-    )
     token = lease_watch.generation
     due = time.monotonic()
 
@@ -249,12 +244,12 @@ def linger(
     threshold (it fences): the threshold and two polls at most."""
     spec, token = manifest.spec, lease_watch.generation
     say(f"{node.label}: ft_launcher ended on its own; making sure task 0 lives before "
-        f"leaving (up to {spec.lease_stale_after + 2 * RUN_POLL_S:.0f} s)")  # fmt: skip
-    deadline = time.monotonic() + spec.lease_stale_after + 2 * RUN_POLL_S
+        f"leaving (up to {spec.lease_stale_after + 2 * WATCH_POLL_S:.0f} s)")  # fmt: skip
+    deadline = time.monotonic() + spec.lease_stale_after + 2 * WATCH_POLL_S
     try:
         lease_watch.look()  # a change seen only now may be task 0's last refresh
         while time.monotonic() < deadline:
-            time.sleep(RUN_POLL_S)
+            time.sleep(WATCH_POLL_S)
             closed = controldir.closed(directory, token)
             unchanged = lease_watch.look()
             if unchanged is None or (unchanged == 0.0 and not closed):
@@ -273,6 +268,18 @@ def linger(
                 return
     except OSError as exc:
         say(f"{node.label}: could not read {directory} ({exc}); leaving")
+
+
+def look_period(
+    manifest: run_manifest.Manifest, node: Node, *, is_task0: bool, active_tasks: int
+) -> float:
+    """Seconds between two looks at the control directory while ft_launcher runs."""
+    spec = manifest.spec
+    if is_task0:
+        return RUN_POLL_S
+    if lease.watches(node.task_id, node.node_id, spec.lease_watchers):
+        return WATCH_POLL_S
+    return lease.backstop_period(active_tasks * spec.nodes_per_task)
 
 
 def self_fence_watch(manifest: run_manifest.Manifest, keeper: controldir.LeaseKeeper):
@@ -358,13 +365,14 @@ def supervise(
     except launch.ShapeError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None
     child_env = env.plan(pre.manifest, pre.node, os.environ).apply(os.environ)
-    check = watch(
+    period = look_period(
         pre.manifest,
         pre.node,
-        directory,
-        lease_watch,
         is_task0=keeper is not None,
         active_tasks=active_tasks or pre.manifest.shape.active_tasks,
+    )
+    check = watch(
+        pre.manifest, pre.node, directory, lease_watch, is_task0=keeper is not None, period=period
     )
     try:
         return Supervisor(
@@ -373,7 +381,7 @@ def supervise(
             check=check,
             urgent=self_fence_watch(pre.manifest, keeper) if keeper is not None else None,
             grace=pre.manifest.spec.closed_flag_grace,
-            poll=RUN_POLL_S,
+            poll=min(RUN_POLL_S, period),
             log=say,
             on_stop_signal=closer(pre.node, directory, record.generation)
             if keeper
