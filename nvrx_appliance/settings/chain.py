@@ -212,9 +212,9 @@ class ChainSpec:
     )
     lease_watchers: int = _opt(
         # Task 0 and all of them must be lost together before a dead task 0 waits for
-        # the backstop; each costs the metadata server two calls a second.
+        # the backstop; each costs the metadata server four calls a second.
         lease.DEFAULT_WATCHERS,
-        "Peers (node 0 of array tasks 1..N) that read task 0's lease every second; the "
+        "Peers (node 0 of array tasks 1..N) that read task 0's lease twice a second; the "
         "other nodes read it rarely and learn of the generation's end from Slurm.",
         "NVRX_LEASE_WATCHERS",
     )
