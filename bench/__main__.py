@@ -25,6 +25,7 @@ from bench import (
     completion,
     floor,
     handoff,
+    liveness,
     machine,
     norestart,
     readme,
@@ -43,7 +44,8 @@ from nvrx_appliance.devcluster.lock import cluster_lock
 SCENARIOS = {
     m.NAME: m
     for m in (
-        floor, handoff, sigkill, seeds, spare, norestart, restart, timelimit, completion, watcher,
+        floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
+        completion, watcher,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME}

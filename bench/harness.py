@@ -304,6 +304,33 @@ class Harness:
                 return int(entry.name)
         return None
 
+    @staticmethod
+    def entrypoints(array_job_id: str) -> dict[int, tuple[int, int]]:
+        """Every nvrx-entrypoint of a generation (not srun's own process, which names it
+        too): {pid: (array task, node within the task)}."""
+        found = {}
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
+                env = dict(
+                    item.split(b"=", 1)
+                    for item in (entry / "environ").read_bytes().split(b"\0")
+                    if b"=" in item
+                )
+            except OSError:
+                continue
+            script = argv[1] if len(argv) > 1 else b""
+            if not (Path(argv[0].decode()).name.startswith("python")
+                    and script.endswith(b"/nvrx-entrypoint")):  # fmt: skip
+                continue
+            if env.get(b"SLURM_ARRAY_JOB_ID") != array_job_id.encode():
+                continue
+            task = int(env.get(b"SLURM_ARRAY_TASK_ID", b"0"))
+            found[int(entry.name)] = (task, int(env.get(b"SLURM_NODEID", b"0")))
+        return found
+
     @classmethod
     def worker_pid(cls, run_json: Path, rank: int) -> int | None:
         """The training process of one global rank of this chain."""

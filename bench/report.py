@@ -20,7 +20,9 @@ class Metric:
     target_s: float | None = None
     indent: bool = False  # a phase of the metric above it
     given: dict[str, Any] | None = None  # figures measured elsewhere (the watcher's own bench)
-    unit: str = "s"  # a count (iterations, generations) has no ratio to the floor
+    # What the figures count: seconds, unless a measure names another unit (its figures
+    # and target are then in that unit, and are not held against the floor).
+    unit: str = "s"
 
     def figures(self) -> dict[str, Any]:
         if self.given is not None:
@@ -114,14 +116,15 @@ def _verdict(metric: Metric) -> str:
     met = metric.met()
     if met is None:
         return ""
-    return f"<= {metric.target_s:g} s: {'met' if met else 'MISSED'}"
+    return f"<= {metric.target_s:g} {metric.unit}: {'met' if met else 'MISSED'}"
 
 
 def table(results: Sequence[Result]) -> str:
-    """One Markdown table: readable in a terminal, pasted as is into docs/benchmarks.md."""
+    """One Markdown table: readable in a terminal, pasted as is into docs/benchmarks.md.
+    Figures are seconds, but where a measure names its unit in parentheses."""
     floor = floor_median(results)
     lines = [
-        "| scenario | measure | n | median s | min s | max s | / floor | target |",
+        "| scenario | measure | n | median | min | max | / floor | target |",
         "|---|---|---:|---:|---:|---:|---:|---|",
     ]
     for result in results:
@@ -130,13 +133,13 @@ def table(results: Sequence[Result]) -> str:
         for i, metric in enumerate(result.metrics):
             f = metric.figures()
             label = f"- {metric.label}" if metric.indent else metric.label
-            per_floor = ratio(f["median_s"], floor) if metric.unit == "s" else None
             if metric.unit != "s":
-                label += f" ({metric.unit}, not s)"
+                label += f" ({metric.unit})"
+            over_floor = ratio(f["median_s"], floor) if metric.unit == "s" else None
             lines.append(
                 f"| {result.title if i == 0 and not result.error else ''} | {label} | {f['n']} | "
                 f"{_seconds(f['median_s'])} | {_seconds(f['min_s'])} | {_seconds(f['max_s'])} | "
-                f"{_ratio(per_floor)} | {_verdict(metric)} |"
+                f"{_ratio(over_floor)} | {_verdict(metric)} |"
             )
     return "\n".join(lines)
 
@@ -162,11 +165,11 @@ def document(
                 "metrics": [
                     {
                         "label": m.label,
-                        **m.figures(),
                         "unit": m.unit,
-                        "median_over_floor": (
-                            ratio(m.figures()["median_s"], floor) if m.unit == "s" else None
-                        ),
+                        **m.figures(),
+                        "median_over_floor": ratio(m.figures()["median_s"], floor)
+                        if m.unit == "s"
+                        else None,
                         "target_s": m.target_s,
                         "met": m.met(),
                         "samples_s": m.samples,

@@ -13,4 +13,6 @@ __version__ = "0.1.0"
 # from the other; submit refuses an image whose entrypoint speaks another protocol.
 # 2: the closed flag and the no-restart witness are key=value lines (the batch script
 # greps them), no longer JSON.
-ENTRYPOINT_PROTOCOL = 2
+# 3: peers take the array throttle from task 0's record (the sbatch exports it to task 0
+# only), and the sbatch acts on the entrypoint's relay claim.
+ENTRYPOINT_PROTOCOL = 3

@@ -7,6 +7,7 @@ and scripts that launch chains all resolve, check, submit and read chains throug
                           train_tasks=32, hot_spares=1, cold_spares=32, depth=8)
     chain = api.submit(spec, sbatch_args=["--account=ml"])   # a Submitted
     view = api.status(chain)          # a ChainView: generations, tasks, cycles, checkpoint
+    account = api.report(chain)       # an Account: where the allocation's node-seconds went
     text = api.logs(chain).text       # task 0's batch log of the newest generation
     api.cancel(chain)
 
@@ -26,13 +27,17 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from nvrx_appliance.goodput import gather
+from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli, workdir
+from nvrx_appliance.observe.slurm_output import ALLOCATIONS
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.settings import extra as extra_args
 from nvrx_appliance.settings import resolve
@@ -45,6 +50,7 @@ from nvrx_appliance.slurm.cancel import Cancelled
 from nvrx_appliance.slurm.status import ChainView
 
 __all__ = [
+    "Account",
     "Cancelled",
     "Chain",
     "ChainNotFound",
@@ -65,6 +71,7 @@ __all__ = [
     "locate",
     "logs",
     "prepare",
+    "report",
     "resolve_settings",
     "status",
     "submit",
@@ -280,6 +287,23 @@ def status(
     be read (a ChainView with `slurm_reachable` False when Slurm did not answer)."""
     folder, _ = locate(target, work_dir=work_dir)
     return sources.read_chain(folder, user=slurmcli.current_user(), slurm=slurm)
+
+
+def report(
+    target: Target, *, work_dir: str | Path | None = None, slurm: Slurm | None = None
+) -> Account:
+    """Goodput: where the chain's allocation went so far (docs/goodput.md), from Slurm's
+    accounting and the work dir. When sacct does not answer, `allocation_node_s` is None
+    and `blind` says why; nothing is made up."""
+    folder, _ = locate(target, work_dir=work_dir)
+    slurm = slurm or Slurm()
+    user = slurmcli.current_user()
+    inputs = gather.read(
+        folder,
+        lambda query: slurm.sacct(user=user, fields=ALLOCATIONS, **query),
+        now=time.time(),
+    )
+    return account(inputs)
 
 
 def cancel(target: Target, *, work_dir: str | Path | None = None) -> Cancelled:

@@ -54,6 +54,12 @@ class ControlFiles:
         return self.directory / "time_limit"
 
     @property
+    def relay(self) -> Path:
+        # The relay claim: created exclusively by the first peer that leaves because the
+        # generation ended; its batch script cancels the array's other tasks.
+        return self.directory / "relay"
+
+    @property
     def no_restart(self) -> Path:
         # Written by an entrypoint whose ft_launcher exited 93, before it exits: where
         # the site kills a step on the first bad exit, srun can hand the trap 143
@@ -151,6 +157,11 @@ class Layout:
     def qualification(self) -> Path:
         # What `qualify` found, when this chain was a qualification run.
         return self.work_dir / "qualification.json"
+
+    @property
+    def goodput_picture(self) -> Path:
+        # The demo's goodput picture (`report` writes its own where it is run).
+        return self.work_dir / "goodput.svg"
 
     @property
     def generations_root(self) -> Path:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Debian packages everything in this project needs: the local Slurm cluster, the image
-# builder and its test runner, and a Python that can make virtual environments.
+# builder and its test runner, strace (the benchmark that counts what the lease costs the
+# file system), and a Python that can make virtual environments.
 # Idempotent: installs only what is missing, so a warm machine pays one dpkg query.
 set -euo pipefail
 
 packages=(
   make python3 python3-venv python3-dev gcc git ca-certificates
   slurm-wlm slurmdbd slurm-client munge mariadb-server
-  iproute2 procps psmisc util-linux numactl
+  iproute2 procps psmisc util-linux numactl strace
   debootstrap squashfs-tools bubblewrap
 )
 

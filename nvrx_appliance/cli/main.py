@@ -20,6 +20,10 @@ COMMANDS = {
     "submit": ("nvrx_appliance.cli.chain:submit_command", "Queue a chain of generations."),
     "status": ("nvrx_appliance.cli.chain:status_command", "Show a chain at a glance."),
     "logs": ("nvrx_appliance.cli.chain:logs_command", "Show a generation's logs."),
+    "report": (
+        "nvrx_appliance.cli.report:report_command",
+        "Show where a chain's allocation went (goodput).",
+    ),
     "cancel": (
         "nvrx_appliance.cli.chain:cancel_command",
         "Cancel every generation of a chain.",

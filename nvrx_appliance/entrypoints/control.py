@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 RECORD_SCHEMA = "nvrx-appliance/rdzv"
-RECORD_VERSION = 2  # 2: the record names its generation
+RECORD_VERSION = 3  # 2: the record names its generation; 3: and the array throttle
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
@@ -105,6 +105,9 @@ class Record:
     task_id: int
     job_id: str
     generation: str  # see generation(): a record of another run is never joined
+    # The array throttle task 0 read from the controller (None: it could not): every
+    # node sizes ft_launcher's --nnodes from it, and only task 0 asks Slurm for it.
+    active_tasks: int | None = None
 
     @property
     def endpoint(self) -> str:
@@ -169,6 +172,11 @@ def decode(text: str) -> Record:
     cluster_uuid = data.get("cluster_uuid")
     if cluster_uuid is not None and not isinstance(cluster_uuid, str):
         raise RecordError("field 'cluster_uuid' is neither null nor a string")
+    active = data.get("active_tasks")
+    if active is not None and (
+        not isinstance(active, int) or isinstance(active, bool) or active < 1
+    ):
+        raise RecordError(f"active_tasks {active!r} is neither null nor a task count >= 1")
     return Record(
         host=data["host"],
         port=port,
@@ -179,6 +187,7 @@ def decode(text: str) -> Record:
         task_id=0,
         job_id=data["job_id"],
         generation=data["generation"],
+        active_tasks=active,
     )
 
 

@@ -1,8 +1,8 @@
 """The control directory on the shared file system: create, check, publish, observe.
 
-The thin adapter under gate.py. Times that decide whether task 0 is alive come from
-the shared file system's own clock (the mtime of a file we just touched), never from
-this node's clock: nodes' clocks drift, and the lease's mtime is the server's.
+The thin adapter under gate.py. Whether task 0 is alive is judged from how long its
+lease's stat has gone unchanged, by this node's own clock (leasewatch.py): no clock is
+compared with another, or with the file system's.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ import os
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from nvrx_appliance.entrypoints import control, gate
+from nvrx_appliance.entrypoints import control, gate, leasewatch
 from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.layout import ControlFiles
 
@@ -76,24 +77,6 @@ def read_file(path: Path) -> gate.FileSeen | None:
     return gate.FileSeen(text=text, owner=st.st_uid, is_file=True)
 
 
-class Clock:
-    """The shared file system's idea of now, read by touching our own probe file."""
-
-    def __init__(self, directory: Path, name: str):
-        self.path = directory / f".clock.{name}.{os.getpid()}"
-
-    def now(self) -> float:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        os.close(fd)
-        os.utime(self.path, None)  # None: the server stamps its own time
-        return os.stat(self.path).st_mtime
-
-    def remove(self) -> None:
-        # Never created (a name too long, a full quota): nothing to remove, nothing to say.
-        with contextlib.suppress(OSError):
-            self.path.unlink()
-
-
 def _ours(path: Path, generation: str) -> gate.FileSeen | None:
     """The file as read, or None when it is missing or names another generation."""
     seen = read_file(path)
@@ -102,24 +85,54 @@ def _ours(path: Path, generation: str) -> gate.FileSeen | None:
     return seen
 
 
-def lease_age(directory: Path, clock: Clock, generation: str) -> float | None:
-    path = ControlFiles(directory).lease
-    try:
-        mtime = os.stat(path).st_mtime
-    except FileNotFoundError:
-        return None
-    if _ours(path, generation) is None:
-        return None
-    return max(0.0, clock.now() - mtime)
+class LeaseWatch:
+    """This node's watch on task 0's lease: one stat per look, and the lease's content
+    (whose generation it names) read once per lease file, not on every look."""
+
+    def __init__(
+        self,
+        directory: Path,
+        generation: str,
+        clock: Callable[[], float] = leasewatch.peer_clock,
+    ):
+        self.path = ControlFiles(directory).lease
+        self.generation = generation
+        self.clock = clock
+        self._track = leasewatch.Track()
+        self._ours: int | None = None  # the inode found to be this generation's lease
+
+    def look(self) -> float | None:
+        """Seconds for which this node has seen the lease go unrefreshed (a lower bound
+        on its age; 0.0 the first time); None when there is no lease of this generation."""
+        before = self.clock()  # before the stat: a stall then only shortens the figure
+        try:
+            st = os.stat(self.path)
+            stamp: leasewatch.Stamp | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+        except FileNotFoundError:
+            stamp = None
+        after = self.clock()
+        if stamp is not None and stamp[0] != self._ours:
+            if _ours(self.path, self.generation) is None:
+                stamp = None
+            else:
+                self._ours = stamp[0]
+        self._track, unchanged = leasewatch.observe(self._track, stamp, before, after)
+        return unchanged
 
 
-def observe(directory: Path, clock: Clock, generation: str) -> gate.Observation:
+def observe(directory: Path, watch: LeaseWatch, generation: str) -> gate.Observation:
+    """One gate poll: the closed flag, the lease and the record; the directory's owner
+    and mode and the no-restart witness only once a record is there to be joined
+    (prepare() checked the directory just before, and no peer exits 93 before task 0
+    has published)."""
+    record = _ours(ControlFiles(directory).record, generation)
     return gate.Observation(
-        directory=_dir_seen(directory),
+        directory=_dir_seen(directory) if record is not None else None,
         closed=closed(directory, generation),
-        lease_age=lease_age(directory, clock, generation),
-        record=_ours(ControlFiles(directory).record, generation),
-        no_restart=_ends_ours(ControlFiles(directory).no_restart, generation),
+        lease_age=watch.look(),
+        record=record,
+        no_restart=record is not None
+        and _ends_ours(ControlFiles(directory).no_restart, generation),
     )
 
 
@@ -144,20 +157,26 @@ def lease_holder(directory: Path, generation: str) -> dict:
     return holder if isinstance(holder, dict) else {}
 
 
-def claim_fence(directory: Path, claim: dict) -> bool:
-    """Create the fence claim, exclusively: True for the one caller that created it,
-    False for every other (however many peers race, one fences)."""
+def _claim(path: Path, claim: dict) -> bool:
+    """Create a claim file, exclusively: True for the one caller that created it, False
+    for every other (however many peers race, one acts)."""
     try:
-        fd = os.open(
-            ControlFiles(directory).fence,
-            os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-            0o600,
-        )
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
     except FileExistsError:
         return False
     with os.fdopen(fd, "w") as fh:
         fh.write(json.dumps(claim, sort_keys=True) + "\n")
     return True
+
+
+def claim_fence(directory: Path, claim: dict) -> bool:
+    return _claim(ControlFiles(directory).fence, claim)
+
+
+def claim_relay(directory: Path, claim: dict) -> bool:
+    """The relay claim: its winner's batch script cancels the array's other tasks, so
+    that every node learns of the generation's end from Slurm, not by polling."""
+    return _claim(ControlFiles(directory).relay, claim)
 
 
 def close(directory: Path, flag: dict) -> None:
@@ -189,9 +208,10 @@ class LeaseKeeper:
     """Task 0's liveness lease: written once, then its mtime refreshed by a thread.
 
     Never removed: a peer that saw no lease would take task 0 for not started yet and
-    wait without a timeout. A lease that stops moving is what tells peers task 0 died.
-    The keeper also knows how long ago its last successful refresh began, so that task 0
-    can stop itself in time when the refreshes fail (lease.py).
+    wait without a timeout. A lease that stops changing is what tells peers task 0 died.
+    The keeper also knows how long ago its last successful refresh began, by task 0's
+    own clocks (leasewatch.elapsed: a suspend counts), so that task 0 can stop itself
+    in time when the refreshes fail (lease.py).
     """
 
     def __init__(self, directory: Path, interval: float, holder: dict, warn):
@@ -201,22 +221,22 @@ class LeaseKeeper:
         self.warn = warn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="task0-lease", daemon=True)
-        self._refreshed = time.monotonic()
+        self._refreshed = leasewatch.task0_reading()
 
     def start(self) -> None:
-        began = time.monotonic()
+        began = leasewatch.task0_reading()
         write_atomic(self.path, json.dumps(self.holder, sort_keys=True) + "\n", 0o600)
         self._refreshed = began
         self._thread.start()
 
     def unrefreshed_for(self) -> float:
-        return time.monotonic() - self._refreshed
+        return leasewatch.elapsed(self._refreshed, leasewatch.task0_reading())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            # Taken before the call: the server stamps the lease at or after this
-            # moment, so the self-fence deadline counts from no later than the stamp.
-            began = time.monotonic()
+            # Taken before the call: the lease changes at or after this moment, so the
+            # self-fence deadline counts from no later than the change a peer sees.
+            began = leasewatch.task0_reading()
             try:
                 os.utime(self.path, None)
             except OSError as exc:

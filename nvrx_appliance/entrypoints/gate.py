@@ -39,9 +39,11 @@ class FileSeen:
 class Observation:
     """One poll of this generation's control directory."""
 
-    directory: DirSeen
+    directory: DirSeen | None  # read with the record (None: no record yet)
     closed: bool
-    lease_age: float | None  # seconds, by the shared file system's clock; None: no lease
+    # Seconds for which this node has seen the lease go unrefreshed, by its own clock (a
+    # lower bound on its age: leasewatch.py); None: no lease.
+    lease_age: float | None
     record: FileSeen | None
     # A peer's ft_launcher exited 93: NVRx ends the whole generation, and task 0's own
     # closed flag follows once its ft_launcher has drained (seconds later).
@@ -83,6 +85,11 @@ class Leave:
     message: str
     # Task 0's lease went stale: close the generation on its behalf before leaving.
     fence: bool = False
+    # The generation is over (closed flag, stale lease): the first peer that leaves on
+    # it claims the relay, and its batch script cancels the array's other tasks. Never
+    # set for a peer's exit 93: NVRx ends every launcher itself, and each must be free
+    # to leave its own witness.
+    over: bool = False
 
 
 Decision = Wait | Join | Leave
@@ -91,8 +98,8 @@ Decision = Wait | Join | Leave
 def _stale(lease_age: float | None, stale_after: float) -> str | None:
     if lease_age is not None and lease_age > stale_after:
         return (
-            f"task 0's liveness lease is {lease_age:.1f} s old (stale after "
-            f"{stale_after:.0f} s): task 0's node died or hangs, and no trap closed "
+            f"task 0's liveness lease has not been refreshed for {lease_age:.1f} s (stale "
+            f"after {stale_after:.0f} s): task 0's node died or hangs, and no trap closed "
             "the generation"
         )
     return None
@@ -135,14 +142,20 @@ def step(
     state: Waiting, seen: Observation, now: float, peer: Peer, limits: Limits
 ) -> tuple[Waiting, Decision]:
     d = seen.directory
-    problem = control.dir_problem(mode=d.mode, owner=d.owner, uid=peer.uid, is_dir=d.is_dir)
+    problem = (
+        None
+        if d is None
+        else control.dir_problem(mode=d.mode, owner=d.owner, uid=peer.uid, is_dir=d.is_dir)
+    )
     if problem:
         return state, Leave(
             exitcodes.RECORD_REFUSED, f"refusing the control directory: it {problem}"
         )
     if seen.closed:
         return state, Leave(
-            exitcodes.TASK0_GONE, "the closed flag is present: task 0 has ended this generation"
+            exitcodes.TASK0_GONE,
+            "the closed flag is present: task 0 has ended this generation",
+            over=True,
         )
     if seen.no_restart:
         return state, Leave(
@@ -151,7 +164,7 @@ def step(
         )
     stale = _stale(seen.lease_age, limits.lease_stale_after)
     if stale:
-        return state, Leave(exitcodes.TASK0_GONE, stale, fence=True)
+        return state, Leave(exitcodes.TASK0_GONE, stale, fence=True, over=True)
 
     # Anything but a regular file (a planted symlink, say) counts as published, so that
     # it is refused rather than waited on.
@@ -193,10 +206,11 @@ def while_running(
         return Leave(
             exitcodes.STOPPED_BY_CLOSED_FLAG,
             "the closed flag appeared: task 0 has ended this generation; stopping ft_launcher",
+            over=True,
         )
     stale = _stale(lease_age, stale_after) if watch_lease else None
     if stale:
-        return Leave(exitcodes.TASK0_GONE, f"{stale}; stopping ft_launcher", fence=True)
+        return Leave(exitcodes.TASK0_GONE, f"{stale}; stopping ft_launcher", fence=True, over=True)
     return None
 
 

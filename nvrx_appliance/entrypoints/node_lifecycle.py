@@ -12,6 +12,15 @@
     marks Megatron's training done
     exit with ft_launcher's code         exit with ft_launcher's code
 
+While ft_launcher runs, task 0 reads the closed flag every poll; the watchers (node 0
+of array tasks 1..lease_watchers) read the closed flag and the lease twice a second;
+every other node only every backstop period (lease.py). The first peer to leave because the
+generation is over claims the relay, and its batch script cancels the array's other
+tasks: that, not polling, is how most nodes learn of the end. The time-limit notice is
+read with the closed flag: task 0 sends its workers the save signal at its next poll,
+and a workload that agrees across ranks on the stop (the workload contract) stops them
+all at one iteration, whichever nodes read the notice themselves.
+
 Our own failures use the codes in exitcodes.py, never 93.
 """
 
@@ -54,12 +63,14 @@ from nvrx_appliance.entrypoints.workloads.checkpoint_dir import tracker_text
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.settings import endings
 
-# Every node stats the shared file system this often, waiting or training.
+# Every node reads the control directory this often at the gate; task 0 and the
+# watchers also while training.
 GATE_POLL_S = RUN_POLL_S = lease.POLL_S
+WATCH_POLL_S = lease.WATCH_POLL_S  # a watcher, while ft_launcher runs
 WAIT_REPORT_S = 60.0
-# Polls in a row that may fail to read the control dir (its clock probe cannot be
-# created: quota, a read-only mount) before a peer gives up: a minute of a flaky shared
-# file system is ridden out; a broken one must not hold the node for ever.
+# Polls in a row that may fail to read the control dir before a peer gives up: a minute
+# of a flaky shared file system is ridden out; a broken one must not hold the node for
+# ever.
 MAX_READ_FAILURES = 60
 
 
@@ -122,6 +133,24 @@ def fence(node: Node, directory: Path, token: str, reason: str) -> None:
         "cancels task 0's job and this generation's pending spares")  # fmt: skip
 
 
+def relay(node: Node, directory: Path, token: str, reason: str) -> None:
+    """The generation is over and this node leaves on it: the first peer to do so claims
+    the relay, and its batch script (where Slurm's commands are) cancels every other
+    task of the array but task 0, whose own teardown must run. So the nodes that poll
+    rarely learn of the end from Slurm's TERM, within seconds. Task 0's own nodes never
+    claim it: their batch script is task 0's."""
+    if node.task_id == 0:
+        return
+    claim = {"generation": token, "job_id": node.job_id, "by": node.label,
+             "reason": reason, "time": now_iso()}  # fmt: skip
+    try:
+        if controldir.claim_relay(directory, claim):
+            say(f"{node.label}: this task's batch script cancels the array's other tasks")
+    except OSError as exc:
+        say(f"could not claim the relay in {directory}: {exc}; the other nodes leave on "
+            "the closed flag instead")  # fmt: skip
+
+
 def gate_loop(
     manifest: run_manifest.Manifest,
     node: Node,
@@ -134,66 +163,76 @@ def gate_loop(
         node=node, uid=os.geteuid(), own_names=node_probe.own_names(os.environ), fabric=fabric
     )
     limits = gate.Limits(record_wait=spec.rdzv_host_wait, lease_stale_after=spec.lease_stale_after)
-    clock = controldir.Clock(directory, node.hostname)
+    lease_watch = controldir.LeaseWatch(directory, token)
     state, last_reason, reported = gate.Waiting(), None, time.monotonic()
     failures = 0
-    try:
-        while True:
-            try:
-                seen = controldir.observe(directory, clock, token)
-                failures = 0
-            except OSError as exc:
-                # The closed flag first: it needs no clock, and it ends the wait.
-                if controldir.closed(directory, token):
-                    raise Refused(
-                        exitcodes.TASK0_GONE,
-                        f"{node.label}: generation {node.array_job_id} is closed; leaving",
-                    ) from None
-                failures += 1
-                if failures >= MAX_READ_FAILURES:
-                    raise Refused(
-                        exitcodes.RECORD_REFUSED,
-                        f"could not read {directory} {failures} times in a row ({exc}); giving up",
-                    ) from None
-                say(f"could not read {directory}: {exc}; retrying")
-                time.sleep(GATE_POLL_S)
-                continue
-            state, decision = gate.step(state, seen, time.monotonic(), peer, limits)
-            if isinstance(decision, gate.Join):
-                return decision.record
-            if isinstance(decision, gate.Leave):
-                if decision.fence:
-                    fence(node, directory, token, decision.message)
-                raise Refused(decision.exit_code, decision.message)
-            if decision.reason.split(" (")[0] != last_reason or (
-                time.monotonic() - reported >= WAIT_REPORT_S
-            ):
-                say(f"{node.label}: {decision.reason}")
-                last_reason, reported = decision.reason.split(" (")[0], time.monotonic()
+    while True:
+        try:
+            seen = controldir.observe(directory, lease_watch, token)
+            failures = 0
+        except OSError as exc:
+            # The closed flag alone may still be readable, and it ends the wait.
+            if controldir.closed(directory, token):
+                raise Refused(
+                    exitcodes.TASK0_GONE,
+                    f"{node.label}: generation {node.array_job_id} is closed; leaving",
+                ) from None
+            failures += 1
+            if failures >= MAX_READ_FAILURES:
+                raise Refused(
+                    exitcodes.RECORD_REFUSED,
+                    f"could not read {directory} {failures} times in a row ({exc}); giving up",
+                ) from None
+            say(f"could not read {directory}: {exc}; retrying")
             time.sleep(GATE_POLL_S)
-    finally:
-        clock.remove()
+            continue
+        state, decision = gate.step(state, seen, time.monotonic(), peer, limits)
+        if isinstance(decision, gate.Join):
+            return decision.record
+        if isinstance(decision, gate.Leave):
+            if decision.fence:
+                fence(node, directory, token, decision.message)
+            if decision.over:
+                relay(node, directory, token, decision.message)
+            raise Refused(decision.exit_code, decision.message)
+        if decision.reason.split(" (")[0] != last_reason or (
+            time.monotonic() - reported >= WAIT_REPORT_S
+        ):
+            say(f"{node.label}: {decision.reason}")
+            last_reason, reported = decision.reason.split(" (")[0], time.monotonic()
+        time.sleep(GATE_POLL_S)
 
 
 def watch(
     manifest: run_manifest.Manifest,
     node: Node,
     directory: Path,
-    clock,
-    token: str,
-    watch_lease: bool,
+    lease_watch: controldir.LeaseWatch,
+    *,
+    is_task0: bool,
+    period: float,
     exit_at: float | None = None,
 ):
     """The supervisor's look at the control directory (file system calls: it runs where
-    a hang cannot keep task 0 from fencing itself). `exit_at`: task 0's monotonic
-    deadline for the exit duration, at which it writes the time-limit notice."""
+    a hang cannot keep task 0 from fencing itself), at most once per `period`: task 0
+    reads the closed flag, any other node the closed flag and the lease (a node that
+    looks rarely judges the lease from those sparse looks); then the time-limit notice.
+    `exit_at`: task 0's monotonic deadline for the exit duration, at which it writes
+    that notice."""
     spec = manifest.spec
+    token = lease_watch.generation
+    due = time.monotonic()
 
     def check() -> Verdict:
+        nonlocal due
+        now = time.monotonic()
+        if now < due:
+            return None
+        due = now + period
         verdict = gate.while_running(
             closed=controldir.closed(directory, token),
-            lease_age=controldir.lease_age(directory, clock, token) if watch_lease else None,
-            watch_lease=watch_lease,
+            lease_age=None if is_task0 else lease_watch.look(),
+            watch_lease=not is_task0,
             stale_after=spec.lease_stale_after,
         )
         if verdict is not None and verdict.fence:
@@ -201,12 +240,63 @@ def watch(
         if verdict is not None:
             return verdict
         reason = time_limit.noticed(directory, token)
-        if reason is None and exit_at is not None and time.monotonic() >= exit_at:
+        if reason is None and exit_at is not None and now >= exit_at:
             reason = f"exit duration of {spec.exit_duration_min} min since task 0 started reached"
             time_limit.write_notice(directory, token, reason)
         return Save(reason) if reason is not None else None
 
     return check
+
+
+def linger(
+    manifest: run_manifest.Manifest,
+    node: Node,
+    directory: Path,
+    lease_watch: controldir.LeaseWatch,
+) -> None:
+    """A watcher whose ft_launcher ended on its own with a failure, unasked: the usual
+    cause is task 0's store gone with task 0, and if the watchers all left now, nobody
+    would fence it. So it stays, reading as before, until task 0 shows it lives (its
+    lease changes), the closed flag appears, or the lease has gone unchanged past the
+    threshold (it fences): the threshold and two polls at most."""
+    spec, token = manifest.spec, lease_watch.generation
+    say(f"{node.label}: ft_launcher ended on its own; making sure task 0 lives before "
+        f"leaving (up to {spec.lease_stale_after + 2 * WATCH_POLL_S:.0f} s)")  # fmt: skip
+    deadline = time.monotonic() + spec.lease_stale_after + 2 * WATCH_POLL_S
+    try:
+        lease_watch.look()  # a change seen only now may be task 0's last refresh
+        while time.monotonic() < deadline:
+            time.sleep(WATCH_POLL_S)
+            closed = controldir.closed(directory, token)
+            unchanged = lease_watch.look()
+            if unchanged is None or (unchanged == 0.0 and not closed):
+                return  # task 0 refreshed its lease since: it lives
+            verdict = gate.while_running(
+                closed=closed,
+                lease_age=unchanged,
+                watch_lease=True,
+                stale_after=spec.lease_stale_after,
+            )
+            if verdict is not None:
+                say(f"{node.label}: {verdict.message}")
+                if verdict.fence:
+                    fence(node, directory, token, verdict.message)
+                relay(node, directory, token, verdict.message)
+                return
+    except OSError as exc:
+        say(f"{node.label}: could not read {directory} ({exc}); leaving")
+
+
+def look_period(
+    manifest: run_manifest.Manifest, node: Node, *, is_task0: bool, active_tasks: int
+) -> float:
+    """Seconds between two looks at the control directory while ft_launcher runs."""
+    spec = manifest.spec
+    if is_task0:
+        return RUN_POLL_S
+    if lease.watches(node.task_id, node.node_id, spec.lease_watchers):
+        return WATCH_POLL_S
+    return lease.backstop_period(active_tasks * spec.nodes_per_task)
 
 
 def self_fence_watch(manifest: run_manifest.Manifest, keeper: controldir.LeaseKeeper):
@@ -287,40 +377,54 @@ def supervise(
     record: control.Record,
     directory: Path,
     keeper: controldir.LeaseKeeper | None,
+    lease_watch: controldir.LeaseWatch,
+    stop_signals: list[int],
     started: float,
 ):
-    argv = launch.command(
-        pre.manifest,
-        record,
-        pre.workload,
-        hosts_rendezvous=pre.node.hosts_rendezvous,
-        launcher=pre.launcher,
-        active_tasks=pre.active_tasks,
-    )
+    """ft_launcher under a Supervisor; `stop_signals` collects the stopping signals
+    Slurm sent a peer (task 0 answers them by closing the generation)."""
+    # The throttle task 0 read from the controller, for every node alike.
+    active_tasks = record.active_tasks if record.active_tasks is not None else pre.active_tasks
+    try:
+        argv = launch.command(
+            pre.manifest,
+            record,
+            pre.workload,
+            hosts_rendezvous=pre.node.hosts_rendezvous,
+            launcher=pre.launcher,
+            active_tasks=active_tasks,
+        )
+    except launch.ShapeError as exc:
+        raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None
     child_env = env.plan(pre.manifest, pre.node, os.environ).apply(os.environ)
-    clock = controldir.Clock(directory, pre.node.hostname)
+    period = look_period(
+        pre.manifest,
+        pre.node,
+        is_task0=keeper is not None,
+        active_tasks=active_tasks or pre.manifest.shape.active_tasks,
+    )
+    check = watch(
+        pre.manifest, pre.node, directory, lease_watch, is_task0=keeper is not None,
+        period=period, exit_at=exit_deadline(pre.manifest, started) if keeper else None,
+    )  # fmt: skip
     try:
         return Supervisor(
             argv,
             child_env,
-            # Task 0 judges its own lease by its own refreshes, the others by its age.
-            check=watch(
-                pre.manifest, pre.node, directory, clock, record.generation, keeper is None,
-                exit_at=exit_deadline(pre.manifest, started) if keeper else None,
-            ),
+            check=check,
             urgent=self_fence_watch(pre.manifest, keeper) if keeper is not None else None,
             grace=pre.manifest.spec.closed_flag_grace,
-            poll=RUN_POLL_S,
+            poll=min(RUN_POLL_S, period),
             log=say,
-            on_stop_signal=closer(pre.node, directory, record.generation) if keeper else None,
+            on_stop_signal=closer(pre.node, directory, record.generation)
+            if keeper
+            else stop_signals.append,
             # Task 0 lets a workload finish (save) after Slurm's TERM, as its batch shell does.
             drain=term_drain(os.environ) if keeper else None,
             save=save_signal(pre.workload),
-        ).run()  # fmt: skip
+        ).run()
     except OSError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
-    finally:
-        clock.remove()
 
 
 def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper | None:
@@ -338,7 +442,11 @@ def run(manifest_path: Path | None) -> int:
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
     # Decided before anything is created: a refusal leaves nothing behind.
-    record = task0_record(manifest, node, pre.fabric) if node.hosts_rendezvous else None
+    record = (
+        task0_record(manifest, node, pre.fabric, pre.active_tasks)
+        if node.hosts_rendezvous
+        else None
+    )
     directory = make_dirs(manifest, node)
     keeper = None
     if record is not None:
@@ -347,8 +455,10 @@ def run(manifest_path: Path | None) -> int:
         record = gate_loop(manifest, node, pre.fabric, directory, generation(manifest, node))
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     kept = retention_keeper(manifest) if keeper is not None else None
+    lease_watch = controldir.LeaseWatch(directory, record.generation)
+    stop_signals: list[int] = []
     try:
-        outcome = supervise(pre, record, directory, keeper, started)
+        outcome = supervise(pre, record, directory, keeper, lease_watch, stop_signals, started)
     finally:
         if keeper is not None:
             keeper.stop()
@@ -356,6 +466,15 @@ def run(manifest_path: Path | None) -> int:
             kept.stop()
     if keeper is not None:
         mark_megatron_done(manifest)
+    if outcome.stopped is not None and outcome.stopped.over:
+        relay(node, directory, record.generation, outcome.stopped.message)
+    elif (
+        lease.watches(node.task_id, node.node_id, manifest.spec.lease_watchers)
+        and outcome.stopped is None
+        and not stop_signals
+        and outcome.exit_code not in (exitcodes.OK, exitcodes.NVRX_NO_RESTART)
+    ):
+        linger(manifest, node, directory, lease_watch)
     if outcome.exit_code == exitcodes.NVRX_NO_RESTART and outcome.stopped is None:
         try:
             controldir.mark_no_restart(directory, outcome.exit_code, record.generation)
@@ -403,7 +522,7 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
     fabric = node_probe.node_fabric()
     decision = decide(manifest, fabric)
     if node.hosts_rendezvous:
-        record = task0_record(manifest, node, fabric)
+        record = task0_record(manifest, node, fabric, array_throttle(os.environ))
     else:
         record = control.Record(
             host="TASK0_HOST",

@@ -117,7 +117,10 @@ def generation(manifest: run_manifest.Manifest, node: Node) -> str:
 
 
 def task0_record(
-    manifest: run_manifest.Manifest, node: Node, fabric: detect.Fabric
+    manifest: run_manifest.Manifest,
+    node: Node,
+    fabric: detect.Fabric,
+    active_tasks: int | None,
 ) -> control.Record:
     decision = decide(manifest, fabric)
     return control.Record(
@@ -130,6 +133,7 @@ def task0_record(
         task_id=0,
         job_id=node.job_id,
         generation=generation(manifest, node),
+        active_tasks=active_tasks,
     )
 
 

@@ -134,6 +134,7 @@ class AcctRow:
     end: str
     work_dir: str
     submit_line: str = ""
+    submit: str = ""  # when Slurm accepted the job
 
 
 # Every task of a chain since a time, for status and the benchmarks.
@@ -153,7 +154,20 @@ CHAIN_ACCOUNTING = (
 ENDINGS = ("JobID", "State", "ExitCode", "End")
 # Who a job id belongs to and which script it ran, for the watcher's start.
 IDENTITY = ("JobName", "User", "WorkDir", "SubmitLine")  # SubmitLine last: it may hold '|'
-_ALL_FIELDS = (*_SQUEUE_CODES, *CHAIN_ACCOUNTING, *IDENTITY)
+# What each task of a chain held and when, for the goodput report: its allocation.
+ALLOCATIONS = (
+    "JobID",
+    "JobIDRaw",
+    "JobName",
+    "User",
+    "State",
+    "NodeList",
+    "Submit",
+    "Start",
+    "End",
+    "WorkDir",
+)
+_ALL_FIELDS = (*_SQUEUE_CODES, *CHAIN_ACCOUNTING, *IDENTITY, *ALLOCATIONS)
 
 
 def sacct_format(fields: tuple[str, ...]) -> str:
@@ -192,6 +206,7 @@ def sacct_rows(out: str, fields: tuple[str, ...] = CHAIN_ACCOUNTING) -> list[Acc
                 end=_time(row["End"]),
                 work_dir=row["WorkDir"],
                 submit_line=row["SubmitLine"],
+                submit=_time(row["Submit"]),
             )
         )
     return rows

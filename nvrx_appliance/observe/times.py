@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timezone
 
 _UNKNOWN_TIMES = {"", "unknown", "none", "n/a"}
 
@@ -18,6 +18,17 @@ def parse_time(text: str | None) -> float | None:
         return datetime.fromisoformat(value).timestamp()
     except ValueError:
         return None
+
+
+def sacct_since(iso_utc: str) -> str:
+    """run.json's UTC time as the local time `sacct --starttime` expects."""
+    try:
+        moment = datetime.fromisoformat(iso_utc.replace("Z", "+00:00"))
+    except ValueError:
+        return "now-30days"
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
 
 
 def age_text(seconds: float) -> str:

@@ -11,12 +11,16 @@ byte that is not UTF-8, must neither hang nor crash a reader.
 from __future__ import annotations
 
 import json
+import os
+import stat
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.files import read_text
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe.times import sacct_since
 from nvrx_appliance.observe.types import Cycle
 
 MAX_FILE_BYTES = 64 << 20
@@ -33,6 +37,23 @@ def read(path: Path) -> str:
         return read_text(path, MAX_FILE_BYTES) or ""
     except OSError:
         return ""
+
+
+def lines_with(path: Path, keep: Callable[[str], bool]) -> list[str]:
+    """The lines of a log that `keep` accepts, read as a stream: a per-cycle log of a long
+    run can hold gigabytes, of which a reader wants a few lines in a thousand. [] when
+    the file is absent, unreadable or not a regular file."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError:
+        return []
+    try:
+        with os.fdopen(fd, "r", errors="replace") as handle:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return []
+            return [line for line in handle if keep(line)]
+    except OSError:
+        return []
 
 
 def read_json(path: Path) -> Any:
@@ -95,6 +116,19 @@ def submitted_ids(layout: Layout) -> list[str]:
     record = read_json(layout.submitted)
     ids = record.get("job_ids", []) if isinstance(record, dict) else []
     return [str(i) for i in ids if str(i).isdigit()]
+
+
+def accounting_query(layout: Layout, manifest: dict[str, Any]) -> dict[str, Any]:
+    """How to ask sacct for every task of the chain: by the ids submit recorded when
+    there are some (the only way sacct shows a generation cancelled before it started),
+    else by name since the chain's creation (Slurm.sacct's keywords)."""
+    ids = submitted_ids(layout)
+    if ids:
+        return {"jobs": ids}
+    return {
+        "name": manifest["spec"]["job_name"],
+        "since": sacct_since(str(manifest.get("created", ""))),
+    }
 
 
 def chain_marker(layout: Layout) -> bool:

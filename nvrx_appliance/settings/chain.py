@@ -220,6 +220,14 @@ class ChainSpec:
         "(task 0 stops itself earlier: see README, Task 0's lease).",
         "NVRX_LEASE_STALE_AFTER",
     )
+    lease_watchers: int = _opt(
+        # Task 0 and all of them must be lost together before a dead task 0 waits for
+        # the backstop; each costs the metadata server four calls a second.
+        lease.DEFAULT_WATCHERS,
+        "Peers (node 0 of array tasks 1..N) that read task 0's lease twice a second; the "
+        "other nodes read it rarely and learn of the generation's end from Slurm.",
+        "NVRX_LEASE_WATCHERS",
+    )
     closed_flag_grace: int = _opt(
         3,
         "Seconds between TERM and KILL when the closed flag stops ft_launcher.",
@@ -471,6 +479,7 @@ def check(spec: ChainSpec) -> list[Problem]:
     for name in (
         "nodes_per_task",
         "gpus_per_node",
+        "lease_watchers",
         "depth",
         "save_interval",
     ):

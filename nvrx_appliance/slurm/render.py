@@ -184,6 +184,7 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "control": generation_path(layout.control(_ARRAY_JOB_ID)),
         "closed": generation_path(control_files.closed),
         "fence": generation_path(control_files.fence),
+        "relay": generation_path(control_files.relay),
         "no_restart_witness": generation_path(control_files.no_restart),
         "time_limit_notice": generation_path(control_files.time_limit),
         "time_limit_signal": endings.SAVE_SIGNAL.name.removeprefix("SIG"),

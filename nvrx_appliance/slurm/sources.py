@@ -7,7 +7,6 @@ checkpoint tracker. Two Slurm calls per look (one squeue, one sacct), whatever t
 
 from __future__ import annotations
 
-import datetime
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,23 +66,8 @@ def _accounted(slurm: Slurm, target: str, user: str, failures: list[str]) -> lis
         return []
 
 
-def slurm_time(iso_utc: str) -> str:
-    """run.json's UTC time as the local time sacct --starttime expects."""
-    try:
-        moment = datetime.datetime.fromisoformat(iso_utc.replace("Z", "+00:00"))
-    except ValueError:
-        return "now-30days"
-    return moment.astimezone().strftime("%Y-%m-%dT%H:%M:%S")
-
-
 def _accounting(slurm: Slurm, layout: Layout, manifest: dict[str, Any], user: str) -> list[AcctRow]:
-    """By the ids submit recorded when there are some (the only way sacct shows a
-    generation cancelled before it started), else by name since the chain's creation."""
-    ids = workdir.submitted_ids(layout)
-    if ids:
-        return slurm.sacct(user=user, jobs=ids)
-    since = slurm_time(str(manifest.get("created", "")))
-    return slurm.sacct(user=user, name=manifest["spec"]["job_name"], since=since)
+    return slurm.sacct(user=user, **workdir.accounting_query(layout, manifest))
 
 
 def read_chain(work_dir: Path, *, user: str, slurm: Slurm | None = None) -> ChainView:

@@ -1,6 +1,7 @@
 """Task 0's teardown decision, run from the generation's EXIT trap after the closed flag;
-and the host half of a fence, run by the batch script of the peer that fenced a dead
-task 0 (`--fence CLAIM`).
+the host half of a fence, run by the batch script of the peer that fenced a dead task 0
+(`--fence CLAIM`); and the relay of a generation's end, run by the batch script of the
+first peer that left on it (`--relay CLAIM`).
 
 Why Python and why stdlib only: in container mode the batch script runs on the host,
 which may not have this package. The burn guard needs the ledger (JSON lines) and a
@@ -152,6 +153,25 @@ def fence_argvs(*, user: str, array_job_id: str) -> List[List[str]]:
     ]
 
 
+def others(task_id: int, last_task: int) -> str:
+    """Slurm's array index expression for tasks 1..last_task but `task_id`, e.g.
+    "[1,3-7]"; "" when there is none."""
+    spans = [(1, task_id - 1), (task_id + 1, last_task)]
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in spans if a <= b]
+    return "[" + ",".join(parts) + "]" if parts else ""
+
+
+def relay_argv(*, user: str, array_job_id: str, task_id: int, last_task: int) -> List[str]:
+    """What a relay cancels: every task of this array but task 0, whose own trap must
+    run (and decide exit 93's fate), and the relaying task, whose script is running
+    this. Running tasks get Slurm's TERM at once; pending spares are cancelled. One
+    scancel, scoped to the user and this array; [] when no other task exists."""
+    expression = others(task_id, last_task)
+    if not expression:
+        return []
+    return ["scancel", "--user=" + user, array_job_id + "_" + expression]
+
+
 def parse_ledger(text: str) -> List[Dict[str, Any]]:
     """Ledger lines; a torn or foreign line is skipped rather than stopping the teardown."""
     entries = []
@@ -251,7 +271,10 @@ def _log(message: str) -> None:
     print(f"nvrx teardown: {message}", file=sys.stderr, flush=True)
 
 
-def _scancel(argv: List[str]) -> bool:
+NOT_RELEASED = "THE CHAIN IS NOT RELEASED; run it by hand or let nvrx-watch reconcile"
+
+
+def _scancel(argv: List[str], consequence: str = NOT_RELEASED) -> bool:
     try:
         done = subprocess.run(
             argv,
@@ -262,10 +285,7 @@ def _scancel(argv: List[str]) -> bool:
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        _log(
-            f"ERROR: {' '.join(argv)} could not run ({exc}). THE CHAIN IS NOT RELEASED; "
-            "run it by hand or let nvrx-watch reconcile"
-        )
+        _log(f"ERROR: {' '.join(argv)} could not run ({exc}). {consequence}")
         return False
     if done.returncode != 0 and BENIGN_SCANCEL in done.stderr:
         # Asked for PENDING tasks of an array that has none left: nothing to release.
@@ -273,7 +293,7 @@ def _scancel(argv: List[str]) -> bool:
     if done.returncode != 0:
         _log(
             f"ERROR: {' '.join(argv)} failed (exit {done.returncode}: {done.stderr.strip()}). "
-            "THE CHAIN IS NOT RELEASED; run it by hand or let nvrx-watch reconcile"
+            + consequence
         )
         return False
     return True
@@ -357,6 +377,34 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     return 0
 
 
+def relay(args: argparse.Namespace, spec: Dict[str, Any]) -> int:
+    """The generation is over; only the job whose entrypoint won the relay claim acts,
+    so the array is cancelled once however many peers left on the end."""
+    claim = _claim(args.relay, os.geteuid())
+    if claim is None or claim.get("job_id") != args.job_id or not args.job_id:
+        return 0
+    try:
+        last_task = sum(int(spec[k]) for k in ("train_tasks", "hot_spares", "cold_spares")) - 1
+        task_id = int(args.task_id)
+    except (KeyError, TypeError, ValueError):
+        _log("ERROR: the array's shape or this task's index is unknown: nothing relayed")
+        return 0
+    if not args.user or not args.array_job_id:
+        _log("ERROR: user or array job id unknown: nothing relayed")
+        return 0
+    argv = relay_argv(
+        user=args.user, array_job_id=args.array_job_id, task_id=task_id, last_task=last_task
+    )
+    if argv:
+        _log(
+            "{}; cancelling the other tasks of array {} ({})".format(
+                claim.get("reason", "the generation is over"), args.array_job_id, argv[-1]
+            )
+        )
+        _scancel(argv, "The other tasks leave on the closed flag instead, more slowly")
+    return 0
+
+
 def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) -> int:
     history = _history(args.ledger, this["chain"])
     marker = _read(args.training_done, TRACKER_BYTES) if args.training_done else ""
@@ -409,16 +457,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         "start",
         "checkpoint-start",
         "fence",
+        "relay",
         "job-id",
         "training-done",
+        "task-id",
     ):
         parser.add_argument("--" + name, default="")
     parser.add_argument("--exit-code", type=int)
     parser.add_argument("--no-restart-witness", type=int, default=0)
     parser.add_argument("--time-limit-notice", type=int, default=0)
     args = parser.parse_args(argv)
-    if not args.fence and args.exit_code is None:
-        parser.error("--exit-code is required (or --fence CLAIM)")
+    if not (args.fence or args.relay) and args.exit_code is None:
+        parser.error("--exit-code is required (or --fence CLAIM, or --relay CLAIM)")
 
     manifest = _load_manifest(args.run_json)
     spec = manifest.get("spec", {})
@@ -434,6 +484,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "chain": str(manifest.get("created", "")),
         "mode": spec.get("mode", ""),
     }
+    if args.relay:
+        return relay(args, spec)
     if args.fence:
         return fence(args, this)
     return teardown(args, this, int(spec.get("burn_guard", 0)))

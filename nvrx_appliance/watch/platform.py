@@ -12,10 +12,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from nvrx_appliance.observe import slurm_output
-from nvrx_appliance.observe.slurm_output import CHAIN_TASKS, ENDINGS, IDENTITY, ParseError
+from nvrx_appliance.observe.slurm_output import (
+    ALLOCATIONS,
+    CHAIN_TASKS,
+    ENDINGS,
+    IDENTITY,
+    AcctRow,
+    ParseError,
+)
 from nvrx_appliance.observe.slurmcli import DEFAULT_TIMEOUT_S, Runner, Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import Ending, Generation
 
@@ -58,6 +65,8 @@ class Platform(Protocol):
 
     def task0_endings(self, array_job_ids: Sequence[str]) -> tuple[Ending, ...]: ...
 
+    def allocations(self, owner: str, query: dict[str, Any]) -> list[AcctRow]: ...
+
     def scancel(self, argv: Sequence[str]) -> None: ...
 
 
@@ -78,6 +87,9 @@ class NullPlatform:
         raise NotConfigured(self.why)
 
     def task0_endings(self, array_job_ids: Sequence[str]) -> tuple[Ending, ...]:
+        raise NotConfigured(self.why)
+
+    def allocations(self, owner: str, query: dict[str, Any]) -> list[AcctRow]:
         raise NotConfigured(self.why)
 
     def scancel(self, argv: Sequence[str]) -> None:
@@ -152,6 +164,11 @@ class SlurmPlatform:
                 if ending is not None and ending.array_job_id == array_job_id:
                     found[array_job_id] = ending
         return tuple(found.values())
+
+    def allocations(self, owner: str, query: dict[str, Any]) -> list[AcctRow]:
+        """Every task of the chain with its nodes and times, for the goodput gauges;
+        `query` is workdir.accounting_query's (ids, or a name and a start time)."""
+        return self._sacct(user=owner, fields=ALLOCATIONS, **query)
 
     def _sacct(self, **query) -> list[slurm_output.AcctRow]:
         try:

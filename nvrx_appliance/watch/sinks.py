@@ -290,6 +290,18 @@ def _generation_number(job_id: str) -> float | None:
     return float(job_id) if job_id.isdigit() else None
 
 
+Samples = Iterable[tuple[dict[str, str], float | None]]
+
+
+def gauge(name: str, help_text: str, samples: Samples, chain: dict[str, str]) -> list[str]:
+    """One gauge's lines of the textfile: its help, its type, a sample per label set."""
+    return [
+        f"# HELP {name} {help_text}",
+        f"# TYPE {name} gauge",
+        *(f"{name}{_labels(**chain, **labels)} {_number(value)}" for labels, value in samples),
+    ]
+
+
 def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
     """One textfile per pass. The set of series is the same on every pass of a chain:
     a count that is zero is written as 0 and a value not known yet as NaN, never left
@@ -299,14 +311,8 @@ def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
     chain = {"chain": snap.run.job_name, "owner": snap.run.owner}
     out: list[str] = []
 
-    def metric(
-        name: str, help_text: str, samples: Iterable[tuple[dict[str, str], float | None]]
-    ) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} gauge")
-        out.extend(
-            f"{name}{_labels(**chain, **labels)} {_number(value)}" for labels, value in samples
-        )
+    def metric(name: str, help_text: str, samples: Samples) -> None:
+        out.extend(gauge(name, help_text, samples, chain))
 
     counts = {(d.name, d.severity): 0 for d in detectors.ALL}
     for f in figures.findings:

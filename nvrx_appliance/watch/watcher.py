@@ -17,9 +17,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.goodput import gather
+from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.observe.types import Checkpoint
-from nvrx_appliance.watch import action_gate, detectors, persistence, readers, sinks
+from nvrx_appliance.observe.types import Checkpoint, Cycle
+from nvrx_appliance.observe.workdir import NotFound
+from nvrx_appliance.watch import (
+    action_gate,
+    detectors,
+    goodput_metrics,
+    persistence,
+    readers,
+    sinks,
+)
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.findings import (
     CHECKPOINT,
@@ -103,6 +113,7 @@ class Watcher:
     blind: str = ""  # why Slurm could not even identify the job: every pass is blind
     last_scan: CycleScan | None = None  # what the last cycle-info scan read (for the bench)
     _reader: CycleReader | None = None
+    _logs: gather.LogMemo = field(default_factory=gather.LogMemo)  # Megatron logs parsed
 
     def __post_init__(self) -> None:
         self.log_sink = sinks.LogSink(self.logger, self.settings.secrets)
@@ -346,11 +357,33 @@ class Watcher:
         if not self.settings.metrics_file:
             return
         figures = sinks.PassFigures(result.findings, result.duration_s, result.degraded)
+        chain = {"chain": snap.run.job_name, "owner": snap.run.owner}
+        text = sinks.metrics_text(snap, figures) + goodput_metrics.text(self._goodput(snap), chain)
         try:
-            sinks.write_metrics(self.settings.metrics_file, sinks.metrics_text(snap, figures))
+            sinks.write_metrics(self.settings.metrics_file, text)
         except sinks.SinkError as exc:
             result.sink_errors.append(str(exc))
             self.logger.error("sink %s", exc)
+
+    def _goodput(self, snap: Snapshot) -> Account | None:
+        """The goodput account for the gauges, when the chain has a run.json (None: the
+        gauges say NaN). Only with a metrics file: it costs one more sacct a pass."""
+        if not self.run.work_dir:
+            return None
+        cycles: dict[str, list[Cycle]] = {}
+        for cycle in snap.cycles:  # already read (and cached) by this pass
+            cycles.setdefault(cycle.job_id, []).append(cycle)
+        try:
+            inputs = gather.read(
+                Path(self.run.work_dir),
+                lambda query: self.platform.allocations(self.run.owner, query),
+                now=snap.observed_at,
+                memo=self._logs,
+                cycles=cycles,
+            )
+        except NotFound:
+            return None
+        return account(inputs)
 
     def _heartbeat(self, result: PassResult) -> None:
         if result.degraded or not self.settings.heartbeat_url:

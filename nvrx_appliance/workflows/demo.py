@@ -3,7 +3,8 @@ cli/demo.py is its command line).
 
 Brings the cluster up, submits the reference deployment's hand-off demo with the cpu trainer on bare
 metal (a workload fault -> in-job restart; the GPU-failure injector on task 0's node ->
-the next generation takes over), follows it, and ends with a recovery report.
+the next generation takes over), follows it, and ends with a recovery report, its
+goodput lines and picture.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 from nvrx_appliance import api
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.entrypoints import launch
+from nvrx_appliance.files import write_atomic
+from nvrx_appliance.goodput import picture
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.follow import follow
@@ -65,6 +68,7 @@ DEMO: dict[str, Any] = {
 DEADLINE_S = 480  # the whole run takes about two minutes; this is "something is wrong"
 POLL_S = 1.0
 HEARTBEAT_S = 15.0
+ACCOUNTING_S = 30.0  # slurmdbd lags the controller by a second or two; this is "it is down"
 
 
 def cli_flags(settings: dict[str, Any]) -> list[str]:
@@ -178,10 +182,22 @@ def run(say: Say) -> Outcome:
     view = api.status(name, work_dir=work)
     layout = Layout(work)
     logs = {g.array_job_id: _nvrx_log(view, g.array_job_id) for g in view.generations}
+    # Accounting records a task's end a moment after squeue forgets it: wait for it.
+    goodput = follow(
+        lambda slurm: api.report(name, work_dir=work, slurm=slurm),
+        lambda found: all(g.end is not None for g in found.generations),
+        deadline_s=ACCOUNTING_S,
+        poll_s=POLL_S,
+    ).last
     result = demo_report.report(
-        view, workdir.json_lines(layout.progress_log), workdir.ledger(layout), logs
+        view, workdir.json_lines(layout.progress_log), workdir.ledger(layout), logs, goodput
     )
     for line in result.lines:
         say("      " + line if line else "")
-    say(f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again.")
+    write_atomic(layout.goodput_picture, picture.svg(goodput), 0o644, durable=False)
+    say(f"      picture: {layout.goodput_picture} (open it in a browser)")
+    say(
+        f"\nEverything is in {work}; `nvrx-appliance status {name}` shows the chain again, "
+        f"`nvrx-appliance report {name}` its goodput."
+    )
     return Outcome(job_name=name, work_dir=work, job_ids=job_ids, report=result)

@@ -1,7 +1,8 @@
 """What the demo says while it follows a chain, and the recovery report at its end. Pure.
 
-Inputs are what the demo read: the cpu trainer's progress events, the ledger, and the
-status view (Slurm, cycle-info files). Outputs are lines for a person.
+Inputs are what the demo read: the cpu trainer's progress events, the ledger, the
+status view (Slurm, cycle-info files) and the goodput account. Outputs are lines for a
+person.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from nvrx_appliance.goodput import summary
+from nvrx_appliance.goodput.account import Account
 from nvrx_appliance.slurm.status import ChainView
 
 
@@ -101,6 +104,7 @@ def report(
     events: Sequence[dict[str, Any]],
     ledger: Sequence[dict],
     logs: dict[str, NvrxLog] | None = None,
+    goodput: Account | None = None,
 ) -> Report:
     lines = [f"Recovery report: chain {view.job_name} ({view.work_dir})", "", "Generation timeline"]
     by_array = {str(e.get("array_job_id")): e for e in ledger}
@@ -163,6 +167,8 @@ def report(
             )
     if len(lines) and lines[-1] == "Hand-off":
         lines.append("  none: no generation followed another")
+    if goodput is not None:
+        lines += ["", *summary.lines(goodput)]
     return Report(lines=lines, resumed_ok=resumed_ok)
 
 

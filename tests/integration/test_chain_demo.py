@@ -5,6 +5,9 @@ although the first one's closed flag and rendezvous record are still there."""
 
 from __future__ import annotations
 
+import shutil
+import xml.etree.ElementTree as ET
+
 import pytest
 
 from nvrx_appliance.workflows import demo
@@ -15,7 +18,7 @@ from .conftest import Cluster
 pytestmark = pytest.mark.cluster
 
 
-def test_the_demo_hands_off_and_reports_the_resume_point(cluster: Cluster):
+def test_the_demo_hands_off_and_reports_the_resume_point(cluster: Cluster, tmp_path):
     said: list[str] = []
     outcome = demo.run(say=said.append)
     work, (first, second) = outcome.work_dir, outcome.job_ids
@@ -41,3 +44,10 @@ def test_the_demo_hands_off_and_reports_the_resume_point(cluster: Cluster):
     assert entries[first]["action"] == "released_spares"
     control = work / "nvrx" / first / "control"
     assert (control / "closed").exists() and (control / "rdzv.json").exists()
+    # The report ends with the goodput lines, and the picture opens.
+    assert f"Goodput of chain {outcome.job_name}: " in text
+    assert f"picture: {work / 'goodput.svg'}" in text
+    ET.parse(work / "goodput.svg")
+    # Kept with pytest's temporary files (the work dir goes with the cluster): the
+    # README's picture is one of these.
+    shutil.copy(work / "goodput.svg", tmp_path / f"{outcome.job_name}.svg")

@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from nvrx_appliance.devcluster.poll import Timeout
+from nvrx_appliance.lease import POLL_S
 from nvrx_appliance.workflows.demo import QUICK
 
 from .chain_support import (
@@ -40,7 +42,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
 GENERATION_S = 240
 # Short, so that the fence comes well before Slurm's node-failure detection (about 20 s
 # on this cluster); the grace shortened with it to keep task 0's self-fence margin.
-LEASE = ("--lease-stale-after", "5", "--closed-flag-grace", "1")
+LEASE_S = 6
+LEASE = ("--lease-stale-after", str(LEASE_S), "--closed-flag-grace", "1")
 DOWN_S = 120  # SlurmdTimeout and the ping period, with room
 
 
@@ -128,6 +131,73 @@ def test_a_peer_fences_a_dead_task_0_once_and_the_successor_starts_before_slurm_
         cli(cluster, "cancel", name)
         if victim:
             assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
+        wait_idle(cluster, name, timeout=90)
+
+
+def test_the_watchers_alone_fence_a_dead_task_0_in_time_and_the_relay_ends_the_rest(
+    cluster: Cluster,
+):
+    # Issue 24: one watcher (task 1); task 2 reads the control directory only every
+    # backstop period. Task 0's node and task 2's node die together: the watcher alone
+    # must fence within its bound, and task 2's job, on a node nobody can reach, must be
+    # ended by the relay's scancel, not held until Slurm declares the node dead.
+    work = cluster.workdir("watchers")
+    name = unique("watchers")
+    first, second = submit(
+        cluster, work, name, *LEASE, "--lease-watchers", "1",
+        "--mode", "train", "--train-tasks", "1", "--hot-spares", "2", "--cold-spares", "0",
+        "--depth", "2",
+    )  # fmt: skip
+    victims: list[str] = []
+    try:
+        _checkpointed(work, first)
+
+        def all_started():
+            found = tasks(cluster, first)
+            return found if all(t in found and ran(found[t]) for t in range(3)) else None
+
+        gen1 = cluster.wait_until(all_started, 60, f"accounting to record {first}'s tasks")
+        task0_node, other_node = gen1[0]["NodeList"], gen1[2]["NodeList"]
+        victims = [other_node, task0_node]
+        assert cluster_cli("kill-node", other_node).returncode == 0
+        killed_at = time.time()
+        assert cluster_cli("kill-node", task0_node).returncode == 0
+
+        closed = work / "nvrx" / first / "control" / "closed"
+        try:
+            fenced_at = cluster.wait_until(
+                lambda: closed.exists() and closed.stat().st_mtime, LEASE_S + 30, "the fence"
+            )
+        except Timeout:
+            raise AssertionError(f"no fence: {logs_on_failure(work)}") from None
+        # The watcher sees task 0's last refresh within a poll, and the lease unchanged
+        # for the threshold within another; room for a loaded 2-core machine.
+        assert fenced_at - killed_at <= LEASE_S + 2 * POLL_S + 2, logs_on_failure(work)
+        fenced = [e for e in wait_ledger(work, 1, 60) if e["array_job_id"] == first]
+        assert [e["action"] for e in fenced] == ["fenced"], ledger(work)
+        assert "fenced by task 1 " in fenced[0]["reason"], fenced[0]
+
+        wait_event(
+            work,
+            lambda e: e["event"] == "step" and e.get("slurm_array_job_id") == second,
+            GENERATION_S,
+            f"generation {second} to train",
+        )
+        successor = cluster.wait_until(
+            lambda: next((r for r in [tasks(cluster, second)[0]] if ran(r)), None),
+            60,
+            f"accounting to record {second}_0's start",
+        )
+        down = min(_marked_down_at(cluster, node) for node in victims)
+        assert _slurm_time(successor["Start"]) < down, logs_on_failure(work)
+        # Task 2 was cancelled: by the relay (the fence itself cancels only task 0 and
+        # the pending spares), not ended by Slurm's node failure.
+        ended = tasks(cluster, first)
+        assert [state(ended[t]) for t in (0, 2)] == ["CANCELLED", "CANCELLED"], ended
+    finally:
+        cli(cluster, "cancel", name)
+        for node in victims:
+            assert cluster_cli("revive-node", node, timeout=180).returncode == 0
         wait_idle(cluster, name, timeout=90)
 
 

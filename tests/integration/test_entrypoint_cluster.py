@@ -22,7 +22,7 @@ import pytest
 
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.entrypoints import control, controldir
-from nvrx_appliance.layout import ControlFiles, Layout
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.settings.chain import ChainSpec
 
 from .conftest import Cluster
@@ -174,9 +174,12 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_seconds_of_the_closed_fla
     try:
         cluster.wait_until(lambda: dialing(job), 120, "the peer's ft_launcher to dial")
         time.sleep(2)  # deep in its store wait, as a spare that passed the gate long ago
-        flag_tmp = control_dir / ".closed.test"
-        flag_tmp.write_text('{"exit_code": 1, "reason": "test", "time": "now"}\n')
-        flag_tmp.rename(ControlFiles(control_dir).closed)
+        # As task 0's trap writes it: by rename, naming its generation (a flag that
+        # names none is not obeyed).
+        controldir.close(
+            control_dir,
+            {"generation": control.generation(CHAIN, job), "exit_code": 1, "reason": "test"},
+        )
         flagged = time.monotonic()
         cluster.wait_until(
             lambda: (work / "srun-exit.1").exists(), DRAIN_BOUND_S + 5, "the peer to exit"

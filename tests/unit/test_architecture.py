@@ -19,6 +19,7 @@ LAYERS = {
     "manifest": 2,  # run.json holds a ChainSpec, and the workload argv settings/ builds
     "observe": 3,
     "image": 4,
+    "goodput": 4,  # the account of a chain's allocation: read through observe/, pure core
     "slurm": 5,
     "entrypoints": 5,
     "watch": 5,
@@ -104,6 +105,8 @@ def test_the_rules_refuse_sideways_and_upward_imports_and_allow_downward_ones():
     assert violation("nvrx_appliance.slurm.submit", "nvrx_appliance.manifest") is None
     assert violation("nvrx_appliance.manifest", "nvrx_appliance.settings.chain") is None
     assert violation("nvrx_appliance.cli.watch", "nvrx_appliance.watch.shell") is None
+    assert violation("nvrx_appliance.watch.watcher", "nvrx_appliance.goodput.account") is None
+    assert violation("nvrx_appliance.goodput.gather", "nvrx_appliance.slurm.sources")
 
 
 def test_an_import_inside_a_function_counts_too(tmp_path):

@@ -71,4 +71,4 @@ def test_a_count_in_the_table_says_its_unit_and_has_no_ratio_to_the_floor():
         metrics=[Metric("scheduler floor: last task of N ends -> task 0 of N+1 starts", [1.0])],
     )
     row = table([floor, result]).splitlines()[-1]
-    assert "started (generations, not s)" in row and "x |" not in row
+    assert "started (generations)" in row and "x |" not in row

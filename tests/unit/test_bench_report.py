@@ -80,6 +80,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "spare",
         "norestart",
         "restart",
+        "liveness",
         "timelimit",
         "completion",
         "watcher",
@@ -144,3 +145,11 @@ def test_the_seeds_design_is_held_against_the_appliance_on_the_same_failure():
     line = versus([ours, theirs], "handoff", "seeds")
     assert line.startswith("node death (seeds): 306.00 s, 17.0x the appliance's 18.00 s")
     assert versus([ours], "handoff", "seeds") is None
+
+
+def test_a_measure_in_another_unit_names_it_and_is_not_held_against_the_floor():
+    load = Metric("a whole generation", [150.0, 180.0], target_s=200, unit="calls/s")
+    text = report.table([*results(), Result("liveness", "7 liveness load", [load])])
+    [row] = [line for line in text.splitlines() if "a whole generation" in line]
+    assert "a whole generation (calls/s) |" in row
+    assert "| - |" in row and "<= 200 calls/s: met" in row

@@ -126,7 +126,8 @@ def test_a_control_dir_of_another_user_is_refused():
 def test_a_stale_lease_means_task_0_died_without_its_trap_and_must_be_fenced():
     _, decision = decide(seen(lease_age=61, text=control.encode(record())))
     assert decision.exit_code == exitcodes.TASK0_GONE and decision.fence
-    assert "lease is 61.0 s old" in decision.message
+    assert "not been refreshed for 61.0 s" in decision.message
+    assert decision.over  # and the first peer to leave relays the end
 
 
 def test_a_closed_flag_is_left_on_without_fencing():
@@ -197,11 +198,7 @@ OURS = control.generation(support.CHAIN, "4242", "2026-01-01T00:00:00")
 
 
 def _observe(directory, generation=OURS):
-    clock = controldir.Clock(directory, "test")
-    try:
-        return controldir.observe(directory, clock, generation)
-    finally:
-        clock.remove()
+    return controldir.observe(directory, controldir.LeaseWatch(directory, generation), generation)
 
 
 def _me():
@@ -246,22 +243,23 @@ def test_a_symlink_in_place_of_the_record_is_refused(tmp_path):
     assert decision.exit_code == exitcodes.RECORD_REFUSED
 
 
-def test_the_lease_age_is_judged_by_the_file_systems_clock(tmp_path):
-    directory = _generation_dir(tmp_path, "4242")
-    _publish(directory, record())
-    fresh = _observe(directory).lease_age
-    assert 0 <= fresh < 5
-    old = os.stat(ControlFiles(directory).lease).st_mtime - 120
-    os.utime(ControlFiles(directory).lease, (old, old))
-    _, decision = gate.step(gate.Waiting(), _observe(directory), 0.0, _me(), LIMITS)
-    assert decision.exit_code == exitcodes.TASK0_GONE
-
-
 def test_a_running_peer_that_finds_the_lease_stale_fences_and_one_that_sees_the_flag_does_not():
     stale = gate.while_running(closed=False, lease_age=61, watch_lease=True, stale_after=60)
     assert stale.exit_code == exitcodes.TASK0_GONE and stale.fence
     flagged = gate.while_running(closed=True, lease_age=61, watch_lease=True, stale_after=60)
     assert flagged.exit_code == exitcodes.STOPPED_BY_CLOSED_FLAG and not flagged.fence
+    # Either way the generation is over, and the first peer to leave relays it.
+    assert stale.over and flagged.over
+
+
+def test_a_peers_exit_93_is_never_relayed_so_every_launcher_can_leave_its_witness():
+    text = control.encode(record())
+    observed = gate.Observation(
+        directory=OK_DIR, closed=False, lease_age=1, record=gate.FileSeen(text, UID, True),
+        no_restart=True,
+    )  # fmt: skip
+    _, decision = decide(observed)
+    assert decision.exit_code == exitcodes.TASK0_GONE and not decision.over
 
 
 def test_task_0_stops_itself_once_its_lease_has_gone_unrefreshed_past_the_deadline():

@@ -23,6 +23,7 @@ from nvrx_appliance.entrypoints import control, controldir, detect, node_lifecyc
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.entrypoints.supervise import Save
 from nvrx_appliance.layout import ControlFiles
+from nvrx_appliance.lease import POLL_S
 from tests.unit import entrypoint_support as support
 
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.cli.entrypoint import main; main()"]
@@ -236,7 +237,7 @@ def test_task_0s_exit_93_from_a_real_ft_launcher_comes_out_as_93(tmp_path):
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
 
 
-def publish_as_task_0(run_json: Path, host: str, array_job_id="700") -> Path:
+def publish_as_task_0(run_json: Path, host: str, array_job_id="700", active_tasks=None) -> Path:
     m = manifest.load(run_json)
     directory = control_dir(run_json, array_job_id)
     controldir.prepare(directory, os.geteuid())
@@ -244,9 +245,10 @@ def publish_as_task_0(run_json: Path, host: str, array_job_id="700") -> Path:
     controldir.publish(
         directory,
         support.record(
-            host=host, port=m.spec.rdzv_port, array_job_id=array_job_id, job_id=array_job_id
+            host=host, port=m.spec.rdzv_port, array_job_id=array_job_id, job_id=array_job_id,
+            active_tasks=active_tasks,
         ),
-    )
+    )  # fmt: skip
     return directory
 
 
@@ -290,10 +292,14 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp
     # trap wrote the flag, and its ft_launcher dials a store that is gone (300 s).
     grace = 1
     run_json = write_manifest(tmp_path, closed_flag_grace=grace, lease_stale_after=600)
-    directory = publish_as_task_0(run_json, DEAD_HOST)
+    # Task 0 read a throttle of 3 from the controller (raised after submit): the peer,
+    # which no longer asks Slurm, sizes its ft_launcher from task 0's record.
+    directory = publish_as_task_0(run_json, DEAD_HOST, active_tasks=3)
     proc = start_peer(run_json)
     try:
         launcher = ft_launcher_of(proc)
+        argv = launcher.cmdline()
+        assert argv[argv.index("--nnodes") + 1] == "1:3"
         time.sleep(1)  # it is dialing now; the flag comes later, as in the race
         flag = {"exit_code": 1, "generation": control.generation(support.CHAIN, "700")}
         ControlFiles(directory).closed.write_text(json.dumps(flag) + "\n")
@@ -301,12 +307,15 @@ def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp
         assert proc.wait(timeout=30) == exitcodes.STOPPED_BY_CLOSED_FLAG
         assert time.monotonic() - flagged <= grace + 2
         assert not launcher.is_running()
+        # The first peer to leave on the end claims the relay for its batch script.
+        relay = json.loads(ControlFiles(directory).relay.read_text())
+        assert relay["job_id"] == "701" and "closed flag" in relay["reason"]
     finally:
         stop(proc)
 
 
 def test_a_peer_whose_task_0_died_without_a_trap_fences_it_when_the_lease_goes_stale(tmp_path):
-    grace, stale = 1, 5
+    grace, stale = 1, 6
     run_json = write_manifest(tmp_path, closed_flag_grace=grace, lease_stale_after=stale)
     directory = publish_as_task_0(run_json, DEAD_HOST)
     holder = {"host": "node1", "started": "2026-01-01T00:00:01+00:00", "checkpoint_start": 40}
@@ -318,7 +327,9 @@ def test_a_peer_whose_task_0_died_without_a_trap_fences_it_when_the_lease_goes_s
         task0.stop()  # task 0 dies: no trap, no flag, its lease just stops moving
         died = time.monotonic()
         assert proc.wait(timeout=30) == exitcodes.TASK0_GONE
-        assert time.monotonic() - died <= stale + 1 + grace + 2
+        # It sees the last refresh within a poll, and the lease unchanged for `stale`
+        # within another; then the grace.
+        assert time.monotonic() - died <= stale + 2 * POLL_S + grace + 2
         assert "fenced task 0" in proc.stderr.read()
         assert not launcher.is_running()
         # The generation is closed on task 0's behalf, for every node and late spare...
@@ -338,12 +349,41 @@ def test_a_peer_whose_task_0_died_without_a_trap_fences_it_when_the_lease_goes_s
         stop(proc)
 
 
+def test_a_watcher_whose_ft_launcher_gives_up_on_the_dead_store_first_still_fences(tmp_path):
+    # Issue 24: with a few watchers, one whose ft_launcher ends on its own (it cannot
+    # reach task 0's store) before the lease is stale must not just leave: if all of
+    # them did, nobody would fence task 0 until Slurm declared its node dead.
+    grace, stale = 1, 6
+    run_json = write_manifest(
+        tmp_path, closed_flag_grace=grace, lease_stale_after=stale, store_connect_wait=1,
+        lease_watchers=1,
+    )  # fmt: skip
+    directory = publish_as_task_0(run_json, DEAD_HOST)
+    task0 = controldir.LeaseKeeper(directory, 0.5, holder={"host": "node1"}, warn=print)
+    task0.start()
+    proc = start_peer(run_json)
+    try:
+        ft_launcher_of(proc)
+        task0.stop()  # task 0 dies; its store never answered anyway
+        died = time.monotonic()
+        code = proc.wait(timeout=60)
+        err = proc.stderr.read()
+        assert "ft_launcher ended on its own" in err, err
+        assert "fenced task 0" in err, err
+        assert code not in (exitcodes.OK, exitcodes.NVRX_NO_RESTART)  # ft_launcher's own
+        assert time.monotonic() - died <= stale + 2 * POLL_S + 2
+        assert ControlFiles(directory).fence.exists() and ControlFiles(directory).relay.exists()
+    finally:
+        task0.stop()
+        stop(proc)
+
+
 def test_a_task_0_whose_lease_writes_fail_stops_its_workers_before_the_lease_is_stale(tmp_path):
     # The partition case: task 0 is alive and trains, but the shared file system refuses
     # its lease refreshes (an immutable file refuses them even to root).
     if shutil.which("chattr") is None or os.geteuid() != 0:
         pytest.skip("needs root and chattr (e2fsprogs) to make the lease refuse writes")
-    grace, stale = 1, 5
+    grace, stale = 1, 6
     run_json = write_manifest(
         tmp_path, closed_flag_grace=grace, lease_stale_after=stale, mode="train"
     )
@@ -434,12 +474,14 @@ def test_task_0_writes_the_notice_at_its_exit_duration_counted_from_its_own_star
     deadline = node_lifecycle.exit_deadline(m, started)
     assert deadline == started + 60
     node = Node("700", 0, 0, "700", "node1")
-    clock = controldir.Clock(directory, "node1")
-    check = node_lifecycle.watch(m, node, directory, clock, token, False, exit_at=started - 1)
+    lease_watch = controldir.LeaseWatch(directory, token)
+    check = node_lifecycle.watch(
+        m, node, directory, lease_watch, is_task0=True, period=0.0, exit_at=started - 1
+    )
     verdict = check()
     assert isinstance(verdict, Save) and "exit duration of 1 min" in verdict.reason
     assert time_limit.noticed(directory, token) == verdict.reason  # every node sees it
-    later = node_lifecycle.watch(m, node, directory, clock, token, False, exit_at=None)
+    later = node_lifecycle.watch(m, node, directory, lease_watch, is_task0=False, period=0.0)
     assert isinstance(later(), Save)
     assert node_lifecycle.exit_deadline(manifest.load(write_manifest(tmp_path / "b")), 0) is None
 
@@ -535,36 +577,31 @@ def test_task_0_sets_aside_a_control_dir_another_run_left_under_a_reused_job_id(
     )
 
 
-@pytest.mark.parametrize("closed", [True, False])
-def test_a_peer_that_cannot_create_its_clock_probe_still_sees_the_flag_and_gives_up(
-    tmp_path, monkeypatch, closed
-):
+def test_a_peer_at_the_gate_only_reads_the_control_directory(tmp_path, monkeypatch):
+    # Issue 24: a peer used to stamp a clock-probe file of its own on every poll (one
+    # setattr a second per node). It now judges the lease by its own clock.
     m = manifest.load(write_manifest(tmp_path))
-    # A host name longer than a file name may be: the probe file cannot be created,
-    # as on a full quota or a read-only mount.
-    peer = Node("700", 1, 0, "701", "n" * 300)
+    peer = Node("700", 1, 0, "701", "node2")
     directory = node_lifecycle.make_dirs(m, peer)
-    ControlFiles(directory).lease.write_text("{}\n")  # task 0 started: its age needs the clock
-    if closed:
-        flag = {"generation": control.generation(support.CHAIN, "700")}
-        ControlFiles(directory).closed.write_text(json.dumps(flag) + "\n")
-    polls = []
+    token = control.generation(support.CHAIN, "700")
+    keeper = controldir.LeaseKeeper(directory, 60, holder={"generation": token}, warn=print)
+    keeper.start()
+    seen = []
 
-    def pause(seconds):  # no wall time between polls; and no endless loop
-        polls.append(seconds)
-        assert len(polls) < 1000, "the peer retries for ever"
+    def pause(seconds):  # between polls: what is in the directory; task 0 publishes late
+        seen.append(sorted(p.name for p in directory.iterdir()))
+        if len(seen) == 3:
+            controldir.publish(directory, support.record(array_job_id="700", generation=token))
 
     monkeypatch.setattr(node_lifecycle.time, "sleep", pause)
-    with pytest.raises(node_lifecycle.Refused) as refused:
-        fabric = detect.Fabric(cluster_uuid=None, reason="none")
-        node_lifecycle.gate_loop(
-            m, peer, fabric, directory, control.generation(support.CHAIN, "700")
-        )
-    if closed:
-        assert refused.value.exit_code == exitcodes.TASK0_GONE and polls == []
-    else:
-        assert refused.value.exit_code == exitcodes.RECORD_REFUSED
-        assert len(polls) == node_lifecycle.MAX_READ_FAILURES - 1
+    fabric = detect.Fabric(cluster_uuid=None, reason="none")
+    try:
+        joined = node_lifecycle.gate_loop(m, peer, fabric, directory, token)
+    finally:
+        keeper.stop()
+    assert joined.host == "node1" and len(seen) == 3
+    files = ControlFiles(directory)
+    assert seen == [[files.lease.name]] * 3, seen
 
 
 @pytest.mark.parametrize("text", ["²\n", "7" * 5000 + "\n", "release\n"])

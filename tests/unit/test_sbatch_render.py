@@ -201,6 +201,7 @@ def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_pa
         "STANDIN_LOG": str(log),
         "SLURM_ARRAY_JOB_ID": "77",
         "SLURM_ARRAY_TASK_ID": task_id,
+        "SLURM_JOB_ID": f"7{8 + int(task_id)}",
         "SLURM_JOB_NUM_NODES": "1",
         "SLURM_JOB_NAME": "nvrx-chain",
         "SLURM_JOB_USER": "alice",
@@ -212,9 +213,10 @@ def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_pa
     assert not [p for p in tmp_path.rglob("PWNED")], "an injected command ran"
     expected = [a if isinstance(a, str) else "--ntasks=1" for a in render.launch_argv(m)][1:]
     assert _recorded(log, "srun") == expected
-    # Task 0 asks for KillWait too (its TERM drain), everyone for the array's job record.
+    # Issue 24: a peer asks for its own record only; task 0 for the array's, once, and
+    # for Slurm's KillWait (its TERM drain).
     config = ["show", "config"] if task_id == "0" else []
-    assert _recorded(log, "scontrol") == [*config, "show", "job", "77"]
+    assert _recorded(log, "scontrol") == [*config, "show", "job", "77" if task_id == "0" else "79"]
     if task_id == "0":
         assert (m.layout.control("77") / "closed").is_file()
         assert _recorded(log, "scancel") == ["--state=PENDING", "--user=alice", "77"]

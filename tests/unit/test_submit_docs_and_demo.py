@@ -91,3 +91,14 @@ def test_progress_events_read_like_a_story():
     assert "training started at iteration 105 on node2" in demo_report.event_line(EVENTS[2])
     assert "restarts the workers in place" in demo_report.event_line(EVENTS[1])
     assert demo_report.event_line({"event": "step", "iteration": 3}) is None
+
+
+def test_the_report_ends_with_the_goodput_lines():
+    from nvrx_appliance.goodput import summary
+    from nvrx_appliance.goodput.account import account
+    from tests.unit.test_goodput import chain_inputs
+
+    goodput = account(chain_inputs())
+    result = demo_report.report(VIEW, EVENTS, LEDGER, goodput=goodput)
+    assert result.lines[-len(summary.lines(goodput)) :] == summary.lines(goodput)
+    assert result.lines[-len(summary.lines(goodput)) - 1] == ""

@@ -445,7 +445,7 @@ def _as_peer(env, job_id="502"):
 
 def _control(work):
     directory = work / "nvrx" / "500" / "control"
-    directory.mkdir(parents=True, mode=0o700)
+    directory.mkdir(parents=True, mode=0o700, exist_ok=True)
     return directory
 
 
@@ -499,6 +499,48 @@ def test_the_peer_that_won_the_fence_cancels_task_0_and_the_pending_spares_and_r
     assert "fenced by task 1" in entry["reason"]
     # It did not train after all: it counts as burnt for the burn guard.
     assert teardown.burnt(entry)
+
+
+def _relay_claim(work, job_id):
+    claim = {"generation": "chain-1/500/", "job_id": job_id, "by": "task 2 node 0 (node3)",
+             "reason": "the closed flag appeared", "time": "2026-01-01T00:00:09+00:00"}  # fmt: skip
+    path = _control(work) / "relay"
+    path.write_text(json.dumps(claim) + "\n")
+    path.chmod(0o600)
+
+
+@pytest.mark.parametrize("fenced", [False, True])
+def test_the_peer_that_won_the_relay_cancels_every_other_task_but_task_0_once(tmp_path, fenced):
+    # Issue 24: the nodes that poll rarely learn of the end from Slurm's TERM. Task 0 is
+    # never in the relay: its trap must run, and decide what exit 93 means.
+    script, work, env = _prepare(tmp_path, srun_exit=71 if fenced else 76)
+    _relay_claim(work, job_id="502")
+    if fenced:
+        _fence_claim(work, job_id="502")
+    for job_id, task in (("502", "2"), ("501", "1")):  # the winner, and another peer
+        done = subprocess.run(
+            ["bash", str(script)],
+            env=_as_peer(env, job_id) | {"SLURM_ARRAY_TASK_ID": task},
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == (71 if fenced else 76)  # the entrypoint's own code
+    calls, _ = _outcome(tmp_path, work)
+    scancels = [call for call in calls if call.startswith("scancel")]
+    # The default shape is tasks 0-2: task 2 relays to task 1 alone.
+    relayed = ["scancel --user=alice 500_[1]"]
+    fence = ["scancel --user=alice 500_0", "scancel --state=PENDING --user=alice 500"]
+    assert scancels == (fence + relayed if fenced else relayed)
+
+
+@pytest.mark.parametrize(
+    "task, last, expression",
+    [(1, 1, ""), (1, 2, "[2]"), (2, 2, "[1]"), (3, 7, "[1-2,4-7]"), (1, 7, "[2-7]")],
+)
+def test_a_relay_names_every_task_of_the_array_but_task_0_and_itself(task, last, expression):
+    assert teardown.others(task, last) == expression
+    argv = teardown.relay_argv(user="u", array_job_id="9", task_id=task, last_task=last)
+    assert argv == (["scancel", "--user=u", f"9_{expression}"] if expression else [])
 
 
 def test_a_fenced_generation_whose_task_0_ends_after_all_counts_once_for_the_burn_guard():

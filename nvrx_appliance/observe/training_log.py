@@ -1,0 +1,241 @@
+"""What the workload says about its own training, per generation and NVRx cycle: when
+training began, the iterations it logged, its checkpoint saves, faults, the end. Pure.
+
+Two sources give the same record:
+- the progress log (JSON lines: the cpu trainer's, and a script's that keeps the
+  format; docs/workload-contract.md), whose events name their generation and cycle;
+- Megatron-LM's own lines in a per-cycle log (`logs/<name>_<array>_cycle<N>.log`), whose
+  file name says which generation and cycle wrote them. Megatron stamps its lines with
+  the node's local time and no zone; they are read as this host's local time, the same
+  as sacct's.
+
+Lines arrive while the writer is still writing: a torn or foreign line is skipped.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from nvrx_appliance.observe.times import parse_time
+
+PROGRESS_LOG = "progress log"
+MEGATRON_LOG = "Megatron's log lines"
+
+
+@dataclass(frozen=True)
+class Save:
+    """One checkpoint save: training stood still from `began` to `ended` (its synchronous
+    part); `committed` is when the tracker named it (None: it never did)."""
+
+    iteration: int
+    began: float
+    ended: float
+    committed: float | None
+
+
+@dataclass
+class CycleWork:
+    """The workload's record of one NVRx cycle of one generation."""
+
+    generation: str
+    cycle: int
+    source: str  # PROGRESS_LOG or MEGATRON_LOG
+    started: float | None = None  # training began, after any checkpoint load
+    start_iteration: int | None = None  # where it began (0: from scratch)
+    # The workload's start-up, in order: (the step that ended, when); the last ends at
+    # `started`.
+    setup: list[tuple[str, float]] = field(default_factory=list)
+    steps: list[tuple[float, int]] = field(default_factory=list)  # (time, iteration) logged
+    step_seconds: list[float] = field(default_factory=list)  # measured time per iteration
+    saves: list[Save] = field(default_factory=list)
+    faults: list[tuple[float, str]] = field(default_factory=list)  # (time, what)
+    finished: float | None = None  # training reached its end (not a failure)
+    last_sign: float | None = None  # the last moment the workload showed life
+
+    def seen(self, when: float) -> None:
+        self.last_sign = when if self.last_sign is None else max(self.last_sign, when)
+
+    @property
+    def last_iteration(self) -> int | None:
+        """The highest iteration this cycle is known to have trained."""
+        found = [i for _, i in self.steps] + [s.iteration for s in self.saves]
+        if self.start_iteration is not None:
+            found.append(self.start_iteration)
+        return max(found, default=None)
+
+    @property
+    def log_interval(self) -> int | None:
+        """Iterations between logged steps (the most common gap), when known."""
+        gaps = [b - a for (_, a), (_, b) in zip(self.steps[1:], self.steps[2:], strict=False)]
+        gaps = [g for g in gaps if g > 0]
+        return statistics.mode(gaps) if gaps else None
+
+
+Key = tuple[str, int]  # (generation, cycle)
+
+
+# --- the progress log ---------------------------------------------------------------------
+
+# The cpu trainer's start event: when each step of its start-up ended, in order, and
+# what a person calls the time up to it (a cycle's workers began when NVRx closed its
+# rendezvous, so the first step runs from the cycle's start).
+_SETUP_MARKS = (
+    ("launched", "worker processes start"),
+    ("imported", "import torch"),
+    ("joined", "join the process group"),
+    ("built", "build the model"),
+)
+CHECKPOINT_LOAD = "checkpoint load"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _iteration(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def from_progress_log(events: Iterable[dict[str, Any]]) -> dict[Key, CycleWork]:
+    """Progress events -> one record per (generation, cycle); events that name no
+    generation (a run outside Slurm) or carry no time are skipped."""
+    found: dict[Key, CycleWork] = {}
+    for event in events:
+        generation, when = event.get("slurm_array_job_id"), _number(event.get("time"))
+        cycle = _iteration(event.get("cycle", 0))
+        if not isinstance(generation, str) or not generation or when is None or cycle is None:
+            continue
+        work = found.setdefault((generation, cycle), CycleWork(generation, cycle, PROGRESS_LOG))
+        _progress_event(work, event, when)
+    for work in found.values():
+        work.step_seconds = _step_seconds(work)
+    return found
+
+
+def _progress_event(work: CycleWork, event: dict[str, Any], when: float) -> None:
+    kind, iteration = event.get("event"), _iteration(event.get("iteration"))
+    work.seen(when)
+    if kind == "start":
+        work.started, work.start_iteration = when, iteration if iteration is not None else 0
+        found = event.get("setup")
+        setup: dict[str, Any] = found if isinstance(found, dict) else {}
+        marks = [(label, _number(setup.get(key))) for key, label in _SETUP_MARKS]
+        work.setup = [(label, at) for label, at in marks if at is not None]
+        work.setup.append((CHECKPOINT_LOAD, when))
+    elif kind == "step" and iteration is not None:
+        work.steps.append((when, iteration))
+    elif kind == "checkpoint" and iteration is not None:
+        seconds = _number(event.get("seconds")) or 0.0
+        # The event is written once the tracker names the checkpoint: committed.
+        work.saves.append(Save(iteration, when - seconds, when, when))
+    elif kind == "fault":
+        work.faults.append((when, f"{event.get('kind', 'a')} fault on rank {event.get('rank')}"))
+    elif kind == "done":
+        work.finished = when
+
+
+def _step_seconds(work: CycleWork) -> list[float]:
+    """Seconds per iteration between consecutive logged steps, less the saves that
+    happened in between (training stood still for them)."""
+    out = []
+    for (t0, i0), (t1, i1) in zip(work.steps, work.steps[1:], strict=False):
+        saving = sum(s.ended - s.began for s in work.saves if t0 < s.ended <= t1)
+        if i1 > i0 and t1 - t0 > saving:
+            out.append((t1 - t0 - saving) / (i1 - i0))
+    return out
+
+
+# --- Megatron-LM's lines (megatron/training at the pinned release) -----------------------
+
+_STAMP = r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)\]"
+# print_datetime(): "[after megatron is initialized] datetime: 2026-12-01 10:00:00.123456 "
+_DATETIME = re.compile(r"\[([^\]]+)\] datetime: (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)")
+# training_log(): " [stamp] iteration      20/    1000 | ... elapsed time per iteration (ms): 812.3 |"
+_ITERATION = re.compile(
+    _STAMP + r" iteration\s+(\d+)/\s*\d+ \|.*?elapsed time per iteration \(ms\): ([\d.]+)"
+)
+_SAVING = re.compile(_STAMP + r" saving checkpoint at iteration\s+(\d+) ")
+_SCHEDULED = re.compile(_STAMP + r" scheduled an async checkpoint save at iteration\s+(\d+)")
+_SAVED = re.compile(_STAMP + r" successfully saved checkpoint from iteration\s+(\d+) ")
+_LOADED = re.compile(r"successfully loaded checkpoint from .* at iteration (\d+)")
+# megatron/core/fault_injector.py: "FAULT INJECTION: Rank 3 will inject fault X at <stamp>"
+_FAULT = re.compile(
+    r"FAULT INJECTION: Rank (\d+) will inject fault (\S+) at "
+    r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)"
+)
+# What each print_datetime() mark before the first step closes.
+_MEGATRON_SETUP = {
+    "after megatron is initialized": "initialize Megatron",
+    "after model, optimizer, and learning rate scheduler are built": (
+        "model, optimizer and checkpoint load"
+    ),
+    "after dataloaders are built": "data loaders",
+}
+TRAINING_STARTS = "before the start of training step"
+TRAINING_DONE = "after training is done"
+# Cheap substrings a line must hold to be parsed at all: a week of Megatron output is
+# mostly other lines.
+_WORTH_PARSING = ("datetime:", "iteration", "FAULT INJECTION")
+
+
+def megatron_line(line: str) -> bool:
+    """Whether a line of a per-cycle log may be one this module reads."""
+    return any(word in line for word in _WORTH_PARSING)
+
+
+def from_megatron_log(lines: Sequence[str], generation: str, cycle: int) -> CycleWork | None:
+    """One per-cycle log's Megatron lines -> the cycle's record; None when it holds none
+    (not a Megatron run, or it died before printing any)."""
+    work = CycleWork(generation, cycle, MEGATRON_LOG)
+    began: dict[int, float] = {}
+    async_ended: dict[int, float] = {}
+    loaded = 0
+    any_line = False
+    for line in lines:
+        if (found := _ITERATION.search(line)) and (at := parse_time(found[1])) is not None:
+            work.steps.append((at, int(found[2])))
+            work.step_seconds.append(float(found[3]) / 1000.0)
+        elif (found := _SAVING.search(line)) and (at := parse_time(found[1])) is not None:
+            began[int(found[2])] = at
+        elif (found := _SCHEDULED.search(line)) and (at := parse_time(found[1])) is not None:
+            async_ended[int(found[2])] = at
+        elif (found := _SAVED.search(line)) and (at := parse_time(found[1])) is not None:
+            iteration = int(found[2])
+            start = began.get(iteration, at)
+            work.saves.append(Save(iteration, start, async_ended.get(iteration, at), at))
+        elif found := _LOADED.search(line):
+            loaded = int(found[1])
+            continue
+        elif (found := _FAULT.search(line)) and (at := parse_time(found[3])) is not None:
+            work.faults.append((at, f"{found[2]} fault on rank {found[1]}"))
+        elif (found := _DATETIME.search(line)) and (at := parse_time(found[2])) is not None:
+            _megatron_mark(work, found[1].strip(), at)
+        else:
+            continue
+        any_line = True
+        work.seen(at)
+    if not any_line:
+        return None
+    # A save whose tracker line never came (the run died first) still stood training still.
+    committed = {s.iteration for s in work.saves}
+    for iteration, start in began.items():
+        if iteration not in committed:
+            work.saves.append(Save(iteration, start, async_ended.get(iteration, start), None))
+    work.saves.sort(key=lambda s: s.began)
+    if work.started is not None:
+        work.start_iteration = loaded
+    return work
+
+
+def _megatron_mark(work: CycleWork, name: str, at: float) -> None:
+    if name in _MEGATRON_SETUP:
+        work.setup.append((_MEGATRON_SETUP[name], at))
+    elif name == TRAINING_STARTS:
+        work.started = at
+        work.setup.append(("data and the training loop", at))
+    elif name == TRAINING_DONE:
+        work.finished = at
