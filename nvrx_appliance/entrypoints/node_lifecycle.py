@@ -24,7 +24,16 @@ from pathlib import Path
 from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints import control, controldir, detect, env, gate, launch, node_probe
+from nvrx_appliance.entrypoints import (
+    control,
+    controldir,
+    detect,
+    drain_check,
+    env,
+    gate,
+    launch,
+    node_probe,
+)
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.preflight import (
     Preflight,
@@ -251,6 +260,7 @@ def supervise(
     record: control.Record,
     directory: Path,
     keeper: controldir.LeaseKeeper | None,
+    health_endpoint: str | None = None,
 ):
     argv = launch.command(
         pre.manifest,
@@ -259,6 +269,7 @@ def supervise(
         hosts_rendezvous=pre.node.hosts_rendezvous,
         launcher=pre.launcher,
         active_tasks=pre.active_tasks,
+        health_endpoint=health_endpoint,
     )
     child_env = env.plan(pre.manifest, pre.node, os.environ).apply(os.environ)
     clock = controldir.Clock(directory, pre.node.hostname)
@@ -295,7 +306,9 @@ def run(manifest_path: Path | None) -> int:
         record = gate_loop(manifest, node, pre.fabric, directory, generation(manifest, node))
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     try:
-        outcome = supervise(pre, record, directory, keeper)
+        # Drained nodes leave at a rendezvous through NVRx's node health check.
+        with drain_check.endpoint(manifest, node, record.generation, say) as health:
+            outcome = supervise(pre, record, directory, keeper, health)
     finally:
         if keeper is not None:
             keeper.stop()
@@ -351,6 +364,7 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
             hosts_rendezvous=node.hosts_rendezvous,
             launcher=["ft_launcher"],
             active_tasks=array_throttle(os.environ),
+            health_endpoint=drain_check.dry_run_endpoint(manifest),
         )
     except (NodeError, launch.ShapeError) as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None

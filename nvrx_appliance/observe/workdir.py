@@ -14,8 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import read_text
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import exclusions as exclusion_record
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.types import Cycle
 
@@ -99,3 +101,8 @@ def submitted_ids(layout: Layout) -> list[str]:
 
 def chain_marker(layout: Layout) -> bool:
     return layout.chain_marker.exists()
+
+
+def exclusions(layout: Layout) -> exclusion_record.Record:
+    """The exclusion record as of now: the nodes kept out of the queued generations."""
+    return exclusion_record.read(read(layout.exclusions), now_iso())

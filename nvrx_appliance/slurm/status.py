@@ -16,6 +16,7 @@ from typing import Any
 
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
+from nvrx_appliance.observe.exclusions import Applied, Exclusion, Record
 from nvrx_appliance.observe.slurm_output import AcctRow, slurm_seconds
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle, Task
@@ -52,6 +53,7 @@ class GenerationView:
     elapsed_s: float | None = None  # task 0's run so far, or in all once it ended
     time_left_s: float | None = None  # to the time limit, while it runs
     pending_reason: str = ""  # squeue's %r for a task 0 not started yet
+    drained: tuple[str, ...] = ()  # its nodes Slurm drained (ledger: the drain poller's)
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,9 @@ class ChainView:
     image: ImageView = field(default_factory=bare_metal)
     qualify_run: QualifyRunView | None = None
     blind: tuple[str, ...] = field(default_factory=tuple)  # sources that could not be read
+    # The exclusion record: nodes kept out of the queued generations, and its last use.
+    excluded: tuple[Exclusion, ...] = ()
+    applied: Applied | None = None
 
     @property
     def slurm_reachable(self) -> bool:
@@ -251,6 +256,7 @@ def assemble(
     qualify_record: Any = None,
     blind: Sequence[str] = (),
     now: float = 0.0,
+    exclusions: Record | None = None,
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
     limit_s = slurm_seconds(str(spec.get("time_limit", "")))
@@ -288,6 +294,7 @@ def assemble(
                 elapsed_s=elapsed,
                 time_left_s=left,
                 pending_reason=_pending_reason(array_job_id, queue),
+                drained=tuple(str(n) for n in entry.get("drained") or ()),
             )
         )
     return ChainView(
@@ -305,4 +312,6 @@ def assemble(
         image=image_view(manifest),
         qualify_run=qualify_run_view(qualify_record),
         blind=tuple(blind),
+        excluded=exclusions.active if exclusions else (),
+        applied=exclusions.applied if exclusions else None,
     )
