@@ -43,6 +43,10 @@ USABLE_STATES = {"idle", "mix", "alloc", "comp", "plnd", "npc"}
 # NVRx's log lines: "<date> <time> [LEVEL] [host] ... message".
 _LINE = re.compile(r"^\S+ \S+ \[[A-Z]+\] \[(?P<host>[^\]]+)\] (?P<rest>.*)$")
 _UNHEALTHY = "Agent .run() raised UnhealthyNodeException: "
+# What NVRx logs when the entrypoint's drain check (entrypoints/drain_check.py) failed a
+# node: that node left because Slurm drained it, which is not ours to remember.
+_DRAIN_CHECK = "slurm drain: "  # in "Node health check failed: ... failed_checks=[...]"
+LEFT_DRAINED = "drained by Slurm"
 _WORKERS_FAILED = re.compile(r"\] Worker group (?:FAILED|UNHEALTHY)\. ")
 
 # --- pure ---------------------------------------------------------------------------
@@ -55,17 +59,20 @@ def short_name(host: str) -> str:
 
 def evidence(lines: Iterable[str]) -> Tuple[Dict[str, str], Dict[str, int]]:
     """From a generation's NVRx log: (node -> why it left a rendezvous as unhealthy,
-    node -> how many times its own worker group failed)."""
+    LEFT_DRAINED when the drain check sent it, node -> how many times its own worker
+    group failed)."""
     unhealthy = {}  # type: Dict[str, str]
     failures = {}  # type: Dict[str, int]
     for line in lines:
-        if _UNHEALTHY not in line and "] Worker group " not in line:
+        if _UNHEALTHY not in line and "] Worker group " not in line and _DRAIN_CHECK not in line:
             continue  # the cheap test first: a long generation's log is large
         match = _LINE.match(line)
         if not match:
             continue
         node, rest = short_name(match.group("host")), match.group("rest")
-        if _UNHEALTHY in rest:
+        if _DRAIN_CHECK in rest and "failed_checks=" in rest:  # before the exception
+            unhealthy.setdefault(node, LEFT_DRAINED)
+        elif _UNHEALTHY in rest:
             unhealthy.setdefault(node, rest.split(_UNHEALTHY, 1)[1].strip())
         elif _WORKERS_FAILED.search(rest):
             failures[node] = failures.get(node, 0) + 1
@@ -84,7 +91,10 @@ def judge(
     left = set(drained)
     found = {}  # type: Dict[str, str]
     for node, why in sorted(unhealthy.items()):
-        found.setdefault(node, "failed NVRx's health check: " + why)
+        if why == LEFT_DRAINED:
+            left.add(node)  # drained then, perhaps resumed since: the administrator's
+        else:
+            found.setdefault(node, "failed NVRx's health check: " + why)
     if fenced_task0:
         found.setdefault(
             short_name(fenced_task0), "hosted task 0, which stopped answering (fenced)"

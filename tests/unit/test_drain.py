@@ -264,3 +264,27 @@ def test_the_poller_runs_on_the_oldest_host_python(tmp_path):
     done = _poll(tmp_path, _stand_ins(tmp_path), python=_python36() or "")
     assert done.returncode == 0, done.stderr
     assert judge((tmp_path / "drain" / "task_3").read_text(), ME).healthy is False
+
+
+# --- the entrypoint and the real ft_launcher ----------------------------------------------
+
+
+def test_a_real_ft_launcher_on_a_drained_node_leaves_at_its_rendezvous_with_1_never_93(tmp_path):
+    from tests.unit.test_entrypoint_main import entrypoint, srun_stand_in, write_manifest
+
+    run_json = write_manifest(tmp_path)
+    m = manifest.load(run_json)
+    marker = m.layout.drain_marker("700", 0)
+    marker.parent.mkdir(parents=True, mode=0o700)
+    this_node = drain_poller.RunningTask("0", "700", ["nodeT"])
+    marker.write_text(
+        drain_poller.marker(f"{m.chain_id}/700/", this_node, {"nodeT": "issue 23 unit test"})
+    )
+    done = entrypoint("--manifest", str(run_json), env=srun_stand_in(SLURMD_NODENAME="nodeT"),
+                      timeout=180)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "Slurm has drained nodeT of task 0 (nodeT: issue 23 unit test)" in done.stderr
+    nvrx_log = m.layout.launcher_log("700").read_text()
+    assert "failed_checks=['slurm drain: Slurm has drained nodeT" in nvrx_log
+    assert "raised UnhealthyNodeException" in nvrx_log
+    assert not list(m.layout.cycle_infos("700").glob("cycle_info.700.0.*"))  # never trained

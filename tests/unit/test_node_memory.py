@@ -30,6 +30,8 @@ LOG = """\
 2026-12-02 16:16:53,000 [INFO] [node3] [workload:?(?) infra:2(0)] launcher.py:636 [default] Worker group UNHEALTHY. 5/8 attempts left; will restart worker group
 2026-12-02 16:16:56,074 [ERROR] [node4] [workload:?(?) infra:3(0)] launcher.py:1721 Agent .run() raised UnhealthyNodeException: Node node4_31168_0 has an unhealthy GPU.
 2026-12-02 16:16:57,000 [ERROR] [node6] [workload:?(?) infra:4(0)] launcher.py:1721 Agent .run() raised UnhealthyNodeException: Node node6_1_0 is unhealthy.
+2026-12-02 16:16:58,000 [WARNING] [node8] [workload:?(?) infra:5(0)] health_check.py:1562 Node health check failed: fail_count=1, failed_checks=['slurm drain: Slurm has drained node8 of task 5 (node8: bad fan); node8 leaves at this rendezvous']
+2026-12-02 16:16:58,100 [ERROR] [node8] [workload:?(?) infra:5(0)] launcher.py:1721 Agent .run() raised UnhealthyNodeException: Node node8_1_0 is unhealthy.
 E1202 16:16:57.967000 31168 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1
 """
 
@@ -39,6 +41,7 @@ def test_a_generations_log_says_which_node_left_unhealthy_and_whose_ranks_failed
     assert unhealthy == {
         "node4": "Node node4_31168_0 has an unhealthy GPU.",
         "node6": "Node node6_1_0 is unhealthy.",
+        "node8": node_memory.LEFT_DRAINED,  # the drain check's verdict, not a health fault
     }
     # node1 only joined the restarts the others caused; a domain name is Slurm's short name
     assert failures == {"node2": 3, "node3": 1}
@@ -51,7 +54,8 @@ def test_judged_bad_the_unhealthy_the_dead_task_0_and_repeated_rank_failures_nev
             unhealthy, failures, drained=["node6"], fenced_task0="node7.example", threshold=3
         )
     )
-    assert sorted(found) == ["node2", "node4", "node7"]  # node6 was drained: the admin's
+    # node6 is drained now, node8 was when it left (resumed since?): both the admin's
+    assert sorted(found) == ["node2", "node4", "node7"]
     assert found["node2"] == "its ranks failed 3 times in one generation"
     assert found["node4"].startswith("failed NVRx's health check: ")
     assert "fenced" in found["node7"]
