@@ -28,6 +28,7 @@ judge() is pure; the server is the thin shell around it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -224,6 +225,20 @@ def serving(check: DrainCheck) -> Iterator[str | None]:
     finally:
         server.stop(grace=None)
         shutil.rmtree(private, ignore_errors=True)
+
+
+def _import_grpc() -> None:
+    with contextlib.suppress(ImportError):
+        import grpc  # noqa: F401
+        from nvidia_resiliency_ext.shared_utils.proto import nvhcd_pb2_grpc  # noqa: F401
+
+
+def warm_up(manifest: Manifest) -> None:
+    """Import gRPC on a thread of its own while the node does its other start-up work
+    (a peer waits at the gate, task 0 publishes): a few tenths of a second that would
+    otherwise come between the record and ft_launcher's start, on the hand-off's path."""
+    if manifest.spec.drain_poll_interval > 0:
+        threading.Thread(target=_import_grpc, name="drain-check-imports", daemon=True).start()
 
 
 def dry_run_endpoint(manifest: Manifest) -> str | None:

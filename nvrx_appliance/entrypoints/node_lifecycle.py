@@ -296,6 +296,7 @@ def supervise(
 def run(manifest_path: Path | None) -> int:
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
+    drain_check.warm_up(manifest)
     # Decided before anything is created: a refusal leaves nothing behind.
     record = task0_record(manifest, node, pre.fabric) if node.hosts_rendezvous else None
     directory = make_dirs(manifest, node)
