@@ -20,6 +20,7 @@ from concurrent import futures
 from pathlib import Path
 
 import grpc
+import psutil
 import pytest
 from nvidia_resiliency_ext.shared_utils.health_check import NodeHealthCheck
 from nvidia_resiliency_ext.shared_utils.proto import nvhcd_pb2, nvhcd_pb2_grpc
@@ -288,3 +289,56 @@ def test_a_real_ft_launcher_on_a_drained_node_leaves_at_its_rendezvous_with_1_ne
     assert "failed_checks=['slurm drain: Slurm has drained nodeT" in nvrx_log
     assert "raised UnhealthyNodeException" in nvrx_log
     assert not list(m.layout.cycle_infos("700").glob("cycle_info.700.0.*"))  # never trained
+
+
+# --- task 0's batch script starts and stops the poller ------------------------------------
+
+
+def _generation(tmp_path, **settings) -> tuple[Path, Path, dict[str, str]]:
+    from nvrx_appliance.slurm import render, submit
+
+    work = tmp_path / "w"
+    spec = ChainSpec(work_dir=str(work), workload="cpu", runtime="bare", python=sys.executable,
+                     job_name="demo", **settings)  # fmt: skip
+    m = manifest.build(spec, created="chain-1", user="alice")
+    work.mkdir()
+    manifest.save(m)
+    submit.write_teardown(m.layout)
+    script = work / "demo.sbatch"
+    script.write_text(render.render(m, template=submit.template_text()))
+    env = _stand_ins(tmp_path)
+    # srun trains until the poller's first pass is on disk (60 s at most), as a generation
+    # would: the trap then stops a poller that is running, not one that never began.
+    wait = 'for i in $(seq 600); do [ -e "$WAIT_FOR" ] && break; sleep 0.1; done\n'
+    for name in ("srun", "scancel", "scontrol"):
+        body = f'#!/bin/sh\necho "$0 $*" >> {tmp_path}/calls\n' + (wait if name == "srun" else "")
+        (tmp_path / "bin" / name).write_text(body)
+        (tmp_path / "bin" / name).chmod(0o755)
+    env |= {"SLURM_ARRAY_JOB_ID": "500", "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_NAME": "demo",
+            "SLURM_JOB_USER": "alice", "HOME": str(tmp_path),
+            "WAIT_FOR": str(m.layout.drain_poll("500"))}  # fmt: skip
+    return script, m.layout.drain("500"), env
+
+
+def test_task_0s_batch_script_polls_in_the_background_and_its_trap_stops_the_poller(tmp_path):
+    script, drain, env = _generation(tmp_path, drain_poll_interval=1)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "polling Slurm every 1 s for drained nodes of array 500" in done.stderr
+    assert (drain / "last_poll").read_text().startswith("generation=chain-1/500/")
+    pollers = [p for p in psutil.process_iter(["cmdline"])
+               if str(drain) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
+    assert pollers == []  # nothing of the generation outlives its batch script
+
+
+def test_a_poller_others_could_have_written_is_not_started_and_the_generation_runs_on(tmp_path):
+    script, drain, env = _generation(tmp_path)
+    env["WAIT_FOR"] = str(script)  # no poller will write anything: srun need not wait
+    (script.parent / "drain_poller.py").chmod(0o666)
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "nvrx drain poller: ERROR: not started" in done.stderr
+    assert "writable by group or others (mode 666)" in done.stderr
+    assert not drain.exists()
+    assert any(" srun " in f" {c} " or c.split()[0].endswith("srun")
+               for c in (tmp_path / "calls").read_text().splitlines())  # fmt: skip
