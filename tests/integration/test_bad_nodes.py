@@ -76,9 +76,13 @@ def _cycle_nodes(work: Path, array_job_id: str, cycle: int) -> tuple[set[str], s
     return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))
 
 
+WORKER = [b"-u", b"-m", b"nvrx_appliance.entrypoints.workloads.cpu"]
+
+
 def _worker_pids(work: Path, node: str) -> list[int]:
-    """This chain's cpu trainer ranks on `node`, from /proc: their command line names the
-    chain's work dir, their environment the node Slurm started them on."""
+    """This chain's cpu trainer ranks on `node`, from /proc: the trainer is their program
+    (ft_launcher's own command line names it too, further on), their command line names
+    the chain's work dir, their environment the node Slurm started them on."""
     pids = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -88,12 +92,9 @@ def _worker_pids(work: Path, node: str) -> list[int]:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"nvrx_appliance.entrypoints.workloads.cpu" not in argv:
+        if argv[1:4] != WORKER or not any(str(work).encode() in a for a in argv):
             continue
-        if (
-            any(str(work).encode() in a for a in argv)
-            and f"SLURMD_NODENAME={node}".encode() in environ
-        ):
+        if f"SLURMD_NODENAME={node}".encode() in environ:
             pids.append(int(entry.name))
     return sorted(pids)
 
@@ -142,10 +143,10 @@ def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, st
         wait_idle(cluster, name, timeout=120)
 
 
-def _status(cluster: Cluster, work: Path) -> str:
+def _status(cluster: Cluster, name: str) -> str:
     """`status` as a person runs it, on a terminal wide enough for its tables."""
     done = subprocess.run(
-        [CLI, "status", "--work-dir", str(work)], env=cluster.env(COLUMNS="250"),
+        [CLI, "status", name], env=cluster.env(COLUMNS="250"),
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode in (0, 1), done.stderr
@@ -227,6 +228,13 @@ def _poll_once(cluster: Cluster, directory: Path, array_job_id: str, timeout: in
     )  # fmt: skip
 
 
+def _running(cluster: Cluster, array: str) -> dict[str, str] | None:
+    """task -> node, once both tasks of the array run."""
+    out = cluster.slurm("squeue", "-h", "-r", "-j", array, "-t", "R", "-o", "%K %N").stdout
+    placed = dict(line.split() for line in out.splitlines())
+    return placed if len(placed) == 2 else None
+
+
 def _markers(directory: Path) -> dict[str, tuple[str, int]]:
     return {p.name: (p.read_text(), p.stat().st_ino) for p in directory.glob("task_*")}
 
@@ -241,8 +249,8 @@ def test_a_poll_that_slurm_does_not_answer_changes_no_marker(cluster: Cluster):
     controller = next(d["pid"] for d in cluster.status["daemons"] if d["name"] == "slurmctld")
     node = ""
     try:
-        node = _node(cluster, array, 1)
-        _node(cluster, array, 0)
+        placed = cluster.wait_until(lambda: _running(cluster, array), 60, "both tasks", 0.5)
+        node = placed["1"]
         _drain(cluster, node)
         first = _poll_once(cluster, directory, array, timeout=20)
         assert first.returncode == 0, first.stderr
@@ -273,7 +281,7 @@ def test_a_node_whose_ranks_fail_repeatedly_is_kept_out_of_the_next_generation(c
     flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "2",
              "--exclude-after-failures", "3", "--max-no-progress-cycles", "10",
              "--max-restarts", "8")  # fmt: skip
-    with _chain(cluster, "memory", *flags) as (work, _name, [first, second], _drained):
+    with _chain(cluster, "memory", *flags) as (work, name, [first, second], _drained):
         _started(work, first, 0)
         bad = _node(cluster, first, 1)  # task 1's node: not the rendezvous host
         for cycle in (1, 2, 3):
@@ -289,7 +297,7 @@ def test_a_node_whose_ranks_fail_repeatedly_is_kept_out_of_the_next_generation(c
         hosts = {e["host"] for e in progress(work)
                  if e["event"] == "start" and e.get("slurm_array_job_id") == second}  # fmt: skip
         assert bad not in hosts and resumed["iteration"] > 0
-        shown = _status(cluster, work)
+        shown = _status(cluster, name)
         assert "nodes kept out of the queued generations" in shown and bad in shown
 
 
@@ -315,6 +323,6 @@ def test_the_cap_leaves_the_partition_room_for_the_array_and_says_so(cluster: Cl
         batch_log = (work / "logs" / f"slurm-{name}-{first}_0.out").read_text()
         assert f"the cap: {capped} stay(s) eligible" in batch_log
         assert "the array needs 2" in batch_log
-        assert "NOT applied: the cap" in _status(cluster, work)
+        assert "NOT applied: the cap" in _status(cluster, name)
         resumed = _started(work, second, 0)
         assert resumed["host"] not in kept
