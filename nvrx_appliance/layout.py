@@ -81,6 +81,24 @@ class Layout:
         # Python: the host need not have this package). Submit copies it here.
         return self.work_dir / "teardown.py"
 
+    @property
+    def drain_poller(self) -> Path:
+        # Task 0's drain poller, started in the background by its batch script on the
+        # host, where Slurm's commands are (stdlib-only Python, like the teardown).
+        return self.work_dir / "drain_poller.py"
+
+    @property
+    def node_memory(self) -> Path:
+        # What the teardown loads to judge a generation's bad nodes and keep them out of
+        # the queued generations (stdlib-only Python, beside the teardown).
+        return self.work_dir / "node_memory.py"
+
+    @property
+    def exclusions(self) -> Path:
+        # The exclusion record: JSON lines, appended; which nodes are kept out of the
+        # chain's queued generations, why, until when, and what was applied to which job.
+        return self.work_dir / "exclusions.jsonl"
+
     def sbatch(self, job_name: str) -> Path:
         return self.work_dir / f"{job_name}.sbatch"
 
@@ -175,6 +193,18 @@ class Layout:
 
     def control_files(self, array_job_id: str | int) -> ControlFiles:
         return ControlFiles(self.control(array_job_id))
+
+    def drain(self, array_job_id: str | int) -> Path:
+        """The drain poller's markers, one per running array task (owner-only)."""
+        return self.generation(array_job_id) / "drain"
+
+    def drain_marker(self, array_job_id: str | int, task: str | int) -> Path:
+        # key=value lines naming the task's allocation and its drained nodes, if any.
+        return self.drain(array_job_id) / f"task_{task}"
+
+    def drain_poll(self, array_job_id: str | int) -> Path:
+        # The poller's last pass: when, and whether Slurm answered.
+        return self.drain(array_job_id) / "last_poll"
 
     def cycle_infos(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "cycle_infos"

@@ -54,8 +54,11 @@ def ft_launcher_argv(
     hosts_rendezvous: bool,
     launcher: Sequence[str],
     active_tasks: int | None = None,
+    health_endpoint: str | None = None,
 ) -> list[str]:
-    """ft_launcher and its own flags; the workload's argv goes after them."""
+    """ft_launcher and its own flags; the workload's argv goes after them.
+    health_endpoint: the node health check service to name instead of the spec's (the
+    entrypoint's drain check, which asks the spec's in turn)."""
     spec, shape, layout = manifest.spec, manifest.shape, manifest.layout
     array_job_id = record.array_job_id
     rdzv_conf = ",".join(
@@ -90,8 +93,9 @@ def ft_launcher_argv(
     ]  # fmt: skip
     if record.segment is not None:
         argv += ["--ft-segment", str(record.segment)]
-    if spec.health_check_endpoint:
-        argv += ["--ft-node-health-check-endpoint", spec.health_check_endpoint]
+    endpoint = spec.health_check_endpoint if health_endpoint is None else health_endpoint
+    if endpoint:
+        argv += ["--ft-node-health-check-endpoint", endpoint]
     # The workload's argv starts with its own interpreter (SEAMS.md), so ft_launcher must
     # not prepend another.
     argv.append("--no-python")
@@ -106,6 +110,7 @@ def command(
     hosts_rendezvous: bool,
     launcher: Sequence[str],
     active_tasks: int | None = None,
+    health_endpoint: str | None = None,
 ) -> list[str]:
     head = ft_launcher_argv(
         manifest,
@@ -113,5 +118,6 @@ def command(
         hosts_rendezvous=hosts_rendezvous,
         launcher=launcher,
         active_tasks=active_tasks,
+        health_endpoint=health_endpoint,
     )
     return [*head, *workload]

@@ -39,6 +39,7 @@ from nvrx_appliance.entrypoints import (
     control,
     controldir,
     detect,
+    drain_check,
     env,
     gate,
     launch,
@@ -380,9 +381,11 @@ def supervise(
     lease_watch: controldir.LeaseWatch,
     stop_signals: list[int],
     started: float,
+    health_endpoint: str | None = None,
 ):
     """ft_launcher under a Supervisor; `stop_signals` collects the stopping signals
-    Slurm sent a peer (task 0 answers them by closing the generation)."""
+    Slurm sent a peer (task 0 answers them by closing the generation); `health_endpoint`
+    is the drain check NVRx asks before each rendezvous."""
     # The throttle task 0 read from the controller, for every node alike.
     active_tasks = record.active_tasks if record.active_tasks is not None else pre.active_tasks
     try:
@@ -393,6 +396,7 @@ def supervise(
             hosts_rendezvous=pre.node.hosts_rendezvous,
             launcher=pre.launcher,
             active_tasks=active_tasks,
+            health_endpoint=health_endpoint,
         )
     except launch.ShapeError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None
@@ -441,6 +445,7 @@ def run(manifest_path: Path | None) -> int:
     started = time.monotonic()
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
+    drain_check.warm_up(manifest)
     # Decided before anything is created: a refusal leaves nothing behind.
     record = (
         task0_record(manifest, node, pre.fabric, pre.active_tasks)
@@ -458,7 +463,11 @@ def run(manifest_path: Path | None) -> int:
     lease_watch = controldir.LeaseWatch(directory, record.generation)
     stop_signals: list[int] = []
     try:
-        outcome = supervise(pre, record, directory, keeper, lease_watch, stop_signals, started)
+        # Drained nodes leave at a rendezvous through NVRx's node health check.
+        with drain_check.endpoint(manifest, node, record.generation, say) as health:
+            outcome = supervise(
+                pre, record, directory, keeper, lease_watch, stop_signals, started, health
+            )
     finally:
         if keeper is not None:
             keeper.stop()
@@ -545,6 +554,7 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
             hosts_rendezvous=node.hosts_rendezvous,
             launcher=["ft_launcher"],
             active_tasks=array_throttle(os.environ),
+            health_endpoint=drain_check.dry_run_endpoint(manifest),
         )
     except (NodeError, launch.ShapeError) as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None

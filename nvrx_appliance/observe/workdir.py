@@ -17,8 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import read_text
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import exclusions as exclusion_record
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.times import sacct_since
 from nvrx_appliance.observe.types import Cycle
@@ -133,3 +135,8 @@ def accounting_query(layout: Layout, manifest: dict[str, Any]) -> dict[str, Any]
 
 def chain_marker(layout: Layout) -> bool:
     return layout.chain_marker.exists()
+
+
+def exclusions(layout: Layout) -> exclusion_record.Record:
+    """The exclusion record as of now: the nodes kept out of the queued generations."""
+    return exclusion_record.read(read(layout.exclusions), now_iso())

@@ -269,6 +269,30 @@ class ChainSpec:
         "Cancel the chain after N consecutive generations that never trained (0: off).",
         "NVRX_BURN_GUARD",
     )
+    # --- bad nodes (drain awareness, and memory across generations) -----------------------
+    # Minutes by default, as the reference's drain poller: a drain is not urgent (a drained
+    # node leaves at the next rendezvous anyway), and sinfo is among slurmctld's heaviest
+    # requests. Each poll is one sinfo and one squeue for the whole generation.
+    drain_poll_interval: int = _opt(
+        300,
+        "Seconds between task 0's polls of Slurm for drained nodes; a drained node leaves "
+        "at the next rendezvous (0: off).",
+        "NVRX_DRAIN_POLL_INTERVAL",
+    )
+    exclude_after_failures: int = _opt(
+        3,
+        "Rank failures of one node in one generation that keep it out of the queued "
+        "generations (0: never for rank failures).",
+        "NVRX_EXCLUDE_AFTER_FAILURES",
+    )
+    # A day: long enough to keep a black-hole node out of a chain's next generations,
+    # short enough that a node an administrator repaired comes back without anyone's help.
+    exclude_for: int = _opt(
+        86400,
+        "Seconds a bad node stays excluded from the chain's queued generations (0: no "
+        "memory across generations).",
+        "NVRX_EXCLUDE_FOR",
+    )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ChainSpec)}
@@ -508,6 +532,9 @@ def check(spec: ChainSpec) -> list[Problem]:
         "burn_guard",
         "gpus_per_numa",
         "closed_flag_grace",
+        "drain_poll_interval",
+        "exclude_after_failures",
+        "exclude_for",
     ):
         if getattr(spec, name) < 0:
             bad(name, f"cannot be negative (got {getattr(spec, name)})")

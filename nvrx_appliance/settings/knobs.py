@@ -21,6 +21,7 @@ _GROUPS = {
     "setup_timeout": "NVRx ft_launcher",
     "fault_inject": "Fault injection (the demo modes)",
     "burn_guard": "The chain's own guards",
+    "drain_poll_interval": "Bad nodes: drained nodes, and memory across generations",
 }
 
 _HEAD = """# Every knob of `nvrx-appliance submit`

@@ -103,4 +103,5 @@ def read_chain(work_dir: Path, *, user: str, slurm: Slurm | None = None) -> Chai
         qualify_record=workdir.read_json(layout.qualification),
         blind=blind,
         now=time.time(),
+        exclusions=workdir.exclusions(layout),
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
+from nvrx_appliance.observe.exclusions import Applied, Exclusion, Record
 from nvrx_appliance.observe.slurm_output import AcctRow
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle, Task
@@ -53,6 +54,7 @@ class GenerationView:
     elapsed_s: float | None = None  # task 0's run so far, or in all once it ended
     time_left_s: float | None = None  # to the time limit, while it runs
     pending_reason: str = ""  # squeue's %r for a task 0 not started yet
+    drained: tuple[str, ...] = ()  # its nodes Slurm drained (ledger: the drain poller's)
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class ChainView:
     parallelism: str = ""  # the shape submit validated, as shape_text says it
     wandb_run_id: str = ""  # the chain's one W&B run, if it logs to W&B
     blind: tuple[str, ...] = field(default_factory=tuple)  # sources that could not be read
+    # The exclusion record: nodes kept out of the queued generations, and its last use.
+    excluded: tuple[Exclusion, ...] = ()
+    applied: Applied | None = None
 
     @property
     def slurm_reachable(self) -> bool:
@@ -280,6 +285,7 @@ def assemble(
     qualify_record: Any = None,
     blind: Sequence[str] = (),
     now: float = 0.0,
+    exclusions: Record | None = None,
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
     limit_s = slurm_seconds(str(spec.get("time_limit", "")))
@@ -317,6 +323,7 @@ def assemble(
                 elapsed_s=elapsed,
                 time_left_s=left,
                 pending_reason=_pending_reason(array_job_id, queue),
+                drained=tuple(str(n) for n in entry.get("drained") or ()),
             )
         )
     return ChainView(
@@ -337,4 +344,6 @@ def assemble(
         parallelism=shape_text(shape),
         wandb_run_id=str((manifest.get("wandb") or {}).get("run_id", "")),
         blind=tuple(blind),
+        excluded=exclusions.active if exclusions else (),
+        applied=exclusions.applied if exclusions else None,
     )

@@ -94,6 +94,44 @@ def cycles_table(view: ChainView) -> Table:
     return table
 
 
+def _applied(node: str, view: ChainView) -> str:
+    applied = view.applied
+    if applied is not None and node in applied.nodes:
+        return f"in the ExcNodeList of {', '.join(applied.jobs)} since {applied.time}"
+    if applied is not None and node in applied.capped:
+        return (
+            f"NOT applied: the cap keeps {applied.need} usable nodes in the partition "
+            "for the array; it stays eligible"
+        )
+    return "at the end of the running generation"
+
+
+def exclusions_table(view: ChainView) -> Table:
+    table = Table(
+        title="nodes kept out of the queued generations (the exclusion record)",
+        title_justify="left",
+        caption="never drained by the appliance: draining is the administrator's",
+        caption_justify="left",
+    )
+    for column in ("node", "why", "since", "until", "by", "applied"):
+        table.add_column(column)
+    for e in view.excluded:
+        table.add_row(e.node, e.reason, e.since, e.until, e.by, _applied(e.node, view))
+    return table
+
+
+def drained_lines(view: ChainView) -> list[Text]:
+    return [
+        Text(
+            f"generation {g.array_job_id}: Slurm drained {', '.join(g.drained)}; "
+            "a drained node left at a rendezvous",
+            style="yellow",
+        )
+        for g in view.generations
+        if g.drained
+    ]
+
+
 _VERSIONS_SHOWN = ("NVRx", "Megatron-LM", "PyTorch")
 _CHECK_MARKS = {True: "ok", False: "FAIL", None: "pending"}
 
@@ -161,6 +199,9 @@ def render(view: ChainView) -> Group:
         parts.append(qualify_run_table(view.qualify_run))
     if any(g.cycles for g in view.generations):
         parts.append(cycles_table(view))
+    parts += drained_lines(view)
+    if view.excluded:
+        parts.append(exclusions_table(view))
     for source in view.blind:
         parts.append(Text(f"could not read {source}", style="yellow"))
     return Group(*parts)

@@ -110,9 +110,13 @@ def teardown_source() -> str:
 
 
 def write_teardown(layout: Layout) -> None:
-    """Task 0's teardown beside run.json, owner-only: the batch script refuses to run it
-    otherwise."""
+    """Task 0's teardown beside run.json, with the two host scripts of bad nodes (the
+    drain poller, the node memory the teardown loads), owner-only: the batch script and
+    the teardown refuse them otherwise."""
     write_atomic(layout.teardown, teardown_source(), mode=0o600)
+    for path in (layout.drain_poller, layout.node_memory):
+        source = (files("nvrx_appliance.slurm") / path.name).read_text()
+        write_atomic(path, source, mode=0o600)
 
 
 def plan(

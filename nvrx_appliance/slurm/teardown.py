@@ -20,6 +20,7 @@ It runs on the host's own python3, which can be as old as RHEL 8's 3.6: no
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import stat
@@ -350,6 +351,63 @@ def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
     return claim if isinstance(claim, dict) else None
 
 
+def _node_memory(path: str) -> Any:
+    """The node memory beside this file (node_memory.py), loaded only if this job's user
+    alone could have written it; None otherwise, and the generation is not remembered."""
+    problem = untrusted(path, os.geteuid()) if path else "was not named"
+    if problem is None and not os.path.isfile(path):
+        problem = "is missing"
+    if problem:
+        _log(f"ERROR: not loading the node memory {path} ({problem}): bad nodes of this "
+             "generation are not kept out of the next ones")  # fmt: skip
+        return None
+    try:
+        sys.dont_write_bytecode = True  # no __pycache__ of ours in the work dir
+        spec = importlib.util.spec_from_file_location("nvrx_node_memory", path)
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as exc:  # a broken copy must never cost the ledger entry
+        _log(f"ERROR: could not load the node memory {path}: {exc}")
+        return None
+    return module
+
+
+def remember_nodes(args: argparse.Namespace, this: Dict[str, Any], fenced_task0: str) -> Any:
+    """Judge this generation's bad nodes into the exclusion record and the ledger entry
+    (drained and excluded); the loaded node memory, for apply_exclusions, or None."""
+    memory = _node_memory(args.node_memory)
+    if memory is None:
+        return None
+    try:
+        drained = memory.drained_nodes(args.drain_poll, this["chain"], args.array_job_id)
+        excluded = memory.remember(
+            record=args.exclusions, launcher_log=args.launcher_log, drained=drained,
+            fenced_task0=fenced_task0, spec=_load_manifest(args.run_json).get("spec", {}),
+            chain=this["chain"], array_job_id=args.array_job_id, log=_log,
+        )  # fmt: skip
+    except Exception as exc:  # never at the cost of the ledger entry
+        _log(f"ERROR: judging this generation's nodes failed: {exc}")
+        return None
+    this.update(drained=drained, excluded=excluded)
+    return memory
+
+
+def apply_exclusions(memory: Any, args: argparse.Namespace) -> None:
+    """The exclusion record onto the chain's queued generations, after the ledger entry
+    is written (the singleton dependency holds them until this trap ends)."""
+    if memory is None:
+        return
+    try:
+        memory.apply(
+            record=args.exclusions, submitted=args.submitted,
+            manifest=_load_manifest(args.run_json), user=args.user,
+            array_job_id=args.array_job_id, log=_log,
+        )  # fmt: skip
+    except Exception as exc:
+        _log(f"ERROR: excluding nodes from the queued generations failed: {exc}")
+
+
 def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     """The host half of a fence: only the job whose entrypoint won the claim acts, so
     the ledger gets one entry however many peers raced."""
@@ -373,7 +431,9 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     else:
         _log("ERROR: user or array job id unknown: nothing cancelled")
     this["scancel_ok"] = ok
+    memory = remember_nodes(args, this, fenced_task0=this["task0_node"])
     _record(args.ledger, this)
+    apply_exclusions(memory, args)
     return 0
 
 
@@ -431,7 +491,11 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
     this.update(action=action, reason=reason, scancel_ok=ok)
     if action == COMPLETED:
         this["final_iteration"] = done
+    memory = remember_nodes(args, this, fenced_task0="")
     _record(args.ledger, this)
+    # A chain that ends (completed, cancelled, burn guard) has no queued generation left.
+    if action in (RELEASED_SPARES, SAVED_AT_TIME_LIMIT):
+        apply_exclusions(memory, args)
     if action in (CANCELLED_CHAIN, BURN_GUARD, COMPLETED) and ok and args.marker:
         # The chain ended on purpose: the watcher must not page "chain exhausted".
         try:
@@ -461,6 +525,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         "job-id",
         "training-done",
         "task-id",
+        "node-memory",
+        "exclusions",
+        "launcher-log",
+        "drain-poll",
+        "submitted",
     ):
         parser.add_argument("--" + name, default="")
     parser.add_argument("--exit-code", type=int)

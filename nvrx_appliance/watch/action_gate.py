@@ -9,13 +9,18 @@ Pure: no I/O.
 
 from __future__ import annotations
 
-from nvrx_appliance.watch.findings import RELEASE_SPARES, Action, Snapshot
+from pathlib import Path
+
+from nvrx_appliance.layout import Layout
+from nvrx_appliance.watch.findings import EXCLUDE_NODES, RELEASE_SPARES, Action, Snapshot
 
 
 def refusal(action: Action, snap: Snapshot, caller: str) -> str | None:
     """None if the action may run; otherwise why not, in words for the log."""
     if caller != snap.run.owner:
         return f"chain {snap.run.job_name} belongs to {snap.run.owner}, not to {caller}"
+    if action.kind == EXCLUDE_NODES:
+        return _exclusion_refusal(action, snap)
     gen = snap.generation(action.array_job_id)
     if gen is None:
         return f"{action.array_job_id} is not a queued generation of chain {snap.run.job_name}"
@@ -27,4 +32,16 @@ def refusal(action: Action, snap: Snapshot, caller: str) -> str | None:
         return "the command is not scoped to this user, chain and generation"
     if action.kind == RELEASE_SPARES and not gen.pending:
         return f"generation {action.array_job_id} has no pending task left"
+    return None
+
+
+def _exclusion_refusal(action: Action, snap: Snapshot) -> str | None:
+    """Only into this chain's own record, and only while the chain keeps one."""
+    if not snap.run.work_dir or snap.run.exclude_for <= 0:
+        return (
+            f"chain {snap.run.job_name} keeps no exclusion record (no run.json, or exclude_for 0)"
+        )
+    record = str(Layout(Path(snap.run.work_dir)).exclusions)
+    if action.argv != (record,) or not action.nodes:
+        return "the exclusion is not scoped to this chain's own record"
     return None

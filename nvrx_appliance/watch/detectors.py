@@ -6,9 +6,10 @@ The restart-anomaly detectors read NVRx cycle-info files and the checkpoint trac
 and catch failures that are a pattern rather than an event; they work wherever
 ft_launcher runs.
 
-Only two findings carry an action, and both only release what a dead task 0 can no
-longer release itself. Everything else reports: a watcher that cancels jobs on a
-heuristic is a new failure mode.
+Two findings carry a cancelling action, and both only release what a dead task 0 can no
+longer release itself; suspect_node offers to add its nodes to the chain's exclusion
+record (never a cancel, never a drain). Everything else reports: a watcher that cancels
+jobs on a heuristic is a new failure mode.
 
 Pure: imports only the vocabulary, the thresholds and the pure parsers.
 """
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from nvrx_appliance.exitcodes import NVRX_NO_RESTART
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.times import age_text
 from nvrx_appliance.observe.types import COMPLETED, Cycle, Ending, Generation
@@ -28,6 +31,8 @@ from nvrx_appliance.watch.findings import (
     CHECKPOINT,
     CRITICAL,
     CYCLES,
+    EXCLUDE_NODES,
+    EXCLUSIONS,
     FOLLOW_UP,
     INFO,
     MARKER,
@@ -469,7 +474,7 @@ def _trailing_short(cycles: list[Cycle], t: Thresholds) -> list[Cycle]:
 
 
 def suspect_node(snap: Snapshot, t: Thresholds) -> list[Finding]:
-    """A node was active in every one of the last few short cycles (a candidate for --exclude)."""
+    """A node was active in every one of the last few short cycles (a candidate for exclusion)."""
     closed = [c for c in snap.current_cycles if snap.closed(c)]
     trailing = _trailing_short(closed, t)
     if len(trailing) < t.suspect_cycles:
@@ -477,10 +482,15 @@ def suspect_node(snap: Snapshot, t: Thresholds) -> list[Finding]:
     common = set(expand_nodelist(trailing[0].active_nodes))
     for cycle in trailing[1:]:
         common &= set(expand_nodelist(cycle.active_nodes))
-    if not common:
+    # The chain's exclusion record already keeps these out of its queued generations.
+    nodes = sorted(common - snap.excluded)
+    if not nodes:
         return []
-    nodes = sorted(common)
     gen = trailing[0].job_id
+    action = None
+    if snap.run.work_dir and snap.run.exclude_for > 0:
+        record = str(Layout(Path(snap.run.work_dir)).exclusions)
+        action = Action(EXCLUDE_NODES, gen, (record,), nodes=tuple(nodes))
     return [
         _finding(
             snap,
@@ -493,7 +503,9 @@ def suspect_node(snap: Snapshot, t: Thresholds) -> list[Finding]:
                 f"{age_text(t.short_cycle_seconds)}"
             ),
             detail="Correlation only: cycle-info files do not say why a cycle ended. Read the "
-            "per-cycle logs before excluding a node (sbatch --exclude).",
+            "per-cycle logs; with --act the node goes into the chain's exclusion record, "
+            "and the queued generations exclude it from the running one's end (never a drain).",
+            action=action,
         )
     ]
 
@@ -606,6 +618,7 @@ ALL: tuple[Detector, ...] = (
         family="restart",
         severity=WARNING,
         needs=(CYCLES,),
+        uses=(EXCLUSIONS,),
         thresholds=("short_cycle_seconds", "suspect_cycles"),
         fn=suspect_node,
     ),

@@ -38,16 +38,20 @@ CYCLES = "cycles"  # NVRx cycle-info files
 CHECKPOINT = "checkpoint"  # the checkpoint-iteration tracker file
 LEDGER = "ledger"  # <work>/chain.jsonl
 MARKER = "marker"  # <work>/chain.active
-SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER)
+EXCLUSIONS = "exclusions"  # <work>/exclusions.jsonl: nodes kept out of the queued generations
+SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS)
 
 OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
 NOT_CONFIGURED = "not configured"
 
-# --- actions: the only two things the watcher may ever do, and only with --act -----------
+# --- actions: the only things the watcher may ever do, and only with --act ---------------
 RELEASE_SPARES = "release_spares"  # scancel the PENDING tasks of one generation
 CANCEL_GENERATION = "cancel_generation"  # scancel every remaining task of one generation
-ACTION_KINDS = (RELEASE_SPARES, CANCEL_GENERATION)
+# Add nodes to the chain's exclusion record; the teardown at the running generation's end
+# puts them in the queued generations' ExcNodeList. Never a drain: that is the admin's.
+EXCLUDE_NODES = "exclude_nodes"
+ACTION_KINDS = (RELEASE_SPARES, CANCEL_GENERATION, EXCLUDE_NODES)
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,8 @@ class Run:
     max_restarts: int | None = None  # ft_launcher --max-restarts, for restart_budget_low
     train_tasks: int | None = None  # from run.json: tasks beyond these are spares
     origin: str = ""  # how the paths were found: "run.json", "batch script", "flags"
+    chain: str = ""  # run.json's chain id, which the exclusion record's lines name
+    exclude_for: int = 0  # run.json: seconds a bad node stays excluded (0: no record)
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,7 @@ class Snapshot:
     checkpoint: Checkpoint = field(default_factory=lambda: Checkpoint(None, None))
     ledger: tuple[LedgerEntry, ...] = ()
     chain_marker: bool = False
+    excluded: frozenset[str] = frozenset()  # nodes the exclusion record keeps out now
 
     def has(self, *sources: str) -> bool:
         return all(
@@ -131,12 +138,15 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class Action:
-    kind: str  # RELEASE_SPARES or CANCEL_GENERATION
+    kind: str  # one of ACTION_KINDS
     array_job_id: str
     argv: tuple[str, ...]  # the exact command, printed in observe-only mode
+    nodes: tuple[str, ...] = ()  # EXCLUDE_NODES: the nodes; argv then names the record
 
     @property
     def command(self) -> str:
+        if self.kind == EXCLUDE_NODES:
+            return f"add {', '.join(self.nodes)} to the exclusion record {' '.join(self.argv)}"
         return " ".join(self.argv)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance.files import NotRegularFile, read_text
-from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe import exclusions, run_files
 from nvrx_appliance.observe.types import Checkpoint, Cycle, LedgerEntry
 
 MAX_SCRIPT_BYTES = 1 << 20  # a batch script or a library it sources; anything larger is not one
@@ -217,6 +217,13 @@ def read_checkpoint(path_or_glob: str) -> Checkpoint:
 def read_ledger(path: str) -> tuple[LedgerEntry, ...]:
     text = _read_small(path, "ledger", 64 << 20)
     return () if text is None else run_files.ledger_entries(text)
+
+
+def read_excluded(path: str, now: str) -> frozenset[str]:
+    """The nodes the chain's exclusion record keeps out of its queued generations now."""
+    text = _read_small(path, "exclusion record", 64 << 20)
+    record = exclusions.read(text or "", now)
+    return frozenset(e.node for e in record.active)
 
 
 def marker_present(path: str) -> bool:

@@ -145,6 +145,8 @@ def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:
             max_restarts=manifest.spec.max_restarts,
             train_tasks=manifest.spec.train_tasks,
             origin=f"run.json ({layout.run_json})",
+            chain=manifest.chain_id,
+            exclude_for=manifest.spec.exclude_for,
         )
         if not run.job_name:
             run = replace(run, job_name=manifest.spec.job_name)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.clock import iso_utc
 from nvrx_appliance.goodput import gather
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
@@ -28,6 +29,7 @@ from nvrx_appliance.watch import (
     goodput_metrics,
     persistence,
     readers,
+    remember,
     sinks,
 )
 from nvrx_appliance.watch.config import Settings, Thresholds
@@ -35,6 +37,8 @@ from nvrx_appliance.watch.findings import (
     CHECKPOINT,
     CRITICAL,
     CYCLES,
+    EXCLUDE_NODES,
+    EXCLUSIONS,
     FOLLOW_UP,
     INFO,
     LEDGER,
@@ -134,6 +138,7 @@ class Watcher:
         cycles = self._cycles(sources)
         checkpoint = self._checkpoint(sources, now, state)
         ledger, marker = self._work_dir_files(sources)
+        excluded = self._excluded(sources, now)
         return Snapshot(
             run=self.run,
             observed_at=now,
@@ -145,6 +150,7 @@ class Watcher:
             checkpoint=checkpoint,
             ledger=ledger,
             chain_marker=marker,
+            excluded=excluded,
         )
 
     def _slurm(self, sources: dict[str, SourceStatus]) -> tuple[tuple, tuple]:
@@ -218,6 +224,19 @@ class Watcher:
             sources[MARKER] = SourceStatus(UNAVAILABLE, str(exc))
         return ledger, marker
 
+    def _excluded(self, sources: dict[str, SourceStatus], now: float) -> frozenset[str]:
+        if not self.run.work_dir:
+            sources[EXCLUSIONS] = SourceStatus(NOT_CONFIGURED, "no work dir known")
+            return frozenset()
+        path = str(Layout(Path(self.run.work_dir)).exclusions)
+        try:
+            excluded = readers.read_excluded(path, iso_utc(now) or "")
+        except ReadError as exc:
+            sources[EXCLUSIONS] = SourceStatus(UNAVAILABLE, str(exc))
+            return frozenset()
+        sources[EXCLUSIONS] = SourceStatus(OBSERVED)
+        return excluded
+
     # --- one pass -------------------------------------------------------------------------
 
     def pass_once(self) -> PassResult:
@@ -274,10 +293,13 @@ class Watcher:
                 self.logger.warning("observe-only (pass --act to run it): %s", action.command)
             else:
                 try:
-                    self.platform.scancel(action.argv)
+                    if action.kind == EXCLUDE_NODES:
+                        remember.exclude(action, finding, snap)
+                    else:
+                        self.platform.scancel(action.argv)
                     result.acted.append(action.command)
                     self.logger.warning("acted on %s: ran %s", finding.detector, action.command)
-                except SlurmUnavailable as exc:
+                except (SlurmUnavailable, OSError) as exc:
                     self.logger.error("action failed: %s: %s", action.command, exc)
 
     def _report(

@@ -1,0 +1,399 @@
+"""Memory across generations: the bad nodes of a generation, kept out of the next ones.
+
+The teardown (task 0's trap, or the peer that fenced a dead task 0) loads this file and
+calls two functions. judge() reads what the generation left and returns the nodes to
+exclude, with the reason: a node that failed one of NVRx's health checks (its
+ft_launcher left a rendezvous as unhealthy), the node of a task 0 that stopped
+answering (fenced), and a node whose own ranks failed `exclude_after_failures` times.
+A node Slurm drained is not one of them: draining is the administrator's, and Slurm
+already keeps a drained node out of every job. remember() appends those to the
+exclusion record (Layout.exclusions, JSON lines) for `exclude_for` seconds, and the
+teardown puts them in its ledger entry. apply() then sets the ExcNodeList of the
+chain's queued generations to what the record holds now: before the teardown ends,
+so before the singleton dependency lets the next generation start.
+
+apply() is scoped to this user's jobs of this chain (its name, and the array job ids
+submit recorded), and capped: the partition keeps at least the array's size of usable
+nodes (array tasks x nodes per task), the oldest exclusions first; a node the cap
+leaves eligible is named in the record and the log. It never drains a node: that is the
+administrator's. Its Slurm calls, when the record holds anything to apply: one squeue,
+one sinfo per partition, one scontrol update per distinct list (one, as a rule).
+
+nvrx-watch (--act) appends to the same record; the next teardown applies it.
+
+Why stdlib only and Python 3.6 syntax: it runs on the host's python3, beside the
+teardown (Layout.node_memory). The pure part comes first; the shell is thin.
+"""
+
+import datetime
+import json
+import os
+import re
+import subprocess
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+RECORD_VERSION = 1
+EXCLUDED, APPLIED = "excluded", "applied"
+# Each Slurm call is bounded: the teardown must end within Slurm's KillWait.
+SLURM_TIMEOUT_S = 10
+# Usable for a job, as sinfo's %t prints a node's state (a suffix such as '*', not
+# responding, makes it unusable: it is stripped only from these).
+USABLE_STATES = {"idle", "mix", "alloc", "comp", "plnd", "npc"}
+
+# NVRx's log lines: "<date> <time> [LEVEL] [host] ... message".
+_LINE = re.compile(r"^\S+ \S+ \[[A-Z]+\] \[(?P<host>[^\]]+)\] (?P<rest>.*)$")
+_UNHEALTHY = "Agent .run() raised UnhealthyNodeException: "
+# What NVRx logs when the entrypoint's drain check (entrypoints/drain_check.py) failed a
+# node: that node left because Slurm drained it, which is not ours to remember.
+_DRAIN_CHECK = "slurm drain: "  # in "Node health check failed: ... failed_checks=[...]"
+LEFT_DRAINED = "drained by Slurm"
+_WORKERS_FAILED = re.compile(r"\] Worker group (?:FAILED|UNHEALTHY)\. ")
+
+# --- pure ---------------------------------------------------------------------------
+
+
+def short_name(host: str) -> str:
+    """NVRx tags a line with the host name; Slurm's node names are short."""
+    return host.split(".", 1)[0]
+
+
+def evidence(lines: Iterable[str]) -> Tuple[Dict[str, str], Dict[str, int]]:
+    """From a generation's NVRx log: (node -> why it left a rendezvous as unhealthy,
+    LEFT_DRAINED when the drain check sent it, node -> how many times its own worker
+    group failed)."""
+    unhealthy = {}  # type: Dict[str, str]
+    failures = {}  # type: Dict[str, int]
+    for line in lines:
+        if _UNHEALTHY not in line and "] Worker group " not in line and _DRAIN_CHECK not in line:
+            continue  # the cheap test first: a long generation's log is large
+        match = _LINE.match(line)
+        if not match:
+            continue
+        node, rest = short_name(match.group("host")), match.group("rest")
+        if _DRAIN_CHECK in rest and "failed_checks=" in rest:  # before the exception
+            unhealthy.setdefault(node, LEFT_DRAINED)
+        elif _UNHEALTHY in rest:
+            unhealthy.setdefault(node, rest.split(_UNHEALTHY, 1)[1].strip())
+        elif _WORKERS_FAILED.search(rest):
+            failures[node] = failures.get(node, 0) + 1
+    return unhealthy, failures
+
+
+def judge(
+    unhealthy: Dict[str, str],
+    failures: Dict[str, int],
+    *,
+    drained: Iterable[str],
+    fenced_task0: str,
+    threshold: int,
+) -> List[Tuple[str, str]]:
+    """(node, reason) to exclude, in a stable order; never a drained node."""
+    left = set(drained)
+    found = {}  # type: Dict[str, str]
+    for node, why in sorted(unhealthy.items()):
+        if why == LEFT_DRAINED:
+            left.add(node)  # drained then, perhaps resumed since: the administrator's
+        else:
+            found.setdefault(node, "failed NVRx's health check: " + why)
+    if fenced_task0:
+        found.setdefault(
+            short_name(fenced_task0), "hosted task 0, which stopped answering (fenced)"
+        )
+    for node, count in sorted(failures.items()):
+        if threshold > 0 and count >= threshold:
+            found.setdefault(node, f"its ranks failed {count} times in one generation")
+    return [(node, why) for node, why in sorted(found.items()) if node not in left]
+
+
+def parse_record(text: str) -> List[Dict[str, Any]]:
+    """The record's lines; a torn or foreign line is skipped."""
+    entries = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and entry.get("kind") in (EXCLUDED, APPLIED):
+            entries.append(entry)
+    return entries
+
+
+def active(entries: List[Dict[str, Any]], now: str) -> List[Dict[str, Any]]:
+    """The exclusions in force at `now` (ISO 8601 UTC, comparable as text), the latest
+    line per node, oldest first."""
+    latest = {}  # type: Dict[str, Dict[str, Any]]
+    for entry in entries:
+        if entry.get("kind") == EXCLUDED and isinstance(entry.get("node"), str):
+            latest.pop(entry["node"], None)
+            latest[entry["node"]] = entry
+    return [e for e in latest.values() if str(e.get("until", "")) > now]
+
+
+def last_applied(entries: List[Dict[str, Any]], job: str) -> Tuple[Set[str], Optional[str]]:
+    """(the nodes the record last put in this job's ExcNodeList, the job's own list as
+    it was before the record first touched it); (empty, None) if it never did."""
+    for entry in reversed(entries):
+        if entry.get("kind") == APPLIED and job in entry.get("jobs", []):
+            baselines = entry.get("baselines") or {}
+            return set(entry.get("nodes", [])), str(baselines.get(job, ""))
+    return set(), None
+
+
+def cap(candidates: List[str], usable: Set[str], need: int) -> Tuple[List[str], List[str]]:
+    """(kept, capped): the exclusions that leave at least `need` usable nodes, in the
+    order given. A node that is not usable now costs nothing to exclude."""
+    room = len(usable) - need
+    kept, capped = [], []
+    for node in candidates:
+        if node not in usable:
+            kept.append(node)
+        elif room > 0:
+            kept.append(node)
+            room -= 1
+        else:
+            capped.append(node)
+    return kept, capped
+
+
+def plan(
+    pending: List[Tuple[str, str, str]],
+    wanted: List[str],
+    usable: Dict[str, Set[str]],
+    need: int,
+    entries: List[Dict[str, Any]],
+) -> Tuple[Dict[str, List[str]], Dict[str, str], Set[str], Dict[str, List[str]]]:
+    """What to ask of Slurm for the queued generations (job, partition, its ExcNodeList
+    as squeue prints it): (ExcNodeList -> the jobs to set it on, job -> its own list,
+    the nodes kept out, partition -> the nodes the cap leaves eligible).
+
+    A job's own exclusions (sbatch --exclude) are what its list held before the record
+    first touched it; they stay, and ours that expired are taken back. A job already as
+    it should be is left alone."""
+    targets = {}  # type: Dict[str, List[str]]
+    baselines = {}  # type: Dict[str, str]
+    kept_all = set()  # type: Set[str]
+    capped_by = {}  # type: Dict[str, List[str]]
+    for job, partition, current in pending:
+        kept, capped = cap(wanted, usable.get(partition, set()), need)
+        kept_all |= set(kept)
+        if capped:
+            capped_by[partition] = capped
+        ours, baseline = last_applied(entries, job)
+        baselines[job] = current if baseline is None else baseline
+        if set(kept) == ours:
+            continue  # as it should be (a job never touched, with nothing to keep out)
+        target = ",".join([baselines[job]] * bool(baselines[job]) + sorted(kept))
+        targets.setdefault(target, []).append(job)
+    return targets, baselines, kept_all, capped_by
+
+
+def parse_pending(out: str) -> List[Tuple[str, str, str]]:
+    """squeue's `%F|%P|%x` lines: (array job id, partition(s), excluded nodes as Slurm
+    compresses them; "" for none)."""
+    rows = []
+    for line in out.splitlines():
+        fields = line.split("|")
+        if len(fields) == 3 and fields[0].strip().isdigit():
+            excluded = fields[2].strip()
+            rows.append(
+                (fields[0].strip(), fields[1].strip(), "" if excluded == "(null)" else excluded)
+            )
+    return rows
+
+
+def parse_usable(out: str) -> Set[str]:
+    """sinfo's `%N|%t` lines -> the nodes a job could be placed on."""
+    usable = set()
+    for line in out.splitlines():
+        node, _, state = line.partition("|")
+        if node.strip() and state.strip() in USABLE_STATES:
+            usable.add(node.strip())
+    return usable
+
+
+# --- shell --------------------------------------------------------------------------
+
+
+def now_iso(delta_s: float = 0) -> str:
+    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delta_s)
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _log_lines(path: str) -> Iterable[str]:
+    try:
+        with open(path, "rb") as fh:
+            for raw in fh:
+                yield raw.decode("utf-8", errors="replace")
+    except OSError:
+        return
+
+
+def _fields(text: str) -> Dict[str, str]:
+    fields = {}  # type: Dict[str, str]
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            fields.setdefault(key.strip(), value)
+    return fields
+
+
+def _append(path: str, entries: List[Dict[str, Any]]) -> None:
+    """One write with O_APPEND: a concurrent writer (nvrx-watch) never splits a line."""
+    if not entries:
+        return
+    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def drained_nodes(drain_poll: str, chain: str, array_job_id: str) -> List[str]:
+    """The generation's drained nodes, as its drain poller last found them; none from a
+    record another run left under a reused array job id."""
+    fields = _fields(_read(drain_poll)) if drain_poll else {}
+    if fields.get("generation", "").split("/")[:2] != [chain, array_job_id]:
+        return []
+    return fields.get("drained", "").split()
+
+
+def remember(
+    *,
+    record: str,
+    launcher_log: str,
+    drained: List[str],
+    fenced_task0: str,
+    spec: Dict[str, Any],
+    chain: str,
+    array_job_id: str,
+    log: Callable[[str], None],
+) -> List[Dict[str, str]]:
+    """Judge the generation and append its exclusions to the record; what the ledger
+    entry lists (node, reason)."""
+    exclude_for = int(spec.get("exclude_for", 0))
+    if exclude_for <= 0:
+        return []
+    unhealthy, failures = evidence(_log_lines(launcher_log))
+    found = judge(
+        unhealthy,
+        failures,
+        drained=drained,
+        fenced_task0=fenced_task0,
+        threshold=int(spec.get("exclude_after_failures", 0)),
+    )
+    since, until = now_iso(), now_iso(exclude_for)
+    entries = [
+        {"kind": EXCLUDED, "version": RECORD_VERSION, "node": node, "reason": why,
+         "since": since, "until": until, "chain": chain, "generation": array_job_id,
+         "by": "teardown"}
+        for node, why in found
+    ]  # fmt: skip
+    for node, why in found:
+        log(f"{node} is kept out of this chain's queued generations until {until}: {why}")  # fmt: skip
+    try:
+        _append(record, entries)
+    except OSError as exc:
+        log(f"ERROR: could not append to the exclusion record {record}: {exc}")
+    return [{"node": node, "reason": why} for node, why in found]
+
+
+def _slurm(argv: List[str]) -> Optional[str]:
+    try:
+        done = subprocess.run(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            universal_newlines=True,
+            timeout=SLURM_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise RuntimeError(f"{argv[0]} could not run: {exc}") from None
+    if done.returncode != 0:
+        raise RuntimeError(f"{argv[0]} exited {done.returncode}: {done.stderr.strip()}")  # fmt: skip
+    return done.stdout
+
+
+def apply(
+    *,
+    record: str,
+    submitted: str,
+    manifest: Dict[str, Any],
+    user: str,
+    array_job_id: str,
+    log: Callable[[str], None],
+) -> None:
+    """Set the ExcNodeList of this chain's queued generations to what the record holds
+    now (within the cap). Any Slurm failure leaves them as they were, and says so."""
+    spec, shape = manifest.get("spec", {}), manifest.get("shape", {})
+    name = spec.get("job_name", "")
+    if int(spec.get("exclude_for", 0)) <= 0 or not name or not user:
+        return
+    entries = parse_record(_read(record))
+    wanted = [str(e["node"]) for e in active(entries, now_iso())]
+    ours_before = set()  # type: Set[str]
+    for entry in entries:
+        if entry.get("kind") == APPLIED:
+            ours_before |= set(entry.get("nodes", []))
+    if not wanted and not ours_before:
+        return  # nothing to add and nothing of ours to take back: no Slurm call
+    try:
+        _apply(entries, wanted, spec, shape, user, name, submitted, record, array_job_id, log)
+    except RuntimeError as exc:
+        log(f"ERROR: the queued generations' excluded nodes may be unchanged ({exc}); the "
+            "record keeps them, and the next generation's teardown applies it again")  # fmt: skip
+
+
+def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_job_id, log):
+    # type: (List[Dict[str, Any]], List[str], Dict[str, Any], Dict[str, Any], str, str, str, str, str, Callable[[str], None]) -> None
+    out = _slurm(["squeue", "--noheader", "--user=" + user, "--name=" + name,
+                  "--states=PENDING", "--format=%F|%P|%x"])  # fmt: skip
+    chain_ids = set(_submitted_ids(submitted))
+    pending = [
+        row for row in parse_pending(out or "")
+        if row[0] != array_job_id and (not chain_ids or row[0] in chain_ids)
+    ]  # fmt: skip
+    if not pending:
+        return
+    need = int(shape.get("array_size", 1)) * int(spec.get("nodes_per_task", 1))
+    usable = {}  # type: Dict[str, Set[str]]
+    for partition in sorted({row[1] for row in pending}):
+        listed = _slurm(["sinfo", "--noheader", "--Node", "--partition=" + partition,
+                         "--format=%N|%t"])  # fmt: skip
+        usable[partition] = parse_usable(listed or "")
+    targets, baselines, kept, capped = plan(pending, wanted, usable, need, entries)
+    for partition, eligible in sorted(capped.items()):
+        log(f"the cap: {', '.join(eligible)} stay(s) eligible for the queued generations: the "
+            f"partition {partition} has {len(usable[partition])} usable nodes and the array "
+            f"needs {need}")  # fmt: skip
+    for excluded, jobs in sorted(targets.items()):
+        # One update for the jobs that get the same list. Slurm applies it to each job it
+        # can and fails the call for any it cannot (one that stopped pending meanwhile).
+        _slurm(["scontrol", "update", "JobId=" + ",".join(jobs), "ExcNodeList=" + excluded])
+        log(f"queued generation(s) {', '.join(jobs)} now exclude {excluded or 'no node'}")
+    applied = {"kind": APPLIED, "version": RECORD_VERSION, "time": now_iso(),
+               "generation": array_job_id, "jobs": [row[0] for row in pending],
+               "nodes": sorted(kept), "need": need, "by": "teardown", "baselines": baselines,
+               "capped": sorted({n for nodes in capped.values() for n in nodes})}  # fmt: skip
+    try:
+        _append(record, [applied])
+    except OSError as exc:
+        log(f"ERROR: could not append to the exclusion record {record}: {exc}")
+
+
+def _submitted_ids(path: str) -> List[str]:
+    try:
+        data = json.loads(_read(path) or "{}")
+    except ValueError:
+        return []
+    ids = data.get("job_ids", []) if isinstance(data, dict) else []
+    return [str(i) for i in ids if str(i).isdigit()]

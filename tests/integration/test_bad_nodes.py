@@ -1,0 +1,328 @@
+"""Bad nodes stay out of the run (issue 23), on the real cluster: real sinfo, squeue,
+scontrol drain and ExcNodeList, real ft_launcher 0.7.0 asking the entrypoint's drain
+check at each rendezvous.
+
+a) a drained training node leaves at the next rendezvous and the hot spare takes its
+   place; a drained task 0 hands the chain to the next generation instead;
+b) Slurm unreachable during a poll: no marker changes;
+c) a node whose ranks fail repeatedly in generation 1 is in generation 2's ExcNodeList,
+   and generation 2 trains elsewhere;
+d) the cap: the exclusion record never leaves the partition too small for the array.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.observe import exclusions
+from nvrx_appliance.observe.run_files import cycle_info
+from nvrx_appliance.observe.slurm_output import expand_nodelist
+from nvrx_appliance.slurm import drain_poller
+
+from .chain_support import (
+    CLI,
+    cli,
+    logs_on_failure,
+    progress,
+    ran,
+    submit,
+    tasks,
+    unique,
+    wait_event,
+    wait_idle,
+    wait_ledger,
+)
+from .conftest import Cluster
+
+pytestmark = [pytest.mark.cluster]
+
+CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
+POLL_S = 2  # the drain poller's interval in these tests (minutes by default)
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _node(cluster: Cluster, array_job_id: str, task: int) -> str:
+    def placed() -> str:
+        record = tasks(cluster, array_job_id).get(task)
+        return record["NodeList"] if record and ran(record) else ""
+
+    return cluster.wait_until(placed, CYCLE_S, f"task {task} of {array_job_id} to start")
+
+
+def _started(work: Path, array_job_id: str, cycle: int) -> dict:
+    return wait_event(
+        work,
+        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == array_job_id
+        and e.get("cycle") == cycle,
+        CYCLE_S,
+        f"training of generation {array_job_id} to start in cycle {cycle}",
+    )  # fmt: skip
+
+
+def _cycle_nodes(work: Path, array_job_id: str, cycle: int) -> tuple[set[str], set[str]]:
+    path = work / "nvrx" / array_job_id / "cycle_infos" / f"cycle_info.{array_job_id}.0.{cycle}"
+    info = cycle_info(path.read_text())
+    assert info is not None, logs_on_failure(work)
+    return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))
+
+
+WORKER = [b"-u", b"-m", b"nvrx_appliance.entrypoints.workloads.cpu"]
+
+
+def _worker_pids(work: Path, node: str) -> list[int]:
+    """This chain's cpu trainer ranks on `node`, from /proc: the trainer is their program
+    (ft_launcher's own command line names it too, further on), their command line names
+    the chain's work dir, their environment the node Slurm started them on."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:4] != WORKER or not any(str(work).encode() in a for a in argv):
+            continue
+        if f"SLURMD_NODENAME={node}".encode() in environ:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def _kill_a_rank(cluster: Cluster, work: Path, node: str) -> None:
+    pids = cluster.wait_until(lambda: _worker_pids(work, node), 60, f"a rank on {node}", 0.5)
+    os.kill(pids[0], signal.SIGKILL)
+
+
+def _drain(cluster: Cluster, node: str) -> None:
+    cluster.slurm("scontrol", "update", f"nodename={node}", "state=drain", "reason=issue 23 test")
+
+
+def _resume(cluster: Cluster, node: str) -> None:
+    cluster.slurm("scontrol", "update", f"nodename={node}", "state=resume", check=False)
+
+
+def _drained_marker(work: Path, array_job_id: str, node: str) -> Path:
+    def found() -> Path | None:
+        for path in sorted((work / "nvrx" / array_job_id / "drain").glob("task_*")):
+            if node in drain_poller.drained_in(path.read_text()):
+                return path
+        return None
+
+    return Cluster.wait_until(found, 60, f"the drain poller to mark {node}", 0.5)
+
+
+def _excluded(cluster: Cluster, job_id: str) -> set[str]:
+    out = cluster.slurm("squeue", "-h", "-j", job_id, "-o", "%x").stdout.split()
+    return set(expand_nodelist(out[0])) if out else set()
+
+
+@contextmanager
+def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, list, list]]:
+    """A chain in train mode without cold spares: (work dir, name, its generations, the
+    nodes the test drains); afterwards cancelled, its drained nodes resumed, idle."""
+    work, name = cluster.workdir(label), unique(label)
+    generations = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0", *flags)
+    drained: list[str] = []
+    try:
+        yield work, name, generations, drained
+    finally:
+        cli(cluster, "cancel", name)
+        for node in drained:
+            _resume(cluster, node)
+        wait_idle(cluster, name, timeout=120)
+
+
+def _status(cluster: Cluster, name: str) -> str:
+    """`status` as a person runs it, on a terminal wide enough for its tables."""
+    done = subprocess.run(
+        [CLI, "status", name], env=cluster.env(COLUMNS="250"),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode in (0, 1), done.stderr
+    return done.stdout
+
+
+# --- a) drained nodes leave at the next rendezvous ----------------------------------------
+
+
+@pytest.mark.disruptive
+def test_a_drained_training_node_leaves_at_the_next_rendezvous_and_the_hot_spare_replaces_it(
+    cluster: Cluster,
+):
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--depth", "1",
+             "--drain-poll-interval", str(POLL_S))  # fmt: skip
+    with _chain(cluster, "drain", *flags) as (work, _name, [gen], drained):
+        _started(work, gen, 0)
+        task0 = _node(cluster, gen, 0)
+        active, _ = _cycle_nodes(work, gen, 0)
+        (peer,) = active - {task0}
+        (hot,) = {_node(cluster, gen, t) for t in (1, 2)} - {peer}
+
+        drained.append(peer)
+        _drain(cluster, peer)
+        marker = _drained_marker(work, gen, peer)
+        # Not at once: the running cycle trains on after the poller marked the node.
+        marked = marker.stat().st_mtime
+        wait_event(
+            work,
+            lambda e: e["event"] in ("step", "checkpoint") and e.get("cycle") == 0
+            and e.get("slurm_array_job_id") == gen and e["time"] > marked + 1,
+            CYCLE_S,
+            "cycle 0 to train on after the drain",
+        )  # fmt: skip
+        assert not (work / "nvrx" / gen / "cycle_infos" / f"cycle_info.{gen}.0.1").exists()
+
+        _kill_a_rank(cluster, work, task0)  # a rank fault: the next rendezvous
+        resumed = _started(work, gen, 1)
+        assert resumed["iteration"] > 0
+        active, standby = _cycle_nodes(work, gen, 1)
+        assert active == {task0, hot} and peer not in standby, logs_on_failure(work)
+        launcher_log = (work / "nvrx" / gen / "logs" / "ft_launcher.log").read_text()
+        assert f"[{peer}]" in launcher_log and "Slurm has drained" in launcher_log
+
+
+@pytest.mark.disruptive
+def test_a_drained_task_0_hands_the_chain_to_the_next_generation_instead_of_hosting(
+    cluster: Cluster,
+):
+    flags = ("--train-tasks", "1", "--hot-spares", "1", "--depth", "2",
+             "--drain-poll-interval", str(POLL_S))  # fmt: skip
+    with _chain(cluster, "drain0", *flags) as (work, _name, [first, second], drained):
+        _started(work, first, 0)
+        task0 = _node(cluster, first, 0)
+        wait_event(work, lambda e: e["event"] == "checkpoint", CYCLE_S, "a first checkpoint")
+        drained.append(task0)
+        _drain(cluster, task0)
+        _drained_marker(work, first, task0)
+        _kill_a_rank(cluster, work, task0)
+
+        [entry] = wait_ledger(work, 1, CYCLE_S)
+        assert entry["array_job_id"] == first and entry["drained"] == [task0]
+        assert entry["action"] == "released_spares" and entry["exit_code"] not in (0, 93)
+        assert task0 not in {e["node"] for e in entry["excluded"]}  # Slurm's, not ours
+        resumed = _started(work, second, 0)
+        assert resumed["host"] != task0 and resumed["iteration"] > 0
+        assert not (work / "nvrx" / first / "cycle_infos" / f"cycle_info.{first}.0.1").exists()
+
+
+# --- b) Slurm unreachable during a poll ------------------------------------------------------
+
+
+def _poll_once(cluster: Cluster, directory: Path, array_job_id: str, timeout: int):
+    return subprocess.run(
+        [sys.executable, drain_poller.__file__, "--array-job-id", array_job_id,
+         "--generation", f"test/{array_job_id}/", "--dir", str(directory),
+         "--interval", "1", "--timeout", str(timeout), "--once"],
+        env=cluster.env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _running(cluster: Cluster, array: str) -> dict[str, str] | None:
+    """task -> node, once both tasks of the array run."""
+    out = cluster.slurm("squeue", "-h", "-r", "-j", array, "-t", "R", "-o", "%K %N").stdout
+    placed = dict(line.split() for line in out.splitlines())
+    return placed if len(placed) == 2 else None
+
+
+def _markers(directory: Path) -> dict[str, tuple[str, int]]:
+    return {p.name: (p.read_text(), p.stat().st_ino) for p in directory.glob("task_*")}
+
+
+def test_a_poll_that_slurm_does_not_answer_changes_no_marker(cluster: Cluster):
+    work = cluster.workdir("drainpoll")
+    array = cluster.sbatch(
+        "--array=0-1", "--exclusive", f"--job-name={unique('drainpoll')}", f"--chdir={work}",
+        f"--output={work}/task_%a.out", "--wrap", "sleep 600",
+    )  # fmt: skip
+    directory = work / "drain"
+    controller = next(d["pid"] for d in cluster.status["daemons"] if d["name"] == "slurmctld")
+    node = ""
+    try:
+        placed = cluster.wait_until(lambda: _running(cluster, array), 60, "both tasks", 0.5)
+        node = placed["1"]
+        _drain(cluster, node)
+        first = _poll_once(cluster, directory, array, timeout=20)
+        assert first.returncode == 0, first.stderr
+        before = _markers(directory)
+        assert set(before) == {"task_0", "task_1"}
+        assert drain_poller.drained_in(before["task_1"][0]) == [node]
+
+        os.kill(controller, signal.SIGSTOP)  # the controller stops answering
+        try:
+            blind = _poll_once(cluster, directory, array, timeout=3)
+        finally:
+            os.kill(controller, signal.SIGCONT)
+        assert "pass skipped, every marker kept as it was" in blind.stderr
+        assert _markers(directory) == before  # same text, same file: nothing rewritten
+        last = (directory / "last_poll").read_text()
+        assert "outcome=skipped: sinfo did not answer within 3 s" in last
+        assert f"drained={node}\n" in last
+    finally:
+        if node:
+            _resume(cluster, node)
+        cluster.slurm("scancel", array, check=False)
+
+
+# --- c) and d): memory across generations ----------------------------------------------------
+
+
+def test_a_node_whose_ranks_fail_repeatedly_is_kept_out_of_the_next_generation(cluster: Cluster):
+    flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "2",
+             "--exclude-after-failures", "3", "--max-no-progress-cycles", "10",
+             "--max-restarts", "8")  # fmt: skip
+    with _chain(cluster, "memory", *flags) as (work, name, [first, second], _drained):
+        _started(work, first, 0)
+        bad = _node(cluster, first, 1)  # task 1's node: not the rendezvous host
+        for cycle in (1, 2, 3):
+            _kill_a_rank(cluster, work, bad)
+            _started(work, first, cycle)
+        cluster.slurm("scancel", f"{first}_0")  # generation 1 ends: task 0's teardown runs
+
+        [entry] = wait_ledger(work, 1, CYCLE_S)
+        reason = "its ranks failed 3 times in one generation"
+        assert {"node": bad, "reason": reason} in entry["excluded"], entry
+        assert bad in _excluded(cluster, second)
+        resumed = _started(work, second, 0)
+        hosts = {e["host"] for e in progress(work)
+                 if e["event"] == "start" and e.get("slurm_array_job_id") == second}  # fmt: skip
+        assert bad not in hosts and resumed["iteration"] > 0
+        shown = _status(cluster, name)
+        assert "nodes kept out of the queued generations" in shown and bad in shown
+
+
+def test_the_cap_leaves_the_partition_room_for_the_array_and_says_so(cluster: Cluster):
+    # Three bad nodes already in the record, as nvrx-watch --act would leave them; the
+    # array is 2 tasks of 1 node on a 4-node partition, so only two may be kept out.
+    record = "".join(
+        exclusions.excluded_line(node, "test", since=f"2026-01-01T00:00:0{i}Z",
+                                 until="2999-01-01T00:00:00Z", chain="test", generation="0",
+                                 by="nvrx-watch")
+        for i, node in enumerate(cluster.nodes[1:])
+    )  # fmt: skip
+    flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "2")
+    with _chain(cluster, "cap", *flags) as (work, name, [first, second], _drained):
+        (work / "exclusions.jsonl").write_text(record)  # before the first teardown reads it
+        _started(work, first, 0)
+        cluster.slurm("scancel", f"{first}_0")
+        wait_ledger(work, 1, CYCLE_S)
+        kept, capped = set(cluster.nodes[1:3]), cluster.nodes[3]  # the oldest two are kept
+        cluster.wait_until(lambda: _excluded(cluster, second) == kept, 30, "the ExcNodeList", 0.5)
+        applied = exclusions.read((work / "exclusions.jsonl").read_text(), "2026-06-01T00:00:00Z")
+        assert applied.applied is not None and applied.applied.capped == (capped,)
+        batch_log = (work / "logs" / f"slurm-{name}-{first}_0.out").read_text()
+        assert f"the cap: {capped} stay(s) eligible" in batch_log
+        assert "the array needs 2" in batch_log
+        assert "NOT applied: the cap" in _status(cluster, name)
+        resumed = _started(work, second, 0)
+        assert resumed["host"] not in kept

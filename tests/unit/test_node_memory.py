@@ -1,0 +1,256 @@
+"""Memory across generations (slurm/node_memory.py, loaded by the teardown): which nodes
+a generation leaves behind as bad, the exclusion record, the cap, and what it asks of
+Slurm for the queued generations.
+
+The Slurm calls run against stand-ins for squeue, sinfo and scontrol (shell scripts on
+PATH that record their argv); the real ones are tests/integration/test_bad_nodes.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance import manifest
+from nvrx_appliance.observe import exclusions
+from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.slurm import node_memory, render, submit
+
+# NVRx 0.7.0's log lines as ft_launcher.log holds them (every node's, through its log server).
+LOG = """\
+2026-12-02 16:16:20,101 [INFO] [node1] [workload:?(?) infra:0(0)] launcher.py:600 Starting
+2026-12-02 16:16:22,671 [INFO] [node2] [workload:?(?) infra:1(0)] launcher.py:636 [default] Worker group UNHEALTHY. 8/8 attempts left; will restart worker group
+2026-12-02 16:16:22,700 [INFO] [node1] [workload:?(?) infra:0(0)] launcher.py:760 [default] Joining cluster restart (group_rank=0)
+2026-12-02 16:16:40,671 [INFO] [node2.cluster.example] [workload:?(?) infra:1(0)] launcher.py:636 [default] Worker group FAILED. 7/8 attempts left; will restart worker group
+2026-12-02 16:16:52,730 [INFO] [node2] [workload:?(?) infra:1(0)] launcher.py:636 [default] Worker group UNHEALTHY. 6/8 attempts left; will restart worker group
+2026-12-02 16:16:53,000 [INFO] [node3] [workload:?(?) infra:2(0)] launcher.py:636 [default] Worker group UNHEALTHY. 5/8 attempts left; will restart worker group
+2026-12-02 16:16:56,074 [ERROR] [node4] [workload:?(?) infra:3(0)] launcher.py:1721 Agent .run() raised UnhealthyNodeException: Node node4_31168_0 has an unhealthy GPU.
+2026-12-02 16:16:57,000 [ERROR] [node6] [workload:?(?) infra:4(0)] launcher.py:1721 Agent .run() raised UnhealthyNodeException: Node node6_1_0 is unhealthy.
+2026-12-02 16:16:58,000 [WARNING] [node8] [workload:?(?) infra:5(0)] health_check.py:1562 Node health check failed: fail_count=1, failed_checks=['slurm drain: Slurm has drained node8 of task 5 (node8: bad fan); node8 leaves at this rendezvous']
+2026-12-02 16:16:58,100 [ERROR] [node8] [workload:?(?) infra:5(0)] launcher.py:1721 Agent .run() raised UnhealthyNodeException: Node node8_1_0 is unhealthy.
+E1202 16:16:57.967000 31168 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 1) local_rank: 1
+"""
+
+
+def test_a_generations_log_says_which_node_left_unhealthy_and_whose_ranks_failed():
+    unhealthy, failures = node_memory.evidence(LOG.splitlines(keepends=True))
+    assert unhealthy == {
+        "node4": "Node node4_31168_0 has an unhealthy GPU.",
+        "node6": "Node node6_1_0 is unhealthy.",
+        "node8": node_memory.LEFT_DRAINED,  # the drain check's verdict, not a health fault
+    }
+    # node1 only joined the restarts the others caused; a domain name is Slurm's short name
+    assert failures == {"node2": 3, "node3": 1}
+
+
+def test_judged_bad_the_unhealthy_the_dead_task_0_and_repeated_rank_failures_never_a_drain():
+    unhealthy, failures = node_memory.evidence(LOG.splitlines())
+    found = dict(
+        node_memory.judge(
+            unhealthy, failures, drained=["node6"], fenced_task0="node7.example", threshold=3
+        )
+    )
+    # node6 is drained now, node8 was when it left (resumed since?): both the admin's
+    assert sorted(found) == ["node2", "node4", "node7"]
+    assert found["node2"] == "its ranks failed 3 times in one generation"
+    assert found["node4"].startswith("failed NVRx's health check: ")
+    assert "fenced" in found["node7"]
+    assert "node2" not in dict(
+        node_memory.judge(unhealthy, failures, drained=[], fenced_task0="", threshold=0)
+    )
+
+
+def test_the_cap_keeps_the_arrays_size_usable_oldest_exclusions_first():
+    usable = {"n1", "n2", "n3", "n4"}
+    assert node_memory.cap(["n1", "n2", "n3"], usable, need=2) == (["n1", "n2"], ["n3"])
+    # a node that is down or drained anyway costs nothing to keep out
+    assert node_memory.cap(["gone", "n1"], usable, need=3) == (["gone", "n1"], [])
+    assert node_memory.cap(["n1"], usable, need=4) == ([], ["n1"])
+
+
+def test_an_exclusion_expires_and_the_latest_line_of_a_node_wins():
+    lines = [
+        exclusions.excluded_line("n1", "old", since="2026-01-01T00:00:00Z",
+                                 until="2026-01-02T00:00:00Z", chain="c", generation="5",
+                                 by="teardown"),
+        exclusions.excluded_line("n2", "x", since="2026-01-01T00:00:00Z",
+                                 until="2026-01-03T00:00:00Z", chain="c", generation="5",
+                                 by="teardown"),
+        exclusions.excluded_line("n1", "again", since="2026-01-02T12:00:00Z",
+                                 until="2026-01-03T12:00:00Z", chain="c", generation="6",
+                                 by="nvrx-watch"),
+        "{torn",
+    ]  # fmt: skip
+    text = "".join(lines)
+    now = "2026-01-02T13:00:00Z"
+    # the teardown's reader and the host tools' agree on what is in force
+    theirs = [
+        (e["node"], e["reason"]) for e in node_memory.active(node_memory.parse_record(text), now)
+    ]
+    ours = [(e.node, e.reason) for e in exclusions.read(text, now).active]
+    assert theirs == ours == [("n2", "x"), ("n1", "again")]
+    assert exclusions.read(text, "2026-01-04T00:00:00Z").active == ()
+
+
+# --- the shell: the record, and Slurm for the queued generations ---------------------------
+
+
+def _spec(tmp_path: Path, **extra) -> dict:
+    spec = ChainSpec(work_dir=str(tmp_path / "w"), workload="cpu", job_name="demo",
+                     train_tasks=2, hot_spares=1, cold_spares=0, **extra)  # fmt: skip
+    return manifest.build(spec, created="chain-1", user="alice").to_json()
+
+
+SQUEUE = "501|debug|node9\n502|debug|(null)\n500|debug|\n777|debug|\n"
+SINFO = "node1|idle\nnode2|alloc\nnode3|mix\nnode4|idle\nnode5|drain\nnode6|down*\n"
+
+
+def _stand_ins(tmp_path: Path, *, squeue=SQUEUE, sinfo=SINFO, scontrol_code=0) -> dict:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    outputs = {"squeue": (squeue, 0), "sinfo": (sinfo, 0), "scontrol": ("", scontrol_code)}
+    for name, (out, code) in outputs.items():
+        (tmp_path / f"{name}.out").write_text(out)
+        (bin_dir / name).write_text(
+            f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/calls\n'
+            + f"cat {tmp_path}/{name}.out\nexit {code}\n"
+        )
+        (bin_dir / name).chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def _apply(tmp_path: Path, monkeypatch, record_lines: list[str], **stand_ins) -> list[str]:
+    for key, value in _stand_ins(tmp_path, **stand_ins).items():
+        monkeypatch.setenv(key, value)
+    record = tmp_path / "exclusions.jsonl"
+    record.write_text("".join(record_lines))
+    (tmp_path / "submitted.json").write_text(json.dumps({"job_ids": ["500", "501", "502"]}))
+    said: list[str] = []
+    node_memory.apply(record=str(record), submitted=str(tmp_path / "submitted.json"),
+                      manifest=_spec(tmp_path), user="alice", array_job_id="500",
+                      log=said.append)  # fmt: skip
+    return said
+
+
+def _line(node: str, until: str = "2999-01-01T00:00:00Z") -> str:
+    return exclusions.excluded_line(node, "test", since="2026-01-01T00:00:00Z", until=until,
+                                    chain="chain-1", generation="499", by="teardown")  # fmt: skip
+
+
+def _calls(tmp_path: Path) -> list[str]:
+    path = tmp_path / "calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_the_chains_own_queued_generations_exclude_the_record_within_the_cap(tmp_path, monkeypatch):
+    said = _apply(tmp_path, monkeypatch, [_line("node1"), _line("node2"), _line("node5")])
+    calls = _calls(tmp_path)
+    assert calls[0] == ("squeue --noheader --user=alice --name=demo --states=PENDING "
+                        "--format=%F|%P|%x")  # fmt: skip
+    # 4 usable nodes, an array of 3 tasks: one usable node may go; node5 is drained anyway
+    updates = {c for c in calls if c.startswith("scontrol update")}
+    assert updates == {
+        "scontrol update JobId=501 ExcNodeList=node9,node1,node5",  # the user's node9 kept
+        "scontrol update JobId=502 ExcNodeList=node1,node5",
+    }  # not 500 (this generation) nor 777 (not this chain's)
+    assert [s for s in said if s.startswith("the cap")] == [
+        "the cap: node2 stay(s) eligible for the queued generations: the partition debug "
+        "has 4 usable nodes and the array needs 3"
+    ]
+    applied = exclusions.read((tmp_path / "exclusions.jsonl").read_text(), "2026-06-01T00:00:00Z")
+    assert applied.applied is not None
+    assert applied.applied.nodes == ("node1", "node5") and applied.applied.capped == ("node2",)
+    assert applied.applied.jobs == ("501", "502") and applied.applied.need == 3
+
+
+def test_an_expired_exclusion_is_taken_back_and_the_users_own_is_kept(tmp_path, monkeypatch):
+    applied = json.dumps({"kind": "applied", "jobs": ["501"], "nodes": ["node1", "node4"],
+                          "baselines": {"501": "node9"}})  # fmt: skip
+    _apply(tmp_path, monkeypatch, [_line("node1", until="2000-01-01T00:00:00Z"),
+                                   _line("node4"), applied + "\n"],
+           squeue="501|debug|node[1,4,9]\n")  # fmt: skip
+    assert [c for c in _calls(tmp_path) if c.startswith("scontrol update")] == [
+        "scontrol update JobId=501 ExcNodeList=node9,node4"
+    ]
+
+
+def test_nothing_to_apply_asks_slurm_nothing(tmp_path, monkeypatch):
+    _apply(tmp_path, monkeypatch, [_line("node1", until="2000-01-01T00:00:00Z")])
+    assert _calls(tmp_path) == []
+
+
+def test_a_slurm_failure_leaves_the_queued_generations_as_they_were_and_says_so(
+    tmp_path, monkeypatch
+):
+    said = _apply(tmp_path, monkeypatch, [_line("node1")], scontrol_code=1)
+    assert any("excluded nodes may be unchanged" in s for s in said)
+    record = exclusions.read((tmp_path / "exclusions.jsonl").read_text(), "2026-06-01T00:00:00Z")
+    assert record.applied is None  # nothing claims to be applied
+
+
+# --- the teardown: ledger, record and successors, through the rendered batch script ------
+
+
+def test_task_0s_teardown_remembers_the_generations_bad_nodes(tmp_path):
+    work = tmp_path / "w"
+    # No drain poller here: the generation's last poll is given (its own test: test_drain).
+    spec = ChainSpec(work_dir=str(work), workload="cpu", runtime="bare", python="python3",
+                     job_name="demo", train_tasks=2, hot_spares=1, drain_poll_interval=0)  # fmt: skip
+    m = manifest.build(spec, created="chain-1", user="alice")
+    work.mkdir()
+    manifest.save(m)
+    submit.write_teardown(m.layout)
+    (work / "submitted.json").write_text(json.dumps({"job_ids": ["500", "501"]}))
+    m.layout.nvrx_logs("500").mkdir(parents=True)
+    m.layout.launcher_log("500").write_text(LOG)
+    m.layout.drain("500").mkdir(parents=True)
+    m.layout.drain_poll("500").write_text("generation=chain-1/500/\ndrained=node6\n")
+    script = work / "demo.sbatch"
+    script.write_text(render.render(m, template=submit.template_text()))
+    env = _stand_ins(tmp_path, squeue="501|debug|\n")
+    for name in ("srun", "scancel"):
+        (tmp_path / "bin" / name).write_text(f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/calls\n')
+        (tmp_path / "bin" / name).chmod(0o755)
+    env |= {"SLURM_ARRAY_JOB_ID": "500", "SLURM_ARRAY_TASK_ID": "0", "SLURM_JOB_NAME": "demo",
+            "SLURM_JOB_USER": "alice", "HOME": str(tmp_path)}  # fmt: skip
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    [entry] = [json.loads(x) for x in (work / "chain.jsonl").read_text().splitlines()]
+    assert entry["drained"] == ["node6"]
+    assert [e["node"] for e in entry["excluded"]] == ["node2", "node4"]
+    assert "node2 is kept out of this chain's queued generations until" in done.stderr
+    # 4 usable nodes, an array of 3: one may be kept out, the oldest (node2); node4 says so
+    assert "scontrol update JobId=501 ExcNodeList=node2" in _calls(tmp_path)
+    assert "the cap: node4 stay(s) eligible" in done.stderr
+    assert not (work / "__pycache__").exists()
+
+
+def test_a_node_memory_others_could_have_written_is_not_loaded_and_the_ledger_still_is(tmp_path):
+    work = tmp_path / "w"
+    m = manifest.build(ChainSpec(work_dir=str(work), workload="cpu"), created="c", user="a")
+    work.mkdir()
+    manifest.save(m)
+    submit.write_teardown(m.layout)
+    m.layout.node_memory.chmod(0o666)
+    from nvrx_appliance.slurm import teardown
+
+    assert teardown._node_memory(str(m.layout.node_memory)) is None
+    os.chmod(m.layout.node_memory, 0o600)
+    assert teardown._node_memory(str(m.layout.node_memory)) is not None
+
+
+@pytest.mark.parametrize("exclude_for", [0])
+def test_no_memory_across_generations_when_exclude_for_is_zero(tmp_path, exclude_for):
+    said: list[str] = []
+    record = tmp_path / "exclusions.jsonl"
+    (tmp_path / "ft.log").write_text(LOG)
+    found = node_memory.remember(
+        record=str(record), launcher_log=str(tmp_path / "ft.log"), drained=[], fenced_task0="",
+        spec={"exclude_for": exclude_for, "exclude_after_failures": 3}, chain="c",
+        array_job_id="500", log=said.append,
+    )  # fmt: skip
+    assert found == [] and not record.exists()
