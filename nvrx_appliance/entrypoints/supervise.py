@@ -63,11 +63,11 @@ class Save:
 
 @dataclass(frozen=True)
 class SaveSignal:
-    """How the workload is asked to save: the signal, and whether ft_launcher's pid is
-    ready to pass it on to workers that will act on it."""
+    """How the workload is asked to save: the signal, and, given ft_launcher's pid, the
+    workers it would reach now, or None while it cannot land (time_limit.ready)."""
 
     signum: int
-    ready: Callable[[int], bool]
+    ready: Callable[[int], tuple[int, ...] | None]
 
 
 def exit_code(returncode: int) -> int:
@@ -164,7 +164,7 @@ class Supervisor:
         self._told: tuple[int, float] | None = None  # Slurm's stop signal, and when
         self._draining_noted = False
         self._asked: str | None = None  # why the workload must save (the notice)
-        self._save_sent = False
+        self._saving: set[int] | None = None  # the workers the save signal reached
 
     def _forward(self, signum: int, _frame) -> None:
         if self.child is not None and self.child.returncode is None:
@@ -268,14 +268,27 @@ class Supervisor:
         return True
 
     def _send_save(self) -> None:
-        """The save signal to ft_launcher, once, as soon as it can reach every worker."""
+        """The save signal to ft_launcher as soon as it can reach every worker; once, for
+        torch elastic raises on every one, and a second, raised inside its shutdown, ends
+        its wait for the saving workers. Again only if workers that were never sent it
+        start: ft_launcher swallowed the first one (between two cycles) and went on."""
         save, child = self.save, self.child
-        if self._asked is None or self._save_sent or save is None or child is None:
+        if self._asked is None or save is None or child is None:
             return
-        if not save.ready(child.pid):
+        reached = save.ready(child.pid)
+        if reached is None:
             return
-        self._save_sent = True
-        self.log(f"sending {signal.Signals(save.signum).name} to ft_launcher: every worker saves")
+        if self._saving is not None and (not reached or self._saving & set(reached)):
+            return
+        name = signal.Signals(save.signum).name
+        if self._saving is not None:
+            self.log(f"ft_launcher started new workers after {name}; sending it again")
+        elif reached:
+            self.log(f"sending {name} to ft_launcher: every worker saves")
+        else:
+            self.log(f"sending {name} to ft_launcher: it runs no workers (the save on another "
+                     "node ended them, or a restart is under way), so it ends now")  # fmt: skip
+        self._saving = (self._saving or set()) | set(reached)
         self._forward(save.signum, None)
 
     def _drained_out(self, signum: int) -> Outcome:

@@ -3,13 +3,23 @@ design).
 
 The notice is a control file: a batch shell that Slurm's --signal reached writes it, or
 task 0's entrypoint at the exit duration. Every entrypoint's supervisor reads it with
-the closed flag and then sends the save signal to its ft_launcher, once, which forwards
-it to each worker's process group. Once only, and only when it can land: a process
-that has not installed a handler ignores SIGURG, so a signal sent while ft_launcher is
-still in its rendezvous, or while a worker is still importing, would be lost. So the
-supervisor waits until ft_launcher and every worker of it catch the signal (the kernel
-says so in /proc/PID/status), which also covers a notice that arrives during an
-in-job restart: the next cycle's workers get it as soon as they can act on it.
+the closed flag and then sends the save signal to its ft_launcher, which forwards it to
+each worker's process group. Only when it can land: a process that has not installed a
+handler ignores SIGURG, so a signal sent while ft_launcher is still in its first
+rendezvous, or while a worker is still importing, would be lost. So the supervisor waits
+until ft_launcher and every worker of it catch the signal (the kernel says so in
+/proc/PID/status), which also covers a notice that arrives during an in-job restart: the
+next cycle's workers get it as soon as they can act on it.
+
+Workers save together: the first node whose supervisor signals starts a save that every
+rank joins, and then every worker exits 0. A node that had not signalled yet finds its
+ft_launcher with no workers, waiting at torch elastic's exit barrier for the agents that
+were signalled, which never arrive there (300 s, past the time limit). So a
+ft_launcher that catches the signal and runs no worker is ready too: the signal ends its
+wait, gracefully. The price is paid only when the notice finds an in-job restart between
+two cycles: ft_launcher ends there instead of starting a cycle that would reload the
+last checkpoint and train for what is left of the margin. If ft_launcher swallows the
+signal and starts workers after all, they get it again (supervise.py).
 """
 
 from __future__ import annotations
@@ -72,11 +82,14 @@ def workers(launcher_pid: int, workload: Sequence[str]) -> list[int]:
     return found
 
 
-def ready(launcher_pid: int, workload: Sequence[str], signum: int) -> bool:
-    """ft_launcher will forward the signal, and every worker it runs will act on it."""
+def ready(launcher_pid: int, workload: Sequence[str], signum: int) -> tuple[int, ...] | None:
+    """The workers the signal reaches if it is sent now, or None while it cannot land:
+    ft_launcher does not catch it yet (torch elastic installs its handler when it first
+    starts workers), or a worker of it does not yet. No worker at all is ready once
+    ft_launcher catches it (the module's docstring says why)."""
     if psutil is None:
-        return True
+        return ()
     if not catches(launcher_pid, signum):
-        return False
-    running = workers(launcher_pid, workload)
-    return bool(running) and all(catches(pid, signum) for pid in running)
+        return None
+    running = tuple(workers(launcher_pid, workload))
+    return running if all(catches(pid, signum) for pid in running) else None

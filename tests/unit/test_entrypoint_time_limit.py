@@ -76,8 +76,8 @@ def test_the_save_signal_waits_for_every_worker_to_catch_it(tmp_path):
             time.sleep(0.05)
         # The forked child's command line ends with the workload's; only the worker counts.
         assert len(time_limit.workers(launcher.pid, workload)) == 1
-        assert not time_limit.ready(launcher.pid, workload, signal.SIGURG)
-        while not time_limit.ready(launcher.pid, workload, signal.SIGURG):
+        assert time_limit.ready(launcher.pid, workload, signal.SIGURG) is None
+        while time_limit.ready(launcher.pid, workload, signal.SIGURG) is None:
             assert time.monotonic() < deadline, "never ready"
             time.sleep(0.05)
         [worker] = time_limit.workers(launcher.pid, workload)
@@ -91,18 +91,20 @@ def test_the_save_signal_waits_for_every_worker_to_catch_it(tmp_path):
         launcher.wait()
 
 
-def test_no_worker_is_not_ready(tmp_path):
-    # Between two cycles of an in-job restart: the workers are gone, the next not started.
+def test_a_launcher_that_runs_no_worker_is_ready_once_it_catches_the_signal(tmp_path):
+    # Its workers ended (the save another node started ended them, and it waits at the
+    # exit barrier), or none started yet: only ft_launcher's own handler decides.
     sleeper = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; signal.signal(signal.SIGURG, print); "
-         "time.sleep(60)"]
+        [sys.executable, "-c", "import signal, time; time.sleep(1); "
+         "signal.signal(signal.SIGURG, print); time.sleep(60)"]
     )  # fmt: skip
     try:
+        assert time_limit.ready(sleeper.pid, ["python", "train.py"], signal.SIGURG) is None
         deadline = time.monotonic() + 10
         while not time_limit.catches(sleeper.pid, signal.SIGURG):
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        assert not time_limit.ready(sleeper.pid, ["python", "train.py"], signal.SIGURG)
+        assert time_limit.ready(sleeper.pid, ["python", "train.py"], signal.SIGURG) == ()
     finally:
         sleeper.kill()
         sleeper.wait()
