@@ -363,6 +363,10 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
         if row[0] != array_job_id and (not chain_ids or row[0] in chain_ids)
     ]  # fmt: skip
     if not pending:
+        if wanted:
+            log(f"no later generation of this chain is queued (none is left, or Slurm ended "
+                f"this job itself and the next one started already): {', '.join(wanted)} "
+                "stay(s) in the record for the generations queued after")  # fmt: skip
         return
     need = int(shape.get("array_size", 1)) * int(spec.get("nodes_per_task", 1))
     usable = {}  # type: Dict[str, Set[str]]

@@ -183,6 +183,21 @@ def test_nothing_to_apply_asks_slurm_nothing(tmp_path, monkeypatch):
     assert _calls(tmp_path) == []
 
 
+def test_no_queued_generation_left_is_said_and_the_record_kept(tmp_path, monkeypatch):
+    # Slurm ended task 0's job itself (scancel): it counted the job finished at once, and
+    # the next generation started while this teardown ran.
+    said = _apply(tmp_path, monkeypatch, [_line("node1")], squeue="500|debug|\n")
+    assert said == [
+        "no later generation of this chain is queued (none is left, or Slurm ended this job "
+        "itself and the next one started already): node1 stay(s) in the record for the "
+        "generations queued after"
+    ]
+    assert not [c for c in _calls(tmp_path) if c.startswith("scontrol")]
+    assert exclusions.read(
+        (tmp_path / "exclusions.jsonl").read_text(), "2026-06-01T00:00:00Z"
+    ).active
+
+
 def test_a_slurm_failure_leaves_the_queued_generations_as_they_were_and_says_so(
     tmp_path, monkeypatch
 ):
