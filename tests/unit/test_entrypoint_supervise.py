@@ -245,23 +245,25 @@ WORKER = """
 """
 
 
-def launcher(tmp_path: Path, cycles: list[str], swallows: bool) -> tuple[str, str, Path]:
+def noticed_launcher(tmp_path: Path, cycles: list[str], swallows: bool):
+    """The stand-in under a supervisor that finds the time-limit notice present from the
+    start: (the supervisor's process, the signals log)."""
     log = tmp_path / "signals.log"
     log.write_text("")
     worker = tmp_path / "worker.py"
     worker.write_text(textwrap.dedent(WORKER.format(log=str(log))))
     code = LAUNCHER.format(log=str(log), swallows=swallows, cycles=cycles, worker=str(worker))
-    return code, str(worker), log
+    notice = tmp_path / "time_limit"
+    notice.write_text("{}")
+    proc = supervise(tmp_path, code, DRIVER_NOTICE=str(notice), DRIVER_WORKLOAD=str(worker))
+    return proc, log
 
 
 def test_a_launcher_whose_workers_a_peers_save_ended_is_signalled_out_of_its_wait(tmp_path):
     # The CI run's time-limit failure: task 1 signalled first, the save every rank joins
     # ended task 0's workers with exit 0 before task 0 looked, and task 0's ft_launcher
     # then waited at the exit barrier until Slurm killed the job (143, not 0).
-    code, worker, log = launcher(tmp_path, ["ended-by-a-peer"], swallows=False)
-    notice = tmp_path / "time_limit"
-    notice.write_text("{}")
-    proc = supervise(tmp_path, code, DRIVER_NOTICE=str(notice), DRIVER_WORKLOAD=worker)
+    proc, log = noticed_launcher(tmp_path, ["ended-by-a-peer"], swallows=False)
     assert proc.wait(timeout=30) == 0
     assert log.read_text() == "launcher got SIGURG\n"
     assert "it runs no workers" in proc.stderr.read()
@@ -270,10 +272,7 @@ def test_a_launcher_whose_workers_a_peers_save_ended_is_signalled_out_of_its_wai
 def test_workers_started_after_a_swallowed_save_signal_get_it_again(tmp_path):
     # Between two cycles ft_launcher took the signal and went on to start new workers:
     # they are told too, once, and save.
-    code, worker, log = launcher(tmp_path, ["between", "next"], swallows=True)
-    notice = tmp_path / "time_limit"
-    notice.write_text("{}")
-    proc = supervise(tmp_path, code, DRIVER_NOTICE=str(notice), DRIVER_WORKLOAD=worker)
+    proc, log = noticed_launcher(tmp_path, ["between", "next"], swallows=True)
     assert proc.wait(timeout=30) == 0
     assert log.read_text() == "launcher got SIGURG\nlauncher got SIGURG\nworker next saved\n"
     assert "ft_launcher started new workers after SIGURG; sending it again" in proc.stderr.read()
