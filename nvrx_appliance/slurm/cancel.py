@@ -8,7 +8,7 @@ from pathlib import Path
 
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli
-from nvrx_appliance.observe.types import PENDING_STATES, RUNNING_STATES
+from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES
 from nvrx_appliance.observe.workdir import load_manifest
 
 
@@ -36,10 +36,26 @@ def cancel_chain(work_dir: Path, *, user: str) -> Cancelled:
     # Queued generations first: once the running one ends, the singleton dependency
     # would otherwise let the next one start before our second call reached it.
     if queued:
-        slurmcli.scancel(["--user", user, *queued])
+        _scancel_live(user, name, queued)
     if running:
-        slurmcli.scancel(["--user", user, *running])
+        _scancel_live(user, name, running)
     # Ended on purpose (also when nothing was left to cancel): the watcher must not page
     # "chain exhausted" for it.
     Layout(work_dir).chain_marker.unlink(missing_ok=True)
     return Cancelled(job_name=name, queued=tuple(queued), running=tuple(running))
+
+
+def _scancel_live(user: str, name: str, job_ids: list[str]) -> None:
+    """scancel these jobs. One may end between the listing and the cancel (its
+    teardown ran, or its spares were released): scancel then fails on it ("Invalid job
+    id", "already completing or completed") though nothing of it is left to end. Only a
+    job still queued or running after the failure makes it one."""
+    try:
+        slurmcli.scancel(["--user", user, *job_ids])
+    except slurmcli.SlurmTimeout:
+        raise  # no answer: what it did is unknown, so say so
+    except slurmcli.SlurmUnavailable:
+        left = {r.array_job_id for r in slurmcli.squeue(user=user, name=name)
+                if r.state in LIVE_STATES}  # fmt: skip
+        if left & set(job_ids):
+            raise

@@ -64,6 +64,10 @@ def tasks(cluster: Cluster, array_job_id: str) -> dict[int, dict[str, str]]:
     for record in sorted(records, key=lambda r: "[" not in r["JobID"]):
         _, _, task = record["JobID"].partition("_")
         body = task.strip("[]").split("%")[0]
+        if not body:
+            # Just after submit (or a controller restart) accounting may hold the
+            # array's record before it knows its tasks: nothing to say about any yet.
+            continue
         for part in body.split(","):
             low, _, high = part.partition("-")
             for t in range(int(low), int(high or low) + 1):

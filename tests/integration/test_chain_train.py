@@ -17,7 +17,6 @@ from .chain_support import (
     logs_on_failure,
     progress,
     ran,
-    squeue_ids,
     state,
     submit,
     tasks,
@@ -91,10 +90,10 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster, tmp_p
 
     b2_states = cluster.wait_until(b2_ended, 60, f"accounting to record how {b2} ended")
     assert b2_states == {"CANCELLED"}
-    # ...and this chain's queued generation is untouched by it.
-    assert a2 in {i.split("_")[0] for i in squeue_ids(cluster, name_a)} or any(
-        ran(r) for r in tasks(cluster, a2).values()
-    ), "the neighbour's cancel reached this chain"
+    # ...and this chain's queued generations are untouched by it: checked below from
+    # when they ended (under load this chain may finish training, and cancel them
+    # itself, before the neighbour's cancel even lands).
+    b_cancelled_at = max(r["End"] for r in tasks(cluster, b2).values())
 
     wait_ledger(work_a, 1, timeout=300)
     wait_idle(cluster, name_a, timeout=60)
@@ -119,6 +118,13 @@ def test_two_chains_apart_and_a_train_run_that_completes(cluster: Cluster, tmp_p
     for later in (a2, a3):
         records = cluster.wait_until(lambda j=later: tasks(cluster, j) or None, 60, f"{later}")
         assert all(state(r) == "CANCELLED" and not ran(r) for r in records.values()), records
+        # h) cancelled by this chain's own end, not by the neighbour's (sacct's End is an
+        # ISO time to the second, so the strings order as the times do).
+        ends = {r["End"] for r in records.values()}
+        assert min(ends) >= gen1[0]["End"], (
+            f"the neighbour's cancel reached this chain: {later} ended at {sorted(ends)}, "
+            f"before {a1}_0 ended ({gen1[0]['End']}); the neighbour's {b2} at {b_cancelled_at}"
+        )
     shown = cli(cluster, "status", a1)
     assert shown.returncode == 0 and f"training completed at iteration {ITERATIONS}" in " ".join(
         shown.stdout.split()

@@ -1,6 +1,7 @@
-"""A stand-in for Slurm's command-line tools, for unit tests of what submit does when
-sbatch fails, hangs or is interrupted: cases the real cluster cannot be made to show on
-demand. Real submission is covered by tests/integration/test_chain_*.
+"""A stand-in for Slurm's command-line tools, for unit tests of what submit and cancel
+do when sbatch fails, hangs or is interrupted, or a job ends under a scancel: cases the
+real cluster cannot be made to show on demand. Real submission and cancel are covered by
+tests/integration/test_chain_*.
 
 The queue is a JSON-lines file; `sbatch` appends a job to it, `squeue` lists it,
 `scancel` marks jobs cancelled, `scontrol show config` answers a few keys. What one
@@ -10,6 +11,12 @@ sbatch call does is steered by files in the stand-in's folder:
 - `hang_at`: that call hangs (until killed, or until `release` exists); with
   `hang_after_queueing` present it queues its job first, as an sbatch whose answer
   never arrived; it writes `hanging` when it starts to hang.
+
+and what scancel does, by files that list job ids (space-separated):
+
+- `ended_before_cancel`: these end on their own just before the scancel reaches them,
+  which then fails on them as Slurm's does ("Invalid job id specified");
+- `refuse_cancel`: scancel fails on these, and they stay queued.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ _SQUEUE = """
 calls("squeue")
 name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else None
 for job in jobs():
-    if job["state"] == "CANCELLED" or (name and job["name"] != name):
+    if job["state"] in ("CANCELLED", "COMPLETED") or (name and job["name"] != name):
         continue
     # USER_JOBS: %A|%F|%K|%j|%u|%T|%N|%r|%Z
     print("|".join((job["id"], job["id"], "0", job["name"], job["user"], job["state"],
@@ -78,7 +85,19 @@ for job in jobs():
 _SCANCEL = """
 calls("scancel")
 doomed = set(sys.argv[1:])
-save([{{**j, "state": "CANCELLED"}} if j["id"] in doomed else j for j in jobs()])
+ended = HERE / "ended_before_cancel"
+gone = set(ended.read_text().split()) & doomed if ended.exists() else set()
+refused = HERE / "refuse_cancel"
+kept = set(refused.read_text().split()) & doomed if refused.exists() else set()
+save([{{**j, "state": "COMPLETED" if j["id"] in gone else "CANCELLED"}}
+      if j["id"] in doomed - kept else j for j in jobs()])
+for job_id in sorted(gone):
+    print(f"scancel: error: Kill job error on job id {{job_id}}: Invalid job id specified",
+          file=sys.stderr)
+for job_id in sorted(kept):
+    print(f"scancel: error: Kill job error on job id {{job_id}}: Access/permission denied",
+          file=sys.stderr)
+sys.exit(1 if gone or kept else 0)
 """
 
 _SCONTROL = """
@@ -117,8 +136,8 @@ class SlurmStandin:
         return [json.loads(line) for line in queue.read_text().splitlines() if line]
 
     def live(self) -> list[str]:
-        """The ids of the jobs still queued (neither cancelled nor ever queued)."""
-        return [j["id"] for j in self.jobs() if j["state"] != "CANCELLED"]
+        """The ids of the jobs still queued (neither cancelled nor ended)."""
+        return [j["id"] for j in self.jobs() if j["state"] not in ("CANCELLED", "COMPLETED")]
 
     def calls(self, command: str) -> list[str]:
         log = self.root / "calls"

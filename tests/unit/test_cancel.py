@@ -1,0 +1,64 @@
+"""`nvrx-appliance cancel` ends what is left of a chain, and a job that ends on its own
+between the listing and the scancel (a teardown, a released spare) is no failure; a job
+scancel could not end still is. Slurm is the file-backed stand-in (slurm_standin.py):
+the real cluster cannot be made to end a job inside that window on demand; the real
+cancel is covered by tests/integration/test_chain_handoff.py and test_cli_cluster.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.slurm import submit
+
+from .slurm_standin import SlurmStandin
+from .test_submit_rollback import make_plan
+
+CLI = str(Path(sys.executable).parent / "nvrx-appliance")
+USER = "alice"
+
+
+@pytest.fixture
+def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmStandin:
+    standin = SlurmStandin(tmp_path / "slurm", USER)
+    monkeypatch.setenv("PATH", f"{standin.bin}:/usr/bin:/bin")
+    monkeypatch.setenv("USER", USER)
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return standin
+
+
+def cancel(work: Path, name: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [CLI, "cancel", name, "--work-dir", str(work)],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def queued_chain(tmp_path: Path) -> tuple[Path, str]:
+    plan = make_plan(tmp_path / "run")
+    submit.submit(plan)
+    return Path(plan.manifest.spec.work_dir), plan.manifest.spec.job_name
+
+
+def test_a_generation_that_ends_under_the_cancel_is_no_failure(slurm, tmp_path):
+    work, name = queued_chain(tmp_path)
+    assert slurm.live() == ["101", "102", "103"]
+    slurm.steer(ended_before_cancel="102")
+    done = cancel(work, name)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"Cancelled chain {name!r}: running none; queued 101, 102, 103"
+    assert slurm.live() == []
+    assert not (work / "chain.active").exists()
+
+
+def test_a_generation_scancel_could_not_end_is_a_failure_that_names_it(slurm, tmp_path):
+    work, name = queued_chain(tmp_path)
+    slurm.steer(refuse_cancel="103")
+    done = cancel(work, name)
+    assert done.returncode != 0
+    assert "Access/permission denied" in done.stderr and "Traceback" not in done.stderr
+    assert slurm.live() == ["103"]
