@@ -102,7 +102,7 @@ def main() -> NoReturn:
     parser.add_argument("--step-seconds", type=float, default=0.05, help="Pace the demo.")
     args = parser.parse_args()
     directory = os.environ["NVRX_APPLIANCE_CHECKPOINT_DIR"]
-    # First: the appliance sends the save signal only once every rank catches it.
+    # First: the appliance sends the save signal to a rank only once it catches it.
     signal.signal(
         signal.Signals[os.environ.get("NVRX_APPLIANCE_SAVE_SIGNAL", "SIGURG")], on_save_signal
     )

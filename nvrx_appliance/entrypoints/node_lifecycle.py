@@ -370,7 +370,7 @@ def exit_deadline(manifest: run_manifest.Manifest, started: float) -> float | No
 
 def save_signal(workload: list[str]) -> SaveSignal:
     signum = endings.SAVE_SIGNAL
-    return SaveSignal(signum, lambda pid: time_limit.ready(pid, workload, signum))
+    return SaveSignal(signum, lambda pid: time_limit.reachable(pid, workload, signum))
 
 
 def supervise(

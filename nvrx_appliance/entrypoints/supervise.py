@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvrx_appliance import exitcodes
+from nvrx_appliance.entrypoints import time_limit
 from nvrx_appliance.entrypoints.gate import Leave
 
 try:  # an NVRx dependency, so present wherever ft_launcher is
@@ -64,10 +65,10 @@ class Save:
 @dataclass(frozen=True)
 class SaveSignal:
     """How the workload is asked to save: the signal, and, given ft_launcher's pid, the
-    workers it would reach now, or None while it cannot land (time_limit.ready)."""
+    workers it would reach now (time_limit.reachable)."""
 
     signum: int
-    ready: Callable[[int], tuple[int, ...] | None]
+    reachable: Callable[[int], tuple[int, ...]]
 
 
 def exit_code(returncode: int) -> int:
@@ -133,8 +134,8 @@ class Supervisor:
     closed flag no longer cuts ft_launcher short: it was told to stop and finishes on its
     own (a workload may be saving on TERM), within `drain` seconds (task 0: two thirds
     of Slurm's KillWait; then what is left is stopped) or Slurm's KillWait (a peer). A
-    `Save` verdict of `check` sends `save.signum` to ft_launcher once `save.ready` says
-    it can land."""
+    `Save` verdict of `check` sends `save.signum` to each worker `save.reachable` names,
+    once."""
 
     def __init__(
         self,
@@ -164,7 +165,7 @@ class Supervisor:
         self._told: tuple[int, float] | None = None  # Slurm's stop signal, and when
         self._draining_noted = False
         self._asked: str | None = None  # why the workload must save (the notice)
-        self._saving: set[int] | None = None  # the workers the save signal reached
+        self._saving: set[int] = set()  # the workers the save signal was sent to
 
     def _forward(self, signum: int, _frame) -> None:
         if self.child is not None and self.child.returncode is None:
@@ -268,28 +269,25 @@ class Supervisor:
         return True
 
     def _send_save(self) -> None:
-        """The save signal to ft_launcher as soon as it can reach every worker; once, for
-        torch elastic raises on every one, and a second, raised inside its shutdown, ends
-        its wait for the saving workers. Again only if workers that were never sent it
-        start: ft_launcher swallowed the first one (between two cycles) and went on."""
+        """The save signal to each worker of ft_launcher that can act on it and was not
+        sent it yet (time_limit.py says why to the workers, not to ft_launcher): the
+        first ones start the save, and workers ft_launcher starts later (a restart under
+        way at the notice) get it as soon as they catch it."""
         save, child = self.save, self.child
         if self._asked is None or save is None or child is None:
             return
-        reached = save.ready(child.pid)
-        if reached is None:
-            return
-        if self._saving is not None and (not reached or self._saving & set(reached)):
+        fresh = [pid for pid in save.reachable(child.pid) if pid not in self._saving]
+        if not fresh:
             return
         name = signal.Signals(save.signum).name
-        if self._saving is not None:
-            self.log(f"ft_launcher started new workers after {name}; sending it again")
-        elif reached:
-            self.log(f"sending {name} to ft_launcher: every worker saves")
+        if self._saving:
+            self.log(f"ft_launcher started new workers after {name}; sending it to them too")
         else:
-            self.log(f"sending {name} to ft_launcher: it runs no workers (the save on another "
-                     "node ended them, or a restart is under way), so it ends now")  # fmt: skip
-        self._saving = (self._saving or set()) | set(reached)
-        self._forward(save.signum, None)
+            self.log(f"sending {name} to ft_launcher's {len(fresh)} worker(s): they save "
+                     "at the end of their step and end")  # fmt: skip
+        for pid in fresh:
+            time_limit.send(pid, save.signum)
+        self._saving.update(fresh)
 
     def _drained_out(self, signum: int) -> Outcome:
         """Slurm's TERM came `drain` seconds ago and ft_launcher still runs: stop what is

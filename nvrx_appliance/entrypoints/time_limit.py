@@ -3,28 +3,29 @@ design).
 
 The notice is a control file: a batch shell that Slurm's --signal reached writes it, or
 task 0's entrypoint at the exit duration. Every entrypoint's supervisor reads it with
-the closed flag and then sends the save signal to its ft_launcher, which forwards it to
-each worker's process group. Only when it can land: a process that has not installed a
-handler ignores SIGURG, so a signal sent while ft_launcher is still in its first
-rendezvous, or while a worker is still importing, would be lost. So the supervisor waits
-until ft_launcher and every worker of it catch the signal (the kernel says so in
-/proc/PID/status), which also covers a notice that arrives during an in-job restart: the
-next cycle's workers get it as soon as they can act on it.
+the closed flag and then sends the save signal to each of its ft_launcher's workers
+(each one's process group, as torch elastic would): the workload saves at the end of
+its step, every rank at one iteration, and exits 0.
 
-Workers save together: the first node whose supervisor signals starts a save that every
-rank joins, and then every worker exits 0. A node that had not signalled yet finds its
-ft_launcher with no workers, waiting at torch elastic's exit barrier for the agents that
-were signalled, which never arrive there (300 s, past the time limit). So a
-ft_launcher that catches the signal and runs no worker is ready too: the signal ends its
-wait, gracefully. The price is paid only when the notice finds an in-job restart between
-two cycles: ft_launcher ends there instead of starting a cycle that would reload the
-last checkpoint and train for what is left of the margin. If ft_launcher swallows the
-signal and starts workers after all, they get it again (supervise.py).
+Not to ft_launcher itself. Torch elastic turns a signal it handles into a shutdown that
+skips its exit barrier, the wait of every agent for the others at the end of a run: a
+ft_launcher that left that way leaves its peers waiting for it there (300 s, past any
+time limit), each blocked inside the store's wait, where a signal cannot reach its
+Python handler. Workers that end 0 on their own instead look to torch elastic like a
+finished run: every agent reaches the barrier and ends 0 (entrypoints/env.py leaves the
+save signal out of ft_launcher's handled signals, so a stray one is ignored there).
+
+Only when it can land: a process that has not installed a handler ignores SIGURG, so a
+signal sent while a worker is still importing would be lost. So the supervisor sends it
+to each worker once the kernel says the worker catches it (/proc/PID/status), which also
+covers a notice that arrives during an in-job restart: the next cycle's workers get it
+as soon as they can act on it. Ranks that got it first start the save every rank joins.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -82,14 +83,17 @@ def workers(launcher_pid: int, workload: Sequence[str]) -> list[int]:
     return found
 
 
-def ready(launcher_pid: int, workload: Sequence[str], signum: int) -> tuple[int, ...] | None:
-    """The workers the signal reaches if it is sent now, or None while it cannot land:
-    ft_launcher does not catch it yet (torch elastic installs its handler when it first
-    starts workers), or a worker of it does not yet. No worker at all is ready once
-    ft_launcher catches it (the module's docstring says why)."""
-    if psutil is None:
-        return ()
-    if not catches(launcher_pid, signum):
-        return None
-    running = tuple(workers(launcher_pid, workload))
-    return running if all(catches(pid, signum) for pid in running) else None
+def reachable(launcher_pid: int, workload: Sequence[str], signum: int) -> tuple[int, ...]:
+    """The workers of ft_launcher that the signal would reach now: those that catch it
+    (one still importing does not yet, and would lose it)."""
+    return tuple(pid for pid in workers(launcher_pid, workload) if catches(pid, signum))
+
+
+def send(pid: int, signum: int) -> None:
+    """The signal to a worker's process group, as torch elastic sends its own (a worker
+    leads a session of its own), or to the worker alone if it does not lead one."""
+    with contextlib.suppress(ProcessLookupError):
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signum)
+        else:
+            os.kill(pid, signum)

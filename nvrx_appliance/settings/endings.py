@@ -3,10 +3,10 @@ of training. Pure.
 
 The time limit. Slurm signals every task's batch shell `margin` seconds before the
 generation's limit (sbatch `--signal=B:URG@margin`); the shell writes the control
-directory's time-limit notice; every node's entrypoint then sends the save signal to its
-ft_launcher, which hands it to each worker (torch elastic forwards the signals listed in
-TORCHELASTIC_SIGNALS_TO_HANDLE to every worker's process group and waits for them); the
-workload saves a complete checkpoint at the end of its step and exits 0. The save
+directory's time-limit notice; every node's entrypoint then sends the save signal to
+each worker its ft_launcher runs (entrypoints/time_limit.py: not to ft_launcher); the
+workload saves a complete checkpoint at the end of its step and exits 0, and each
+ft_launcher exits 0 as at the end of a run. The save
 signal is SIGURG because its default action is to be ignored: a process that never asked
 for it (a script that ignores the contract, a checkpoint writer a worker spawned) goes on
 untouched, where SIGUSR1 would kill it. `--exit-duration-min` uses the same path,
@@ -72,9 +72,10 @@ def margin_s(spec: ChainSpec) -> int | None:
 
 def sbatch_signal(spec: ChainSpec) -> str | None:
     """The sbatch argument that asks Slurm for the notice. B: signals the batch shell
-    only: a signal to the job's steps reaches every process in them where Slurm tracks
-    processes by cgroup, ft_launcher included, and torch elastic must get it exactly once
-    (a second one, raised inside its shutdown, ends its wait for the saving workers)."""
+    only, which writes the notice: a signal to the job's steps would reach every
+    process in them where Slurm tracks processes by cgroup, and a worker still starting
+    would lose it; the notice stays, is acted on as soon as each worker can, and tells
+    the teardown why the generation ended."""
     margin = margin_s(spec)
     if margin is None:
         return None

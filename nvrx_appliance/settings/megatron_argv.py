@@ -192,8 +192,8 @@ def program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) 
         *preset_args(effective_profile(spec), spec.megatron_args),
         *shape_args(spec, shape),
         *length_args(spec),
-        # Save and exit 0 on the save signal, which ft_launcher forwards at the time-limit
-        # notice (settings/endings.py); the exit duration arrives the same way.
+        # Save and exit 0 on the save signal, which the entrypoint sends each worker at the
+        # time-limit notice (settings/endings.py); the exit duration arrives the same way.
         "--exit-signal-handler", "--exit-signal", endings.SAVE_SIGNAL.name,
         "--load", checkpoints,
         "--save", checkpoints,

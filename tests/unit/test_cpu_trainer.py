@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from nvrx_appliance.entrypoints import time_limit
 from nvrx_appliance.entrypoints.env import LAUNCHER_SIGNALS
 from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
@@ -81,11 +82,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launcher_argv(m: Manifest, step_timeout: int = 60) -> list[str]:
+def launcher_argv(m: Manifest, step_timeout: int = 60, nodes: int = 1) -> list[str]:
+    """One node's ft_launcher; with `nodes`, that many agents share the rendezvous (and
+    the manifest's NPROC ranks), one started with each copy of this argv."""
     assert FT_LAUNCHER.exists(), f"{FT_LAUNCHER} missing: run scripts/install-python-deps.sh"
     work = m.layout.work_dir
     return [
-        str(FT_LAUNCHER), "--nnodes", "1", "--nproc-per-node", str(NPROC),
+        str(FT_LAUNCHER), "--nnodes", str(nodes), "--nproc-per-node", str(NPROC // nodes),
         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
         "--rdzv-id", work.name, "--max-restarts", "3", "--monitor-interval", "0.2",
         "--ft-cycle-info-dir", str(work / "cycle_infos"),
@@ -143,36 +146,54 @@ def test_a_finished_run_marks_training_done_beside_the_tracker(fresh):
     assert not fresh.of("saved_at_time_limit")
 
 
-def test_the_save_signal_through_ft_launcher_saves_every_rank_at_one_iteration_and_ends_0(
-    tmp_path,
-):
-    # NVRx 0.7.0's ft_launcher (torch elastic) turns a signal it was told to handle
-    # (TORCHELASTIC_SIGNALS_TO_HANDLE, as entrypoints/env.py sets it) into the same
-    # signal to every worker's process group, and waits for them to exit.
+def test_the_save_signal_on_one_node_saves_every_rank_and_ends_both_launchers_0(tmp_path):
+    # Two ft_launchers, one rank each, as two nodes of a generation. Only the node that
+    # does not host the store has sent the save signal (the other looks later, once per
+    # period): both ranks save at one iteration, and both launchers end 0 at once. Sent
+    # to ft_launcher instead, the signal shut that one down past torch elastic's exit
+    # barrier, where the store host then waited 300 s for it (time_limit.py).
     m = cpu_manifest(tmp_path / "limit", iterations=100_000, save_interval=100_000)
     m.layout.work_dir.mkdir(parents=True)
-    env = {**os.environ, "TORCHELASTIC_SIGNALS_TO_HANDLE": LAUNCHER_SIGNALS}
-    proc = subprocess.Popen(
-        [*launcher_argv(m), "--log-interval", "1"], cwd=m.layout.work_dir, env=env,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+    # Two launchers on one host is NVRx's simulation case, which it asks to be named.
+    env = {**os.environ, "TORCHELASTIC_SIGNALS_TO_HANDLE": LAUNCHER_SIGNALS,
+           "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1"}  # fmt: skip
+    argv = [*launcher_argv(m, nodes=2), "--log-interval", "1"]
+    logs = [tmp_path / f"node{i}.log" for i in range(2)]
+    nodes = []
+    for log in logs:
+        with log.open("w") as out:
+            nodes.append(subprocess.Popen(
+                argv, cwd=m.layout.work_dir, env=env, stdout=out, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while not [e for e in read_events(m) if e["event"] == "step" and e["iteration"] >= 20]:
-            assert time.monotonic() < deadline and proc.poll() is None, "training never got going"
+            assert time.monotonic() < deadline, "training never got going"
+            assert all(n.poll() is None for n in nodes), "a launcher ended early"
             time.sleep(0.1)
-        proc.send_signal(SAVE_SIGNAL)
-        output, _ = proc.communicate(timeout=60)
+        [host] = [i for i, log in enumerate(logs) if "hosts the TCP store" in log.read_text()]
+        peer = nodes[1 - host]
+        workload = [*workload_argv(list(m.workload), sys.executable), "--log-interval", "1"]
+        told = time_limit.reachable(peer.pid, workload, SAVE_SIGNAL)
+        assert len(told) == 1  # its one rank, which catches the signal by now
+        for pid in told:
+            time_limit.send(pid, SAVE_SIGNAL)
+        codes = [n.wait(timeout=90) for n in nodes]
     finally:
-        if proc.poll() is None:
-            kill_tree(psutil.Process(proc.pid))
-    assert proc.returncode == 0, output[-3000:]
-    [stopped] = [e for e in read_events(m) if e["event"] == "saved_at_time_limit"]
+        for node in nodes:
+            if node.poll() is None:
+                kill_tree(psutil.Process(node.pid))
+    outputs = [log.read_text() for log in logs]
+    assert codes == [0, 0], [o[-3000:] for o in outputs]
+    saved = [e for e in read_events(m) if e["event"] == "saved_at_time_limit"]
     trained = max(e["iteration"] for e in read_events(m) if e["event"] == "step")
-    # Nothing trained after the last checkpoint: the tracker holds the last step.
-    assert int(m.layout.tracker.read_text()) == stopped["iteration"] == trained
+    # The ranks stopped at one iteration (rank 0 logs it), nothing trained after the save.
+    assert [e["iteration"] for e in saved] == [trained], saved
+    assert int(m.layout.tracker.read_text()) == trained
     assert not m.layout.training_done.exists()  # an end at the time limit is not the end
-    assert f"Received {int(SAVE_SIGNAL)} death signal" in output
+    assert not [o for o in outputs if "death signal" in o]  # no launcher was signalled
+    # Both ended as a finished run does, through the exit barrier.
+    assert all("worker group successfully finished" in o for o in outputs)
 
 
 def test_fresh_run_logs_each_step_with_a_falling_loss(fresh):

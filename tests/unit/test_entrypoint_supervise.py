@@ -32,7 +32,8 @@ DRIVER = textwrap.dedent(
     drain = float(os.environ["DRIVER_DRAIN"]) if "DRIVER_DRAIN" in os.environ else None
     closed_for_signal = os.environ.get("DRIVER_ON_STOP")
     # The workload's command line, when the child stands in for ft_launcher and its
-    # workers: then the supervisor judges readiness as node_lifecycle has it judge.
+    # workers: then the supervisor finds the workers as node_lifecycle has it find them.
+    # Without it the child is its own one worker.
     workload = os.environ.get("DRIVER_WORKLOAD")
 
     def check():
@@ -52,9 +53,9 @@ DRIVER = textwrap.dedent(
         on_stop_signal=on_stop if closed_for_signal else None, drain=drain,
         save=SaveSignal(
             signal.SIGURG,
-            (lambda pid: time_limit.ready(pid, [sys.executable, workload], signal.SIGURG))
+            (lambda pid: time_limit.reachable(pid, [sys.executable, workload], signal.SIGURG))
             if workload
-            else (lambda pid: (pid,) if time_limit.catches(pid, signal.SIGURG) else None),
+            else (lambda pid: (pid,) if time_limit.catches(pid, signal.SIGURG) else ()),
         ),
     ).run()
     sys.exit(outcome.exit_code)
@@ -196,86 +197,81 @@ def test_the_notice_sends_the_save_signal_once_and_only_once_it_can_land(tmp_pat
     assert seen.read_text() == "1"
     err = proc.stderr.read()
     assert "the time limit is near: asking the workload to save and end" in err
-    assert "sending SIGURG to ft_launcher" in err
+    assert "sending SIGURG to ft_launcher's 1 worker(s)" in err
 
 
-# A stand-in for ft_launcher that runs one worker at a time: SIGURG is forwarded to the
-# worker while one runs (torch elastic's shutdown) and otherwise ends the launcher
-# gracefully, unless `swallows` says it is between two cycles and goes on.
+# A stand-in for ft_launcher that runs its cycles' workers one at a time and, told to
+# handle SIGURG as torch elastic would (`handles`), shuts down on it past its exit
+# barrier, which then holds every peer: the supervisor must never send it there. A
+# "between" cycle is a restart in progress (no worker for a while); after the last
+# worker ends 0, it ends 0 too (the exit barrier, passed).
 LAUNCHER = """
     import os, signal, subprocess, sys, time
     from pathlib import Path
-    worker, told, log, swallows = None, [], Path({log!r}), {swallows!r}
+    log = Path({log!r})
     def on_signal(*_):
         log.write_text(log.read_text() + "launcher got SIGURG\\n")
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGURG)
-            told.append(1)
-        elif not swallows:
-            sys.exit(0)
+        sys.exit(0)
     signal.signal(signal.SIGURG, on_signal)
     for cycle in {cycles!r}:
-        if cycle == "between":  # in a rendezvous until the signal comes: no worker
-            deadline = time.monotonic() + 20
-            while "SIGURG" not in log.read_text() and time.monotonic() < deadline:
-                time.sleep(0.05)
+        if cycle == "between":
+            time.sleep(1.0)
             continue
-        worker = subprocess.Popen([sys.executable, {worker!r}], env=dict(os.environ, CYCLE=cycle))
-        worker.wait()
-        if told:
-            sys.exit(worker.returncode)
-    worker = None
-    time.sleep(60)  # the exit barrier, waiting for agents that are never coming
-    sys.exit(3)
+        worker = subprocess.Popen([sys.executable, {worker!r}], env=dict(os.environ, CYCLE=cycle),
+                                  start_new_session=True)
+        code = worker.wait()
+        if code != 0:
+            sys.exit(code)
+    sys.exit(0)
 """
 WORKER = """
     import os, signal, sys, time
     from pathlib import Path
     cycle, log = os.environ["CYCLE"], Path({log!r})
-    if cycle == "ended-by-a-peer":  # the other nodes' save ended this one: exit 0
-        time.sleep(1.0)
-        sys.exit(0)
+    time.sleep(0.5)  # importing: no handler yet
     got = []
     signal.signal(signal.SIGURG, lambda *_: got.append(1))
     deadline = time.monotonic() + 20
     while not got and time.monotonic() < deadline:
         time.sleep(0.05)
-    log.write_text(log.read_text() + f"worker {{cycle}} saved\\n" if got else "")
+    time.sleep(0.5)  # saving: a second signal would be counted here
+    log.write_text(log.read_text() + f"worker {{cycle}} saved ({{len(got)}})\\n")
     sys.exit(0 if got else 4)
 """
 
 
-def noticed_launcher(tmp_path: Path, cycles: list[str], swallows: bool):
+def noticed_launcher(tmp_path: Path, cycles: list[str]):
     """The stand-in under a supervisor that finds the time-limit notice present from the
     start: (the supervisor's process, the signals log)."""
     log = tmp_path / "signals.log"
     log.write_text("")
     worker = tmp_path / "worker.py"
     worker.write_text(textwrap.dedent(WORKER.format(log=str(log))))
-    code = LAUNCHER.format(log=str(log), swallows=swallows, cycles=cycles, worker=str(worker))
+    code = LAUNCHER.format(log=str(log), cycles=cycles, worker=str(worker))
     notice = tmp_path / "time_limit"
     notice.write_text("{}")
     proc = supervise(tmp_path, code, DRIVER_NOTICE=str(notice), DRIVER_WORKLOAD=str(worker))
     return proc, log
 
 
-def test_a_launcher_whose_workers_a_peers_save_ended_is_signalled_out_of_its_wait(tmp_path):
-    # The CI run's time-limit failure: task 1 signalled first, the save every rank joins
-    # ended task 0's workers with exit 0 before task 0 looked, and task 0's ft_launcher
-    # then waited at the exit barrier until Slurm killed the job (143, not 0).
-    proc, log = noticed_launcher(tmp_path, ["ended-by-a-peer"], swallows=False)
+def test_the_save_signal_goes_to_each_worker_once_and_never_to_ft_launcher(tmp_path):
+    # The CI run's time-limit failure: a ft_launcher that got the signal itself shut
+    # down past its exit barrier, and its peer's waited there until Slurm killed the
+    # job (143, not 0). Its workers alone get it, once, and the launcher ends 0 after.
+    proc, log = noticed_launcher(tmp_path, ["first"])
     assert proc.wait(timeout=30) == 0
-    assert log.read_text() == "launcher got SIGURG\n"
-    assert "it runs no workers" in proc.stderr.read()
+    assert log.read_text() == "worker first saved (1)\n"
+    assert "sending SIGURG to ft_launcher's 1 worker(s)" in proc.stderr.read()
 
 
-def test_workers_started_after_a_swallowed_save_signal_get_it_again(tmp_path):
-    # Between two cycles ft_launcher took the signal and went on to start new workers:
-    # they are told too, once, and save.
-    proc, log = noticed_launcher(tmp_path, ["between", "next"], swallows=True)
+def test_workers_started_after_the_save_signal_get_it_too(tmp_path):
+    # The notice came during an in-job restart (no workers): the next cycle's workers
+    # get it as soon as they catch it; a second cycle's workers too.
+    proc, log = noticed_launcher(tmp_path, ["between", "next", "last"])
     assert proc.wait(timeout=30) == 0
-    assert log.read_text() == "launcher got SIGURG\nlauncher got SIGURG\nworker next saved\n"
-    assert "ft_launcher started new workers after SIGURG; sending it again" in proc.stderr.read()
+    assert log.read_text() == "worker next saved (1)\nworker last saved (1)\n"
+    err = proc.stderr.read()
+    assert "ft_launcher started new workers after SIGURG; sending it to them too" in err
 
 
 SAVES_ON_TERM = """

@@ -1,5 +1,5 @@
-"""The time-limit notice in the control directory, and when the save signal can land:
-ft_launcher and every worker it runs have a handler installed (real processes)."""
+"""The time-limit notice in the control directory, and which of ft_launcher's workers
+the save signal can reach: those with a handler installed (real processes)."""
 
 import contextlib
 import os
@@ -36,8 +36,8 @@ def test_the_notice_the_batch_shell_writes_is_read(tmp_path):
     assert time_limit.noticed(tmp_path, GENERATION) == "Slurm: task 3 is near its time limit"
 
 
-# A stand-in for ft_launcher: it catches the signal (as torch elastic does once its
-# workers start) and runs one worker, and a forked child like its rank monitors, whose
+# A stand-in for ft_launcher: it catches the signal (as torch elastic would if told to
+# handle it) and runs one worker, and a forked child like its rank monitors, whose
 # command line is the launcher's own and so ends with the workload's.
 LAUNCHER = textwrap.dedent(
     """
@@ -62,7 +62,7 @@ WORKER = textwrap.dedent(
 )
 
 
-def test_the_save_signal_waits_for_every_worker_to_catch_it(tmp_path):
+def test_the_save_signal_reaches_a_worker_once_it_catches_it_and_never_the_launcher(tmp_path):
     code = LAUNCHER.replace("WORKER, ", repr(WORKER) + ", ")
     launcher = subprocess.Popen(
         [sys.executable, "-c", code, "-c", WORKER, "train.py", "--iters", "9"],
@@ -75,13 +75,15 @@ def test_the_save_signal_waits_for_every_worker_to_catch_it(tmp_path):
             assert time.monotonic() < deadline, "the launcher's children never started"
             time.sleep(0.05)
         # The forked child's command line ends with the workload's; only the worker counts.
-        assert len(time_limit.workers(launcher.pid, workload)) == 1
-        assert time_limit.ready(launcher.pid, workload, signal.SIGURG) is None
-        while time_limit.ready(launcher.pid, workload, signal.SIGURG) is None:
-            assert time.monotonic() < deadline, "never ready"
-            time.sleep(0.05)
         [worker] = time_limit.workers(launcher.pid, workload)
-        assert time_limit.catches(worker, signal.SIGURG)
+        # Still importing: the signal would be lost, so nothing is reachable yet...
+        assert time_limit.reachable(launcher.pid, workload, signal.SIGURG) == ()
+        while not time_limit.reachable(launcher.pid, workload, signal.SIGURG):
+            assert time.monotonic() < deadline, "never reachable"
+            time.sleep(0.05)
+        # ...then the worker alone, though the launcher catches the signal too.
+        assert time_limit.reachable(launcher.pid, workload, signal.SIGURG) == (worker,)
+        assert time_limit.catches(launcher.pid, signal.SIGURG)
         assert not time_limit.catches(worker, signal.SIGUSR2)
     finally:
         for child in psutil.Process(launcher.pid).children(recursive=True):
@@ -91,23 +93,38 @@ def test_the_save_signal_waits_for_every_worker_to_catch_it(tmp_path):
         launcher.wait()
 
 
-def test_a_launcher_that_runs_no_worker_is_ready_once_it_catches_the_signal(tmp_path):
-    # Its workers ended (the save another node started ended them, and it waits at the
-    # exit barrier), or none started yet: only ft_launcher's own handler decides.
-    sleeper = subprocess.Popen(
-        [sys.executable, "-c", "import signal, time; time.sleep(1); "
-         "signal.signal(signal.SIGURG, print); time.sleep(60)"]
+def test_the_save_signal_goes_to_a_workers_whole_process_group(tmp_path):
+    # A worker leads a session of its own (torch elastic starts it so); what it started,
+    # a data loader say, gets the signal too, as from torch elastic's own forwarding.
+    got = tmp_path / "got"
+    worker = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            import os, signal, sys, time
+            def noted(*_):
+                with open({str(got)!r}, "a") as fh:
+                    fh.write(f"{{os.getpid()}}\\n")
+            signal.signal(signal.SIGURG, noted)
+            if os.fork() == 0:
+                signal.signal(signal.SIGURG, noted)
+            open({str(got)!r} + "." + str(os.getpid()), "w").close()
+            time.sleep(60)
+        """)],
+        start_new_session=True,
     )  # fmt: skip
     try:
-        assert time_limit.ready(sleeper.pid, ["python", "train.py"], signal.SIGURG) is None
-        deadline = time.monotonic() + 10
-        while not time_limit.catches(sleeper.pid, signal.SIGURG):
-            assert time.monotonic() < deadline
+        deadline = time.monotonic() + 20
+        while len(list(tmp_path.glob("got.*"))) < 2:
+            assert time.monotonic() < deadline, "the worker and its child never got ready"
             time.sleep(0.05)
-        assert time_limit.ready(sleeper.pid, ["python", "train.py"], signal.SIGURG) == ()
+        time_limit.send(worker.pid, signal.SIGURG)
+        while not got.exists() or len(got.read_text().split()) < 2:
+            assert time.monotonic() < deadline, "the signal did not reach both"
+            time.sleep(0.05)
+        assert str(worker.pid) in got.read_text().split()
     finally:
-        sleeper.kill()
-        sleeper.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
+        worker.wait()
 
 
 def test_a_notice_that_is_not_json_still_counts(tmp_path):
