@@ -112,7 +112,18 @@ def wait_event(work: Path, predicate, timeout: float, what: str) -> dict[str, An
     def found():
         return next((e for e in progress(work) if predicate(e)), None)
 
-    return wait_until(found, timeout, what, 1.0)
+    try:
+        return wait_until(found, timeout, what, 1.0)
+    except Timeout as exc:
+        raise Timeout(f"{exc}\n{logs_on_failure(work)}") from None
+
+
+def wait_tracker(work: Path, timeout: float) -> int:
+    """Until the chain's first checkpoint is tracked; its iteration."""
+    try:
+        return wait_until(lambda: tracker(work), timeout, "the first checkpoint", 1.0)
+    except Timeout as exc:
+        raise Timeout(f"{exc}\n{logs_on_failure(work)}") from None
 
 
 def tracker(work: Path) -> int | None:

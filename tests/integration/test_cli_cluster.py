@@ -21,7 +21,17 @@ import pytest
 
 from nvrx_appliance.devcluster.poll import wait_until
 
-from .chain_support import CLI, FAST, cli, logs_on_failure, state, tasks, tracker, unique, wait_idle
+from .chain_support import (
+    CLI,
+    FAST,
+    cli,
+    logs_on_failure,
+    state,
+    tasks,
+    unique,
+    wait_idle,
+    wait_tracker,
+)
 from .conftest import Cluster
 
 pytestmark = pytest.mark.cluster
@@ -92,7 +102,7 @@ def test_a_person_submits_follows_reads_watches_and_cancels_a_chain(
     assert f"  work dir: {work}" in out
     assert f"  follow:   nvrx-appliance status {first}" in out
     try:
-        wait_until(lambda: tracker(work), 240, "the first checkpoint", 1.0)
+        wait_tracker(work, 240)
 
         shown = wide(cluster, "status", first)
         no_traceback(shown)
