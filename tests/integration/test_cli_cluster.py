@@ -15,6 +15,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,14 @@ def wide(cluster: Cluster, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([CLI, *args], env=env, capture_output=True, text=True, timeout=120)
 
 
+def _as_a_foreground_job() -> None:
+    """Ctrl-C's signal as an interactive shell leaves it to the command it runs: at its
+    default. A test suite started in the background (`&` without job control) inherits
+    it ignored, and so would the command, which Ctrl-C then could not stop."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+
+
 class Terminal:
     """A command run on a pseudo-terminal, as in a person's shell: rich's live display
     only redraws on a terminal."""
@@ -60,8 +69,9 @@ class Terminal:
     def __init__(self, argv: list[str], env: dict[str, str]):
         self.master, replica = pty.openpty()
         self.proc = subprocess.Popen(
-            argv, stdin=replica, stdout=replica, stderr=replica, env={**env, "COLUMNS": "200"}
-        )
+            argv, stdin=replica, stdout=replica, stderr=replica, env={**env, "COLUMNS": "200"},
+            preexec_fn=_as_a_foreground_job,
+        )  # fmt: skip
         os.close(replica)
         self.seen = b""
 
@@ -77,9 +87,14 @@ class Terminal:
         return self.seen.decode(errors="replace")
 
     def interrupt(self, timeout: float = 30) -> int:
-        """Ctrl-C, as the terminal sends it; the command's exit code."""
+        """Ctrl-C, as the terminal sends it; the command's exit code. The terminal goes
+        on reading meanwhile, as a real one does: a command whose last redraw filled the
+        pty's small buffer would otherwise block in that write and never exit."""
         self.proc.send_signal(signal.SIGINT)
-        code = self.proc.wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.read()
+        code = self.proc.wait(timeout=1)
         self.read()
         os.close(self.master)
         self.master = -1
