@@ -25,6 +25,8 @@ import json
 import sys
 from pathlib import Path
 
+STANDIN_USER = "alice"  # who submits, and owns the jobs, in the stand-in's queue
+
 _COMMON = r"""#!{python}
 import json, sys, time
 from pathlib import Path

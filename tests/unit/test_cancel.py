@@ -7,28 +7,11 @@ cancel is covered by tests/integration/test_chain_handoff.py and test_cli_cluste
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
-
-import pytest
 
 from nvrx_appliance.slurm import submit
 
-from .slurm_standin import SlurmStandin
-from .test_submit_rollback import make_plan
-
-CLI = str(Path(sys.executable).parent / "nvrx-appliance")
-USER = "alice"
-
-
-@pytest.fixture
-def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmStandin:
-    standin = SlurmStandin(tmp_path / "slurm", USER)
-    monkeypatch.setenv("PATH", f"{standin.bin}:/usr/bin:/bin")
-    monkeypatch.setenv("USER", USER)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    return standin
+from .test_submit_rollback import CLI, make_plan
 
 
 def cancel(work: Path, name: str) -> subprocess.CompletedProcess:

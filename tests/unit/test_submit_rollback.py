@@ -27,20 +27,10 @@ from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit
 
-from .slurm_standin import SlurmStandin
+from .slurm_standin import STANDIN_USER, SlurmStandin
 
 CLI = str(Path(sys.executable).parent / "nvrx-appliance")
-USER = "alice"
-
-
-@pytest.fixture
-def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmStandin:
-    standin = SlurmStandin(tmp_path / "slurm", USER)
-    monkeypatch.setenv("PATH", f"{standin.bin}:/usr/bin:/bin")
-    monkeypatch.setenv("USER", USER)
-    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
-    monkeypatch.delenv("SLURM_CONF", raising=False)
-    return standin
+USER = STANDIN_USER
 
 
 def make_plan(work_dir: Path, depth: int = 3, force: bool = False) -> submit.Plan:
