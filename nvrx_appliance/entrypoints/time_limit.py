@@ -36,7 +36,7 @@ from nvrx_appliance.layout import ControlFiles
 
 try:  # an NVRx dependency, so present wherever ft_launcher is
     import psutil
-except ImportError:  # pragma: no cover - degraded: the signal goes out without waiting
+except ImportError:  # pragma: no cover - degraded: no worker is found, none is signalled
     psutil = None  # type: ignore[assignment]
 
 

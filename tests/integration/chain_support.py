@@ -96,34 +96,34 @@ def progress(work: Path) -> list[dict[str, Any]]:
     return read_jsonl(work / "logs" / "progress.jsonl")
 
 
+def wait_in(work: Path, condition, timeout: float, what: str, shown=lambda: ""):
+    """wait_until a condition on this chain's work dir; on timeout the report carries
+    its logs (and what `shown` adds): the work dir goes with the cluster."""
+    try:
+        return wait_until(condition, timeout, what, 1.0)
+    except Timeout as exc:
+        raise Timeout(f"{exc}\n{shown()}{logs_on_failure(work)}") from None
+
+
 def wait_ledger(work: Path, count: int, timeout: float) -> list[dict[str, Any]]:
     def enough():
         rows = ledger(work)
         return rows if len(rows) >= count else None
 
-    try:
-        return wait_until(enough, timeout, f"{count} ledger entr(ies) in {work}", 1.0)
-    except Timeout as exc:
-        # The work dir goes with the cluster: what it says must reach the report now.
-        raise Timeout(f"{exc}\nledger: {ledger(work)}\n{logs_on_failure(work)}") from None
+    return wait_in(work, enough, timeout, f"{count} ledger entr(ies) in {work}",
+                   lambda: f"ledger: {ledger(work)}\n")  # fmt: skip
 
 
 def wait_event(work: Path, predicate, timeout: float, what: str) -> dict[str, Any]:
     def found():
         return next((e for e in progress(work) if predicate(e)), None)
 
-    try:
-        return wait_until(found, timeout, what, 1.0)
-    except Timeout as exc:
-        raise Timeout(f"{exc}\n{logs_on_failure(work)}") from None
+    return wait_in(work, found, timeout, what)
 
 
 def wait_tracker(work: Path, timeout: float) -> int:
     """Until the chain's first checkpoint is tracked; its iteration."""
-    try:
-        return wait_until(lambda: tracker(work), timeout, "the first checkpoint", 1.0)
-    except Timeout as exc:
-        raise Timeout(f"{exc}\n{logs_on_failure(work)}") from None
+    return wait_in(work, lambda: tracker(work), timeout, "the first checkpoint")
 
 
 def tracker(work: Path) -> int | None:
