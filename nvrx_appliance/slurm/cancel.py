@@ -11,6 +11,10 @@ from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES
 from nvrx_appliance.observe.workdir import load_manifest
 
+# A generation whose tasks are completing is ending already: scancel can do nothing
+# more to it (it answers "Invalid job id specified"), so it is left to end.
+ENDING_STATES = frozenset({"COMPLETING"})
+
 
 @dataclass(frozen=True)
 class Cancelled:
@@ -29,7 +33,9 @@ def cancel_chain(work_dir: Path, *, user: str) -> Cancelled:
         # By array id, not by name: a chain forced onto the same name elsewhere is not ours.
         if os.path.realpath(r.work_dir) == here
     ]
-    running = sorted({r.array_job_id for r in rows if r.state in RUNNING_STATES}, key=int)
+    running = sorted(
+        {r.array_job_id for r in rows if r.state in RUNNING_STATES - ENDING_STATES}, key=int
+    )
     queued = sorted(
         {r.array_job_id for r in rows if r.state in PENDING_STATES} - set(running), key=int
     )
@@ -56,6 +62,6 @@ def _scancel_live(user: str, name: str, job_ids: list[str]) -> None:
         raise  # no answer: what it did is unknown, so say so
     except slurmcli.SlurmUnavailable:
         left = {r.array_job_id for r in slurmcli.squeue(user=user, name=name)
-                if r.state in LIVE_STATES}  # fmt: skip
+                if r.state in LIVE_STATES - ENDING_STATES}  # fmt: skip
         if left & set(job_ids):
             raise

@@ -16,7 +16,9 @@ and what scancel does, by files that list job ids (space-separated):
 
 - `ended_before_cancel`: these end on their own just before the scancel reaches them,
   which then fails on them as Slurm's does ("Invalid job id specified");
-- `refuse_cancel`: scancel fails on these, and they stay queued.
+- `refuse_cancel`: scancel fails on these, and they stay queued;
+- `completing`: these are completing (squeue says so); scancel fails on them as
+  Slurm's does ("Invalid job id specified"), and they stay.
 """
 
 from __future__ import annotations
@@ -76,30 +78,33 @@ print(queue_one())
 _SQUEUE = """
 calls("squeue")
 name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else None
+ending = HERE / "completing"
+completing = set(ending.read_text().split()) if ending.exists() else set()
 for job in jobs():
     if job["state"] in ("CANCELLED", "COMPLETED") or (name and job["name"] != name):
         continue
     # USER_JOBS: %A|%F|%K|%j|%u|%T|%N|%r|%Z
-    print("|".join((job["id"], job["id"], "0", job["name"], job["user"], job["state"],
+    shown = "COMPLETING" if job["id"] in completing else job["state"]
+    print("|".join((job["id"], job["id"], "0", job["name"], job["user"], shown,
                     "(null)", "None", job["work_dir"])))
 """
 
 _SCANCEL = """
 calls("scancel")
 doomed = set(sys.argv[1:])
-ended = HERE / "ended_before_cancel"
-gone = set(ended.read_text().split()) & doomed if ended.exists() else set()
-refused = HERE / "refuse_cancel"
-kept = set(refused.read_text().split()) & doomed if refused.exists() else set()
+def listed(name):
+    path = HERE / name
+    return set(path.read_text().split()) & doomed if path.exists() else set()
+gone, kept, closing = listed("ended_before_cancel"), listed("refuse_cancel"), listed("completing")
 save([{{**j, "state": "COMPLETED" if j["id"] in gone else "CANCELLED"}}
-      if j["id"] in doomed - kept else j for j in jobs()])
-for job_id in sorted(gone):
+      if j["id"] in doomed - kept - closing else j for j in jobs()])
+for job_id in sorted(gone | closing):
     print(f"scancel: error: Kill job error on job id {{job_id}}: Invalid job id specified",
           file=sys.stderr)
 for job_id in sorted(kept):
     print(f"scancel: error: Kill job error on job id {{job_id}}: Access/permission denied",
           file=sys.stderr)
-sys.exit(1 if gone or kept else 0)
+sys.exit(1 if gone or kept or closing else 0)
 """
 
 _SCONTROL = """

@@ -45,3 +45,14 @@ def test_a_generation_scancel_could_not_end_is_a_failure_that_names_it(slurm, tm
     assert done.returncode != 0
     assert "Access/permission denied" in done.stderr and "Traceback" not in done.stderr
     assert slurm.live() == ["103"]
+
+
+def test_a_generation_already_completing_is_left_to_end_and_no_failure(slurm, tmp_path):
+    # A second cancel while the first one's running generation still completes (squeue
+    # shows it CG; scancel answers "Invalid job id specified" for it).
+    work, name = queued_chain(tmp_path)
+    slurm.steer(completing="101")
+    done = cancel(work, name)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"Cancelled chain {name!r}: running none; queued 102, 103"
+    assert not [c for c in slurm.calls("scancel") if "101" in c.split()]
