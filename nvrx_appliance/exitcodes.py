@@ -20,6 +20,10 @@ RECORD_TIMEOUT = 74  # task 0 started but never published its record in time
 LAUNCH_FAILED = 75  # ft_launcher could not be started at all
 STOPPED_BY_CLOSED_FLAG = 76  # ft_launcher was running when the closed flag appeared
 SELF_FENCED = 77  # task 0 could not refresh its lease in time and stopped its ft_launcher
+# The workload gave its own verdict (a code its exit table maps to resume-elsewhere or
+# stop-chain, or a checkpoint it could not load with nothing left to fall back to): every
+# node stopped its ft_launcher, and task 0's teardown acts on the verdict file.
+WORKLOAD_VERDICT = 78
 
 ENTRYPOINT_CODES = {
     MANIFEST_INVALID: "run manifest missing, unreadable, of an unknown version, or inconsistent",
@@ -30,6 +34,7 @@ ENTRYPOINT_CODES = {
     LAUNCH_FAILED: "ft_launcher could not be started",
     STOPPED_BY_CLOSED_FLAG: "ft_launcher was stopped because the generation was closed",
     SELF_FENCED: "task 0 could not refresh its liveness lease and stopped its own ft_launcher",
+    WORKLOAD_VERDICT: "the workload gave its own verdict; ft_launcher was stopped on it",
 }
 
 assert NVRX_NO_RESTART not in ENTRYPOINT_CODES

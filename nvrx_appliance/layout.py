@@ -66,6 +66,15 @@ class ControlFiles:
         # instead of 93, and this file is the witness that survives that.
         return self.directory / "no_restart"
 
+    @property
+    def verdict(self) -> Path:
+        # The workload's verdict (entrypoints/guard.py): a worker's exit code that its
+        # table maps to "resume elsewhere" or "stop the chain", or a checkpoint that
+        # could not be loaded with nothing left to fall back to. Created exclusively by
+        # the first worker's guard; every entrypoint then stops its ft_launcher, and
+        # task 0's teardown acts on it.
+        return self.directory / "verdict"
+
 
 @dataclass(frozen=True)
 class Layout:
@@ -211,3 +220,14 @@ class Layout:
 
     def nvrx_logs(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "logs"
+
+    def workload_exits(self, array_job_id: str | int) -> Path:
+        """The first failed worker of each cycle, one JSON file per cycle (its guard's
+        account: exit code, iteration, what it means), owner-only."""
+        return self.generation(array_job_id) / "exits"
+
+    @property
+    def fallbacks(self) -> Path:
+        # JSON lines: each checkpoint set aside because it could not be loaded, and the
+        # one the tracker was pointed back to (entrypoints/fallback.py).
+        return self.checkpoints / "fallbacks.jsonl"

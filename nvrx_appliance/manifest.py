@@ -29,7 +29,9 @@ SCHEMA = "nvrx-appliance/run"
 # 3: so is the mode's policy (settings/policy.py): the entrypoint reads it, never the mode.
 # 4: the parallel shape (TP, PP, CP, EP, ETP, virtual stages, microbatches), who keeps
 #    checkpoints (policy.checkpoints_kept) and the chain's one W&B run (wandb).
-VERSION = 4
+# 5: the workload's exit table and checkpoint fall-backs (policy), and the checkpoint
+#    the chain started from (checkpoint_start).
+VERSION = 5
 
 
 class ManifestError(Exception):
@@ -52,6 +54,9 @@ class Manifest:
     # The chain's one W&B run ("" without --wandb-project): every generation and every
     # in-job restart logs to it (entrypoints/env.py sets WANDB_RUN_ID, WANDB_RESUME).
     wandb_run_id: str = ""
+    # The tracked iteration when the chain was submitted (None: none): a checkpoint that
+    # cannot be loaded is never replaced by one older than this (entrypoints/fallback.py).
+    checkpoint_start: int | None = None
 
     @property
     def layout(self) -> Layout:
@@ -77,6 +82,7 @@ class Manifest:
             "image": self.image,
             "workload": list(self.workload),
             "wandb": {"run_id": self.wandb_run_id} if self.wandb_run_id else None,
+            "checkpoint_start": self.checkpoint_start,
         }
 
 
@@ -87,6 +93,7 @@ def build(
     user: str,
     image: dict[str, Any] | None = None,
     previous_wandb_run_id: str = "",
+    checkpoint_start: int | None = None,
 ) -> Manifest:
     """The run manifest of a checked spec, complete: the shape, the mode's policy, the
     workload's argv and the chain's W&B run are decided here, once. A chain resubmitted
@@ -103,6 +110,7 @@ def build(
         user=user,
         workload=tuple(program_argv(spec, shape, policy, layout)),
         wandb_run_id=wandb_run_id(spec, created, previous_wandb_run_id),
+        checkpoint_start=checkpoint_start,
     )
 
 
@@ -145,6 +153,9 @@ def parse(data: Any) -> Manifest:
     run_id = wandb.get("run_id") if isinstance(wandb, dict) else None
     if wandb is not None and not (isinstance(run_id, str) and WANDB_RUN_ID.fullmatch(run_id)):
         raise ManifestError('run manifest wandb is not {"run_id": ID}; resubmit')
+    start = data.get("checkpoint_start")
+    if start is not None and (isinstance(start, bool) or not isinstance(start, int) or start < 0):
+        raise ManifestError("run manifest checkpoint_start is not an iteration; resubmit")
     return Manifest(
         spec=spec,
         shape=shape,
@@ -156,6 +167,7 @@ def parse(data: Any) -> Manifest:
         protocol=data["protocol"],
         workload=tuple(workload),
         wandb_run_id=run_id or "",
+        checkpoint_start=start,
     )
 
 

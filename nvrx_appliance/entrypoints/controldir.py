@@ -146,6 +146,21 @@ def closed(directory: Path, generation: str) -> bool:
     return _ends_ours(ControlFiles(directory).closed, generation)
 
 
+def workload_verdict(directory: Path, generation: str) -> dict | None:
+    """The workload's verdict for this generation (guard.py writes it), or None: absent,
+    another run's, not a regular file, or not ours to trust (another user's)."""
+    seen = read_file(ControlFiles(directory).verdict)
+    if seen is None or not seen.is_file or seen.owner != os.geteuid():
+        return None
+    if not control.names_ours(seen.text, generation):
+        return None
+    try:
+        verdict = json.loads(seen.text)
+    except ValueError:
+        return None
+    return verdict if isinstance(verdict, dict) else None
+
+
 def lease_holder(directory: Path, generation: str) -> dict:
     """What task 0 wrote into its lease (host, start, checkpoint), for the fence's
     ledger entry; {} when unreadable."""

@@ -42,11 +42,13 @@ from nvrx_appliance.entrypoints import (
     drain_check,
     env,
     gate,
+    guard,
     launch,
     node_probe,
     retention,
     time_limit,
 )
+from nvrx_appliance.entrypoints.gate import Leave
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env, term_drain
 from nvrx_appliance.entrypoints.preflight import (
     Preflight,
@@ -240,6 +242,14 @@ def watch(
             fence(node, directory, token, verdict.message)
         if verdict is not None:
             return verdict
+        given = controldir.workload_verdict(directory, token)
+        if given is not None:
+            return Leave(
+                exitcodes.WORKLOAD_VERDICT,
+                f"the workload's verdict ({given.get('action')}): {given.get('words')}; "
+                "stopping ft_launcher",
+                over=True,
+            )
         reason = time_limit.noticed(directory, token)
         if reason is None and exit_at is not None and now >= exit_at:
             reason = f"exit duration of {spec.exit_duration_min} min since task 0 started reached"
@@ -392,7 +402,14 @@ def supervise(
         argv = launch.command(
             pre.manifest,
             record,
-            pre.workload,
+            # Each rank's workload under its guard: the training's own verdicts reach
+            # the chain (guard.py); the workload's argv and exit code are unchanged.
+            guard.argv(
+                directory,
+                pre.manifest.layout.workload_exits(record.array_job_id),
+                record.generation,
+                pre.workload,
+            ),
             hosts_rendezvous=pre.node.hosts_rendezvous,
             launcher=pre.launcher,
             active_tasks=active_tasks,

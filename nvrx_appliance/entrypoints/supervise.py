@@ -254,6 +254,13 @@ class Supervisor:
                     return Outcome(exit_code(ended), None)
                 self.log(verdict.message)
                 self._stop()
+                if self.child.returncode is not None and (
+                    exit_code(self.child.returncode) == exitcodes.NVRX_NO_RESTART
+                ):
+                    # NVRx decided "do not restart" while we were stopping it: that
+                    # decision is the generation's, and its witness must be written.
+                    self.log("ft_launcher exited 93 while being stopped; NVRx's decision stands")
+                    return Outcome(exitcodes.NVRX_NO_RESTART, None)
                 return Outcome(verdict.exit_code, verdict)
 
     def _told_to_finish(self, verdict: Verdict) -> bool:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints import control, controldir
+from nvrx_appliance.entrypoints import control, controldir, guard
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.layout import ControlFiles
 
@@ -66,32 +66,44 @@ def catches(pid: int, signum: int) -> bool:
     return False
 
 
-def workers(launcher_pid: int, workload: Sequence[str]) -> list[int]:
-    """ft_launcher's children that run the workload. Its rank monitors are children too,
-    forked, so their command line is ft_launcher's own, which ends with the workload's:
-    only a command line that is the workload's from its start counts. The interpreter's
-    path is left out: it may be spelled otherwise once exec'd (numactl, when NVRx binds
-    ranks, execs it by the name it was given)."""
+def workers(launcher_pid: int, workload: Sequence[str]) -> list[tuple[int, int]]:
+    """ft_launcher's workers: (the process to signal, the workload process) each. A
+    worker is the workload guard (guard.py), whose child is the workload in the guard's
+    process group; or, without a guard, the workload itself. Its rank monitors are
+    children too, forked, so their command line is ft_launcher's own, which ends with the
+    workload's: only a command line that is the workload's or the guard's from its start
+    counts. The interpreter's path is left out: it may be spelled otherwise once exec'd
+    (numactl, when NVRx binds ranks, execs it by the name it was given)."""
     if psutil is None:
         return []
     found = []
     with contextlib.suppress(psutil.Error):
         for child in psutil.Process(launcher_pid).children():
             with contextlib.suppress(psutil.Error):
-                if child.cmdline()[1:] == list(workload[1:]):
-                    found.append(child.pid)
+                argv = child.cmdline()
+                if argv[1:] == list(workload[1:]):
+                    found.append((child.pid, child.pid))
+                elif argv[1:3] == ["-m", guard.MODULE]:
+                    found += [
+                        (child.pid, grandchild.pid)
+                        for grandchild in child.children()
+                        if grandchild.cmdline()[1:] == list(workload[1:])
+                    ]
     return found
 
 
 def reachable(launcher_pid: int, workload: Sequence[str], signum: int) -> tuple[int, ...]:
     """The workers of ft_launcher that the signal would reach now: those that catch it
     (one still importing does not yet, and would lose it)."""
-    return tuple(pid for pid in workers(launcher_pid, workload) if catches(pid, signum))
+    return tuple(
+        target for target, worker in workers(launcher_pid, workload) if catches(worker, signum)
+    )
 
 
 def send(pid: int, signum: int) -> None:
     """The signal to a worker's process group, as torch elastic sends its own (a worker
-    leads a session of its own), or to the worker alone if it does not lead one."""
+    leads a session of its own), or to the worker alone if it does not lead one. The
+    guard, in that group, ignores it (SIGURG's default); the workload acts on it."""
     with contextlib.suppress(ProcessLookupError):
         if os.getpgid(pid) == pid:
             os.killpg(pid, signum)

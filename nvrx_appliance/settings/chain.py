@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import lease
-from nvrx_appliance.settings import megatron_rules, parallel
+from nvrx_appliance.settings import exit_actions, megatron_rules, parallel
 
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).
@@ -285,6 +285,23 @@ class ChainSpec:
         "generations (0: never for rank failures).",
         "NVRX_EXCLUDE_AFTER_FAILURES",
     )
+    # --- the training's own verdicts (settings/exit_actions.py) -------------------------
+    # None: the workload's table (Megatron's 16 and 17; none for a script).
+    workload_exits: str | None = _opt(
+        None,
+        "What a worker's exit code means to the chain: CODE=ACTION[,..] with ACTION "
+        "restart, resume-elsewhere or stop-chain (unset: 16=resume-elsewhere,"
+        "17=stop-chain for megatron and cpu, none for a script; empty: none).",
+        "NVRX_WORKLOAD_EXITS",
+    )
+    # Two: a torn save and the one before it can both be bad after a storage fault; a
+    # third bad one in a row is no longer bad luck, and a person should look.
+    checkpoint_fallbacks: int = _opt(
+        2,
+        "Checkpoints a chain may set aside because they cannot be loaded, resuming from "
+        "the one before each time (0: none; the chain stops at the first).",
+        "NVRX_CHECKPOINT_FALLBACKS",
+    )
     # A day: long enough to keep a black-hole node out of a chain's next generations,
     # short enough that a node an administrator repaired comes back without anyone's help.
     exclude_for: int = _opt(
@@ -535,6 +552,7 @@ def check(spec: ChainSpec) -> list[Problem]:
         "drain_poll_interval",
         "exclude_after_failures",
         "exclude_for",
+        "checkpoint_fallbacks",
     ):
         if getattr(spec, name) < 0:
             bad(name, f"cannot be negative (got {getattr(spec, name)})")
@@ -576,6 +594,11 @@ def check(spec: ChainSpec) -> list[Problem]:
     if spec.profile and spec.profile not in PROFILES:
         bad("profile", f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
     problems += _workload_problems(spec)
+    if spec.workload_exits is not None:
+        try:
+            exit_actions.parse(spec.workload_exits)
+        except exit_actions.TableError as exc:
+            bad("workload_exits", f"{exc}; e.g. --workload-exits 16=resume-elsewhere,17=stop-chain")
     if spec.segment not in ("auto", "off") and not (
         is_count(spec.segment) and int(spec.segment) >= 1
     ):

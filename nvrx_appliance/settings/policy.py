@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.settings import exit_actions
 from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, faults_active, flag, to_dict
 
 # The hand-off demo fails task 0's node (infra rank 0) at cycles 1 and 2, after the
@@ -35,6 +36,11 @@ class Policy:
     # Task 0's entrypoint keeps this many newest complete checkpoints (0: it removes
     # none). Megatron has no keep-N of its own; the cpu trainer and scripts prune theirs.
     checkpoints_kept: int
+    # What a worker's exit code means to the chain (settings/exit_actions.py), code as
+    # text (JSON's keys) -> action; the workload guard reads it on every rank.
+    exit_actions: dict[str, str]
+    # Checkpoints the chain may set aside as unloadable (entrypoints/fallback.py).
+    checkpoint_fallbacks: int
 
 
 def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
@@ -47,6 +53,11 @@ def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
         faults_active=faults_active(spec),
         gpu_failure=_gpu_failure(spec),
         checkpoints_kept=spec.save_retention if spec.workload == "megatron" else 0,
+        exit_actions={
+            str(code): action
+            for code, action in exit_actions.resolve(spec.workload_exits, spec.workload).items()
+        },
+        checkpoint_fallbacks=spec.checkpoint_fallbacks,
     )
 
 
@@ -71,6 +82,8 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "faults_active": (bool,),
     "gpu_failure": (str, type(None)),
     "checkpoints_kept": (int,),
+    "exit_actions": (dict,),
+    "checkpoint_fallbacks": (int,),
 }
 
 
@@ -87,6 +100,15 @@ def from_dict(data: Any) -> Policy:
         raise ValueError("policy field 'max_no_progress_cycles' cannot be negative")
     if data["checkpoints_kept"] < 0:
         raise ValueError("policy field 'checkpoints_kept' cannot be negative")
+    if data["checkpoint_fallbacks"] < 0:
+        raise ValueError("policy field 'checkpoint_fallbacks' cannot be negative")
+    try:
+        table = exit_actions.parse(
+            ",".join(f"{code}={action}" for code, action in data["exit_actions"].items())
+        )
+    except (exit_actions.TableError, AttributeError) as exc:
+        raise ValueError(f"policy field 'exit_actions' is not an exit table ({exc})") from None
+    data = {**data, "exit_actions": {str(c): a for c, a in table.items()}}
     return Policy(**data)
 
 

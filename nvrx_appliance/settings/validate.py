@@ -60,6 +60,8 @@ class Facts:
     work_dir_chain_live: tuple[str, ...] = field(default_factory=tuple)
     # The W&B run that run.json names, which a resubmitted chain continues.
     work_dir_wandb_run_id: str = ""
+    # The iteration the work dir's tracker names now (None: none): where the chain starts.
+    work_dir_tracker: int | None = None
     # Host paths the user's workload arguments need (host_checks), and whether each exists.
     host_paths: dict[str, bool] = field(default_factory=dict)
     # The chain already in the work dir, when it completed training: the final iteration

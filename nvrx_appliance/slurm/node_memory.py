@@ -105,6 +105,59 @@ def judge(
     return [(node, why) for node, why in sorted(found.items()) if node not in left]
 
 
+def node_failures(exits: List[Dict[str, Any]]) -> Tuple[Dict[str, int], Dict[str, List[int]]]:
+    """From the workload guards' accounts (each cycle's failure, with its node and the
+    iteration it reached): (node -> failures that are the node's to answer for, node ->
+    the iterations they happened at). A failure is the workload's, never a node's, when
+    the workload said so (a verdict of its exit table, a checkpoint it could not load), or
+    when the same iteration failed on two nodes or more: it followed the iteration (the
+    data, the code), not the node."""
+    at = {}  # type: Dict[int, Set[str]]
+    for entry in exits:
+        iteration = entry.get("iteration")
+        if isinstance(iteration, int):
+            at.setdefault(iteration, set()).add(str(entry.get("node", "")))
+    failures = {}  # type: Dict[str, int]
+    iterations = {}  # type: Dict[str, List[int]]
+    for entry in exits:
+        node = short_name(str(entry.get("node", "")))
+        iteration = entry.get("iteration")
+        if not node or entry.get("action") != "restart" or entry.get("load_failed"):
+            continue
+        if isinstance(iteration, int) and len(at.get(iteration, ())) >= 2:
+            continue
+        failures[node] = failures.get(node, 0) + 1
+        if isinstance(iteration, int):
+            iterations.setdefault(node, []).append(iteration)
+    return failures, iterations
+
+
+def workload_iterations(exits: List[Dict[str, Any]]) -> Dict[int, Set[str]]:
+    """Iterations that failed on two nodes or more in this generation -> those nodes."""
+    at = {}  # type: Dict[int, Set[str]]
+    for entry in exits:
+        iteration = entry.get("iteration")
+        if isinstance(iteration, int):
+            at.setdefault(iteration, set()).add(short_name(str(entry.get("node", ""))))
+    return {i: nodes for i, nodes in at.items() if len(nodes) >= 2}
+
+
+def to_clear(
+    entries: List[Dict[str, Any]], now: str, recurring: Dict[int, Set[str]]
+) -> List[Tuple[str, int]]:
+    """(node, iteration) of the exclusions in force for rank failures at an iteration
+    that has since failed on other nodes: the workload's failure, the node was blamed for
+    it. Pure."""
+    found = []
+    for entry in active(entries, now):
+        for iteration in entry.get("iterations") or []:
+            others = recurring.get(iteration, set()) - {entry["node"]}
+            if others:
+                found.append((str(entry["node"]), iteration))
+                break
+    return found
+
+
 def parse_record(text: str) -> List[Dict[str, Any]]:
     """The record's lines; a torn or foreign line is skipped."""
     entries = []
@@ -276,13 +329,24 @@ def remember(
     chain: str,
     array_job_id: str,
     log: Callable[[str], None],
+    exits: Optional[List[Dict[str, Any]]] = None,
 ) -> List[Dict[str, str]]:
     """Judge the generation and append its exclusions to the record; what the ledger
-    entry lists (node, reason)."""
+    entry lists (node, reason). exits: the workload guards' account of each cycle's
+    failure (the teardown reads them); without them, the NVRx log's count per node."""
     exclude_for = int(spec.get("exclude_for", 0))
     if exclude_for <= 0:
         return []
     unhealthy, failures = evidence(_log_lines(launcher_log))
+    iterations = {}  # type: Dict[str, List[int]]
+    if exits:
+        # The guards tell each failure's node and iteration: only the node's own count.
+        failures, iterations = node_failures(exits)
+        recurring = workload_iterations(exits)
+        if recurring:
+            clear(record=record, nodes=[], chain=chain, log=log, recurring=recurring,
+                  reason="its failures recurred at the same iteration on other nodes: the "
+                  "workload's, not the node's")  # fmt: skip
     found = judge(
         unhealthy,
         failures,
@@ -294,7 +358,7 @@ def remember(
     entries = [
         {"kind": EXCLUDED, "version": RECORD_VERSION, "node": node, "reason": why,
          "since": since, "until": until, "chain": chain, "generation": array_job_id,
-         "by": "teardown"}
+         "by": "teardown", "iterations": sorted(set(iterations.get(node, [])))}
         for node, why in found
     ]  # fmt: skip
     for node, why in found:
@@ -304,6 +368,68 @@ def remember(
     except OSError as exc:
         log(f"ERROR: could not append to the exclusion record {record}: {exc}")
     return [{"node": node, "reason": why} for node, why in found]
+
+
+# A resume-elsewhere verdict keeps the next generation off its nodes only that long:
+# they are not bad, the workload asked for other GPUs once.
+ELSEWHERE_FOR_S = 3600
+
+
+def keep_elsewhere(
+    *,
+    record: str,
+    nodes: List[str],
+    chain: str,
+    array_job_id: str,
+    iteration: Any,
+    log: Callable[[str], None],
+) -> None:
+    """The nodes that ran a resume-elsewhere verdict, out of the next generation (apply()
+    keeps the partition room for the array, so the chain still starts where it must)."""
+    since, until = now_iso(), now_iso(ELSEWHERE_FOR_S)
+    reason = f"ran iteration {iteration} when the workload asked to resume elsewhere"
+    entries = [
+        {"kind": EXCLUDED, "version": RECORD_VERSION, "node": short_name(node),
+         "reason": reason, "since": since, "until": until, "chain": chain,
+         "generation": array_job_id, "by": "verdict"}
+        for node in nodes
+    ]  # fmt: skip
+    if nodes:
+        log(
+            "{} kept out of the next generation until {}: {}".format(
+                ", ".join(nodes), until, reason
+            )
+        )
+    _append(record, entries)
+
+
+def clear(
+    *,
+    record: str,
+    nodes: List[str],
+    chain: str,
+    reason: str,
+    log: Callable[[str], None],
+    recurring: Optional[Dict[int, Set[str]]] = None,
+) -> None:
+    """Take back exclusions the workload, not the node, earned: `nodes` whatever kept
+    them out, and (recurring) those kept out for failures at an iteration that has since
+    failed on other nodes. Appended as an exclusion that ends now."""
+    entries = parse_record(_read(record))
+    now = now_iso()
+    wanted = {n for n in nodes}
+    if recurring:
+        wanted |= {node for node, _ in to_clear(entries, now, recurring)}
+    held = {str(e["node"]) for e in active(entries, now)}
+    lifted = sorted(wanted & held)
+    if not lifted:
+        return
+    log("{} no longer kept out: {}".format(", ".join(lifted), reason))
+    _append(record, [
+        {"kind": EXCLUDED, "version": RECORD_VERSION, "node": node, "reason": "cleared: " + reason,
+         "since": now, "until": now, "chain": chain, "by": "teardown"}
+        for node in lifted
+    ])  # fmt: skip
 
 
 def _slurm(argv: List[str]) -> Optional[str]:

@@ -37,6 +37,7 @@ def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
     }
     existing = _existing_run(spec.work_dir)
     facts["work_dir_wandb_run_id"] = _wandb_run_id(existing)
+    facts["work_dir_tracker"] = _tracked(spec.work_dir)
     if with_slurm:
         facts.update(_slurm(spec.job_name, _job_name(existing), user))
     facts.update(_completed(spec.work_dir, existing))
@@ -159,6 +160,13 @@ def _job_name(run: dict) -> str:
 def _wandb_run_id(run: dict) -> str:
     wandb = run.get("wandb")
     return str(wandb.get("run_id") or "") if isinstance(wandb, dict) else ""
+
+
+def _tracked(work_dir: str) -> int | None:
+    try:
+        return tracker_value(read_text(Layout(Path(work_dir)).tracker, 64) or "")
+    except OSError:
+        return None
 
 
 def _completed(work_dir: str, run: dict) -> dict:

@@ -155,6 +155,7 @@ def plan(
         user=user,
         image=image,
         previous_wandb_run_id=facts.work_dir_wandb_run_id,
+        checkpoint_start=facts.work_dir_tracker,
     )
     script = render.render(manifest, template=template_text(), extra=extra)
     return Plan(

@@ -23,6 +23,7 @@ import datetime
 import importlib.util
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -42,6 +43,9 @@ BENIGN_SCANCEL = "Invalid job id specified"
 TRACKER_BYTES = 64
 SMALL_FILE_BYTES = 4 << 20
 LEDGER_TAIL_BYTES = 1 << 20
+# The guards write one account per cycle (--max-restarts bounds them); more is not ours.
+MAX_EXIT_FILES = 1000
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 # Python 3.11 refuses int() of more than 4,300 digits; no run trains 10**18 iterations.
 MAX_ITERATION_DIGITS = 18
 
@@ -51,9 +55,16 @@ SAVED_AT_TIME_LIMIT = "saved_at_time_limit"
 # The workload finished training (its training-done marker names the tracked iteration).
 COMPLETED = "completed"
 CANCELLED_CHAIN = "cancelled_chain"
+# The workload's own verdict (entrypoints/guard.py): no restart on the same GPUs can
+# change it, so the chain stops (stop-chain), or the next generation resumes from the
+# checkpoint on other nodes (resume-elsewhere), once per iteration.
+STOPPED_BY_WORKLOAD = "stopped_by_workload"
+RESUME_ELSEWHERE = "resume_elsewhere"
 BURN_GUARD = "burn_guard"
 FENCED = "fenced"
 NONE = "none"
+# The actions that end the chain: every queued generation is cancelled.
+CHAIN_ENDS = (CANCELLED_CHAIN, BURN_GUARD, COMPLETED, STOPPED_BY_WORKLOAD)
 
 # --- pure ---------------------------------------------------------------------------
 
@@ -90,6 +101,8 @@ def decide(
     no_restart_witness: bool = False,
     done: Optional[int] = None,
     time_limit_notice: bool = False,
+    verdict: Optional[Dict[str, Any]] = None,
+    exits: Optional[List[Dict[str, Any]]] = None,
 ) -> Tuple[str, str]:
     """(action, reason) for a generation whose task 0 ended with exit_code.
 
@@ -97,14 +110,19 @@ def decide(
     node left the control dir's no-restart file (its ft_launcher exited 93 even if
     task 0's srun reports another code). done: the final iteration, when the workload
     marked training done there (training_done). time_limit_notice: the generation
-    was told to save and end before its time limit.
+    was told to save and end before its time limit. verdict: the workload's own (the
+    guard's verdict file), exits: each cycle's first failed worker, as its guard told.
     """
     if exit_code == NO_RESTART or no_restart_witness:
+        told = repeated_failure(exits or [])
         return (
             CANCELLED_CHAIN,
-            f"ft_launcher exited {NO_RESTART}: NVRx decided not to restart; "
-            "cancelling every queued generation of the chain",
+            f"ft_launcher exited {NO_RESTART}: NVRx decided not to restart"
+            + (f" after the workload {told}" if told else "")
+            + "; cancelling every queued generation of the chain",
         )
+    if verdict is not None:
+        return judge_verdict(verdict, history)
     if done is not None:
         return (
             COMPLETED,
@@ -132,10 +150,116 @@ def decide(
     )
 
 
+def _where(entry: Dict[str, Any]) -> str:
+    iteration = entry.get("iteration")
+    return f" at iteration {iteration}" if iteration is not None else ""
+
+
+def repeated_failure(exits: List[Dict[str, Any]]) -> str:
+    """What the workload did, when it failed the same way in several cycles: "failed 4
+    times at iteration 60 with exit 17: <meaning>"; "" otherwise. NVRx's no-progress 93
+    is then its answer to the workload, and the words must say so."""
+    counts = {}  # type: Dict[Tuple[Any, Any], int]
+    for entry in exits:
+        key = (entry.get("code"), entry.get("iteration"))
+        counts[key] = counts.get(key, 0) + 1
+    if not counts:
+        return ""
+    (code, iteration), times = max(counts.items(), key=lambda item: item[1])
+    if times < 2:
+        return ""
+    meaning = next(
+        (
+            str(e.get("meaning", ""))
+            for e in exits
+            if (e.get("code"), e.get("iteration")) == (code, iteration)
+        ),
+        "",
+    )
+    where = f" at iteration {iteration}" if iteration is not None else ""
+    return "failed {} times{} with exit {}{}".format(
+        times, where, code, ": " + meaning if meaning else ""
+    )
+
+
+def judge_verdict(verdict: Dict[str, Any], history: List[Dict[str, Any]]) -> Tuple[str, str]:
+    """(action, reason) for the workload's own verdict. resume-elsewhere is honoured once
+    per iteration: the same verdict at the same iteration again, after a generation on
+    other nodes, is the data's, and the chain stops rather than loop."""
+    words = str(verdict.get("words") or "the workload gave its verdict")
+    line = str(verdict.get("line") or "")
+    quoted = f" (its log: {line!r})" if line else ""
+    keep = "; every checkpoint is kept. Fix the cause (data, configuration) and resubmit"
+    if verdict.get("action") == "resume-elsewhere":
+        before = [
+            e for e in history
+            if e.get("action") == RESUME_ELSEWHERE
+            and isinstance(e.get("verdict"), dict)
+            and e["verdict"].get("code") == verdict.get("code")
+            and e["verdict"].get("iteration") == verdict.get("iteration")
+        ]  # fmt: skip
+        if not before:
+            return (
+                RESUME_ELSEWHERE,
+                f"the workload asks to be resumed elsewhere: {words}{quoted}; the next generation resumes "
+                "from the checkpoint, kept off this generation's nodes where the cluster has "
+                "others",
+            )
+        return (
+            STOPPED_BY_WORKLOAD,
+            "the workload asked again to be resumed elsewhere{} after generation {} already "
+            "ran it on other nodes ({}): the data, not a GPU; stopping the chain{}{}".format(
+                _where(verdict), before[-1].get("array_job_id"),
+                ", ".join(before[-1]["verdict"].get("nodes") or []) or "nodes unknown",
+                quoted, keep,
+            ),
+        )  # fmt: skip
+    return (
+        STOPPED_BY_WORKLOAD,
+        f"the workload's verdict: {words}{quoted}; no restart on the same GPUs can change it, so the "
+        f"chain stops{keep}",
+    )
+
+
+def verdict_of(text: str, chain: str, array_job_id: str) -> Optional[Dict[str, Any]]:
+    """The guard's verdict file, if it names this generation (chain and array job: a file
+    another run left under a reused array job id is never obeyed)."""
+    try:
+        verdict = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(verdict, dict):
+        return None
+    generation = str(verdict.get("generation", "")).split("/")
+    if len(generation) != 3 or generation[:2] != [chain, array_job_id] or not chain:
+        return None
+    return verdict
+
+
+def parse_exits(texts: List[str], chain: str, array_job_id: str) -> List[Dict[str, Any]]:
+    """Each cycle's failure, oldest cycle first: of the guards' accounts (one per node and
+    cycle) the earliest, since a dead worker takes its peers down a moment later."""
+    first = {}  # type: Dict[str, Dict[str, Any]]
+    for text in texts:
+        entry = verdict_of(text, chain, array_job_id)
+        if entry is None:
+            continue
+        cycle = str(entry.get("cycle", ""))
+        known = first.get(cycle)
+        if known is None or _epoch(entry) < _epoch(known):
+            first[cycle] = entry
+    return [first[c] for c in sorted(first, key=lambda c: int(c) if c.isdigit() else -1)]
+
+
+def _epoch(entry: Dict[str, Any]) -> float:
+    value = entry.get("epoch")
+    return float(value) if isinstance(value, (int, float)) else float("inf")
+
+
 def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) -> List[str]:
     """The one scancel the action needs. Always PENDING-only and scoped to the user:
     running peers are stopped by the closed flag, and another user's jobs are never ours."""
-    if action in (CANCELLED_CHAIN, BURN_GUARD, COMPLETED):
+    if action in CHAIN_ENDS:
         # By name: under the singleton dependency every PENDING job of ours with this
         # name is this chain (this array's own spares included).
         return ["scancel", "--state=PENDING", f"--name={job_name}", f"--user={user}"]
@@ -246,6 +370,43 @@ def _read(path: str, limit: int, tail: bool = False) -> str:
     if start > 0:  # began inside a line: drop its end rather than parse half of it
         text = text.partition("\n")[2]
     return text
+
+
+def workload_account(
+    args: argparse.Namespace, chain: str
+) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]], List[str]]:
+    """(the workload's verdict, each cycle's first failure, the nodes whose workers gave
+    the verdict) of this generation, as its guards left them beside the control dir;
+    nothing that another user could have written, or that names another generation."""
+    if not args.control_dir:
+        return None, [], []
+    uid = os.geteuid()
+    verdict = None
+    path = os.path.join(args.control_dir, "verdict")
+    if os.path.lexists(path):
+        problem = untrusted(path, uid)
+        if problem:
+            _log(f"ERROR: ignoring the workload's verdict {path} ({problem})")
+        else:
+            verdict = verdict_of(_read(path, SMALL_FILE_BYTES), chain, args.array_job_id)
+    exits_dir = os.path.join(os.path.dirname(args.control_dir.rstrip("/")), "exits")
+    texts = []
+    nodes = []  # type: List[str]
+    for name in _listdir(exits_dir)[:MAX_EXIT_FILES]:
+        entry = os.path.join(exits_dir, name)
+        if name.startswith("cycle") and name.endswith(".json") and not untrusted(entry, uid):
+            texts.append(_read(entry, SMALL_FILE_BYTES))
+    for name in _listdir(os.path.join(exits_dir, "verdict_nodes"))[:MAX_EXIT_FILES]:
+        if NODE_NAME.match(name):
+            nodes.append(name)
+    return verdict, parse_exits(texts, chain, args.array_job_id), sorted(nodes)
+
+
+def _listdir(path: str) -> List[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
 
 
 def untrusted(path: str, uid: int) -> Optional[str]:
@@ -373,7 +534,44 @@ def _node_memory(path: str) -> Any:
     return module
 
 
-def remember_nodes(args: argparse.Namespace, this: Dict[str, Any], fenced_task0: str) -> Any:
+def elsewhere(
+    memory: Any,
+    args: argparse.Namespace,
+    this: Dict[str, Any],
+    action: str,
+    nodes: List[str],
+    history: List[Dict[str, Any]],
+) -> None:
+    """Keep the next generation off the nodes that ran a resume-elsewhere verdict; and
+    when that verdict came back on other nodes (the data, not a GPU), take back what the
+    first one kept out: those nodes were never bad."""
+    try:
+        if action == RESUME_ELSEWHERE:
+            memory.keep_elsewhere(
+                record=args.exclusions, nodes=nodes, chain=this["chain"],
+                array_job_id=args.array_job_id, iteration=this["verdict"].get("iteration"),
+                log=_log,
+            )  # fmt: skip
+        elif action == STOPPED_BY_WORKLOAD:
+            cleared = [
+                node for e in history if isinstance(e.get("verdict"), dict)
+                for node in e["verdict"].get("nodes") or []
+            ]  # fmt: skip
+            memory.clear(
+                record=args.exclusions, nodes=sorted(set(cleared)), chain=this["chain"],
+                reason="the workload's verdict recurred on other nodes: the data, not a node",
+                log=_log,
+            )  # fmt: skip
+    except Exception as exc:  # never at the cost of the ledger entry
+        _log(f"ERROR: recording where the next generation must run failed: {exc}")
+
+
+def remember_nodes(
+    args: argparse.Namespace,
+    this: Dict[str, Any],
+    fenced_task0: str,
+    exits: Optional[List[Dict[str, Any]]] = None,
+) -> Any:
     """Judge this generation's bad nodes into the exclusion record and the ledger entry
     (drained and excluded); the loaded node memory, for apply_exclusions, or None."""
     memory = _node_memory(args.node_memory)
@@ -384,7 +582,7 @@ def remember_nodes(args: argparse.Namespace, this: Dict[str, Any], fenced_task0:
         excluded = memory.remember(
             record=args.exclusions, launcher_log=args.launcher_log, drained=drained,
             fenced_task0=fenced_task0, spec=_load_manifest(args.run_json).get("spec", {}),
-            chain=this["chain"], array_job_id=args.array_job_id, log=_log,
+            chain=this["chain"], array_job_id=args.array_job_id, log=_log, exits=exits,
         )  # fmt: skip
     except Exception as exc:  # never at the cost of the ledger entry
         _log(f"ERROR: judging this generation's nodes failed: {exc}")
@@ -474,10 +672,21 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
             f"ignoring the training-done marker {args.training_done}: it names "
             f"{marker.strip()!r}, the tracker {this['checkpoint_iteration']}"
         )
+    verdict, exits, verdict_nodes = workload_account(args, this["chain"])
     action, reason = decide(
         args.exit_code, history, this, burn_guard, bool(args.no_restart_witness),
-        done=done, time_limit_notice=bool(args.time_limit_notice),
+        done=done, time_limit_notice=bool(args.time_limit_notice), verdict=verdict,
+        exits=exits,
     )  # fmt: skip
+    if verdict is not None:
+        this["verdict"] = {
+            key: verdict.get(key)
+            for key in ("code", "action", "meaning", "iteration", "line", "node", "rank", "cycle")
+        }
+        this["verdict"]["nodes"] = verdict_nodes
+    told = repeated_failure(exits)
+    if told:
+        this["workload"] = told
     job_name = this["job_name"]
     if not job_name or not args.user:
         action, reason = NONE, "job name or user unknown: refusing to scancel by name"
@@ -491,12 +700,14 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
     this.update(action=action, reason=reason, scancel_ok=ok)
     if action == COMPLETED:
         this["final_iteration"] = done
-    memory = remember_nodes(args, this, fenced_task0="")
+    memory = remember_nodes(args, this, fenced_task0="", exits=exits)
+    if memory is not None and verdict is not None:
+        elsewhere(memory, args, this, action, verdict_nodes, history)
     _record(args.ledger, this)
     # A chain that ends (completed, cancelled, burn guard) has no queued generation left.
-    if action in (RELEASED_SPARES, SAVED_AT_TIME_LIMIT):
+    if action in (RELEASED_SPARES, SAVED_AT_TIME_LIMIT, RESUME_ELSEWHERE):
         apply_exclusions(memory, args)
-    if action in (CANCELLED_CHAIN, BURN_GUARD, COMPLETED) and ok and args.marker:
+    if action in CHAIN_ENDS and ok and args.marker:
         # The chain ended on purpose: the watcher must not page "chain exhausted".
         try:
             os.unlink(args.marker)
@@ -530,6 +741,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "launcher-log",
         "drain-poll",
         "submitted",
+        "control-dir",
     ):
         parser.add_argument("--" + name, default="")
     parser.add_argument("--exit-code", type=int)

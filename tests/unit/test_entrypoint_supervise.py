@@ -484,3 +484,26 @@ def test_an_exit_93_during_the_control_dir_check_stands_although_the_check_says_
     )  # fmt: skip
     outcome = supervisor.run()
     assert (outcome.exit_code, outcome.stopped) == (exitcodes.NVRX_NO_RESTART, None)
+
+
+def test_an_exit_93_while_we_stop_ft_launcher_stands_and_is_not_reported_as_our_stop(tmp_path):
+    # NVRx decides "do not restart" while the closed flag has us stop ft_launcher (a
+    # peer's no-restart reached it at the same moment): returning our own 76 lost the 93
+    # and, with it, the no-restart witness the entrypoint writes for a 93.
+    ready = tmp_path / "ready"
+    proc = supervise(
+        tmp_path,
+        f"""
+        import signal, sys, time
+        from pathlib import Path
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(93))
+        Path({str(ready)!r}).touch()
+        while True:
+            time.sleep(0.1)
+        """,
+        grace=5.0,
+    )
+    wait_for(ready.exists, 30, "the child's TERM handler")
+    (tmp_path / "closed").write_text('{"exit_code": 1}\n')
+    assert proc.wait(timeout=30) == exitcodes.NVRX_NO_RESTART
+    assert "NVRx's decision stands" in proc.stderr.read()

@@ -87,6 +87,9 @@ def test_the_modes_policy_is_decided_at_submit_and_read_back_from_run_json(tmp_p
         "faults_active": True,
         "gpu_failure": None,
         "checkpoints_kept": 2,  # a Megatron chain: task 0 keeps its --save-retention
+        # Megatron's own verdicts become the chain's (settings/exit_actions.py).
+        "exit_actions": {"16": "resume-elsewhere", "17": "stop-chain"},
+        "checkpoint_fallbacks": 2,
     }
     assert manifest.load(saved).policy.progress_file == written["progress_file"]
 

@@ -14,8 +14,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 KINDS = ("exception", "exit", "hang")
-# Any non-zero status but 93, which is NVRx's "do not restart" and would end the chain.
-EXIT_CODE = 17
+# Any non-zero status but 93 (NVRx's "do not restart", which would end the chain) and
+# Megatron's 16 and 17, which the default exit table turns into verdicts
+# (settings/exit_actions.py): an injected fault is an ordinary failure, restarted in place.
+EXIT_CODE = 13
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from nvrx_appliance.entrypoints import workload_exit
 from nvrx_appliance.entrypoints.workloads import checkpointing, faults
 from nvrx_appliance.entrypoints.workloads.events import ProgressLog
 from nvrx_appliance.entrypoints.workloads.gpt import TinyGPT, loss_fn, mock_batch
@@ -143,7 +144,15 @@ def _resume(job: Job) -> None:
     if not iteration:
         return
     state = _state(job)
-    checkpointing.load(job.args.load, iteration, state)
+    try:
+        checkpointing.load(job.args.load, iteration, state)
+    except Exception:
+        # The workload contract's line (docs/workload-contract.md): the guard sets this
+        # checkpoint aside and the next cycle resumes from the one before.
+        print(
+            f"{workload_exit.LOAD_FAILED_MARK} iteration={iteration}", file=sys.stderr, flush=True
+        )
+        raise
     set_state_dict(
         job.model, job.optimizer,
         model_state_dict=state["model"], optim_state_dict=state["optimizer"],

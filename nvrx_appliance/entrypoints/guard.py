@@ -1,0 +1,275 @@
+"""The workload guard: each rank's workload runs under it, between ft_launcher and the
+workload, so that the training's own verdicts reach the chain.
+
+ft_launcher knows a worker's exit code and nothing else: every failure is restarted in
+place, on the same GPUs, until NVRx's budget runs out and it exits 93. So a checkpoint
+that cannot be loaded, or Megatron's "result validation failed" (17), loops until NVRx
+ends the chain as if it had judged the machines. NVRx 0.7.0 offers no hook on a worker's
+exit code (launcher.py `_invoke_run_with_any_failed_policy` restarts on any failure), so
+the guard sits where the code is known, one process per rank:
+
+    ft_launcher -> guard -> workload (the same process group: torch elastic's signals,
+                                      the save signal and a final SIGKILL reach both)
+
+It copies the workload's output through unchanged, keeping its last lines, and when the
+workload exits it asks workload_exit.judge what the exit means:
+
+- a checkpoint that could not be loaded: set aside, the tracker pointed at the one
+  before (fallback.py), and the worker exits as it would have: NVRx's next cycle loads
+  the earlier checkpoint. Past the chain's bound: a stop-chain verdict.
+- a verdict (the exit table's resume-elsewhere or stop-chain): the verdict file goes to
+  the generation's control directory, and the guard holds, without exiting, so that
+  ft_launcher sees no failure and starts no cycle. Every entrypoint's supervisor finds
+  the file and stops its ft_launcher; task 0's teardown acts on it.
+- anything else: exit with the workload's code, as without the guard.
+
+Each cycle's first failure is recorded (Layout.workload_exits) for the teardown's
+account ("failed 4 times at iteration 60 with exit 1") and for node memory, which must
+never blame a node for the workload. The exit code is always the workload's own: the
+guard adds no code of its own (93 is never one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.clock import now_iso
+from nvrx_appliance.entrypoints import fallback, workload_exit
+from nvrx_appliance.settings import exit_actions
+
+MODULE = "nvrx_appliance.entrypoints.guard"
+TAIL_LINES = 200  # what is kept of the workload's output, per stream
+MAX_PARTIAL = 8192  # a line longer than this is judged in pieces
+CHUNK = 65536
+# After a verdict, how long the guard holds before exiting anyway. Task 0 reads the
+# control directory every second and stops everything; a node that looks rarely is
+# cancelled by the relay within seconds of that. This only bounds a supervisor gone.
+HOLD_S = 300.0
+DRAIN_S = 5.0  # after the workload exits, for what its children still write
+
+
+def argv(control: Path, exits: Path, generation: str, workload: Sequence[str]) -> list[str]:
+    """What ft_launcher runs on each rank: the guard, then the workload's own argv."""
+    return [
+        sys.executable, "-m", MODULE, "--control", str(control), "--exits", str(exits),
+        "--generation", generation, "--", *workload,
+    ]  # fmt: skip
+
+
+def say(line: str) -> None:
+    print(f"{now_iso()} nvrx-guard: {line}", file=sys.stderr, flush=True)
+
+
+class _Tee:
+    """Copies one of the workload's streams to ours, unchanged, keeping its last lines."""
+
+    def __init__(self, source: int, target: int):
+        self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._partial = b""
+        self._source, self._target = source, target
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while chunk := _read(self._source):
+            _write_all(self._target, chunk)
+            self._keep(chunk)
+        if self._partial:
+            self.lines.append(self._partial.decode("utf-8", "replace"))
+        os.close(self._source)
+
+    def _keep(self, chunk: bytes) -> None:
+        *whole, self._partial = (self._partial + chunk).split(b"\n")
+        for line in whole:
+            self.lines.append(line.decode("utf-8", "replace"))
+        if len(self._partial) > MAX_PARTIAL:
+            self.lines.append(self._partial.decode("utf-8", "replace"))
+            self._partial = b""
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, CHUNK)
+    except OSError:
+        return b""
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    with contextlib.suppress(OSError):  # our stream closed: the workload's must still drain
+        while data:
+            data = data[os.write(fd, data) :]
+
+
+def _exit_code(returncode: int) -> int:
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class Guard:
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.stopping = threading.Event()  # torch elastic's TERM (or INT) reached us
+
+    def run(self) -> int:
+        workload = self.args.workload
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            # The group signal reached the workload too: nothing to forward, only note
+            # that a failure from now on is a stop, not a verdict.
+            signal.signal(signum, lambda *_: self.stopping.set())
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            child = subprocess.Popen(workload, stdout=out_w, stderr=err_w)
+        except OSError as exc:
+            say(f"cannot start the workload {workload[0]}: {exc}")
+            return 127
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        tees = (_Tee(out_r, sys.stdout.fileno()), _Tee(err_r, sys.stderr.fileno()))
+        code = _wait(child)
+        for tee in tees:
+            tee.thread.join(DRAIN_S)
+        if self.stopping.is_set():
+            return code
+        return self.judge(code, [line for tee in tees for line in tee.lines])
+
+    def judge(self, code: int, lines: list[str]) -> int:
+        try:
+            manifest = run_manifest.load(Path(os.environ["NVRX_RUN_MANIFEST"]))
+        except (KeyError, run_manifest.ManifestError) as exc:
+            if code != 0:
+                say(f"cannot judge exit {code}: no run manifest ({exc})")
+            return code
+        spec, policy = manifest.spec, manifest.policy
+        seen = workload_exit.judge(code, policy.exit_actions, spec.workload, lines)
+        if seen is None:
+            return code
+        action = seen.action
+        words = workload_exit.describe(seen)
+        if seen.load_failure is not None:
+            layout = manifest.layout
+            outcome = fallback.set_aside(
+                layout.checkpoints, layout.fallbacks, seen.load_failure.iteration,
+                chain=manifest.chain_id, limit=policy.checkpoint_fallbacks,
+                floor=manifest.checkpoint_start, who=self.who(), reason=seen.load_failure.line,
+            )  # fmt: skip
+            say(outcome.message)
+            action = exit_actions.RESTART if outcome.fell_back_to is not None else "stop-chain"
+            words = outcome.message
+        self.record(seen, action, words)
+        if action in (exit_actions.RESUME_ELSEWHERE, exit_actions.STOP_CHAIN):
+            self.give_verdict(seen, action, words)
+            return self.hold(code)
+        if self.verdict_given():
+            return self.hold(code)  # another rank's verdict stands: start no cycle
+        return code
+
+    def who(self) -> dict[str, str]:
+        return {
+            "generation": self.args.generation,
+            "node": socket.gethostname().split(".", 1)[0],
+            "rank": os.environ.get("RANK", ""),
+            "cycle": os.environ.get("TORCHELASTIC_RESTART_COUNT", ""),
+        }
+
+    def account(self, seen: workload_exit.Exit, action: str, words: str) -> dict:
+        return {
+            **self.who(), "code": seen.code, "action": action, "meaning": seen.meaning,
+            "iteration": seen.iteration, "line": seen.line, "words": words,
+            "load_failed": seen.load_failure is not None, "time": now_iso(),
+            "epoch": time.time(),
+        }  # fmt: skip
+
+    def record(self, seen: workload_exit.Exit, action: str, words: str) -> None:
+        """This node's first failed worker of the cycle. A worker that dies takes its
+        peers' collectives down with it a moment later: the teardown and node memory
+        take each cycle's earliest account as its cause, the others as consequences."""
+        cycle = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        node = self.who()["node"]
+        exits = Path(self.args.exits)
+        with contextlib.suppress(OSError):
+            exits.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _create(exits / f"cycle{int(cycle) if cycle.isdecimal() else 0}.{node}.json",
+                    self.account(seen, action, words))  # fmt: skip
+            if action in (exit_actions.RESUME_ELSEWHERE, exit_actions.STOP_CHAIN):
+                # The nodes whose workers gave the verdict: resume-elsewhere keeps the
+                # next generation off them.
+                (exits / "verdict_nodes").mkdir(mode=0o700, exist_ok=True)
+                (exits / "verdict_nodes" / node).touch(mode=0o600)
+
+    def give_verdict(self, seen: workload_exit.Exit, action: str, words: str) -> None:
+        path = Path(self.args.control) / "verdict"
+        try:
+            if _create(path, self.account(seen, action, words)):
+                say(f"the workload's verdict ({action}): {words}")
+        except OSError as exc:
+            say(f"could not write the verdict {path}: {exc}")
+
+    def verdict_given(self) -> bool:
+        try:
+            text = (Path(self.args.control) / "verdict").read_text()
+            return json.loads(text).get("generation") == self.args.generation
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def hold(self, code: int) -> int:
+        """Hold the worker's place until the supervisor stops ft_launcher (its TERM), so
+        that NVRx sees no failure and starts no cycle; then exit as the workload did."""
+        self.stopping.wait(HOLD_S)
+        return code
+
+
+def _wait(child: subprocess.Popen) -> int:
+    while True:
+        try:
+            return _exit_code(child.wait())
+        except InterruptedError:  # pragma: no cover - PEP 475 retries; belt and braces
+            time.sleep(0.01)
+
+
+def _create(path: Path, data: dict) -> bool:
+    """Write `path` whole and only if it does not exist (a hard link of a complete file):
+    True for the one writer that created it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(data, sort_keys=True) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        os.unlink(tmp)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nvrx-guard")
+    parser.add_argument("--control", required=True)
+    parser.add_argument("--exits", required=True)
+    parser.add_argument("--generation", required=True)
+    parser.add_argument("workload", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.workload[:1] == ["--"]:
+        args.workload = args.workload[1:]
+    if not args.workload:
+        parser.error("no workload to run after --")
+    return Guard(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
