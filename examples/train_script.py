@@ -123,7 +123,15 @@ def main() -> NoReturn:
     dist.broadcast_object_list(start)
     iteration = start[0]
     if iteration:
-        state = torch.load(os.path.join(directory, f"iter_{iteration:07d}.pt"), map_location=device)
+        try:
+            state = torch.load(
+                os.path.join(directory, f"iter_{iteration:07d}.pt"), map_location=device
+            )
+        except Exception:
+            # The contract's line: the appliance sets this checkpoint aside and the next
+            # cycle resumes from the one before (docs/workload-contract.md).
+            print(f"NVRX_APPLIANCE_LOAD_FAILED iteration={iteration}", file=sys.stderr, flush=True)
+            raise
         model.module.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         log(rank, f"resumed from iteration {iteration}")

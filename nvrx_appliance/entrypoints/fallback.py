@@ -26,6 +26,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,16 @@ from nvrx_appliance.observe import run_files
 LOCK_FILE = ".fallback.lock"
 # The fall-back record is a few lines per chain; more than this is not one.
 MAX_RECORD_BYTES = 1 << 20
+
+
+# Megatron's and the built-in trainer's iter_NNNNNNN directories, and a script's
+# checkpoint files of the same name with an extension (iter_0000040.pt).
+_CHECKPOINT = re.compile(r"^iter_(\d{7,})(\.[A-Za-z0-9]+)?$")
+
+
+def checkpoint_name(name: str) -> int | None:
+    match = _CHECKPOINT.match(name)
+    return int(match.group(1)) if match else None
 
 
 @dataclass(frozen=True)
@@ -103,10 +114,10 @@ def set_aside(
                 f"checkpoint {bad} cannot be loaded and this chain has set aside {done} "
                 f"already (--checkpoint-fallbacks {limit})",
             )
-        found = [
-            n for name in os.listdir(checkpoints)
-            if (n := checkpoint_dir.parse_iteration_dir(name)) is not None
-        ]  # fmt: skip
+        names = {
+            n: name for name in os.listdir(checkpoints) if (n := checkpoint_name(name)) is not None
+        }
+        found = list(names)
         to = earlier(found, bad, floor)
         if to is None:
             since = f" (the chain started from {floor})" if floor is not None else ""
@@ -115,7 +126,7 @@ def set_aside(
                 f"checkpoint {bad} cannot be loaded and no complete checkpoint before it is "
                 f"on disk{since}",
             )
-        name = checkpoint_dir.iteration_dir(bad)
+        name = names.get(bad, checkpoint_dir.iteration_dir(bad))
         aside = f"{name}.unloadable-{now_iso().replace(':', '')}"
         with contextlib.suppress(FileNotFoundError):  # a checkpoint missing whole is bad too
             os.rename(checkpoints / name, checkpoints / aside)

@@ -46,8 +46,9 @@ _READ_ERRORS = (
     "CheckpointException",
 )
 # Megatron's training line: " iteration       60/    1000 | consumed samples: ..."; the
-# built-in trainer's: "iteration 60/300 | loss ...".
-_TRAINING_ITERATION = re.compile(r"\biteration\s+(\d+)\s*/\s*\d+\s*\|")
+# built-in trainer's: "iteration 60/300 | loss ..."; a script's, as it likes to say it:
+# the last iteration a line names is the one the workload reached.
+_TRAINING_ITERATION = re.compile(r"\biteration\s+(\d+)\b")
 # The rerun state machine names the iteration as "iteration #60".
 _RERUN_ITERATION = re.compile(r"\biteration #(\d+)")
 _RERUN_LINES = (

@@ -26,7 +26,12 @@ _ACTIONS = {
     # A peer closed the generation for a task 0 whose lease went stale (issue 11).
     "fenced": "fenced dead task 0",
     "none": "nothing cancelled",
+    # The workload's own verdicts (entrypoints/guard.py).
+    "stopped_by_workload": "stopped by the workload",
+    "resume_elsewhere": "resumed elsewhere",
 }
+# Decisions whose reason a person must read in full: what the workload did.
+_TOLD = ("stopped_by_workload", "resume_elsewhere", "cancelled_chain", "burn_guard")
 
 
 def _clock(epoch: float | None, form: str = "%H:%M:%S") -> str:
@@ -120,6 +125,16 @@ def exclusions_table(view: ChainView) -> Table:
     return table
 
 
+def decision_lines(view: ChainView) -> list[Text]:
+    """The teardown's reason, whole, for the generations that ended the chain or moved
+    it: the verdict's code, iteration and log line are in it."""
+    return [
+        Text(f"generation {g.array_job_id}: {g.reason}", style="bold")
+        for g in view.generations
+        if g.action in _TOLD and g.reason
+    ]
+
+
 def drained_lines(view: ChainView) -> list[Text]:
     return [
         Text(
@@ -199,6 +214,7 @@ def render(view: ChainView) -> Group:
         parts.append(qualify_run_table(view.qualify_run))
     if any(g.cycles for g in view.generations):
         parts.append(cycles_table(view))
+    parts += decision_lines(view)
     parts += drained_lines(view)
     if view.excluded:
         parts.append(exclusions_table(view))

@@ -1,0 +1,211 @@
+"""The training's own failures on the real cluster: a checkpoint that cannot be loaded
+is set aside and the run resumes from the one before (in the successor generation, and
+in the next cycle of the same one); a workload's 17 stops the chain at once, naming the
+code and the iteration, and blames no node; a 16 resumes from its checkpoint on another
+node and trains past it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.devcluster.poll import wait_until
+
+from .chain_support import (
+    cli,
+    ledger,
+    logs_on_failure,
+    ran,
+    state,
+    submit,
+    tasks,
+    tracker,
+    unique,
+    wait_idle,
+    wait_ledger,
+)
+from .conftest import Cluster
+
+pytestmark = pytest.mark.cluster
+
+SCRIPT = Path(__file__).parent / "verdict_script.py"
+EXAMPLE = Path(__file__).parents[2] / "examples" / "train_script.py"
+GENERATION_S = 240
+
+
+def _resumed(work: Path, name: str, array_job_id: str) -> list[int]:
+    found = []
+    for log in sorted((work / "logs").glob(f"{name}_{array_job_id}*")):
+        found += [
+            int(m)
+            for m in re.findall(r"resumed from iteration (\d+)", log.read_text(errors="replace"))
+        ]
+    return found
+
+
+def _cycles(work: Path, array_job_id: str) -> list[Path]:
+    return sorted(
+        (work / "nvrx" / array_job_id / "cycle_infos").glob(f"cycle_info.{array_job_id}.*.[0-9]*")
+    )
+
+
+def _truncate(path: Path) -> None:
+    size = path.stat().st_size
+    with open(path, "r+b") as fh:
+        fh.truncate(size // 2)
+
+
+def _script_chain(cluster: Cluster, label: str, args_text: str, *flags: str):
+    work, name = cluster.workdir(label), unique(label)
+    args = work.parent / f"{name}.args"
+    args.write_text(args_text)
+    generations = submit(
+        cluster, work, name, "--workload", "script", "--script", str(SCRIPT),
+        "--script-args", str(args), *flags,
+    )  # fmt: skip
+    return work, name, generations
+
+
+def test_a_17_stops_the_chain_at_once_naming_the_code_and_iteration_and_blaming_no_node(
+    cluster: Cluster,
+):
+    work, name, (first, second, third) = _script_chain(
+        cluster, "verdict17",
+        "--iterations 100000\n--step-seconds 0.05\n--save-interval 10\n--verdict-at 30:17\n",
+        "--workload-exits", "17=stop-chain", "--train-tasks", "2", "--hot-spares", "0",
+        "--cold-spares", "0", "--depth", "3", "--max-restarts", "3",
+    )  # fmt: skip
+    try:
+        [entry] = wait_ledger(work, 1, timeout=GENERATION_S)
+        wait_idle(cluster, name, timeout=90)
+    finally:
+        cli(cluster, "cancel", name)
+    assert entry["action"] == "stopped_by_workload", logs_on_failure(work)
+    assert (entry["verdict"]["code"], entry["verdict"]["iteration"]) == (17, 30), entry
+    assert "exit 17 at iteration 30" in entry["reason"]
+    # No cycle after the verdict, no later generation, no node blamed.
+    assert len(_cycles(work, first)) == 1, logs_on_failure(work)
+    for later in (second, third):
+        records = cluster.wait_until(lambda later=later: tasks(cluster, later) or None, 60, later)
+        assert all(state(r) == "CANCELLED" and not ran(r) for r in records.values()), records
+    assert entry.get("excluded") == []
+    assert (
+        not (work / "exclusions.jsonl").exists()
+        or "excluded" not in (work / "exclusions.jsonl").read_text()
+    )
+    assert tracker(work) == 30  # every checkpoint kept
+    shown = cli(cluster, "status", name).stdout
+    assert "exit 17 at iteration 30" in shown, shown
+
+
+def test_a_16_resumes_from_its_checkpoint_on_another_node_and_trains_past_it(cluster: Cluster):
+    once = cluster.workdir("verdict16-once") / "once"
+    once.parent.mkdir(parents=True, exist_ok=True)
+    work, name, (first, second) = _script_chain(
+        cluster, "verdict16",
+        "--iterations 60\n--step-seconds 0.05\n--save-interval 10\n--verdict-at 30:16\n"
+        f"--verdict-once {once}\n",
+        "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "0", "--depth", "2",
+    )  # fmt: skip
+    try:
+        entries = wait_ledger(work, 2, timeout=2 * GENERATION_S)
+        wait_idle(cluster, name, timeout=90)
+    finally:
+        cli(cluster, "cancel", name)
+    elsewhere, done = entries
+    assert elsewhere["action"] == "resume_elsewhere", logs_on_failure(work)
+    assert elsewhere["verdict"]["code"] == 16 and elsewhere["verdict"]["iteration"] == 30
+    ran_on = tasks(cluster, first)[0]["NodeList"]
+    assert elsewhere["verdict"]["nodes"] == [ran_on]
+    assert tasks(cluster, second)[0]["NodeList"] != ran_on
+    assert _resumed(work, name, second) == [30], logs_on_failure(work)
+    assert (done["action"], done["final_iteration"]) == ("completed", 60), done
+
+
+def test_a_truncated_checkpoint_before_a_hand_off_is_set_aside_and_the_successor_resumes_before_it(
+    cluster: Cluster,
+):
+    work, name = cluster.workdir("fallback-handoff"), unique("fallback-handoff")
+    first, second = submit(
+        cluster, work, name, "--workload", "cpu", "--mode", "train", "--save-interval", "5",
+        "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "0", "--depth", "2",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: (tracker(work) or 0) >= 15, GENERATION_S, "three checkpoints", 0.5)
+        # The successor waits until its checkpoint is torn, as a storage fault leaves it.
+        cluster.slurm("scontrol", "hold", second)
+        cluster.slurm("scancel", first)
+        wait_ledger(work, 1, timeout=120)
+        bad = tracker(work)
+        shards = sorted((work / "checkpoints" / f"iter_{bad:07d}").glob("*.distcp"))
+        assert shards, logs_on_failure(work)
+        _truncate(shards[0])
+        cluster.slurm("scontrol", "release", second)
+        # It trains past the bad iteration, from the one before.
+        wait_until(lambda: (tracker(work) or 0) > bad, GENERATION_S, "training past the bad one", 1)
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)
+    aside = [p.name for p in (work / "checkpoints").iterdir() if ".unloadable-" in p.name]
+    assert aside and aside[0].startswith(f"iter_{bad:07d}"), logs_on_failure(work)
+    record = [
+        json.loads(line)
+        for line in (work / "checkpoints" / "fallbacks.jsonl").read_text().splitlines()
+    ]
+    assert [(r["from"], r["to"]) for r in record] == [(bad, bad - 5)]
+    assert all(e["action"] != "cancelled_chain" for e in ledger(work)), ledger(work)
+
+
+def test_a_truncated_checkpoint_before_an_in_job_restart_falls_back_in_the_same_generation(
+    cluster: Cluster,
+):
+    work, name, (first,) = _script_chain(
+        cluster, "fallback-cycle",
+        "--iterations 100000\n--step-seconds 0.5\n--save-interval 10\n",
+        "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "0", "--depth", "1",
+        "--workload-exits", "",
+    )  # fmt: skip
+    try:
+        wait_until(lambda: (tracker(work) or 0) >= 20, GENERATION_S, "two checkpoints", 0.2)
+        bad = tracker(work)
+        assert bad is not None
+        _truncate(work / "checkpoints" / f"iter_{bad:07d}.pt")
+        # A rank dies: NVRx restarts in place, the restart cannot load the torn one.
+        pid = _rank_pid(work)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: (tracker(work) or 0) > bad, GENERATION_S, "training past the bad one", 1)
+        resumed = _resumed(work, name, first)
+        assert resumed[-1] == bad - 10, logs_on_failure(work)
+        assert len(_cycles(work, first)) >= 3  # the kill, the failed load, the resumed one
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)
+    assert any(
+        p.name.startswith(f"iter_{bad:07d}.pt.unloadable-")
+        for p in (work / "checkpoints").iterdir()
+    )
+
+
+def _rank_pid(work: Path) -> int:
+    """The script's rank 0, from /proc: its command line names the chain's args file."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            len(argv) > 1
+            and argv[1].endswith(b"verdict_script.py")
+            and b"RANK=0" in environ
+            and any(str(work).encode() in e for e in environ)
+        ):
+            return int(entry.name)
+    raise AssertionError("no rank 0 of the script found")

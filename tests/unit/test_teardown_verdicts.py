@@ -1,0 +1,138 @@
+"""Task 0's teardown and node memory on the workload's own verdicts: what they decide
+(pure), and the teardown run as the batch script runs it, on a generation's files."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from nvrx_appliance.slurm import node_memory, teardown
+
+CHAIN = "2026-12-03T00:00:00Z"
+
+
+def _entry(**extra):
+    return {"array_job_id": "7", "exit_code": 78, "checkpoint_iteration_start": 50,
+            "checkpoint_iteration": 55, "chain": CHAIN, **extra}  # fmt: skip
+
+
+def _verdict(code=17, action="stop-chain", iteration=60, **extra):
+    return {"generation": f"{CHAIN}/7/", "code": code, "action": action,
+            "iteration": iteration, "line": "Exiting now.",
+            "words": f"exit {code} at iteration {iteration}: Megatron's result validation failed",
+            **extra}  # fmt: skip
+
+
+def test_a_17_stops_the_chain_with_the_code_the_iteration_and_the_line():
+    action, reason = teardown.decide(78, [], _entry(), burn_guard=2, verdict=_verdict())
+    assert action == teardown.STOPPED_BY_WORKLOAD
+    assert "exit 17 at iteration 60" in reason and "'Exiting now.'" in reason
+    assert "every checkpoint is kept" in reason
+    assert teardown.scancel_argv(action, job_name="j", user="u", array_job_id="7")[2] == "--name=j"
+
+
+def test_a_16_resumes_elsewhere_once_and_stops_when_it_comes_back_at_that_iteration():
+    first, reason = teardown.decide(78, [], _entry(), 2, verdict=_verdict(16, "resume-elsewhere"))
+    assert first == teardown.RESUME_ELSEWHERE and "kept off this generation's nodes" in reason
+    before = _entry(array_job_id="6", action=teardown.RESUME_ELSEWHERE,
+                    verdict={"code": 16, "iteration": 60, "nodes": ["node1"]})  # fmt: skip
+    again, reason = teardown.decide(
+        78, [before], _entry(), 2, verdict=_verdict(16, "resume-elsewhere")
+    )
+    assert again == teardown.STOPPED_BY_WORKLOAD
+    assert "after generation 6 already ran it on other nodes (node1)" in reason
+    # At another iteration it is a new question: resumed elsewhere again.
+    other, _ = teardown.decide(
+        78, [before], _entry(), 2, verdict=_verdict(16, "resume-elsewhere", 80)
+    )
+    assert other == teardown.RESUME_ELSEWHERE
+
+
+def test_93_after_the_workload_failed_the_same_way_says_what_the_workload_did():
+    exits = [{"code": 1, "iteration": 60, "meaning": "the workload exited 1", "cycle": str(c)}
+             for c in range(4)]  # fmt: skip
+    action, reason = teardown.decide(93, [], _entry(), 2, exits=exits)
+    assert action == teardown.CANCELLED_CHAIN
+    assert "after the workload failed 4 times at iteration 60 with exit 1" in reason
+
+
+def test_93_stays_93_whatever_the_workload_said():
+    action, _ = teardown.decide(93, [], _entry(), 2, verdict=_verdict(16, "resume-elsewhere"))
+    assert action == teardown.CANCELLED_CHAIN
+
+
+def test_a_verdict_of_another_generation_is_never_obeyed():
+    text = json.dumps(_verdict(generation=f"{CHAIN}/6/"))
+    assert teardown.verdict_of(text, CHAIN, "7") is None
+    assert teardown.verdict_of(json.dumps(_verdict()), CHAIN, "7") is not None
+
+
+def test_each_cycles_cause_is_its_earliest_failure():
+    texts = [json.dumps({"generation": f"{CHAIN}/7/", "cycle": "0", "node": n, "epoch": t})
+             for n, t in (("node2", 10.2), ("node1", 10.0))]  # fmt: skip
+    assert [e["node"] for e in teardown.parse_exits(texts, CHAIN, "7")] == ["node1"]
+
+
+def test_node_memory_never_counts_what_the_workload_explains():
+    exits = [
+        {"node": "node1", "action": "restart", "iteration": 60},  # ...and again on node2:
+        {"node": "node2", "action": "restart", "iteration": 60},  # the data's
+        {"node": "node3", "action": "stop-chain", "iteration": 70},  # a verdict
+        {"node": "node3", "action": "restart", "iteration": 75, "load_failed": True},
+        {"node": "node4", "action": "restart", "iteration": 12},  # the node's own
+        {"node": "node4", "action": "restart", "iteration": 40},
+    ]
+    failures, iterations = node_memory.node_failures(exits)
+    assert failures == {"node4": 2} and iterations == {"node4": [12, 40]}
+
+
+def test_an_exclusion_for_failures_that_recur_elsewhere_is_cleared(tmp_path):
+    record = tmp_path / "exclusions.jsonl"
+    node_memory._append(str(record), [{
+        "kind": "excluded", "node": "node1", "reason": "its ranks failed 3 times in one generation",
+        "since": "2026-01-01T00:00:00Z", "until": "2999-01-01T00:00:00Z", "iterations": [60],
+    }])  # fmt: skip
+    said = []
+    node_memory.clear(record=str(record), nodes=[], chain=CHAIN, reason="recurred", log=said.append,
+                      recurring={60: {"node2", "node3"}})  # fmt: skip
+    entries = node_memory.parse_record(record.read_text())
+    assert node_memory.active(entries, node_memory.now_iso()) == []
+    assert said == ["node1 no longer kept out: recurred"]
+
+
+def test_the_teardown_stops_the_chain_on_a_verdict_and_records_it(tmp_path):
+    control = tmp_path / "nvrx" / "7" / "control"
+    exits = tmp_path / "nvrx" / "7" / "exits"
+    control.mkdir(parents=True, mode=0o700)
+    (exits / "verdict_nodes").mkdir(parents=True, mode=0o700)
+    (exits / "verdict_nodes" / "node1").touch()
+    (control / "verdict").write_text(json.dumps(_verdict(node="node1", rank="0", cycle="0")))
+    (exits / "cycle0.node1.json").write_text(
+        json.dumps(_verdict(cycle="0", node="node1", epoch=1.0))
+    )
+    run_json = tmp_path / "run.json"
+    run_json.write_text(json.dumps({"created": CHAIN, "spec": {"job_name": "j"}}))
+    os.chmod(run_json, 0o600)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scancel.log\n')
+    (bin_dir / "scancel").chmod(0o755)
+    ledger, marker = tmp_path / "chain.jsonl", tmp_path / "chain.active"
+    marker.write_text("{}")
+    done = subprocess.run(
+        [sys.executable, teardown.__file__, "--exit-code", "78", "--run-json", str(run_json),
+         "--ledger", str(ledger), "--array-job-id", "7", "--user", "alice",
+         "--marker", str(marker), "--control-dir", str(control)],
+        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    [entry] = [json.loads(line) for line in ledger.read_text().splitlines()]
+    assert entry["action"] == "stopped_by_workload"
+    assert entry["verdict"]["code"] == 17 and entry["verdict"]["iteration"] == 60
+    assert entry["verdict"]["nodes"] == ["node1"]
+    assert "--name=j" in (tmp_path / "scancel.log").read_text()
+    assert not marker.exists()  # the chain ended on purpose
+    assert "exit 17 at iteration 60" in done.stderr
+    assert Path(control / "verdict").exists()  # evidence kept

@@ -1,0 +1,236 @@
+"""The training's own verdicts: what a worker's exit means (pure), the exit table as a
+setting, and the workload guard with real processes (a verdict holds the worker's place,
+a failed load falls back to the checkpoint before)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.entrypoints import fallback, workload_exit
+from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir, tracker_text
+from nvrx_appliance.layout import Layout
+from nvrx_appliance.settings import exit_actions
+from nvrx_appliance.settings.chain import ChainSpec, check
+
+# Lines as the pinned Megatron prints them (megatron/training/checkpointing.py and
+# megatron/core/rerun_state_machine.py at 5d4cf1d), with a real torch read error.
+MEGATRON_LOAD_FAILED = [
+    " loading distributed checkpoint from /work/ckpt at iteration 35",
+    "Traceback (most recent call last):",
+    '  File "/workspace/megatron-lm/megatron/training/checkpointing.py", line 1716, in load',
+    "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory",
+]
+MEGATRON_LOADED = [
+    " loading distributed checkpoint from /work/ckpt at iteration 35",
+    "  successfully loaded checkpoint from /work/ckpt [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration 35",
+    " iteration       36/     100 | consumed samples:          288 | elapsed time per iteration",
+    "RuntimeError: CUDA error: an illegal memory access was encountered",
+]
+MEGATRON_17 = [
+    " iteration       59/     100 | consumed samples:          472 | lm loss: 2.1E+00 |",
+    "Unexpected result nan on rank 0 at iteration #60 invocation #1 (message='loss is NaN')",
+    "Rank 0, node gpu7, device 0, iteration #60: First rerun: unexpected result is not "
+    "reproducible within the tolerance (nan != nan)!",
+    "Exiting now. A checkpoint at the last iteration is being saved if further "
+    "examination is needed",
+]
+MEGATRON_LEGACY = [
+    " loading checkpoint from /work/ckpt at iteration 20",
+    "could not load the checkpoint",
+    "invalid load key, '\\x00'.",
+]
+
+
+def test_megatrons_17_stops_the_chain_and_names_the_iteration_and_its_line():
+    seen = workload_exit.judge(17, {"17": "stop-chain"}, "megatron", MEGATRON_17)
+    assert seen is not None and seen.action == exit_actions.STOP_CHAIN
+    assert seen.iteration == 60
+    assert seen.line.startswith("Exiting now.")
+    assert "result validation failed" in seen.meaning
+    assert workload_exit.describe(seen).startswith("exit 17 at iteration 60: Megatron's")
+
+
+def test_a_failed_load_is_recognised_only_on_evidence():
+    failed = workload_exit.judge(1, {}, "megatron", MEGATRON_LOAD_FAILED)
+    assert failed is not None and failed.load_failure is not None
+    assert failed.load_failure.iteration == 35
+    assert "PytorchStreamReader" in failed.load_failure.line
+    # Loaded, then a crash: an ordinary failure, never a reason to set a checkpoint aside.
+    crashed = workload_exit.judge(1, {}, "megatron", MEGATRON_LOADED)
+    assert crashed is not None and crashed.load_failure is None
+    assert crashed.action == exit_actions.RESTART and crashed.iteration == 36
+    # A worker that died before saying anything about a checkpoint: not a load failure.
+    assert workload_exit.judge(1, {}, "megatron", ["Killed"]).load_failure is None  # type: ignore[union-attr]
+
+
+def test_megatrons_legacy_load_failure_exits_0_and_is_still_a_load_failure():
+    seen = workload_exit.judge(0, {}, "megatron", MEGATRON_LEGACY)
+    assert seen is not None and seen.load_failure is not None
+    assert seen.load_failure.iteration == 20
+
+
+def test_a_script_says_it_could_not_load_through_the_contract_line():
+    line = f"{workload_exit.LOAD_FAILED_MARK} iteration=40"
+    seen = workload_exit.judge(1, {}, "script", ["hello", line])
+    assert seen is not None and seen.load_failure == workload_exit.LoadFailure(40, line)
+
+
+def test_a_clean_exit_is_no_failure():
+    assert workload_exit.judge(0, {}, "cpu", ["iteration 10/10 | loss 1.0"]) is None
+
+
+@pytest.mark.parametrize(
+    ("given", "problem"),
+    [
+        ("17=stop", "the action must be one of"),
+        ("93=stop-chain", "NVRx's 'do not restart'"),
+        ("seventeen=stop-chain", "is not CODE=ACTION"),
+        ("17=stop-chain,17=restart", "listed twice"),
+        ("0=stop-chain", "is not 1-255"),
+    ],
+)
+def test_a_bad_exit_table_is_refused_naming_the_option(given, problem):
+    found = check(
+        ChainSpec(work_dir="/tmp/w", workload="script", script="/x.py", workload_exits=given)
+    )
+    assert [p.option for p in found] == ["--workload-exits"], found
+    assert problem in found[0].message and "e.g. --workload-exits" in found[0].message
+
+
+def test_each_workload_has_its_table_and_a_script_chooses_its_own():
+    assert exit_actions.resolve(None, "megatron") == {16: "resume-elsewhere", 17: "stop-chain"}
+    assert exit_actions.resolve(None, "script") == {}
+    assert exit_actions.resolve("3=stop-chain", "script") == {3: "stop-chain"}
+    assert exit_actions.resolve("", "megatron") == {}
+
+
+# --- the fall-back ------------------------------------------------------------------------
+
+
+def _checkpoints(root: Path, iterations, tracked) -> Path:
+    ckpt = root / "checkpoints"
+    for i in iterations:
+        (ckpt / iteration_dir(i)).mkdir(parents=True)
+        (ckpt / iteration_dir(i) / "shard").write_text("x")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text(tracker_text(tracked))
+    return ckpt
+
+
+def test_an_unloadable_checkpoint_is_set_aside_and_the_tracker_points_at_the_one_before(tmp_path):
+    ckpt = _checkpoints(tmp_path, (25, 30, 35), 35)
+    record = ckpt / "fallbacks.jsonl"
+    done = fallback.set_aside(ckpt, record, 35, chain="c1", limit=2, floor=None,
+                              who={"node": "node1"}, reason="torn")  # fmt: skip
+    assert done.fell_back_to == 30
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "30\n"
+    aside = [p.name for p in ckpt.iterdir() if p.name.startswith("iter_0000035.unloadable-")]
+    assert len(aside) == 1 and (ckpt / aside[0] / "shard").read_text() == "x"  # kept, not deleted
+    assert json.loads(record.read_text())["from"] == 35
+    # Another rank that failed on the same checkpoint finds it done: no second fall-back.
+    again = fallback.set_aside(ckpt, record, 35, chain="c1", limit=2, floor=None,
+                               who={}, reason="torn")  # fmt: skip
+    assert again.fell_back_to == 30 and len(record.read_text().splitlines()) == 1
+
+
+def test_the_fall_back_is_bounded_per_chain_and_never_goes_below_the_chains_start(tmp_path):
+    ckpt = _checkpoints(tmp_path, (20, 25, 30, 35), 35)
+    record = ckpt / "fallbacks.jsonl"
+    args = {"chain": "c1", "limit": 1, "who": {}, "reason": "torn"}
+    assert fallback.set_aside(ckpt, record, 35, floor=None, **args).fell_back_to == 30
+    refused = fallback.set_aside(ckpt, record, 30, floor=None, **args)
+    assert refused.fell_back_to is None and "--checkpoint-fallbacks 1" in refused.message
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "30\n"  # untouched
+    floor = fallback.set_aside(ckpt, record, 30, floor=30, **{**args, "limit": 5})
+    assert floor.fell_back_to is None and "the chain started from 30" in floor.message
+    assert (ckpt / iteration_dir(30)).is_dir()
+
+
+# --- the guard, with real processes ---------------------------------------------------------
+
+
+def _manifest(tmp_path: Path, **spec) -> Path:
+    built = run_manifest.build(
+        ChainSpec(work_dir=str(tmp_path), workload="cpu", **spec),
+        created="2026-12-03T00:00:00Z", user="alice",
+    )  # fmt: skip
+    return run_manifest.save(built)
+
+
+GENERATION = "2026-12-03T00:00:00Z/42/"
+
+
+def _guard(tmp_path: Path, workload: str, *, cycle: int = 0) -> subprocess.Popen:
+    control = Layout(tmp_path).control(42)
+    control.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / f"workload{cycle}.py"
+    script.write_text(textwrap.dedent(workload))
+    env = {**os.environ, "NVRX_RUN_MANIFEST": str(_manifest(tmp_path)),
+           "TORCHELASTIC_RESTART_COUNT": str(cycle), "RANK": "0"}  # fmt: skip
+    argv = [sys.executable, "-m", "nvrx_appliance.entrypoints.guard", "--control", str(control),
+            "--exits", str(Layout(tmp_path).workload_exits(42)), "--generation", GENERATION,
+            "--", sys.executable, str(script)]  # fmt: skip
+    # Its own process group, as torch elastic starts a worker.
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)  # fmt: skip
+
+
+def _wait_for(path: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_a_verdict_is_written_and_the_worker_holds_until_ft_launcher_stops_it(tmp_path):
+    proc = _guard(tmp_path, """
+        import sys
+        print(" iteration       60/     100 | lm loss: nan |", flush=True)
+        sys.exit(17)
+        """)  # fmt: skip
+    verdict = Layout(tmp_path).control_files(42).verdict
+    _wait_for(verdict)
+    written = json.loads(verdict.read_text())
+    assert (written["code"], written["action"], written["iteration"]) == (17, "stop-chain", 60)
+    assert written["generation"] == GENERATION
+    # ft_launcher sees no failure: the worker holds its place...
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=1)
+    # ...until torch elastic's TERM to its group; then it exits as the workload did.
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == 17
+    out, _err = proc.communicate()
+    assert "iteration       60/" in out  # the workload's output passes through unchanged
+    exits = list(Layout(tmp_path).workload_exits(42).glob("cycle0.*.json"))
+    assert len(exits) == 1 and json.loads(exits[0].read_text())["code"] == 17
+
+
+def test_an_ordinary_failure_passes_through_and_is_recorded(tmp_path):
+    proc = _guard(tmp_path, "import sys; print('boom', file=sys.stderr); sys.exit(3)", cycle=2)
+    assert proc.wait(timeout=60) == 3
+    _out, err = proc.communicate()
+    assert "boom" in err
+    assert not Layout(tmp_path).control_files(42).verdict.exists()
+    [account] = Layout(tmp_path).workload_exits(42).glob("cycle2.*.json")
+    assert json.loads(account.read_text())["action"] == "restart"
+
+
+def test_a_failed_load_falls_back_and_the_worker_exits_for_an_in_place_restart(tmp_path):
+    ckpt = _checkpoints(tmp_path, (10, 15), 15)
+    proc = _guard(tmp_path, f"""
+        import sys
+        print("{workload_exit.LOAD_FAILED_MARK} iteration=15", file=sys.stderr, flush=True)
+        sys.exit(1)
+        """)  # fmt: skip
+    assert proc.wait(timeout=60) == 1
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "10\n"
+    assert any(p.name.startswith("iter_0000015.unloadable-") for p in ckpt.iterdir())
+    assert not Layout(tmp_path).control_files(42).verdict.exists()
+    assert "resuming from checkpoint 10" in proc.communicate()[1]
