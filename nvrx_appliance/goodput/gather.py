@@ -90,6 +90,7 @@ def read(
         ids = {a.generation for a in held or ()} | {str(e["array_job_id"]) for e in ledger}
         cycles = workdir.cycles(layout, sorted(ids | _generation_dirs(layout)))
     work, source = _training_record(layout, spec, cycles, memo or LogMemo())
+    set_aside(work, workdir.json_lines(layout.fallbacks))
     return Inputs(
         published=_published(layout, cycles),
         job_name=spec["job_name"],
@@ -103,6 +104,23 @@ def read(
         work_source=source,
         blind=blind,
     )
+
+
+def set_aside(work: Mapping[Key, CycleWork], fallbacks: Sequence[dict[str, Any]]) -> None:
+    """A checkpoint set aside as unloadable (entrypoints/fallback.py) was never kept: the
+    cycle that saved it kept only the one before, and the iterations after that one are
+    lost training (the next cycle trains them again). Drops such saves, in place."""
+    aside = [
+        (entry["from"], when)
+        for entry in fallbacks
+        if isinstance(entry.get("from"), int) and (when := parse_time(entry.get("time")))
+    ]
+    for cycle_work in work.values():
+        cycle_work.saves[:] = [
+            save
+            for save in cycle_work.saves
+            if not any(save.iteration == bad and save.began <= when for bad, when in aside)
+        ]
 
 
 def _published(layout: Layout, cycles: Mapping[str, Sequence[Cycle]]) -> dict[str, float]:

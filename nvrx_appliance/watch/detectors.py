@@ -24,7 +24,7 @@ from nvrx_appliance.exitcodes import NVRX_NO_RESTART
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.times import age_text
-from nvrx_appliance.observe.types import COMPLETED, Cycle, Ending, Generation
+from nvrx_appliance.observe.types import COMPLETED, STOPPED_BY_WORKLOAD, Cycle, Ending, Generation
 from nvrx_appliance.watch.config import Thresholds
 from nvrx_appliance.watch.findings import (
     CANCEL_GENERATION,
@@ -207,6 +207,32 @@ def chain_exhausted(snap: Snapshot, t: Thresholds) -> list[Finding]:
     ]
 
 
+def chain_stopped(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """The chain ended on a decision about the training itself: the workload's verdict,
+    or NVRx's 93 after the workload failed the same way again and again. No machine is
+    at fault and nothing will resume it: a person must read why and resubmit."""
+    last = snap.ledger[-1] if snap.ledger else None
+    if last is None or snap.generations:
+        return []
+    if last.action != STOPPED_BY_WORKLOAD and "after the workload failed" not in last.reason:
+        return []
+    return [
+        _finding(
+            snap,
+            "chain_stopped",
+            last.array_job_id,
+            CRITICAL,
+            summary=f"chain {snap.run.job_name} stopped in generation {last.array_job_id}: "
+            f"{last.reason.split('; ')[0]}",
+            detail=(
+                f"{last.reason}. The chain's checkpoints are kept (see nvrx-appliance status "
+                f"{snap.run.job_name}); fix the cause, then resubmit with `nvrx-appliance "
+                "submit`."
+            ),
+        )
+    ]
+
+
 def _final_endings(snap: Snapshot) -> dict[str, tuple[float | None, str]]:
     """Generations after which the chain must end, and why: task 0 ended with NVRx's
     do-not-restart code (by Slurm or ledger), or its teardown found training done."""
@@ -216,7 +242,9 @@ def _final_endings(snap: Snapshot) -> dict[str, tuple[float | None, str]]:
         if ending.exit_code == NVRX_NO_RESTART:
             ended[ending.array_job_id] = (ending.end, no_restart)
     for entry in snap.ledger:
-        if entry.exit_code == NVRX_NO_RESTART or entry.action == COMPLETED:
+        if entry.action == STOPPED_BY_WORKLOAD:
+            ended[entry.array_job_id] = (entry.end, "was stopped by the workload's verdict")
+        elif entry.exit_code == NVRX_NO_RESTART or entry.action == COMPLETED:
             why = no_restart if entry.action != COMPLETED else "completed training"
             ended[entry.array_job_id] = (
                 ended.get(entry.array_job_id, (None, ""))[0] or entry.end,
@@ -552,6 +580,13 @@ ALL: tuple[Detector, ...] = (
         severity=CRITICAL,
         needs=(SLURM, MARKER),
         fn=chain_exhausted,
+    ),
+    Detector(
+        name="chain_stopped",
+        family="chain",
+        severity=CRITICAL,
+        needs=(SLURM,),
+        fn=chain_stopped,
     ),
     Detector(
         name="chain_not_cancelled",

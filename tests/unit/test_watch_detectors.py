@@ -477,3 +477,39 @@ def test_stalled_progress_says_the_tracker_holds_junk_when_it_exists():
 
 def test_a_tracker_of_superscript_digits_holds_no_iteration():
     assert run_files.tracker_value("²\n") is None and run_files.tracker_value(" 40\n") == 40
+
+
+STOPPED = (
+    "the workload's verdict: exit 17 at iteration 60: Megatron's result validation failed; "
+    "no restart on the same GPUs can change it, so the chain stops"
+)
+
+
+def test_chain_stopped_pages_with_what_the_workload_did():
+    ledger = (LedgerEntry("99", NOW - 60, 78, "stopped_by_workload", STOPPED),)
+    [finding] = detectors.chain_stopped(snapshot(ledger=ledger), T)
+    assert finding.severity == CRITICAL
+    assert "exit 17 at iteration 60" in finding.summary and "resubmit" in finding.detail
+
+
+def test_chain_stopped_names_the_workload_behind_nvrxs_93_and_is_silent_otherwise():
+    told = ("ft_launcher exited 93: NVRx decided not to restart after the workload failed 4 "
+            "times at iteration 60 with exit 1; cancelling every queued generation")  # fmt: skip
+    [finding] = detectors.chain_stopped(
+        snapshot(ledger=(LedgerEntry("99", NOW - 60, 93, "cancelled_chain", told),)), T
+    )
+    assert "failed 4 times at iteration 60 with exit 1" in finding.summary
+    plain = (LedgerEntry("99", NOW - 60, 93, "cancelled_chain", "ft_launcher exited 93"),)
+    assert detectors.chain_stopped(snapshot(ledger=plain), T) == []
+    running = snapshot(ledger=(LedgerEntry("99", NOW, 78, "stopped_by_workload", STOPPED),),
+                       generations=(gen("100", "RUNNING"),))  # fmt: skip
+    assert detectors.chain_stopped(running, T) == []
+
+
+def test_chain_not_cancelled_fires_for_generations_queued_past_a_workload_stop():
+    snap = snapshot(
+        generations=(gen("101", "PENDING", submitted=NOW - 3600),),
+        ledger=(LedgerEntry("100", NOW - 60, 78, "stopped_by_workload", STOPPED),),
+    )
+    [finding] = detectors.chain_not_cancelled(snap, T)
+    assert "stopped by the workload's verdict" in finding.summary

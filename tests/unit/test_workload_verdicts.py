@@ -234,3 +234,18 @@ def test_a_failed_load_falls_back_and_the_worker_exits_for_an_in_place_restart(t
     assert any(p.name.startswith("iter_0000015.unloadable-") for p in ckpt.iterdir())
     assert not Layout(tmp_path).control_files(42).verdict.exists()
     assert "resuming from checkpoint 10" in proc.communicate()[1]
+
+
+def test_the_report_counts_what_a_fall_back_cost_as_lost_training():
+    from nvrx_appliance.goodput.gather import set_aside
+    from nvrx_appliance.observe.training_log import CycleWork, Save
+
+    before = CycleWork("7", 0, "progress log", saves=[Save(30, 100.0, 101.0, 101.0),
+                                                      Save(35, 200.0, 201.0, 201.0)])  # fmt: skip
+    after = CycleWork("7", 1, "progress log", saves=[Save(35, 900.0, 901.0, 901.0)])
+    work = {("7", 0): before, ("7", 1): after}
+    set_aside(work, [{"from": 35, "to": 30, "time": "1970-01-01T00:05:00Z"}])
+    # The torn save at 35 was never kept: iterations 31-35 of cycle 0 are lost training;
+    # the save of 35 made after the fall-back stands.
+    assert [s.iteration for s in before.saves] == [30]
+    assert [s.iteration for s in after.saves] == [35]
