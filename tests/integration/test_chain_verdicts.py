@@ -110,7 +110,7 @@ def test_a_16_resumes_from_its_checkpoint_on_another_node_and_trains_past_it(clu
         cluster, "verdict16",
         "--iterations 60\n--step-seconds 0.05\n--save-interval 10\n--verdict-at 30:16\n"
         f"--verdict-once {once}\n",
-        "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "0", "--depth", "2",
+        "--workload-exits", "16=resume-elsewhere", "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "0", "--depth", "2",
     )  # fmt: skip
     try:
         entries = wait_ledger(work, 2, timeout=2 * GENERATION_S)
