@@ -429,6 +429,16 @@ def _ending(
         w.finished is not None for k, w in work.items() if k[0] == generation
     ):
         return "training done"
+    verdict = entry.get("verdict") if isinstance(entry.get("verdict"), dict) else None
+    if verdict is not None and action in ("stopped_by_workload", "resume_elsewhere"):
+        # The workload's own verdict: its code and iteration, as the teardown recorded them.
+        where = (
+            f" at iteration {verdict['iteration']}" if verdict.get("iteration") is not None else ""
+        )
+        what = (
+            "stopped the chain" if action == "stopped_by_workload" else "asked to resume elsewhere"
+        )
+        return f"the workload {what}: exit {verdict.get('code')}{where}"
     # The teardown's word for a generation that saved and ended before its time limit.
     if action == "saved_at_time_limit":
         return "time limit (saved first)"
@@ -438,6 +448,9 @@ def _ending(
     if action == "fenced":
         return "task 0 lost (fenced by a peer)"
     code = entry.get("exit_code")
+    if code == 93 and entry.get("workload"):
+        # NVRx's no-progress rule answering the workload: say what the workload did.
+        return f"NVRx: do not restart (93) after the workload {entry['workload']}"
     if code == 93:
         return "NVRx: do not restart (93)"
     if code is not None:

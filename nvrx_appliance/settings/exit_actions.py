@@ -99,3 +99,14 @@ def meaning(code: int, action: str, workload: str) -> str:
     if action == RESTART:
         return f"the workload exited {code}"
     return f"the workload exited {code}, which the chain's --workload-exits maps to {action}"
+
+
+def retention_warning(workload: str, save_retention: int, checkpoint_fallbacks: int) -> str | None:
+    """A chain that keeps one checkpoint has nothing to fall back to when it cannot be
+    loaded (entrypoints/fallback.py): said at submit, not found out at 3 a.m."""
+    if workload not in MEGATRON_LIKE or save_retention != 1 or checkpoint_fallbacks == 0:
+        return None
+    return (
+        "--save-retention 1 keeps only the newest checkpoint: if it cannot be loaded there is "
+        "none before it to fall back to, and the chain stops; keep 2 (the default) or more"
+    )

@@ -26,7 +26,7 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings import endings, megatron_rules, policy
+from nvrx_appliance.settings import endings, exit_actions, megatron_rules, policy
 from nvrx_appliance.settings.chain import ChainSpec, Problem
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
@@ -145,6 +145,10 @@ def plan(
     if spec.workload == "megatron":
         warnings += megatron_rules.notes(spec.megatron_args)
     warnings += endings.warnings(spec)
+    kept = exit_actions.retention_warning(
+        spec.workload, spec.save_retention, spec.checkpoint_fallbacks
+    )
+    warnings += [kept] if kept else []
     found = _qualification_status(spec, facts)
     image = None
     if found is not None and facts.image_manifest is not None:

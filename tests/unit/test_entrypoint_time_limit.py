@@ -75,7 +75,8 @@ def test_the_save_signal_reaches_a_worker_once_it_catches_it_and_never_the_launc
             assert time.monotonic() < deadline, "the launcher's children never started"
             time.sleep(0.05)
         # The forked child's command line ends with the workload's; only the worker counts.
-        [worker] = time_limit.workers(launcher.pid, workload)
+        [(worker, workload_pid)] = time_limit.workers(launcher.pid, workload)
+        assert workload_pid == worker  # no guard in between here
         # Still importing: the signal would be lost, so nothing is reachable yet...
         assert time_limit.reachable(launcher.pid, workload, signal.SIGURG) == ()
         while not time_limit.reachable(launcher.pid, workload, signal.SIGURG):
@@ -85,6 +86,47 @@ def test_the_save_signal_reaches_a_worker_once_it_catches_it_and_never_the_launc
         assert time_limit.reachable(launcher.pid, workload, signal.SIGURG) == (worker,)
         assert time_limit.catches(launcher.pid, signal.SIGURG)
         assert not time_limit.catches(worker, signal.SIGUSR2)
+    finally:
+        for child in psutil.Process(launcher.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                child.kill()
+        launcher.kill()
+        launcher.wait()
+
+
+def test_through_the_workload_guard_the_signal_waits_for_the_workload_and_goes_to_its_group(
+    tmp_path,
+):
+    # ft_launcher -> guard -> workload: the guard catches no SIGURG (its default is to be
+    # ignored), so the workload decides when the signal can land, and it is sent to the
+    # guard's process group, which the workload is in.
+    code = (
+        LAUNCHER.replace(
+            '[sys.executable, "-c", WORKER,',
+            '[sys.executable, "-m", "nvrx_appliance.entrypoints.guard", "--control", '
+            f'{str(tmp_path)!r}, "--exits", {str(tmp_path / "exits")!r}, "--generation", "g", '
+            '"--", sys.executable, "-c", WORKER,',
+        )
+        .replace("WORKER, ", repr(WORKER) + ", ")
+        .replace("WORKER,", repr(WORKER) + ",")
+    )
+    launcher = subprocess.Popen(
+        [sys.executable, "-c", code], env={**os.environ, "HANDLER_AFTER": "2"},
+    )  # fmt: skip
+    workload = [sys.executable, "-c", WORKER, "train.py", "--iters", "9"]
+    try:
+        deadline = time.monotonic() + 30
+        while not time_limit.workers(launcher.pid, workload):
+            assert time.monotonic() < deadline, "the guard never started the workload"
+            time.sleep(0.05)
+        [(guard, worker)] = time_limit.workers(launcher.pid, workload)
+        assert guard != worker and psutil.Process(worker).ppid() == guard
+        assert os.getpgid(worker) == os.getpgid(guard)
+        while not time_limit.reachable(launcher.pid, workload, signal.SIGURG):
+            assert time.monotonic() < deadline, "never reachable"
+            time.sleep(0.05)
+        assert time_limit.reachable(launcher.pid, workload, signal.SIGURG) == (guard,)
+        assert not time_limit.catches(guard, signal.SIGURG)
     finally:
         for child in psutil.Process(launcher.pid).children(recursive=True):
             with contextlib.suppress(psutil.Error):

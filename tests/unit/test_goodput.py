@@ -270,3 +270,18 @@ def test_a_generation_that_saved_before_its_time_limit_says_so():
     ledger = [{"array_job_id": "11", "action": "saved_at_time_limit", "exit_code": 0}]
     result = account(chain_inputs(ledger=ledger))
     assert result.generations[1].ending == "time limit (saved first)"
+
+
+def test_a_generation_the_workload_stopped_says_what_the_workload_did():
+    verdict = {"code": 17, "iteration": 60, "action": "stop-chain"}
+    ledger = [
+        {"array_job_id": "10", "action": "cancelled_chain", "exit_code": 93,
+         "workload": "failed 4 times at iteration 60 with exit 1: the workload exited 1"},
+        {"array_job_id": "11", "action": "stopped_by_workload", "exit_code": 78, "verdict": verdict},
+    ]  # fmt: skip
+    first, second = account(chain_inputs(ledger=ledger)).generations
+    assert first.ending == (
+        "NVRx: do not restart (93) after the workload failed 4 times at iteration 60 with exit "
+        "1: the workload exited 1"
+    )
+    assert second.ending == "the workload stopped the chain: exit 17 at iteration 60"

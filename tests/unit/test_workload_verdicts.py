@@ -249,3 +249,17 @@ def test_the_report_counts_what_a_fall_back_cost_as_lost_training():
     # the save of 35 made after the fall-back stands.
     assert [s.iteration for s in before.saves] == [30]
     assert [s.iteration for s in after.saves] == [35]
+
+
+def test_submit_warns_when_one_kept_checkpoint_leaves_nothing_to_fall_back_to(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from nvrx_appliance.cli.main import cli
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none"))
+    args = ["--work-dir", "/shared/verdicts/run", "--workload", "cpu", "--dry-run"]
+    shown = CliRunner().invoke(cli, ["submit", *args, "--save-retention", "1"])
+    assert shown.exit_code == 0, shown.output
+    assert "--save-retention 1 keeps only the newest checkpoint" in shown.output
+    default = CliRunner().invoke(cli, ["submit", *args])
+    assert "keeps only the newest checkpoint" not in default.output
