@@ -96,14 +96,12 @@ def set_aside(
     who: dict[str, str],
     reason: str,
 ) -> Outcome:
-    """Set the unloadable checkpoint `bad` aside (None: the one the tracker names) and
-    point the tracker at the one before, unless the chain's bound or floor forbids it."""
+    """Set the unloadable checkpoint `bad` aside and point the tracker at the one before,
+    unless the chain's bound or floor forbids it."""
+    if bad is None:
+        return Outcome(None, "which checkpoint failed to load is unknown: nothing set aside")
     with _locked(checkpoints):
         tracked = run_files.tracker_value(files.read_text(checkpoints / TRACKER_FILE, 64) or "")
-        if bad is None:
-            bad = tracked
-        if bad is None:
-            return Outcome(None, "the tracker names no checkpoint: nothing to set aside")
         if tracked != bad:
             # Another rank's guard got here first (or the workload tried an untracked one).
             return Outcome(tracked, f"the tracker already names iteration {tracked}")

@@ -46,13 +46,16 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from nvrx_appliance import files
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.entrypoints import fallback, workload_exit
+from nvrx_appliance.observe import run_files
 from nvrx_appliance.settings import exit_actions
 
 MODULE = "nvrx_appliance.entrypoints.guard"
 TAIL_LINES = 200  # what is kept of the workload's output, per stream
+LOAD_LINES = 20  # and of its lines about loading a checkpoint
 MAX_PARTIAL = 8192  # a line longer than this is judged in pieces
 CHUNK = 65536
 # After a verdict, how long the guard holds before exiting anyway. Task 0 reads the
@@ -79,6 +82,8 @@ class _Tee:
 
     def __init__(self, source: int, target: int):
         self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        # What the workload said about loading a checkpoint, however much follows it.
+        self.load_lines: collections.deque[str] = collections.deque(maxlen=LOAD_LINES)
         self._partial = b""
         self._source, self._target = source, target
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -94,8 +99,11 @@ class _Tee:
 
     def _keep(self, chunk: bytes) -> None:
         *whole, self._partial = (self._partial + chunk).split(b"\n")
-        for line in whole:
-            self.lines.append(line.decode("utf-8", "replace"))
+        for raw in whole:
+            line = raw.decode("utf-8", "replace")
+            self.lines.append(line)
+            if workload_exit.is_load_line(line):
+                self.load_lines.append(line)
         if len(self._partial) > MAX_PARTIAL:
             self.lines.append(self._partial.decode("utf-8", "replace"))
             self._partial = b""
@@ -129,6 +137,9 @@ class Guard:
             # The group signal reached the workload too: nothing to forward, only note
             # that a failure from now on is a stop, not a verdict.
             signal.signal(signum, lambda *_: self.stopping.set())
+        # The checkpoint the workload is about to load: a failed load that names none is
+        # this one (the tracker may have moved by then: another rank's fall-back).
+        self.tracked_at_start = _tracked()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
@@ -145,7 +156,8 @@ class Guard:
             tee.thread.join(DRAIN_S)
         if self.stopping.is_set():
             return code
-        return self.judge(code, [line for tee in tees for line in tee.lines])
+        said = [line for tee in tees for line in (*tee.load_lines, *tee.lines)]
+        return self.judge(code, said)
 
     def judge(self, code: int, lines: list[str]) -> int:
         try:
@@ -160,15 +172,23 @@ class Guard:
             return code
         action = seen.action
         words = workload_exit.describe(seen)
-        if seen.load_failure is not None:
+        failure = seen.load_failure
+        bad = None if failure is None else failure.iteration
+        if failure is not None and bad is None:
+            bad = self.tracked_at_start
+        if failure is not None and bad is None:
+            say(f"a checkpoint failed to load ({failure.line}), but which one is unknown: "
+                "nothing set aside")  # fmt: skip
+        elif failure is not None:
             layout = manifest.layout
             outcome = fallback.set_aside(
-                layout.checkpoints, layout.fallbacks, seen.load_failure.iteration,
-                chain=manifest.chain_id, limit=policy.checkpoint_fallbacks,
-                floor=manifest.checkpoint_start, who=self.who(), reason=seen.load_failure.line,
+                layout.checkpoints, layout.fallbacks, bad, chain=manifest.chain_id,
+                limit=policy.checkpoint_fallbacks, floor=manifest.checkpoint_start,
+                who=self.who(), reason=failure.line,
             )  # fmt: skip
             say(outcome.message)
-            action = exit_actions.RESTART if outcome.fell_back_to is not None else "stop-chain"
+            fell_back = outcome.fell_back_to is not None
+            action = exit_actions.RESTART if fell_back else exit_actions.STOP_CHAIN
             words = outcome.message
         self.record(seen, action, words)
         if action in (exit_actions.RESUME_ELSEWHERE, exit_actions.STOP_CHAIN):
@@ -231,6 +251,16 @@ class Guard:
         that NVRx sees no failure and starts no cycle; then exit as the workload did."""
         self.stopping.wait(HOLD_S)
         return code
+
+
+def _tracked() -> int | None:
+    """The tracker's iteration now, from the run manifest's work dir; None if unknown."""
+    try:
+        manifest = run_manifest.load(Path(os.environ["NVRX_RUN_MANIFEST"]))
+        text = files.read_text(manifest.layout.tracker, 64)
+    except (KeyError, OSError, run_manifest.ManifestError):
+        return None
+    return run_files.tracker_value(text or "")
 
 
 def _wait(child: subprocess.Popen) -> int:

@@ -83,6 +83,16 @@ class Exit:
     load_failure: LoadFailure | None = None
 
 
+def is_load_line(line: str) -> bool:
+    """A line that says something about loading a checkpoint: kept whatever else the
+    workload writes after it (a traceback of every rank can push it out of a tail)."""
+    return (
+        LOAD_FAILED_MARK in line
+        or _MEGATRON_LEGACY_FAILED in line
+        or bool(_MEGATRON_LOADING.search(line) or _MEGATRON_LOADED.search(line))
+    )
+
+
 def load_failure(lines: Iterable[str], code: int) -> LoadFailure | None:
     """The evidence, in a worker's last lines, that it could not load a checkpoint."""
     loading: int | None = None

@@ -201,11 +201,8 @@ def _rank_pid(work: Path) -> int:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            len(argv) > 1
-            and argv[1].endswith(b"verdict_script.py")
-            and b"RANK=0" in environ
-            and any(str(work).encode() in e for e in environ)
-        ):
+        script = any(a.endswith(b"verdict_script.py") for a in argv[1:3])
+        ours = any(str(work).encode() in e for e in environ)
+        if script and ours and b"RANK=0" in environ:
             return int(entry.name)
     raise AssertionError("no rank 0 of the script found")

@@ -251,7 +251,9 @@ def test_the_report_counts_what_a_fall_back_cost_as_lost_training():
     assert [s.iteration for s in after.saves] == [35]
 
 
-def test_submit_warns_when_one_kept_checkpoint_leaves_nothing_to_fall_back_to(tmp_path, monkeypatch):
+def test_submit_warns_when_one_kept_checkpoint_leaves_nothing_to_fall_back_to(
+    tmp_path, monkeypatch
+):
     from click.testing import CliRunner
 
     from nvrx_appliance.cli.main import cli
@@ -263,3 +265,22 @@ def test_submit_warns_when_one_kept_checkpoint_leaves_nothing_to_fall_back_to(tm
     assert "--save-retention 1 keeps only the newest checkpoint" in shown.output
     default = CliRunner().invoke(cli, ["submit", *args])
     assert "keeps only the newest checkpoint" not in default.output
+
+
+def test_a_second_rank_that_failed_on_the_same_checkpoint_sets_nothing_more_aside(tmp_path):
+    # Seen on the cluster: every rank fails to load the torn checkpoint 20; rank 0's guard
+    # fell back to 15 first, and rank 1's, whose contract line was pushed out of its tail
+    # by a long traceback, set 15 aside too. The line is kept whatever follows it.
+    ckpt = _checkpoints(tmp_path, (10, 15), 15)  # rank 0 already fell back from 20
+    proc = _guard(tmp_path, f"""
+        import sys
+        print("{workload_exit.LOAD_FAILED_MARK} iteration=20", file=sys.stderr, flush=True)
+        for n in range(500):
+            print(f"  File 'dcp.py', line {{n}}, in read_data", file=sys.stderr)
+        print("RuntimeError: PytorchStreamReader failed reading zip archive", file=sys.stderr)
+        sys.exit(1)
+        """)  # fmt: skip
+    assert proc.wait(timeout=60) == 1
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "15\n"
+    assert (ckpt / iteration_dir(15)).is_dir()
+    assert "the tracker already names iteration 15" in proc.communicate()[1]
