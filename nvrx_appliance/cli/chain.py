@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.live import Live
 
 from nvrx_appliance import api, jsondoc
+from nvrx_appliance.cli import status_view
 from nvrx_appliance.cli.fail import fail, refused, submit_failures
 from nvrx_appliance.cli.options import chain_options, spec_flags
 from nvrx_appliance.manifest import Manifest
@@ -25,7 +26,6 @@ from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.settings import policy
 from nvrx_appliance.settings.chain import derive
-from nvrx_appliance.slurm import status_view
 
 SUBMIT = "nvrx-appliance submit"  # who speaks in submit's one-line failures
 

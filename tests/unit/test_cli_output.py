@@ -12,9 +12,10 @@ from rich.console import Console
 
 from nvrx_appliance import api
 from nvrx_appliance.cli import chain as commands
+from nvrx_appliance.cli import status_view
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.times import parse_time
-from nvrx_appliance.slurm import status, status_view
+from nvrx_appliance.slurm import status
 
 WORK = "/shared/alice/run"
 
