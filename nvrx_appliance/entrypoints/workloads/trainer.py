@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from nvrx_appliance.clock import log_stamp
 from nvrx_appliance.entrypoints.workloads import checkpointing, faults
 from nvrx_appliance.entrypoints.workloads.events import ProgressLog
 from nvrx_appliance.entrypoints.workloads.gpt import TinyGPT, loss_fn, mock_batch
@@ -256,7 +257,7 @@ def _inject(kind: str, me: Rank, progress_log: Path | None) -> None:
     fault_log = _progress_log(progress_log, me)
     fault_log.emit("fault", kind=kind, rank=me.rank)
     fault_log.close()
-    print(f"[rank {me.rank}] injecting fault: {kind} (cycle {me.cycle})", flush=True)
+    print(f"{log_stamp()} [rank {me.rank}] injecting fault: {kind} (cycle {me.cycle})", flush=True)
     if kind == "exit":
         os._exit(faults.EXIT_CODE)
     if kind == "hang":
@@ -267,4 +268,4 @@ def _inject(kind: str, me: Rank, progress_log: Path | None) -> None:
 
 def _say(me: Rank, line: str) -> None:
     if me.rank == 0:
-        print(line, flush=True)
+        print(f"{log_stamp()} {line}", flush=True)
