@@ -307,11 +307,12 @@ def locate(target: Target | None, *, work_dir: str | Path | None = None) -> tupl
     return found.work_dir, found.generation
 
 
-def chains(*, all_users: bool = False) -> Listing:
+def chains(*, all_users: bool = False, slurm: Slurm | None = None) -> Listing:
     """Every chain of the caller (of every user, with all_users) that Slurm knows of, one
     row each: state in words, current generation, checkpoint iteration, goodput so far,
     work dir. Two Slurm calls whatever the number; `blind` names a call that failed."""
-    return chain_list.list_chains(user=None if all_users else slurmcli.current_user())
+    user = None if all_users else slurmcli.current_user()
+    return chain_list.list_chains(user=user, slurm=slurm)
 
 
 def status(

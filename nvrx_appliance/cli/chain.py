@@ -29,7 +29,9 @@ from nvrx_appliance.settings import policy
 from nvrx_appliance.settings.chain import derive
 from nvrx_appliance.slurm.status import shape_text
 
-SUBMIT = "nvrx-appliance submit"  # who speaks in submit's one-line failures
+# Who speaks in each command's one-line failures.
+SUBMIT, STATUS = "nvrx-appliance submit", "nvrx-appliance status"
+CANCEL, LOGS = "nvrx-appliance cancel", "nvrx-appliance logs"
 
 
 def _config_rows(resolved: api.Resolution) -> list[tuple[str, Any, str]]:
@@ -239,12 +241,14 @@ def status_command(
     _refresh(lambda slurm: status_view.render(look(slurm)), every)
 
 
-STATUS = "nvrx-appliance status"
-
-
 def _list_chains(all_users: bool, as_json: bool, every: float | None) -> None:
     if every is not None:
-        _refresh(lambda _: status_view.listing(api.chains(all_users=all_users), all_users), every)
+        _refresh(
+            lambda slurm: status_view.listing(
+                api.chains(all_users=all_users, slurm=slurm), all_users
+            ),
+            every,
+        )
         return
     listing = api.chains(all_users=all_users)
     if as_json:
@@ -286,9 +290,6 @@ def cancel_command(target: str | None, work_dir: str | None) -> None:
     except api.SlurmUnreachable as exc:
         unreachable(CANCEL, str(exc), "nothing more was done")
     click.echo(cancelled_line(done))
-
-
-CANCEL = "nvrx-appliance cancel"
 
 
 def cancelled_line(done: api.Cancelled) -> str:
@@ -349,6 +350,3 @@ def logs_command(
         shutil.copyfileobj(handle, sys.stdout)
     if log.others:
         click.echo(f"other logs of generation {log.generation}: {', '.join(log.others)}", err=True)
-
-
-LOGS = "nvrx-appliance logs"
