@@ -28,9 +28,12 @@ def cancel_chain(work_dir: Path, *, user: str, job_name: str = "") -> Cancelled:
     edited beyond reading, so that a broken file never keeps a chain from being ended."""
     try:
         name = load_manifest(work_dir)["spec"]["job_name"]
-    except Unreadable:
+    except Unreadable as exc:
         if not job_name:
-            raise
+            raise Unreadable(
+                f"{exc}; name the chain (its name or a job id) instead of --work-dir, and "
+                "cancel ends it from what Slurm knows"
+            ) from None
         name = job_name
     here = os.path.realpath(work_dir)
     rows = [

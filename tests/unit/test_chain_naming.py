@@ -311,6 +311,8 @@ def test_a_hand_edited_run_json_is_one_line_and_cancel_still_ends_the_chain(
         assert done.stderr.count("\n") == 1, done.stderr
         assert said in done.stderr and "was it edited by hand?" in done.stderr
         assert "`nvrx-appliance cancel gpt` still ends the chain" in done.stderr
+    by_dir = run("cancel", "--work-dir", str(work))
+    assert by_dir.returncode == 2 and "name the chain (its name or a job id)" in by_dir.stderr
     cancelled = run("cancel", "gpt")
     assert cancelled.returncode == 0, cancelled.stderr
     assert (
