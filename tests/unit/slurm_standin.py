@@ -83,14 +83,14 @@ user = sys.argv[sys.argv.index("--user") + 1] if "--user" in sys.argv else None
 ending = HERE / "completing"
 completing = set(ending.read_text().split()) if ending.exists() else set()
 for job in jobs():
-    if job["state"] in ("CANCELLED", "COMPLETED") or (name and job["name"] != name):
-        continue
+    if job["state"] not in ("PENDING", "RUNNING") or (name and job["name"] != name):
+        continue  # ended: accounting's (sacct) alone
     if user and job["user"] != user:
         continue
     # USER_JOBS: %A|%F|%K|%j|%u|%T|%N|%r|%Z
     shown = "COMPLETING" if job["id"] in completing else job["state"]
     print("|".join((job["id"], job["id"], "0", job["name"], job["user"], shown,
-                    "(null)", "None", job["work_dir"])))
+                    job.get("nodes", "(null)"), "None", job["work_dir"])))
 """
 
 _SCANCEL = """
@@ -183,8 +183,8 @@ class SlurmStandin:
         return [json.loads(line) for line in queue.read_text().splitlines() if line]
 
     def live(self) -> list[str]:
-        """The ids of the jobs still queued (neither cancelled nor ended)."""
-        return [j["id"] for j in self.jobs() if j["state"] not in ("CANCELLED", "COMPLETED")]
+        """The ids of the jobs still queued or running (neither cancelled nor ended)."""
+        return [j["id"] for j in self.jobs() if j["state"] in ("PENDING", "RUNNING")]
 
     def calls(self, command: str) -> list[str]:
         log = self.root / "calls"
