@@ -25,7 +25,7 @@ from nvrx_appliance.observe.slurm_output import CHAINS, AcctRow, ParseError
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import PENDING_STATES, RUNNING_STATES, Task
 from nvrx_appliance.slurm.sources import ACCOUNTED_SINCE, generation_ids, view_of
-from nvrx_appliance.slurm.status import ChainView, Headline, slurm_answered
+from nvrx_appliance.slurm.status import ChainView, Headline, action_words, slurm_answered
 
 
 @dataclass(frozen=True)
@@ -54,14 +54,21 @@ class Listing:
         return slurm_answered(self.blind)
 
 
-WHY_WORDS = {"stopped_by_nvrx": "stopped by NVRx", "burn_guard": "stopped by the burn guard"}
+WHY_WORDS = {
+    "exhausted": "exhausted",
+    "completed": "completed",
+    "cancelled": "cancelled",
+    "stopped_by_nvrx": "stopped by NVRx",
+    "burn_guard": "stopped by the burn guard",
+}
 
 
 def state_words(lead: Headline) -> str:
-    """running, queued, unknown; or ended and why, in words."""
+    """running, queued, unknown; or ended and why, in words (a ledger action's own, for
+    one that is not among these)."""
     if lead.state != "ended":
         return lead.state
-    return f"ended: {WHY_WORDS.get(lead.why, lead.why.replace('_', ' '))}"
+    return f"ended: {WHY_WORDS.get(lead.why) or action_words(lead.why)}"
 
 
 def list_chains(*, user: str | None, slurm: Slurm | None = None) -> Listing:

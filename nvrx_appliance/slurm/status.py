@@ -300,7 +300,9 @@ def _completed_at(entries: Iterable[dict[str, Any]]) -> int | None:
 
 # The teardown's actions after which the chain goes on (the next generation starts):
 # a chain that has nothing left after one of them either ran out or was cancelled.
-GOES_ON = frozenset({"released_spares", "saved_at_time_limit", "fenced", "none", ""})
+GOES_ON = frozenset(
+    {"released_spares", "saved_at_time_limit", "fenced", "resume_elsewhere", "none", ""}
+)
 STOPPED_BY_NVRX, BURN_GUARD, COMPLETED = "cancelled_chain", "burn_guard", "completed"
 
 
@@ -319,6 +321,9 @@ ACTION_WORDS = {
     # A peer closed the generation for a task 0 whose lease went stale (issue 11).
     "fenced": "fenced dead task 0",
     "none": "nothing cancelled",
+    # The workload's own verdicts (issue 29).
+    "stopped_by_workload": "stopped by the workload",
+    "resume_elsewhere": "resumed elsewhere",
 }
 
 
@@ -381,9 +386,10 @@ def _ended(
             f"checkpoint iteration {at}"
         )
         return Headline("ended", BURN_GUARD, text, f"nvrx-appliance logs {name}")
-    if action not in GOES_ON:
-        # An action this version has no words of its own for (a workload verdict, a newer
-        # teardown's): its name and the teardown's reason say what happened.
+    if action not in GOES_ON and not chain_marker:
+        # The teardown ended the chain (it removes the marker) with an action this has no
+        # words of its own for (a workload verdict, a newer teardown's): its name and
+        # its reason say what happened.
         text = f"ended: {action_words(action)}{of}" + (f": {reason}" if reason else "")
         return Headline("ended", action, text, f"nvrx-appliance logs {name}")
     if not chain_marker:

@@ -229,10 +229,14 @@ def test_status_of_an_exhausted_chain_says_it_ended_why_and_what_to_run(slurm, t
         ("burn_guard", "2 generations", "ended: stopped by the burn guard (generation {g}): "
          "generations ended without training, checkpoint iteration none yet",
          "nvrx-appliance logs demo"),
-        # A workload verdict (the teardown's newer actions): read from its name and reason.
-        ("workload_verdict_stop", "Megatron exited 17: result validation failed",
-         "ended: workload verdict stop (generation {g}): Megatron exited 17: result "
+        # A workload verdict (issue 29's teardown), and an action no version here knows:
+        # read from the action's name and the teardown's reason.
+        ("stopped_by_workload", "Megatron exited 17: result validation failed",
+         "ended: stopped by the workload (generation {g}): Megatron exited 17: result "
          "validation failed", "nvrx-appliance logs demo"),
+        ("quarantined_by_site_policy", "the site's policy said so",
+         "ended: quarantined by site policy (generation {g}): the site's policy said so",
+         "nvrx-appliance logs demo"),
     ],
 )  # fmt: skip
 def test_a_chain_the_teardown_ended_says_who_ended_it(
@@ -245,6 +249,18 @@ def test_a_chain_the_teardown_ended_says_who_ended_it(
     (work / "chain.active").unlink()
     lines = run("status", "demo").stdout.splitlines()
     assert lines[:2] == [said.format(g=one), f"next: {next_command}"]
+
+
+def test_a_chain_that_went_on_after_an_unknown_action_and_ran_out_is_exhausted(slurm, tmp_path):
+    # The teardown keeps the chain marker for an action after which the chain goes on
+    # (issue 29's resume_elsewhere, say); nothing left queued then is an exhausted chain.
+    work, (one, two) = chain(slurm, tmp_path, "demo")
+    end(slurm, one)
+    end(slurm, two)
+    ledger(work, {"array_job_id": two, "action": "resume_somewhere_new", "reason": "moved"})
+    assert run("status", "demo").stdout.startswith("ended: exhausted, ")
+    listed = run("status").stdout.splitlines()[1].split()
+    assert listed[:3] == ["demo", "ended:", "exhausted"]
 
 
 def test_a_cancelled_and_a_completed_chain_say_so(slurm, tmp_path):
