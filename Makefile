@@ -61,7 +61,7 @@ bench: deps
 gpu-check:
 	python3 scripts/gpu_check.py
 
-# The host tool as a wheel for login nodes (README "Install on a login node"): it needs
+# The host tool as a wheel for login nodes (docs/install.md): it needs
 # only click and rich; spython comes with the `apptainer` extra.
 DIST ?= dist
 dist: python-deps

@@ -6,7 +6,8 @@ and scripts that launch chains all resolve, check, submit and read chains throug
     spec = api.chain_spec(work_dir="/lustre/alice/run", image="/lustre/img.sqsh",
                           train_tasks=32, hot_spares=1, cold_spares=32, depth=8)
     chain = api.submit(spec, sbatch_args=["--account=ml"])   # a Submitted
-    view = api.status(chain)          # a ChainView: generations, tasks, cycles, checkpoint
+    view = api.status(chain)          # a ChainView: its headline, generations, cycles, ...
+    api.chains()                      # every chain of yours: a Listing, one ChainRow each
     account = api.report(chain)       # an Account: where the allocation's node-seconds went
     text = api.logs(chain).text       # task 0's batch log of the newest generation
     api.cancel(chain)
@@ -43,10 +44,13 @@ from nvrx_appliance.settings import extra as extra_args
 from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import ChainSpec, check, spec_fields
 from nvrx_appliance.slurm import cancel as cancelling
+from nvrx_appliance.slurm import chains as chain_list
 from nvrx_appliance.slurm import logs as chainlogs
 from nvrx_appliance.slurm import sources, submit_lock
 from nvrx_appliance.slurm import submit as submitting
 from nvrx_appliance.slurm.cancel import Cancelled
+from nvrx_appliance.slurm.chains import ChainRow, Listing
+from nvrx_appliance.slurm.sources import Located
 from nvrx_appliance.slurm.status import ChainView
 
 __all__ = [
@@ -54,11 +58,15 @@ __all__ = [
     "Cancelled",
     "Chain",
     "ChainNotFound",
+    "ChainRow",
     "ChainSpec",
     "ChainView",
+    "Listing",
+    "Located",
     "LogFile",
     "LogMissing",
     "Resolution",
+    "RunManifestUnreadable",
     "SettingsError",
     "SlurmUnreachable",
     "SubmitFailed",
@@ -67,6 +75,8 @@ __all__ = [
     "Submitted",
     "cancel",
     "chain_spec",
+    "chains",
+    "find_chain",
     "follow_logs",
     "locate",
     "logs",
@@ -79,6 +89,9 @@ __all__ = [
 
 SlurmUnreachable = slurmcli.SlurmUnavailable
 ChainNotFound = workdir.NotFound  # no chain of this user behind a job id, name or work dir
+# The chain's run.json was edited beyond reading (a ChainNotFound): its files cannot be
+# read through it, yet cancel still ends it from what Slurm knows.
+RunManifestUnreadable = workdir.Unreadable
 # A checked, rendered submission (run manifest, sbatch script, sbatch lines, warnings);
 # nothing of it is written until it is submitted.
 SubmitPlan = submitting.Plan
@@ -138,8 +151,9 @@ class LogMissing(LookupError):
         self.generation, self.path = generation, path
 
 
-# A chain as submit returned it, or any job id of the chain, or its job name.
-Target = Chain | Submitted | str
+# A chain as submit returned it or find_chain found it, or any job id of the chain, or
+# its job name.
+Target = Chain | Submitted | Located | str
 
 
 @dataclass(frozen=True)
@@ -266,22 +280,43 @@ def submit(
         raise SubmitInterrupted(str(exc), exc.signum) from None
     except submitting.SubmitFailed as exc:
         raise SubmitFailed(str(exc)) from None
-    except submit_lock.LockBusy as exc:
+    except (submit_lock.LockBusy, submit_lock.LockUnavailable) as exc:
         raise SubmitFailed(f"nothing was written or queued: {exc}") from None
 
 
-def locate(target: Target, *, work_dir: str | Path | None = None) -> tuple[Path, str | None]:
-    """(work dir, the generation a job id names) of the chain `target` belongs to.
-    `work_dir` finds the chain without Slurm, once Slurm has forgotten the job."""
+def find_chain(
+    target: Target | None, *, work_dir: str | Path | None = None, user: str | None = None
+) -> Located:
+    """The chain `target` names, the one way every command finds it: a job id (of any
+    generation, or a task's own), a job name (the newest chain of that name), or its
+    `work_dir`, which needs no Slurm once Slurm has forgotten the chain. `user`: whose
+    chain (default: the caller's). Raises ChainNotFound (with the near names), or
+    SlurmUnreachable."""
+    if isinstance(target, Located):
+        return target
+    owner = user or slurmcli.current_user()
     if isinstance(target, (Chain, Submitted)):
-        return target.work_dir, None
-    if work_dir:
-        return Path(work_dir).resolve(), (target if target.isdigit() else None)
-    return sources.locate_job(target, user=slurmcli.current_user())
+        return Located(Path(target.work_dir), target.job_name, None, tuple(target.job_ids), owner)
+    return sources.resolve(target, user=owner, work_dir=work_dir)
+
+
+def locate(target: Target | None, *, work_dir: str | Path | None = None) -> tuple[Path, str | None]:
+    """(work dir, the generation a job id names) of the chain `target` belongs to
+    (find_chain, in short)."""
+    found = find_chain(target, work_dir=work_dir)
+    return found.work_dir, found.generation
+
+
+def chains(*, all_users: bool = False, slurm: Slurm | None = None) -> Listing:
+    """Every chain of the caller (of every user, with all_users) that Slurm knows of, one
+    row each: state in words, current generation, checkpoint iteration, goodput so far,
+    work dir. Two Slurm calls whatever the number; `blind` names a call that failed."""
+    user = None if all_users else slurmcli.current_user()
+    return chain_list.list_chains(user=user, slurm=slurm)
 
 
 def status(
-    target: Target, *, work_dir: str | Path | None = None, slurm: Slurm | None = None
+    target: Target | None, *, work_dir: str | Path | None = None, slurm: Slurm | None = None
 ) -> ChainView:
     """The chain at a glance, as `status --json` shows it; `blind` names what could not
     be read (a ChainView with `slurm_reachable` False when Slurm did not answer)."""
@@ -290,7 +325,7 @@ def status(
 
 
 def report(
-    target: Target, *, work_dir: str | Path | None = None, slurm: Slurm | None = None
+    target: Target | None, *, work_dir: str | Path | None = None, slurm: Slurm | None = None
 ) -> Account:
     """Goodput: where the chain's allocation went so far (docs/goodput.md), from Slurm's
     accounting and the work dir. When sacct does not answer, `allocation_node_s` is None
@@ -306,14 +341,17 @@ def report(
     return account(inputs)
 
 
-def cancel(target: Target, *, work_dir: str | Path | None = None) -> Cancelled:
-    """Cancel every generation of the chain, queued or running; only the caller's jobs."""
-    folder, _ = locate(target, work_dir=work_dir)
-    return cancelling.cancel_chain(folder, user=slurmcli.current_user())
+def cancel(target: Target | None, *, work_dir: str | Path | None = None) -> Cancelled:
+    """Cancel every generation of the chain, queued or running; only the caller's jobs.
+    A run.json edited beyond reading does not stop it: Slurm's name for the chain does."""
+    found = find_chain(target, work_dir=work_dir)
+    return cancelling.cancel_chain(
+        found.work_dir, user=slurmcli.current_user(), job_name=found.job_name
+    )
 
 
 def _log_choice(
-    target: Target, task: int, cycle: int | None, launcher: bool, work_dir: str | Path | None
+    target: Target | None, task: int, cycle: int | None, launcher: bool, work_dir: str | Path | None
 ) -> tuple[Layout, str, chainlogs.Which, str | None, dict[str, Any]]:
     if sum((task != 0, cycle is not None, launcher)) > 1:
         raise ValueError("task, cycle and launcher each pick one log; give one of them")
@@ -324,7 +362,7 @@ def _log_choice(
 
 
 def logs(
-    target: Target,
+    target: Target | None,
     *,
     task: int = 0,
     cycle: int | None = None,
@@ -347,12 +385,13 @@ def logs(
             generation,
             path,
         )
-    more = chainlogs.others(layout, job_name, generation, manifest["shape"]["array_size"])
+    size = manifest["shape"].get("array_size")
+    more = chainlogs.others(layout, job_name, generation, size if isinstance(size, int) else 1)
     return LogFile(generation, path, tuple(more))
 
 
 def follow_logs(
-    target: Target,
+    target: Target | None,
     out: TextIO,
     *,
     task: int = 0,

@@ -10,24 +10,28 @@ import os
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
-from rich.console import Console
 from rich.live import Live
 
 from nvrx_appliance import api, jsondoc
+from nvrx_appliance.cli import status_view
 from nvrx_appliance.cli.fail import fail, refused, submit_failures
 from nvrx_appliance.cli.options import chain_options, spec_flags
+from nvrx_appliance.cli.target import chain_argument, find, not_readable, unreachable
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.settings import policy
 from nvrx_appliance.settings.chain import derive
-from nvrx_appliance.slurm import status_view
+from nvrx_appliance.slurm.status import shape_text
 
-SUBMIT = "nvrx-appliance submit"  # who speaks in submit's one-line failures
+# Who speaks in each command's one-line failures.
+SUBMIT, STATUS = "nvrx-appliance submit", "nvrx-appliance status"
+CANCEL, LOGS = "nvrx-appliance cancel", "nvrx-appliance logs"
 
 
 def _config_rows(resolved: api.Resolution) -> list[tuple[str, Any, str]]:
@@ -125,6 +129,8 @@ def _print_dry_run(plan: api.SubmitPlan, as_json: bool) -> None:
     if as_json:
         doc = {
             "mode": plan.manifest.spec.mode,
+            "shape": dataclasses.asdict(plan.manifest.shape),
+            "wandb_run_id": plan.manifest.wandb_run_id or None,
             "workload": list(plan.manifest.workload),
             "commands": plan.command_lines,
             "script_path": str(plan.script_path),
@@ -142,12 +148,20 @@ def dry_run_text(plan: api.SubmitPlan) -> str:
     lines = [
         "# dry run: nothing was written or submitted",
         f"# mode: {mode_line(plan.manifest)}",
+        f"# shape: {shape_text(dataclasses.asdict(plan.manifest.shape), every_size=True)}",
+        f"# W&B run: {wandb_line(plan.manifest)}",
         f"# workload ({plan.manifest.spec.workload}), after the interpreter, on every rank:",
         "#   " + shlex.join(plan.manifest.workload),
         *(shlex.join(argv) for argv in plan.command_lines),
         f"# ---- {plan.script_path} ----",
     ]
     return "\n".join(lines) + "\n" + plan.script
+
+
+def wandb_line(manifest: Manifest) -> str:
+    if manifest.wandb_run_id:
+        return f"{manifest.wandb_run_id} (every generation and restart logs to it)"
+    return "none (the workload is given no --wandb-project)"
 
 
 def mode_line(manifest: Manifest) -> str:
@@ -179,29 +193,13 @@ def submitted_lines(done: api.Submitted) -> list[str]:
     ]
 
 
-def _locate(command: str, target: str, work_dir: str | None) -> tuple[Path, str | None]:
-    """(work dir, generation a job id names) of the chain `target` belongs to."""
-    try:
-        return api.locate(target, work_dir=work_dir)
-    except api.ChainNotFound as exc:
-        fail(str(exc))
-    except api.SlurmUnreachable as exc:
-        _unreachable(command, str(exc), "pass the chain's --work-dir to read its files")
-
-
-def _unreachable(command: str, detail: str, then: str) -> NoReturn:
-    fail(
-        f"Slurm could not be reached: {detail}; {then}", prefix=f"nvrx-appliance {command}", code=1
-    )
-
-
 # Each refresh asks the shared controller twice (squeue, sacct): no faster than this.
 MIN_WATCH_S = 2.0
 
 
 @click.command("status")
-@click.argument("target", metavar="JOB_ID|NAME")
-@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
+@chain_argument
+@click.option("--all", "all_users", is_flag=True, help="Without a chain: every user's chains.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option(
     "--watch",
@@ -212,31 +210,68 @@ MIN_WATCH_S = 2.0
     flag_value=5.0,
     help=f"Refresh every N seconds (default 5, at least {MIN_WATCH_S:g}) until Ctrl-C.",
 )
-def status_command(target: str, work_dir: str | None, as_json: bool, every: float | None) -> None:
-    """The chain at a glance: generations, tasks, NVRx cycles, checkpoint iterations."""
-    folder, _ = _locate("status", target, work_dir)
+def status_command(
+    target: str | None, work_dir: str | None, all_users: bool, as_json: bool, every: float | None
+) -> None:
+    """One chain at a glance: where it stands and what to run next, its generations,
+    tasks, NVRx cycles and checkpoint iterations. Without a chain: your chains, one line
+    each (--all: every user's)."""
+    if not target and not work_dir:
+        _list_chains(all_users, as_json, every)
+        return
+    if all_users:
+        fail("--all lists every user's chains; give it without a chain")
+    found = find(STATUS, target, work_dir)
 
-    def look(slurm: Slurm | None = None):
+    def look(slurm: Slurm | None = None) -> api.ChainView:
         try:
-            return api.status(target, work_dir=folder, slurm=slurm)
+            return api.status(found, slurm=slurm)
         except api.ChainNotFound as exc:
-            fail(str(exc))
+            fail(not_readable(exc, found.job_name))
 
     if every is None:
         view = look()
         if as_json:
             click.echo(jsondoc.dumps("status", view.to_json()))
         else:
-            Console().print(status_view.render(view))
+            status_view.console().print(status_view.render(view))
         if not view.slurm_reachable:
-            _unreachable("status", "; ".join(view.blind), "only the work dir's records are shown")
+            unreachable(STATUS, "; ".join(view.blind), "only the work dir's records are shown")
         return
+    _refresh(lambda slurm: status_view.render(look(slurm)), every)
+
+
+def _list_chains(all_users: bool, as_json: bool, every: float | None) -> None:
+    if every is not None:
+        _refresh(
+            lambda slurm: status_view.listing(
+                api.chains(all_users=all_users, slurm=slurm), all_users
+            ),
+            every,
+        )
+        return
+    listing = api.chains(all_users=all_users)
+    if as_json:
+        doc = {
+            "chains": [dataclasses.asdict(row) for row in listing.chains],
+            "others": listing.others,
+            "blind": list(listing.blind),
+            "slurm_reachable": listing.slurm_reachable,
+        }
+        click.echo(jsondoc.dumps("chains", doc))
+    else:
+        status_view.console().print(status_view.listing(listing, all_users))
+    if not listing.slurm_reachable:
+        unreachable(STATUS, "; ".join(listing.blind), "pass a chain's --work-dir to read it")
+
+
+def _refresh(draw: Callable[[Slurm], Any], every: float) -> None:
     with (
-        Live(console=Console(), auto_refresh=False) as live,
+        Live(console=status_view.console(), auto_refresh=False) as live,
         contextlib.suppress(KeyboardInterrupt),
     ):
         follow(
-            lambda slurm: live.update(status_view.render(look(slurm)), refresh=True),
+            lambda slurm: live.update(draw(slurm), refresh=True),
             lambda _: False,  # until Ctrl-C
             deadline_s=math.inf,
             poll_s=every,
@@ -244,17 +279,16 @@ def status_command(target: str, work_dir: str | None, as_json: bool, every: floa
 
 
 @click.command("cancel")
-@click.argument("target", metavar="JOB_ID|NAME")
-@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
-def cancel_command(target: str, work_dir: str | None) -> None:
+@chain_argument
+def cancel_command(target: str | None, work_dir: str | None) -> None:
     """Cancel a whole chain (every generation, queued or running); only your own jobs."""
-    folder, _ = _locate("cancel", target, work_dir)
+    found = find(CANCEL, target, work_dir)
     try:
-        done = api.cancel(target, work_dir=folder)
+        done = api.cancel(found)
     except api.ChainNotFound as exc:
         fail(str(exc))
     except api.SlurmUnreachable as exc:
-        _unreachable("cancel", str(exc), "nothing more was done")
+        unreachable(CANCEL, str(exc), "nothing more was done")
     click.echo(cancelled_line(done))
 
 
@@ -268,8 +302,7 @@ def cancelled_line(done: api.Cancelled) -> str:
 
 
 @click.command("logs")
-@click.argument("target", metavar="JOB_ID|NAME")
-@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
+@chain_argument
 @click.option("--task", type=click.IntRange(min=0), default=0, help="This array task's batch log.")
 @click.option("--cycle", type=click.IntRange(min=0), help="The workload's output in NVRx cycle N.")
 @click.option("--launcher", is_flag=True, help="ft_launcher's own log.")
@@ -277,16 +310,22 @@ def cancelled_line(done: api.Cancelled) -> str:
     "--follow", "-f", is_flag=True, help="Keep printing as it grows, on into later generations."
 )
 def logs_command(
-    target: str, work_dir: str | None, task: int, cycle: int | None, launcher: bool, follow: bool
+    target: str | None,
+    work_dir: str | None,
+    task: int,
+    cycle: int | None,
+    launcher: bool,
+    follow: bool,
 ) -> None:
     """A generation's output: task 0's batch log unless --task, --cycle or --launcher.
 
     A job id means its generation; a name, the newest generation that wrote that log.
-    Each path read is named on stderr; README "Where the logs are" lists them all.
+    Each path read is named on stderr; docs/logs.md lists them all.
     """
     if sum((task != 0, cycle is not None, launcher)) > 1:
         fail("--task, --cycle and --launcher each pick one log; give one of them")
-    folder, _ = _locate("logs", target, work_dir)
+    located = find(LOGS, target, work_dir)
+    chain: api.Target = target if target and target.isdigit() else located
 
     def announce(found: Path) -> None:
         click.echo(f"==> {found} <==", err=True)
@@ -295,15 +334,16 @@ def logs_command(
         if follow:
             with contextlib.suppress(KeyboardInterrupt):
                 api.follow_logs(
-                    target, sys.stdout, task=task, cycle=cycle, launcher=launcher,
-                    work_dir=folder, announce=announce,
+                    chain, sys.stdout, task=task, cycle=cycle, launcher=launcher,
+                    work_dir=located.work_dir, announce=announce,
                 )  # fmt: skip
             return
-        log = api.logs(target, task=task, cycle=cycle, launcher=launcher, work_dir=folder)
+        log = api.logs(chain, task=task, cycle=cycle, launcher=launcher, work_dir=located.work_dir)
     except api.LogMissing as exc:
-        fail(f"{exc}; is it still queued? see `nvrx-appliance status`",
-             prefix="nvrx-appliance logs", code=1)  # fmt: skip
-    except (api.ChainNotFound, LookupError) as exc:
+        fail(f"{exc}; is it still queued? see `nvrx-appliance status`", prefix=LOGS, code=1)
+    except api.ChainNotFound as exc:
+        fail(not_readable(exc, located.job_name))
+    except LookupError as exc:
         fail(str(exc))
     announce(log.path)
     with log.path.open(errors="replace") as handle:

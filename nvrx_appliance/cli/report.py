@@ -9,6 +9,7 @@ import click
 
 from nvrx_appliance import api, jsondoc
 from nvrx_appliance.cli.fail import fail
+from nvrx_appliance.cli.target import chain_argument, find, not_readable
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.goodput import picture, summary
 
@@ -16,8 +17,7 @@ PREFIX = "nvrx-appliance report"
 
 
 @click.command("report")
-@click.argument("target", metavar="JOB_ID|NAME")
-@click.option("--work-dir", help="The chain's work dir, if Slurm no longer knows the job.")
+@chain_argument
 @click.option(
     "--svg",
     "svg_path",
@@ -29,7 +29,7 @@ PREFIX = "nvrx-appliance report"
     "--json", "as_json", is_flag=True, help="Machine-readable output (no picture unless --svg)."
 )
 def report_command(
-    target: str, work_dir: str | None, svg_path: str | None, no_svg: bool, as_json: bool
+    target: str | None, work_dir: str | None, svg_path: str | None, no_svg: bool, as_json: bool
 ) -> None:
     """Goodput: the allocation (sacct) against the training it kept, and the rest by cause.
 
@@ -39,10 +39,11 @@ def report_command(
     """
     if svg_path and no_svg:
         fail("--svg and --no-svg contradict each other; give one of them")
+    found = find(PREFIX, target, work_dir)
     try:
-        account = api.report(target, work_dir=work_dir)
+        account = api.report(found)
     except api.ChainNotFound as exc:
-        fail(str(exc))
+        fail(not_readable(exc, found.job_name))
     except api.SlurmUnreachable as exc:
         fail(f"Slurm could not be reached: {exc}; pass the chain's --work-dir to read its files",
              prefix=PREFIX, code=1)  # fmt: skip

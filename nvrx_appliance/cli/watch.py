@@ -14,7 +14,7 @@ else:  # Python 3.10: the backport the wheel requires there
 
 import click
 
-from nvrx_appliance import __version__
+from nvrx_appliance import __version__, api
 from nvrx_appliance.cli import help as clihelp
 from nvrx_appliance.watch import detectors, shell, target
 from nvrx_appliance.watch.config import (
@@ -138,7 +138,7 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
     + ", ".join(SECRETS.values())
     + ", or from the --...-file flags.",
 )
-@click.argument("job_id", required=False, envvar="NVRX_WATCH_JOB_ID")
+@click.argument("job_id", metavar="[NAME|JOB_ID]", required=False, envvar="NVRX_WATCH_JOB_ID")
 @click.version_option(__version__, prog_name="nvrx-watch")
 @_option(
     "--config",
@@ -262,8 +262,9 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
 def watch(**options: Any) -> None:
     """Watch a chain from outside the job: reconcile it, detect restart anomalies, page.
 
-    JOB_ID is any Slurm job id of the chain; name, owner and the run's files resolve
-    from it. Observe-only unless --act.
+    The chain is named as every nvrx-appliance command names it: its name or any Slurm
+    job id of it (or --work-dir); owner and the run's files resolve from it.
+    Observe-only unless --act.
     """
     logger = shell.make_logger(options["log_file"], options["verbose"])
     try:
@@ -271,10 +272,11 @@ def watch(**options: Any) -> None:
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     thresholds = Thresholds(**{f.name: options[f.name] for f in thresholds_fields()})
+    job_id, job_name, work_dir = _chain(options)
     request = target.Request(
-        job_id=options["job_id"] or "",
-        job_name=options["job_name"],
-        work_dir=options["work_dir"],
+        job_id=job_id,
+        job_name=job_name,
+        work_dir=work_dir,
         cycle_info_glob=options["cycle_info_glob"],
         tracker=options["checkpoint_file"],
         max_restarts=options["max_restarts"],
@@ -290,6 +292,27 @@ def watch(**options: Any) -> None:
     except target.ResolveError as exc:
         raise click.UsageError(str(exc)) from None
     sys.exit(code)
+
+
+def _chain(options: dict[str, Any]) -> tuple[str, str, str]:
+    """(job id, job name, work dir) of the chain asked for, found as every command finds
+    a chain (api.find_chain). A name must lead to a chain; a job id Slurm cannot place
+    now is left to the watcher, which remembers the ids it watched and reports itself
+    blind while Slurm does not answer."""
+    given, name, work_dir = options["job_id"] or "", options["job_name"], options["work_dir"]
+    if not given or options["platform"] == "none":
+        return given, name, work_dir
+    try:
+        found = api.find_chain(given, work_dir=work_dir or None, user=options["user"] or None)
+    except api.ChainNotFound as exc:
+        if given.isdigit():
+            return given, name, work_dir
+        raise click.UsageError(str(exc)) from None
+    except api.SlurmUnreachable:
+        # Blind: the watcher's pass says so (and pages); a name is all there is to go on.
+        return (given, name, work_dir) if given.isdigit() else ("", name or given, work_dir)
+    job_id = given if given.isdigit() else found.generation or next(reversed(found.job_ids), "")
+    return job_id, name or found.job_name, work_dir or str(found.work_dir)
 
 
 def variables(command: click.Command) -> set[str]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.clock import now_iso
+from nvrx_appliance.clock import log_stamp, now_iso
 from nvrx_appliance.entrypoints import control, detect, launch, node_probe
 from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
 from nvrx_appliance.entrypoints.workloads import workload_argv as run_argv
@@ -29,7 +29,8 @@ class Refused(Exception):
 
 
 def say(message: str) -> None:
-    print(f"nvrx-entrypoint: {message}", file=sys.stderr, flush=True)
+    """One line of the entrypoint's into the job's output, stamped as clock.log_stamp says."""
+    print(f"{log_stamp()} nvrx-entrypoint: {message}", file=sys.stderr, flush=True)
 
 
 def load(manifest_path: Path | None) -> run_manifest.Manifest:

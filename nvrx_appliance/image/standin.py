@@ -32,6 +32,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nvrx_appliance import exitcodes
+from nvrx_appliance.clock import log_stamp
 from nvrx_appliance.settings import chain
 
 CACHE_ENV = "NVRX_STANDIN_CACHE"
@@ -369,7 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             raise StandinError("no command given; put it after --", exitcodes.USAGE)
         return run(args.image, parse_mounts(args.mounts), command)
     except StandinError as exc:
-        print(f"nvrx-standin: {exc}", file=sys.stderr)
+        # Into the job's output, beside the entrypoint's lines: stamped as they are.
+        print(f"{log_stamp()} nvrx-standin: {exc}", file=sys.stderr)
         return exc.code
 
 

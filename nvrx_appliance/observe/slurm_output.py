@@ -167,6 +167,8 @@ ALLOCATIONS = (
     "End",
     "WorkDir",
 )
+# Every chain of a user at once, for the chain list: status's fields and the allocation's.
+CHAINS = (*CHAIN_ACCOUNTING[:-1], "Submit", "WorkDir")
 _ALL_FIELDS = (*_SQUEUE_CODES, *CHAIN_ACCOUNTING, *IDENTITY, *ALLOCATIONS)
 
 

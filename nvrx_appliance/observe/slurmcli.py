@@ -127,10 +127,11 @@ class Slurm:
         return out
 
     def squeue(
-        self, *, user: str, name: str | None = None, fields: tuple[str, ...] = USER_JOBS
+        self, *, user: str | None, name: str | None = None, fields: tuple[str, ...] = USER_JOBS
     ) -> list[Task]:
-        """This user's jobs (array tasks expanded), optionally only one job name."""
-        argv = ["squeue", "--noheader", "--array", "--user", user]
+        """This user's jobs (array tasks expanded; None: every user's), optionally only one
+        job name."""
+        argv = ["squeue", "--noheader", "--array", *(["--user", user] if user else [])]
         argv += ["--format", slurm_output.squeue_format(fields)]
         if name:
             argv += ["--name", name]
@@ -144,11 +145,14 @@ class Slurm:
         since: str | None = None,
         jobs: Sequence[str] = (),
         fields: tuple[str, ...] = CHAIN_ACCOUNTING,
+        all_users: bool = False,
     ) -> list[AcctRow]:
-        """Accounting rows, one per array task: of some job ids, or of a user's jobs of
-        one name since a time."""
+        """Accounting rows, one per array task: of some job ids, or of a user's jobs (of
+        every user's, with all_users) of one name since a time."""
         argv = ["sacct", "--noheader", "--parsable2", "--allocations"]
         argv += ["--format", slurm_output.sacct_format(fields)]
+        if all_users:
+            argv.append("--allusers")
         for option, value in (("--user", user), ("--name", name), ("--starttime", since)):
             if value:
                 argv += [option, value]

@@ -78,11 +78,41 @@ def load_manifest(work_dir: Path) -> dict[str, Any]:
         raise NotFound(
             f"{path} does not exist: this work dir holds no nvrx-appliance chain"
         ) from None
-    except (OSError, ValueError) as exc:
-        raise NotFound(f"{path} is unreadable ({exc}); was it edited by hand?") from None
+    except OSError as exc:
+        raise NotFound(f"{path} cannot be read ({exc.strerror or exc})") from None
+    except ValueError as exc:
+        raise Unreadable(f"{path} is not JSON ({exc}); was it edited by hand?") from None
     if not isinstance(data, dict) or "spec" not in data or "shape" not in data:
         raise NotFound(f"{path} is not an nvrx-appliance run manifest")
+    problem = manifest_problem(data)
+    if problem:
+        raise Unreadable(f"{path} {problem}; was it edited by hand? resubmit to rewrite it")
     return data
+
+
+class Unreadable(NotFound):
+    """run.json is there but lacks what a reader needs (a hand edit): the chain's files
+    cannot be read through it, though Slurm may still know its jobs."""
+
+
+# What the host tools read from run.json without a second look: each key, its type.
+_NEEDED: dict[str, dict[str, type]] = {
+    "spec": {"job_name": str, "work_dir": str},
+    "shape": {"array_spec": str, "active_tasks": int},
+}
+
+
+def manifest_problem(data: dict[str, Any]) -> str:
+    """Why run.json cannot be read by status, logs, report and cancel; "" when it can."""
+    for part, keys in _NEEDED.items():
+        section = data.get(part)
+        if not isinstance(section, dict):
+            return f"has no `{part}` object"
+        for key, kind in keys.items():
+            value = section.get(key)
+            if not isinstance(value, kind) or isinstance(value, bool) or value == "":
+                return f"has no {kind.__name__} `{part}.{key}`"
+    return ""
 
 
 def ledger(layout: Layout) -> list[dict[str, Any]]:

@@ -20,7 +20,7 @@ from nvrx_appliance import lease
 from nvrx_appliance.settings import exit_actions, megatron_rules, parallel
 
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
-# without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (README).
+# without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (docs/images.md).
 RUNTIMES = ("pyxis", "apptainer", "bare", "bwrap-standin")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "bwrap-standin")
 # train is the default: a real run. The two demo modes switch the fault injectors on.
@@ -217,7 +217,7 @@ class ChainSpec:
         # this long after its death instead of Slurm's SlurmdTimeout (300 s by default).
         45,
         "Seconds without a task-0 lease refresh before a peer fences task 0 as dead "
-        "(task 0 stops itself earlier: see README, Task 0's lease).",
+        "(task 0 stops itself earlier: see docs/how-it-works.md, Task 0's lease).",
         "NVRX_LEASE_STALE_AFTER",
     )
     lease_watchers: int = _opt(

@@ -9,7 +9,7 @@ from pathlib import Path
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES
-from nvrx_appliance.observe.workdir import load_manifest
+from nvrx_appliance.observe.workdir import Unreadable, load_manifest
 
 # A generation whose tasks are completing is ending already: scancel can do nothing
 # more to it (it answers "Invalid job id specified"), so it is left to end.
@@ -23,9 +23,18 @@ class Cancelled:
     running: tuple[str, ...]
 
 
-def cancel_chain(work_dir: Path, *, user: str) -> Cancelled:
-    spec = load_manifest(work_dir)["spec"]
-    name = spec["job_name"]
+def cancel_chain(work_dir: Path, *, user: str, job_name: str = "") -> Cancelled:
+    """`job_name`: the chain's name as Slurm knows it; it is enough when run.json was
+    edited beyond reading, so that a broken file never keeps a chain from being ended."""
+    try:
+        name = load_manifest(work_dir)["spec"]["job_name"]
+    except Unreadable as exc:
+        if not job_name:
+            raise Unreadable(
+                f"{exc}; name the chain (its name or a job id) instead of --work-dir, and "
+                "cancel ends it from what Slurm knows"
+            ) from None
+        name = job_name
     here = os.path.realpath(work_dir)
     rows = [
         r

@@ -1,4 +1,5 @@
-"""Reads what `status` and `cancel` need: which chain a job id or name is, and its state.
+"""Reads what the chain commands need: which chain a job id, a name or a work dir is
+(`resolve`, the one way every command finds it, the watcher's included), and its state.
 
 A job id or a job name leads to the chain's work dir (Slurm records it: submit passes
 --chdir), and the work dir to run.json, the ledger, the cycle-info files and the
@@ -7,8 +8,11 @@ checkpoint tracker. Two Slurm calls per look (one squeue, one sacct), whatever t
 
 from __future__ import annotations
 
+import difflib
+import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,36 +20,115 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import workdir
 from nvrx_appliance.observe.slurm_output import AcctRow, ParseError
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
-from nvrx_appliance.observe.types import Task
+from nvrx_appliance.observe.types import Cycle, Task
 from nvrx_appliance.slurm.status import ChainView, assemble
 
+# How far back a chain named by name, or listed, is looked for in Slurm's accounting.
+ACCOUNTED_SINCE = "now-30days"
 
-def locate_job(target: str, *, user: str, slurm: Slurm | None = None) -> tuple[Path, str | None]:
-    """(work dir, array job id) of the chain `target` (a job id or a job name) belongs
-    to: the generation a job id names (a task's own id too); None for a job name.
-    Raises NotFound, or SlurmUnavailable when Slurm could not be asked."""
+
+@dataclass(frozen=True)
+class Located:
+    """The chain a job id, a name or a work dir leads to."""
+
+    work_dir: Path
+    job_name: str  # as Slurm knows it, else as run.json says; "" when neither does
+    generation: str | None  # the generation (array job id) a job id names
+    job_ids: tuple[str, ...]  # the chain's generations Slurm knows, oldest first
+    owner: str
+
+
+def resolve(
+    target: str | None,
+    *,
+    user: str,
+    work_dir: str | Path | None = None,
+    slurm: Slurm | None = None,
+) -> Located:
+    """The one way every command that takes a chain finds it: a job id (any of its
+    generations, a task's own id too), a job name (the newest chain of that name), or
+    its work dir (which needs no Slurm, for a chain Slurm has forgotten). Two Slurm calls
+    at most. Raises NotFound (naming near names), or SlurmUnavailable when Slurm could
+    not be asked."""
+    if work_dir:
+        return _by_work_dir(target, Path(work_dir), user)
+    if not target:
+        raise workdir.NotFound(
+            "name a chain: its name, a job id of it, or its work dir with --work-dir"
+        )
     slurm = slurm or Slurm()
     failures: list[str] = []
-    rows: Sequence[Task | AcctRow] = _live_rows(slurm, user, failures)
-    match: Sequence[Task | AcctRow]
-    if target.isdigit():
-        match = [r for r in rows if target in (r.array_job_id, r.job_id)]
-    else:
-        match = [r for r in rows if r.name == target]
+    live: list[Task] = _live_rows(slurm, user, failures)
+    seen: list[Task | AcctRow] = [*live]
+    match = _matching(live, target)
     if not match:
-        match = _accounted(slurm, target, user, failures)
-    dirs = [r.work_dir for r in match if r.work_dir]
-    if not dirs and failures:
-        # Not "no such job": Slurm was not asked. Say why.
+        accounted = _accounted(slurm, target, user, failures)
+        seen += accounted
+        match = _matching(accounted, target)
+    if not match and failures:
+        # Not "no such chain": Slurm was not asked. Say why.
         raise SlurmUnavailable(failures[0])
-    if not dirs:
+    if not match:
+        raise workdir.NotFound(_not_found(target, user, seen))
+    newest = max(match, key=lambda r: _numeric(r.array_job_id))
+    here = os.path.realpath(newest.work_dir)
+    ids = {
+        r.array_job_id
+        for r in seen
+        if r.name == newest.name and os.path.realpath(r.work_dir or "/") == here
+    }
+    return Located(
+        work_dir=Path(newest.work_dir),
+        job_name=newest.name,
+        generation=newest.array_job_id if target.isdigit() else None,
+        job_ids=tuple(sorted(ids, key=_numeric)),
+        owner=newest.user or user,
+    )
+
+
+def _by_work_dir(target: str | None, folder: Path, user: str) -> Located:
+    folder = folder.resolve()
+    try:
+        name = workdir.load_manifest(folder)["spec"]["job_name"]
+    except workdir.NotFound:
+        name = ""  # what reads the chain next says why it cannot (cancel needs no run.json)
+    if target and not target.isdigit() and name and target != name:
         raise workdir.NotFound(
-            f"no job {target!r} of user {user} in squeue or sacct; pass a job id or name of "
-            "your chain, or its work dir with --work-dir"
+            f"{folder} holds chain {name!r}, not {target!r}; name that chain, or drop --work-dir"
         )
-    # The newest job wins: a name reused by a later chain means that chain.
-    generation = match[-1].array_job_id if target.isdigit() else None
-    return Path(dirs[-1]), generation
+    return Located(folder, name, target if target and target.isdigit() else None, (), user)
+
+
+def _numeric(job_id: str) -> tuple[int, str]:
+    return (int(job_id), "") if job_id.isdigit() else (1 << 62, job_id)
+
+
+def _matching(rows: Sequence[Task | AcctRow], target: str) -> list[Task | AcctRow]:
+    if target.isdigit():
+        found = [r for r in rows if target in (r.array_job_id, r.job_id)]
+    else:
+        found = [r for r in rows if r.name == target]
+    return [r for r in found if r.work_dir]
+
+
+def near_names(target: str, names: Sequence[str]) -> list[str]:
+    """The names a person may have meant: close in spelling, or holding what was typed."""
+    known = sorted({n for n in names if n})
+    close = difflib.get_close_matches(target, known, n=5, cutoff=0.6)
+    holding = [n for n in known if target.lower() in n.lower() and n not in close]
+    return (close + holding)[:5]
+
+
+def _not_found(target: str, user: str, seen: Sequence[Task | AcctRow]) -> str:
+    what = "job" if target.isdigit() else "chain"
+    said = f"no {what} {target!r} of user {user} in squeue or sacct (the last 30 days)"
+    near = [] if target.isdigit() else near_names(target, [r.name for r in seen])
+    if near:
+        said += f"; near names: {', '.join(near)}"
+    return (
+        f"{said}. `nvrx-appliance status` lists your chains; pass a chain name, a job id "
+        "of it, or its work dir with --work-dir"
+    )
 
 
 def _live_rows(slurm: Slurm, user: str, failures: list[str]) -> list[Task]:
@@ -57,10 +140,12 @@ def _live_rows(slurm: Slurm, user: str, failures: list[str]) -> list[Task]:
 
 
 def _accounted(slurm: Slurm, target: str, user: str, failures: list[str]) -> list[AcctRow]:
+    """A job id's rows; or, for a name, every job of the user's since ACCOUNTED_SINCE: the
+    same one call finds the chain and, when it is not there, the names that are."""
     try:
         if target.isdigit():
             return slurm.sacct(jobs=[target])
-        return slurm.sacct(user=user, name=target, since="now-30days")
+        return slurm.sacct(user=user, since=ACCOUNTED_SINCE)
     except (SlurmUnavailable, ParseError) as exc:
         failures.append(str(exc))
         return []
@@ -89,19 +174,45 @@ def read_chain(work_dir: Path, *, user: str, slurm: Slurm | None = None) -> Chai
         acct = _accounting(slurm, layout, manifest, user)
     except (SlurmUnavailable, ParseError) as exc:
         blind.append(f"sacct: {exc}")
-    ledger = workdir.ledger(layout)
-    ids = {r.array_job_id for r in queue or []} | {r.array_job_id for r in acct or []}
-    ids |= {str(e["array_job_id"]) for e in ledger}
+    return view_of(work_dir, manifest, queue, acct, blind, now=time.time())
+
+
+def view_of(
+    work_dir: Path,
+    manifest: dict[str, Any],
+    queue: list[Task] | None,
+    acct: list[AcctRow] | None,
+    blind: Sequence[str],
+    *,
+    now: float,
+    ledger: list[dict[str, Any]] | None = None,
+    cycles: dict[str, list[Cycle]] | None = None,
+) -> ChainView:
+    """The chain at a glance from what Slurm said (None: it did not) and its work dir.
+    `ledger`, `cycles`: already read by the caller (the chain list, for the account too)."""
+    layout = Layout(work_dir)
+    if ledger is None:
+        ledger = workdir.ledger(layout)
+    if cycles is None:
+        cycles = workdir.cycles(layout, generation_ids(queue, acct, ledger))
     return assemble(
         manifest=manifest,
         queue=queue,
         acct=acct,
         ledger=ledger,
-        cycles=workdir.cycles(layout, sorted(ids)),
+        cycles=cycles,
         checkpoint_now=workdir.checkpoint_iteration(layout),
         chain_marker=workdir.chain_marker(layout),
         qualify_record=workdir.read_json(layout.qualification),
         blind=blind,
-        now=time.time(),
+        now=now,
         exclusions=workdir.exclusions(layout),
     )
+
+
+def generation_ids(
+    queue: Sequence[Task] | None, acct: Sequence[AcctRow] | None, ledger: Sequence[dict[str, Any]]
+) -> list[str]:
+    """Every generation Slurm or the ledger knows of."""
+    ids = {r.array_job_id for r in queue or []} | {r.array_job_id for r in acct or []}
+    return sorted(ids | {str(e["array_job_id"]) for e in ledger})

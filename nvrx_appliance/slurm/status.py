@@ -84,6 +84,19 @@ class QualifyRunView:
 
 
 @dataclass(frozen=True)
+class Headline:
+    """Where the chain stands, in one line, and the next command to run."""
+
+    state: str  # running, queued, ended, unknown (Slurm did not answer)
+    # Why an ended chain ended: exhausted, completed, cancelled, stopped_by_nvrx,
+    # burn_guard, or the ledger's own action for one this tool has no words of its own for
+    # (a workload verdict, say). "" while it lives.
+    why: str
+    text: str
+    next_command: str
+
+
+@dataclass(frozen=True)
 class ChainView:
     job_name: str
     user: str
@@ -106,11 +119,12 @@ class ChainView:
     # The exclusion record: nodes kept out of the queued generations, and its last use.
     excluded: tuple[Exclusion, ...] = ()
     applied: Applied | None = None
+    headline: Headline = field(default_factory=lambda: Headline("unknown", "", "", ""))
 
     @property
     def slurm_reachable(self) -> bool:
         """False when neither squeue nor sacct answered: the picture is the work dir's."""
-        return not {"squeue", "sacct"} <= {b.split(":")[0] for b in self.blind}
+        return slurm_answered(self.blind)
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -122,18 +136,24 @@ class ChainView:
         return doc
 
 
-def shape_text(shape: dict[str, Any]) -> str:
-    """The parallel shape from run.json in one line: how the world splits, and a step."""
+def slurm_answered(blind: Sequence[str]) -> bool:
+    """Did squeue or sacct answer? `blind` names each source that could not be read."""
+    return not {"squeue", "sacct"} <= {b.split(":")[0] for b in blind}
+
+
+def shape_text(shape: dict[str, Any], *, every_size: bool = False) -> str:
+    """The parallel shape from run.json in one line: how the world splits, and a step.
+    Sizes of 1 are left out unless `every_size` (the dry run, where each is checked)."""
     get = shape.get
     if get("data_parallel") is None:
         return ""
     sizes = [f"TP {get('tensor_parallel')}", f"PP {get('pipeline_parallel')}"]
-    if get("context_parallel", 1) != 1:
+    if every_size or get("context_parallel", 1) != 1:
         sizes.append(f"CP {get('context_parallel')}")
     text = f"{get('world_size')} ranks = {' x '.join(sizes)} x DP {get('data_parallel')}"
     if get("virtual_pipeline"):
         text += f", {get('virtual_pipeline')} virtual stages"
-    if get("expert_parallel", 1) != 1:
+    if every_size or get("expert_parallel", 1) != 1:
         text += f" (experts: EP {get('expert_parallel')} x ETP {get('expert_tensor_parallel')})"
     return (
         f"{text}; global batch {get('global_batch')} = micro {get('micro_batch')} x DP "
@@ -268,9 +288,118 @@ def qualify_run_view(record: Any) -> QualifyRunView | None:
     )
 
 
+def _wandb_run_id(manifest: dict[str, Any]) -> str:
+    found = manifest.get("wandb")
+    return str(found.get("run_id", "")) if isinstance(found, dict) else ""
+
+
 def _completed_at(entries: Iterable[dict[str, Any]]) -> int | None:
     done = [e.get("final_iteration") for e in entries if e.get("action") == "completed"]
     return next((d for d in reversed(done) if isinstance(d, int)), None)
+
+
+# The teardown's actions after which the chain goes on (the next generation starts):
+# a chain that has nothing left after one of them either ran out or was cancelled.
+GOES_ON = frozenset(
+    {"released_spares", "saved_at_time_limit", "fenced", "resume_elsewhere", "none", ""}
+)
+STOPPED_BY_NVRX, BURN_GUARD, COMPLETED = "cancelled_chain", "burn_guard", "completed"
+
+
+def action_words(action: str) -> str:
+    """A ledger action as words: the teardown's own, and any other (a newer teardown's,
+    a workload verdict's) read plainly from its name."""
+    return ACTION_WORDS.get(action, action.replace("_", " ").strip() or "-")
+
+
+ACTION_WORDS = {
+    "released_spares": "released spares",
+    "saved_at_time_limit": "saved at the time limit",
+    COMPLETED: "training completed",
+    STOPPED_BY_NVRX: "cancelled chain",
+    BURN_GUARD: "burn guard",
+    # A peer closed the generation for a task 0 whose lease went stale (issue 11).
+    "fenced": "fenced dead task 0",
+    "none": "nothing cancelled",
+    # The workload's own verdicts (issue 29).
+    "stopped_by_workload": "stopped by the workload",
+    "resume_elsewhere": "resumed elsewhere",
+}
+
+
+def headline(
+    *,
+    name: str,
+    generations: Sequence[GenerationView],
+    chain_marker: bool,
+    checkpoint_now: int | None,
+    completed_at: int | None,
+    slurm_reachable: bool,
+    work_dir: str,
+) -> Headline:
+    """Where the chain stands. Pure: what status read, in; one line and a command, out."""
+    at = "none yet" if checkpoint_now is None else str(checkpoint_now)
+    running = [g for g in generations if g.state == "running"]
+    queued = [g for g in generations if g.state == "queued"]
+    if running:
+        g = running[-1]
+        on = f" (task 0 on {g.task0_node})" if g.task0_node else ""
+        behind = f"; {len(queued)} more queued behind it" if queued else "; none queued behind it"
+        text = f"running: generation {g.array_job_id}{on}, checkpoint iteration {at}{behind}"
+        return Headline("running", "", text, f"nvrx-appliance logs {name} --follow")
+    if queued:
+        g = queued[0]
+        why = f" ({g.pending_reason})" if g.pending_reason not in ("", "None") else ""
+        text = (
+            f"queued: generation {g.array_job_id} waits for Slurm{why}; "
+            f"{len(queued)} generation(s) queued, checkpoint iteration {at}"
+        )
+        return Headline("queued", "", text, f"nvrx-appliance status {name} --watch")
+    if not slurm_reachable:
+        text = "unknown: Slurm could not be reached; below is what the work dir records"
+        return Headline("unknown", "", text, f"nvrx-appliance status {name} (again, later)")
+    return _ended(name, generations, chain_marker, at, completed_at, work_dir)
+
+
+def _ended(
+    name: str,
+    generations: Sequence[GenerationView],
+    chain_marker: bool,
+    at: str,
+    completed_at: int | None,
+    work_dir: str,
+) -> Headline:
+    last = next((g for g in reversed(generations) if g.action), None)
+    action, reason = (last.action, last.reason) if last else ("", "")
+    of = f" (generation {last.array_job_id})" if last else ""
+    resubmit = f"nvrx-appliance submit --work-dir {work_dir} --job-name {name} <its settings>"
+    if completed_at is not None or action == COMPLETED:
+        done = completed_at if completed_at is not None else at
+        text = f"ended: completed, training reached iteration {done}"
+        return Headline("ended", "completed", text, f"nvrx-appliance report {name}")
+    if action == STOPPED_BY_NVRX:
+        text = f"ended: stopped by NVRx{of}: ft_launcher exited 93 (do not restart)"
+        return Headline("ended", "stopped_by_nvrx", text, f"nvrx-appliance logs {name} --launcher")
+    if action == BURN_GUARD:
+        text = (
+            f"ended: stopped by the burn guard{of}: generations ended without training, "
+            f"checkpoint iteration {at}"
+        )
+        return Headline("ended", BURN_GUARD, text, f"nvrx-appliance logs {name}")
+    if action not in GOES_ON and not chain_marker:
+        # The teardown ended the chain (it removes the marker) with an action this has no
+        # words of its own for (a workload verdict, a newer teardown's): its name and
+        # its reason say what happened.
+        text = f"ended: {action_words(action)}{of}" + (f": {reason}" if reason else "")
+        return Headline("ended", action, text, f"nvrx-appliance logs {name}")
+    if not chain_marker:
+        text = f"ended: cancelled, checkpoint iteration {at}"
+        return Headline("ended", "cancelled", text, resubmit)
+    text = (
+        f"ended: exhausted, every generation queued has run and none is left; "
+        f"checkpoint iteration {at}"
+    )
+    return Headline("ended", "exhausted", text, resubmit)
 
 
 def assemble(
@@ -326,6 +455,17 @@ def assemble(
                 drained=tuple(str(n) for n in entry.get("drained") or ()),
             )
         )
+    completed_at = _completed_at(by_array.values())
+    reachable = slurm_answered(blind)
+    lead = headline(
+        name=spec["job_name"],
+        generations=generations,
+        chain_marker=chain_marker,
+        checkpoint_now=checkpoint_now,
+        completed_at=completed_at,
+        slurm_reachable=reachable,
+        work_dir=spec["work_dir"],
+    )
     return ChainView(
         job_name=spec["job_name"],
         user=str(manifest.get("user", "")),
@@ -338,12 +478,13 @@ def assemble(
         generations=tuple(generations),
         queued=tuple(g.array_job_id for g in generations if g.state == "queued"),
         chain_marker=chain_marker,
-        completed_at=_completed_at(by_array.values()),
+        completed_at=completed_at,
         image=image_view(manifest),
         qualify_run=qualify_run_view(qualify_record),
         parallelism=shape_text(shape),
-        wandb_run_id=str((manifest.get("wandb") or {}).get("run_id", "")),
+        wandb_run_id=_wandb_run_id(manifest),
         blind=tuple(blind),
         excluded=exclusions.active if exclusions else (),
         applied=exclusions.applied if exclusions else None,
+        headline=lead,
     )

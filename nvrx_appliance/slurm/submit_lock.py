@@ -31,6 +31,11 @@ class LockBusy(Exception):
     """Another submit of the same chain name or work dir held its lock too long."""
 
 
+class LockUnavailable(Exception):
+    """The lock directory or a lock file cannot be made (a read-only home, a file in
+    the way); the message names the path and the fix."""
+
+
 def lock_dir(environ: dict[str, str] | None = None) -> Path:
     env = os.environ if environ is None else environ
     state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
@@ -66,11 +71,17 @@ def hold(
 ) -> Iterator[None]:
     """Hold the name's and the work dir's locks; raises LockBusy after `wait_s`."""
     folder = directory or lock_dir()
-    make_private_dirs(folder)
+    try:
+        make_private_dirs(folder)
+    except OSError as exc:
+        raise LockUnavailable(_cannot(folder, exc)) from None
     with contextlib.ExitStack() as held:
         for name in lock_names(job_name, work_dir):
             path = folder / name
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            except OSError as exc:
+                raise LockUnavailable(_cannot(path, exc)) from None
             held.callback(os.close, fd)
             _acquire(fd, path, job_name, wait_s, on_wait)
             # For a person reading the file: the kernel's lock is the truth.
@@ -78,6 +89,13 @@ def hold(
             os.ftruncate(fd, 0)
             os.pwrite(fd, note.encode(), 0)
         yield
+
+
+def _cannot(path: Path, exc: OSError) -> str:
+    return (
+        f"cannot make the submit lock {path} ({exc.strerror or exc}); set XDG_STATE_HOME "
+        "to a directory of yours that can be written, or fix that path"
+    )
 
 
 def _acquire(

@@ -281,7 +281,7 @@ def _ends_on_its_own(cluster: Cluster, work: Path, array_job_id: str, node: str)
     """Kill a rank on `node` once ft_launcher has no restart left: the generation ends on
     its own, as generations do, and task 0's teardown runs while its job still lives (an
     scancel would let Slurm count the job finished at once and start the next generation
-    while the teardown still ran: README, "The chain remembers bad nodes")."""
+    while the teardown still ran: docs/how-it-works.md, "The chain remembers bad nodes")."""
     _kill_a_rank(cluster, work, node)
     [entry] = wait_ledger(work, 1, CYCLE_S)
     assert entry["array_job_id"] == array_job_id and entry["exit_code"] not in (0, 93), entry

@@ -49,5 +49,5 @@ def test_the_demo_hands_off_and_reports_the_resume_point(cluster: Cluster, tmp_p
     assert f"picture: {work / 'goodput.svg'}" in text
     ET.parse(work / "goodput.svg")
     # Kept with pytest's temporary files (the work dir goes with the cluster): the
-    # README's picture is one of these.
+    # docs/operating.md's picture is one of these.
     shutil.copy(work / "goodput.svg", tmp_path / f"{outcome.job_name}.svg")

@@ -2,8 +2,9 @@
 on the real cluster: it exits 0, prints no traceback, and says what a person reads.
 
 A traceback after a successful queue once went unseen because every cluster test
-submitted with --json; this test is the human path end to end: submit, status,
-status --watch, logs in each form, nvrx-watch, cancel. (qualify's human output is
+submitted with --json; this test is the human path end to end: submit, status (on a
+terminal and through a pipe), the list of chains, status --watch, logs in each form,
+nvrx-watch by job id and by name, cancel. (qualify's human output is
 checked by test_image_handoff.py, which runs it as a person does.)
 """
 
@@ -66,11 +67,11 @@ class Terminal:
     """A command run on a pseudo-terminal, as in a person's shell: rich's live display
     only redraws on a terminal."""
 
-    def __init__(self, argv: list[str], env: dict[str, str]):
+    def __init__(self, argv: list[str], env: dict[str, str], columns: int = 200):
         self.master, replica = pty.openpty()
         self.proc = subprocess.Popen(
-            argv, stdin=replica, stdout=replica, stderr=replica, env={**env, "COLUMNS": "200"},
-            preexec_fn=_as_a_foreground_job,
+            argv, stdin=replica, stdout=replica, stderr=replica,
+            env={**env, "COLUMNS": str(columns)}, preexec_fn=_as_a_foreground_job,
         )  # fmt: skip
         os.close(replica)
         self.seen = b""
@@ -85,6 +86,17 @@ class Terminal:
                 break
             self.seen += chunk
         return self.seen.decode(errors="replace")
+
+    def wait(self, timeout: float = 60) -> int:
+        """The exit code of a command that ends by itself, all it showed read."""
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.read()
+        code = self.proc.wait(timeout=1)
+        self.read()
+        os.close(self.master)
+        self.master = -1
+        return code
 
     def interrupt(self, timeout: float = 30) -> int:
         """Ctrl-C, as the terminal sends it; the command's exit code. The terminal goes
@@ -122,10 +134,33 @@ def test_a_person_submits_follows_reads_watches_and_cancels_a_chain(
         shown = wide(cluster, "status", first)
         no_traceback(shown)
         assert shown.returncode == 0, shown.stderr
+        opening, then = shown.stdout.splitlines()[:2]
+        assert opening.startswith(f"running: generation {first} (task 0 on ")
+        assert opening.endswith("; 1 more queued behind it")
+        assert then == f"next: nvrx-appliance logs {name} --follow"
         assert f"chain {name}" in shown.stdout and "mode: train   workload: cpu" in shown.stdout
         assert f"queued generations: {second}" in shown.stdout
         assert "running" in lines_of(shown.stdout, f"│ {first}")[0]
         assert "queued (Dependency)" in lines_of(shown.stdout, f"│ {second}")[0]
+
+        # Through a pipe, no COLUMNS: nothing cut to 80 columns (a node, an id, a time).
+        piped = cli(cluster, "status", name)
+        no_traceback(piped)
+        assert "…" not in piped.stdout, piped.stdout
+        row = lines_of(piped.stdout, f"│ {first}")[0]
+        node = opening.split("(task 0 on ")[1].split(")")[0]
+        assert node in row
+        # On a terminal 80 columns wide, values fold rather than end in an ellipsis.
+        narrow = Terminal([CLI, "status", name], cluster.env(), columns=80)
+        assert narrow.wait() == 0
+        assert "…" not in narrow.read() and f"running: generation {first}" in narrow.read()
+
+        # The list of chains: this one on one line, in words, with its work dir.
+        listed = cli(cluster, "status")
+        no_traceback(listed)
+        assert listed.returncode == 0, listed.stderr
+        mine = lines_of(listed.stdout, f"{name} ")[0].split()
+        assert mine[1:3] == ["running", first] and mine[-1] == str(work)
 
         # A few refreshes on a terminal, then Ctrl-C: exit 0, nothing else said.
         live = Terminal([CLI, "status", name, "--watch", "2"], cluster.env())
@@ -156,13 +191,15 @@ def test_a_person_submits_follows_reads_watches_and_cancels_a_chain(
         assert following.interrupt() == 0
         assert "Traceback" not in following.read()
 
-        watched = subprocess.run(
-            [WATCH, first, "--dry-run"], capture_output=True, text=True, timeout=120,
-            env=cluster.env(NVRX_WATCH_STATE_FILE=str(tmp_path / "state.json")),
-        )  # fmt: skip
-        no_traceback(watched)
-        assert watched.returncode == 0, watched.stderr
-        assert f"watching chain {name} of " in watched.stderr
+        for chain in (first, name):  # a job id or the chain's name, as every command takes
+            watched = subprocess.run(
+                [WATCH, chain, "--dry-run"], capture_output=True, text=True, timeout=120,
+                env=cluster.env(NVRX_WATCH_STATE_FILE=str(tmp_path / "state.json")),
+            )  # fmt: skip
+            no_traceback(watched)
+            assert watched.returncode == 0, watched.stderr
+            assert f"watching chain {name} of " in watched.stderr
+            assert "blind" not in watched.stderr
     except BaseException:
         print(logs_on_failure(work))
         raise
@@ -181,3 +218,4 @@ def test_a_person_submits_follows_reads_watches_and_cancels_a_chain(
     no_traceback(after)
     assert after.returncode == 0 and "queued generations: none" in after.stdout
     assert "chain marker: absent" in after.stdout
+    assert after.stdout.startswith("ended: cancelled, checkpoint iteration ")

@@ -3,8 +3,9 @@ do when sbatch fails, hangs or is interrupted, or a job ends under a scancel: ca
 real cluster cannot be made to show on demand. Real submission and cancel are covered by
 tests/integration/test_chain_*.
 
-The queue is a JSON-lines file; `sbatch` appends a job to it, `squeue` lists it,
-`scancel` marks jobs cancelled, `scontrol show config` answers a few keys. What one
+The queue is a JSON-lines file; `sbatch` appends a job to it, `squeue` lists it (those
+still queued or running), `sacct` lists every one (as task 0 of its array), `scancel`
+marks jobs cancelled, `scontrol show config` answers a few keys. Each call is logged. What one
 sbatch call does is steered by files in the stand-in's folder:
 
 - `fail_from`: calls from this number on (1-based) fail like Slurm, queueing nothing;
@@ -78,15 +79,18 @@ print(queue_one())
 _SQUEUE = """
 calls("squeue")
 name = sys.argv[sys.argv.index("--name") + 1] if "--name" in sys.argv else None
+user = sys.argv[sys.argv.index("--user") + 1] if "--user" in sys.argv else None
 ending = HERE / "completing"
 completing = set(ending.read_text().split()) if ending.exists() else set()
 for job in jobs():
-    if job["state"] in ("CANCELLED", "COMPLETED") or (name and job["name"] != name):
+    if job["state"] not in ("PENDING", "RUNNING") or (name and job["name"] != name):
+        continue  # ended: accounting's (sacct) alone
+    if user and job["user"] != user:
         continue
     # USER_JOBS: %A|%F|%K|%j|%u|%T|%N|%r|%Z
     shown = "COMPLETING" if job["id"] in completing else job["state"]
     print("|".join((job["id"], job["id"], "0", job["name"], job["user"], shown,
-                    "(null)", "None", job["work_dir"])))
+                    job.get("nodes", "(null)"), "None", job["work_dir"])))
 """
 
 _SCANCEL = """
@@ -107,6 +111,27 @@ for job_id in sorted(kept):
 sys.exit(1 if gone or kept or closing else 0)
 """
 
+_SACCT = """
+calls("sacct")
+def after(flag):
+    return sys.argv[sys.argv.index(flag) + 1] if flag in sys.argv else None
+fields = after("--format").split(",")
+user, name, ids = after("--user"), after("--name"), after("--jobs")
+for job in jobs():
+    if ids is not None and job["id"] not in ids.split(","):
+        continue
+    if ids is None and "--allusers" not in sys.argv and user and job["user"] != user:
+        continue
+    if name and job["name"] != name:
+        continue
+    known = {{"JobID": job["id"] + "_0", "JobIDRaw": job["id"], "JobName": job["name"],
+             "User": job["user"], "State": job["state"], "WorkDir": job["work_dir"],
+             "ExitCode": job.get("exit_code", "0:0"),
+             "NodeList": job.get("nodes", "None assigned"), "Submit": job.get("submit", "Unknown"),
+             "Start": job.get("start", "Unknown"), "End": job.get("end", "Unknown")}}
+    print("|".join(known.get(f, "") for f in fields))
+"""
+
 _SCONTROL = """
 calls("scontrol")
 print("ClusterName = standin")
@@ -119,6 +144,7 @@ class SlurmStandin:
 
     def __init__(self, root: Path, user: str):
         self.root = root
+        self.user = user
         self.bin = root / "bin"
         self.bin.mkdir(parents=True, exist_ok=True)
         common = _COMMON.format(python=sys.executable, here=str(root))
@@ -126,11 +152,25 @@ class SlurmStandin:
             ("sbatch", _SBATCH),
             ("squeue", _SQUEUE),
             ("scancel", _SCANCEL),
+            ("sacct", _SACCT),
             ("scontrol", _SCONTROL),
         ):
             path = self.bin / name
             path.write_text(common + body.format(user=user))
             path.chmod(0o755)
+
+    def add(self, job_id: str, name: str, work_dir: str, state: str, **more: str) -> None:
+        """A job already in the queue (or in accounting, once ended): `more` may give
+        its user, nodes, start, end, submit and exit_code (sacct's N:M)."""
+        queue = self.root / "queue.jsonl"
+        job = {"id": job_id, "name": name, "work_dir": work_dir, "user": self.user}
+        with queue.open("a") as fh:
+            fh.write(json.dumps({**job, "state": state, **more}) + "\n")
+
+    def update(self, job_id: str, **fields: str) -> None:
+        """Change a queued job: its state, nodes, start, end, ... as Slurm would."""
+        rows = [{**j, **fields} if j["id"] == job_id else j for j in self.jobs()]
+        (self.root / "queue.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     def steer(self, **files: str | int) -> None:
         for name, value in files.items():
@@ -143,8 +183,8 @@ class SlurmStandin:
         return [json.loads(line) for line in queue.read_text().splitlines() if line]
 
     def live(self) -> list[str]:
-        """The ids of the jobs still queued (neither cancelled nor ended)."""
-        return [j["id"] for j in self.jobs() if j["state"] not in ("CANCELLED", "COMPLETED")]
+        """The ids of the jobs still queued or running (neither cancelled nor ended)."""
+        return [j["id"] for j in self.jobs() if j["state"] in ("PENDING", "RUNNING")]
 
     def calls(self, command: str) -> list[str]:
         log = self.root / "calls"

@@ -12,9 +12,10 @@ from rich.console import Console
 
 from nvrx_appliance import api
 from nvrx_appliance.cli import chain as commands
+from nvrx_appliance.cli import status_view
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.times import parse_time
-from nvrx_appliance.slurm import status, status_view
+from nvrx_appliance.slurm import status
 
 WORK = "/shared/alice/run"
 
@@ -26,7 +27,8 @@ def no_slurm(tmp_path, monkeypatch):
 
 
 def plan_for(**settings) -> api.SubmitPlan:
-    spec = api.chain_spec(environ={}, work_dir=WORK, workload="cpu", job_name="gpt", **settings)
+    settings = {"workload": "cpu", **settings}
+    spec = api.chain_spec(environ={}, work_dir=WORK, job_name="gpt", **settings)
     return api.prepare(spec, dry_run=True)
 
 
@@ -62,10 +64,30 @@ def test_a_dry_run_shows_the_mode_the_ranks_command_the_sbatch_lines_and_the_scr
     lines = text.splitlines()
     assert lines[0] == "# dry run: nothing was written or submitted"
     assert lines[1] == "# mode: train (no injected faults)"
-    assert "nvrx_appliance.entrypoints.workloads.cpu" in lines[3]
-    assert lines[4] == lines[5] and lines[4].startswith("sbatch --job-name=gpt ")
-    assert lines[6] == f"# ---- {WORK}/gpt.sbatch ----"
+    assert lines[2] == (
+        "# shape: 16 ranks = TP 1 x PP 1 x CP 1 x DP 16 (experts: EP 1 x ETP 1); "
+        "global batch 16 = micro 1 x DP 16 x 1 microbatches"
+    )
+    assert lines[3] == "# W&B run: none (the workload is given no --wandb-project)"
+    assert "nvrx_appliance.entrypoints.workloads.cpu" in lines[5]
+    assert lines[6] == lines[7] and lines[6].startswith("sbatch --job-name=gpt ")
+    assert lines[8] == f"# ---- {WORK}/gpt.sbatch ----"
     assert text.endswith(plan.script)
+
+
+def test_a_dry_run_shows_the_parallel_shape_every_size_and_the_chains_wandb_run(tmp_path):
+    (tmp_path / "pretrain_gpt.py").write_text("")  # a Megatron-LM checkout, as far as submit looks
+    args = ["--wandb-project", "p", "--wandb-exp-name", "x", "--num-experts", "4"]
+    plan = plan_for(workload="megatron", megatron_path=str(tmp_path), train_tasks=4,
+                    gpus_per_node=8, tensor_parallel=4, context_parallel=2, expert_parallel=2,
+                    global_batch=8, train_samples=800, megatron_args=args)  # fmt: skip
+    lines = commands.dry_run_text(plan).splitlines()
+    assert lines[2] == (
+        "# shape: 32 ranks = TP 4 x PP 1 x CP 2 x DP 4 (experts: EP 2 x ETP 4); "
+        "global batch 8 = micro 1 x DP 4 x 2 microbatches"
+    )
+    run_id = plan.manifest.wandb_run_id
+    assert run_id and lines[3] == f"# W&B run: {run_id} (every generation and restart logs to it)"
 
 
 def test_cancel_says_what_it_cancelled_or_that_nothing_lived():
@@ -141,6 +163,8 @@ def test_a_chain_just_queued_shows_dashes_for_what_nothing_has_filled_yet():
 def test_status_with_slurm_unreachable_says_so_above_the_work_dirs_record():
     blind = ["squeue: timed out", "sacct: timed out"]
     text = rendered(assembled(queue=None, acct=None, ledger=LEDGER, blind=blind))
-    assert text.splitlines()[0] == "Slurm could not be reached: below is the work dir's record only"
+    assert text.splitlines()[0] == (
+        "unknown: Slurm could not be reached; below is what the work dir records"
+    )
     assert "could not read squeue: timed out" in text
     assert "500" in text and "501" in text

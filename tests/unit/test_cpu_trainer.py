@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -139,6 +140,9 @@ def test_fresh_run_reaches_a_complete_checkpoint_and_tracker(fresh):
     assert sorted(p.name for p in tracked.glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
     assert "saved checkpoint at iteration 20" in fresh.output
     assert "iteration 20/20" in fresh.output
+    # Its lines open with the one log timestamp, as the entrypoint's do (clock.log_stamp).
+    said = [line for line in fresh.output.splitlines() if "saved checkpoint at" in line]
+    assert said and all(re.match(r"\d{4}-\d\d-\d\dT[\d:]{8}\.\d{3}Z ", s) for s in said)
 
 
 def test_a_finished_run_marks_training_done_beside_the_tracker(fresh):

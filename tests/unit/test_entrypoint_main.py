@@ -6,6 +6,7 @@ task per node (a stand-in named as such); ft_launcher and the workload are the r
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,8 @@ from nvrx_appliance.layout import ControlFiles
 from nvrx_appliance.lease import POLL_S
 from tests.unit import entrypoint_support as support
 
+# The entrypoint's log lines: the one timestamp format (clock.log_stamp), then who speaks.
+STAMPED = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z nvrx-entrypoint: ")
 ENTRYPOINT = [sys.executable, "-c", "from nvrx_appliance.cli.entrypoint import main; main()"]
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 DEAD_HOST = "192.0.2.1"  # TEST-NET-1: nothing ever answers there
@@ -85,6 +88,7 @@ def test_a_missing_manifest_is_one_line_and_code_70(tmp_path):
     assert result.returncode == exitcodes.MANIFEST_INVALID
     assert result.stderr.strip().count("\n") == 0
     assert "does not exist" in result.stderr
+    assert STAMPED.match(result.stderr), result.stderr
 
 
 def test_no_manifest_at_all_names_both_ways_to_give_one(tmp_path):
@@ -235,6 +239,10 @@ def test_task_0s_exit_93_from_a_real_ft_launcher_comes_out_as_93(tmp_path):
     assert ControlFiles(directory).lease.exists()
     assert ControlFiles(directory).no_restart.exists()
     assert stat.S_IMODE(directory.stat().st_mode) == 0o700
+    # Every line the entrypoint wrote opens with the one log timestamp (clock.log_stamp).
+    ours = [line for line in result.stderr.splitlines() if "nvrx-entrypoint: " in line]
+    assert any("ft_launcher exited 93" in line for line in ours), result.stderr
+    assert all(STAMPED.match(line) for line in ours), ours
 
 
 def publish_as_task_0(run_json: Path, host: str, array_job_id="700", active_tasks=None) -> Path:

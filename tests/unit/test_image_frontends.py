@@ -1,7 +1,7 @@
 """The enroot and Apptainer front ends produce exactly these commands and definition.
 
 Neither tool exists on the machines this project is developed and tested on, so these
-tests pin what the front ends would run; the README says they were not run here.
+tests pin what the front ends would run; docs/images.md says they were not run here.
 """
 
 from __future__ import annotations

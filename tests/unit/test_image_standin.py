@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from nvrx_appliance import exitcodes
@@ -100,3 +102,9 @@ def test_each_task_gets_private_tmp_run_and_home():
         "/root": "0700",
     }
     assert "/tmp/home" not in standin.private_dirs("/tmp/home")
+
+
+def test_its_one_failure_line_in_the_jobs_output_carries_the_log_stamp(capsys):
+    assert standin.main(["run", "--image", "/no/such/image.sqsh", "--", "true"]) == exitcodes.USAGE
+    line = capsys.readouterr().err
+    assert re.match(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z nvrx-standin: --image ", line), line

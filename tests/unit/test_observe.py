@@ -10,7 +10,7 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files, slurm_output, workdir
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import LIVE_STATES, RUNNING_STATES, terminal
-from nvrx_appliance.slurm import status, status_view, teardown
+from nvrx_appliance.slurm import status, teardown
 
 
 def test_what_the_teardown_appends_is_what_status_and_the_watcher_read(tmp_path):
@@ -35,7 +35,7 @@ def test_the_ledgers_action_words_the_watcher_reads_are_the_teardowns():
     from nvrx_appliance.observe.types import COMPLETED
 
     assert teardown.COMPLETED == COMPLETED
-    assert set(status_view._ACTIONS) >= {
+    assert set(status.ACTION_WORDS) >= {
         teardown.RELEASED_SPARES, teardown.SAVED_AT_TIME_LIMIT, teardown.COMPLETED,
         teardown.CANCELLED_CHAIN, teardown.BURN_GUARD, teardown.FENCED, teardown.NONE,
     }  # fmt: skip
@@ -70,7 +70,7 @@ def test_bytes_that_are_not_utf8_spoil_only_their_own_line(tmp_path):
 
 def test_a_run_json_that_is_not_one_is_refused_with_the_path(tmp_path):
     Layout(tmp_path).run_json.write_bytes(b"\xff{")
-    with pytest.raises(workdir.NotFound, match=r"run\.json is unreadable"):
+    with pytest.raises(workdir.NotFound, match=r"run\.json is not JSON"):
         workdir.load_manifest(tmp_path)
 
 

@@ -33,8 +33,10 @@ CLI = str(Path(sys.executable).parent / "nvrx-appliance")
 USER = STANDIN_USER
 
 
-def make_plan(work_dir: Path, depth: int = 3, force: bool = False) -> submit.Plan:
-    spec = ChainSpec(work_dir=str(work_dir), workload="cpu", runtime="bare",
+def make_plan(
+    work_dir: Path, depth: int = 3, force: bool = False, job_name: str = "nvrx-chain"
+) -> submit.Plan:
+    spec = ChainSpec(work_dir=str(work_dir), workload="cpu", runtime="bare", job_name=job_name,
                      python="/opt/venv/bin/python", depth=depth)  # fmt: skip
     m = manifest.build(spec, created="c", user=USER)
     return submit.Plan(

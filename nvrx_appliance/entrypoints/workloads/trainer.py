@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from nvrx_appliance.clock import log_stamp
 from nvrx_appliance.entrypoints import workload_exit
 from nvrx_appliance.entrypoints.workloads import checkpointing, faults
 from nvrx_appliance.entrypoints.workloads.events import ProgressLog
@@ -265,7 +266,7 @@ def _inject(kind: str, me: Rank, progress_log: Path | None) -> None:
     fault_log = _progress_log(progress_log, me)
     fault_log.emit("fault", kind=kind, rank=me.rank)
     fault_log.close()
-    print(f"[rank {me.rank}] injecting fault: {kind} (cycle {me.cycle})", flush=True)
+    print(f"{log_stamp()} [rank {me.rank}] injecting fault: {kind} (cycle {me.cycle})", flush=True)
     if kind == "exit":
         os._exit(faults.EXIT_CODE)
     if kind == "hang":
@@ -276,4 +277,4 @@ def _inject(kind: str, me: Rank, progress_log: Path | None) -> None:
 
 def _say(me: Rank, line: str) -> None:
     if me.rank == 0:
-        print(line, flush=True)
+        print(f"{log_stamp()} {line}", flush=True)

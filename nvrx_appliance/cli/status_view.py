@@ -1,37 +1,49 @@
-"""The status of a chain as a person reads it: rich tables, times in UTC."""
+"""The status of a chain, and the list of chains, as a person reads them: rich tables,
+times in UTC, every value whole on a terminal and through a pipe alike."""
 
 from __future__ import annotations
 
 import datetime
+import os
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
 from nvrx_appliance.observe.times import age_text
+from nvrx_appliance.slurm.chains import Listing
 from nvrx_appliance.slurm.status import (
     BARE_METAL,
     ChainView,
     GenerationView,
+    Headline,
     ImageView,
     QualifyRunView,
+    action_words,
 )
 
-_ACTIONS = {
-    "released_spares": "released spares",
-    "saved_at_time_limit": "saved at the time limit",
-    "completed": "training completed",
-    "cancelled_chain": "cancelled chain",
-    "burn_guard": "burn guard",
-    # A peer closed the generation for a task 0 whose lease went stale (issue 11).
-    "fenced": "fenced dead task 0",
-    "none": "nothing cancelled",
-    # The workload's own verdicts (entrypoints/guard.py).
-    "stopped_by_workload": "stopped by the workload",
-    "resume_elsewhere": "resumed elsewhere",
-}
 # Decisions whose reason a person must read in full: what the workload did.
 _TOLD = ("stopped_by_workload", "resume_elsewhere", "cancelled_chain", "burn_guard")
+# Without a terminal (`| less`, a ticket, a CI log) nothing is gained by cutting lines at
+# 80 columns: a line is as long as what it holds, unless COLUMNS says otherwise.
+PIPE_WIDTH = 1000
+
+
+def console() -> Console:
+    """Where status prints: the terminal's width on one; through a pipe, COLUMNS if set,
+    else lines as long as they need."""
+    found = Console()
+    if found.is_terminal or os.environ.get("COLUMNS"):
+        return found
+    return Console(width=PIPE_WIDTH)
+
+
+def add_column(table: Table, header: str) -> None:
+    """A column that shows its values whole: too narrow a terminal folds a value onto
+    the next line instead of cutting it to an ellipsis ("12-…", "nod…"); a job id, a
+    node or a time cut short is a wrong one. (No column is given a minimum width: the
+    table would then outgrow the terminal, which crops its right-hand columns.)"""
+    table.add_column(header, overflow="fold")
 
 
 def _clock(epoch: float | None, form: str = "%H:%M:%S") -> str:
@@ -49,7 +61,7 @@ def _duration(seconds: float | None) -> str:
 
 
 def _state(g: GenerationView) -> str:
-    if g.state == "queued" and g.pending_reason:
+    if g.state == "queued" and g.pending_reason not in ("", "None"):
         return f"queued ({g.pending_reason})"  # squeue's reason: Dependency, Resources, ...
     if g.state != "ended":
         return g.state
@@ -64,13 +76,10 @@ def generations_table(view: ChainView) -> Table:
         caption="tasks: running/pending/done; from/to: checkpoint iteration at start / at hand-off",
         caption_justify="left",
     )
-    columns = ("array", "state", "tasks", "task 0", "started (UTC)", "elapsed", "left", "exit")
-    for column in (*columns, "from", "to", "teardown"):
-        table.add_column(column, no_wrap=column in ("array", "tasks"))
-    if notes:
-        table.add_column("note")
-    for g in view.generations:
-        row = [
+    columns = ["array", "state", "tasks", "task 0", "started (UTC)", "elapsed", "left", "exit"]
+    columns += ["from", "to", "teardown", *(["note"] if notes else [])]
+    rows = [
+        [
             g.array_job_id,
             _state(g),
             f"{g.running}/{g.pending}/{g.done}",
@@ -81,16 +90,22 @@ def generations_table(view: ChainView) -> Table:
             _num(g.exit_code),
             _num(g.checkpoint_start),
             _num(g.checkpoint_end),
-            _ACTIONS.get(g.action, g.action or "-"),
+            action_words(g.action),
+            *([g.admission] if notes else []),
         ]
-        table.add_row(*row, *([g.admission] if notes else []))
+        for g in view.generations
+    ]
+    for column in columns:
+        add_column(table, column)
+    for row in rows:
+        table.add_row(*row)
     return table
 
 
 def cycles_table(view: ChainView) -> Table:
     table = Table(title="NVRx cycles (UTC)", title_justify="left")
     for column in ("array", "cycle", "start", "end", "active nodes", "standby nodes"):
-        table.add_column(column)
+        add_column(table, column)
     for g in view.generations:
         for c in g.cycles:
             end = _clock(c.end) if c.end else "running"
@@ -119,7 +134,7 @@ def exclusions_table(view: ChainView) -> Table:
         caption_justify="left",
     )
     for column in ("node", "why", "since", "until", "by", "applied"):
-        table.add_column(column)
+        add_column(table, column)
     for e in view.excluded:
         table.add_row(e.node, e.reason, e.since, e.until, e.by, _applied(e.node, view))
     return table
@@ -180,10 +195,21 @@ def qualify_run_table(run: QualifyRunView) -> Table:
     )
     table = Table(title=title, title_justify="left")
     for column in ("check", "result", "detail"):
-        table.add_column(column)
+        add_column(table, column)
     for check in run.checks:
         table.add_row(check.name, _CHECK_MARKS.get(check.passed, "?"), check.detail)
     return table
+
+
+_HEADLINE_STYLES = {"running": "bold green", "queued": "bold cyan", "unknown": "bold red"}
+
+
+def headline(lead: Headline) -> Text:
+    """The opening line: where the chain stands (and why it ended), then what to run."""
+    style = _HEADLINE_STYLES.get(lead.state, "bold yellow")
+    if lead.why == "completed":
+        style = "bold green"
+    return Text.assemble((lead.text, style), "\nnext: ", (lead.next_command, "bold"))
 
 
 def render(view: ChainView) -> Group:
@@ -202,14 +228,7 @@ def render(view: ChainView) -> Group:
     )
     if view.completed_at is not None:
         head.append(f"\ntraining completed at iteration {view.completed_at}", style="bold green")
-    parts: list = [head, image_line(view.image), generations_table(view)]
-    if not view.slurm_reachable:
-        parts.insert(
-            0,
-            Text(
-                "Slurm could not be reached: below is the work dir's record only", style="bold red"
-            ),
-        )
+    parts: list = [headline(view.headline), head, image_line(view.image), generations_table(view)]
     if view.qualify_run is not None:
         parts.append(qualify_run_table(view.qualify_run))
     if any(g.cycles for g in view.generations):
@@ -219,5 +238,57 @@ def render(view: ChainView) -> Group:
     if view.excluded:
         parts.append(exclusions_table(view))
     for source in view.blind:
+        parts.append(Text(f"could not read {source}", style="yellow"))
+    return Group(*parts)
+
+
+def _percent(ratio: float | None) -> str:
+    return "-" if ratio is None else f"{ratio:.0%}"
+
+
+def listing(found: Listing, all_users: bool = False) -> Group:
+    """One line per chain, in columns as wide as their widest value; then what was left
+    out or could not be read."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    rows = [
+        [
+            row.job_name,
+            *([row.owner] if all_users else []),
+            row.words,
+            row.generation or "-",
+            _num(row.checkpoint),
+            _percent(row.goodput),
+            row.work_dir,
+        ]
+        for row in found.chains
+    ]
+    headers = ["chain", *(["user"] if all_users else []), "state", "generation"]
+    headers += ["checkpoint", "goodput", "work dir"]
+    for header in headers:
+        add_column(table, header)
+    for values in rows:
+        table.add_row(*values)
+    whose = "any user" if all_users else "yours"
+    parts: list = []
+    if found.chains:
+        parts.append(table)
+    elif found.slurm_reachable:
+        parts.append(
+            Text(
+                f"no chains of {whose} in squeue or in sacct's last 30 days; "
+                "`nvrx-appliance status --work-dir DIR` reads an older one"
+            )
+        )
+    for row in found.chains:
+        if row.problem:
+            parts.append(Text(f"{row.job_name}: {row.problem}", style="yellow"))
+    if found.others:
+        parts.append(
+            Text(
+                f"{found.others} other job(s) left out: their work dir holds no run.json "
+                "you can read"
+            )
+        )
+    for source in found.blind:
         parts.append(Text(f"could not read {source}", style="yellow"))
     return Group(*parts)
