@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nvrx_appliance.slurm import drain_poller
+from nvrx_appliance.jobhost import drain_poller
 
 POLLER = drain_poller.__file__
 RESULTS = Path(__file__).parent / "results"

@@ -106,7 +106,7 @@ def template_text() -> str:
 
 
 def teardown_source() -> str:
-    return (files("nvrx_appliance.slurm") / "teardown.py").read_text()
+    return (files("nvrx_appliance.jobhost") / "teardown.py").read_text()
 
 
 def write_teardown(layout: Layout) -> None:
@@ -115,7 +115,7 @@ def write_teardown(layout: Layout) -> None:
     the teardown refuse them otherwise."""
     write_atomic(layout.teardown, teardown_source(), mode=0o600)
     for path in (layout.drain_poller, layout.node_memory):
-        source = (files("nvrx_appliance.slurm") / path.name).read_text()
+        source = (files("nvrx_appliance.jobhost") / path.name).read_text()
         write_atomic(path, source, mode=0o600)
 
 

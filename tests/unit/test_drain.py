@@ -31,7 +31,7 @@ from nvrx_appliance.entrypoints.drain_check import Identity, judge
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import drain_poller
+from nvrx_appliance.jobhost import drain_poller
 
 POLLER = Path(drain_poller.__file__)
 GEN = "chain-1/500/2026-12-01T10:00:00"

@@ -18,7 +18,8 @@ import pytest
 from nvrx_appliance import manifest
 from nvrx_appliance.observe import exclusions
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import node_memory, render, submit
+from nvrx_appliance.jobhost import node_memory
+from nvrx_appliance.slurm import render, submit
 
 # NVRx 0.7.0's log lines as ft_launcher.log holds them (every node's, through its log server).
 LOG = """\
@@ -251,7 +252,7 @@ def test_a_node_memory_others_could_have_written_is_not_loaded_and_the_ledger_st
     manifest.save(m)
     submit.write_teardown(m.layout)
     m.layout.node_memory.chmod(0o666)
-    from nvrx_appliance.slurm import teardown
+    from nvrx_appliance.jobhost import teardown
 
     assert teardown._node_memory(str(m.layout.node_memory)) is None
     os.chmod(m.layout.node_memory, 0o600)

@@ -10,7 +10,8 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files, slurm_output, workdir
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import LIVE_STATES, RUNNING_STATES, terminal
-from nvrx_appliance.slurm import status, status_view, teardown
+from nvrx_appliance.jobhost import teardown
+from nvrx_appliance.slurm import status, status_view
 
 
 def test_what_the_teardown_appends_is_what_status_and_the_watcher_read(tmp_path):
