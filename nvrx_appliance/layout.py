@@ -94,6 +94,17 @@ class Layout:
         return self.work_dir / "node_memory.py"
 
     @property
+    def hostlib(self) -> Path:
+        # The one helper module the three above import (bounded reads, Slurm calls,
+        # appends, the trust check, the log line), beside them.
+        return self.work_dir / "hostlib.py"
+
+    @property
+    def host_code(self) -> tuple[Path, ...]:
+        # What runs on the job's host (nvrx_appliance/jobhost/), copied beside run.json.
+        return (self.teardown, self.drain_poller, self.node_memory, self.hostlib)
+
+    @property
     def exclusions(self) -> Path:
         # The exclusion record: JSON lines, appended; which nodes are kept out of the
         # chain's queued generations, why, until when, and what was applied to which job.

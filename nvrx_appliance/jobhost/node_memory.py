@@ -1,7 +1,7 @@
 """Memory across generations: the bad nodes of a generation, kept out of the next ones.
 
-The teardown (task 0's trap, or the peer that fenced a dead task 0) loads this file and
-calls two functions. judge() reads what the generation left and returns the nodes to
+The teardown (task 0's trap, or the peer that fenced a dead task 0) imports this module
+and calls two functions. judge() reads what the generation left and returns the nodes to
 exclude, with the reason: a node that failed one of NVRx's health checks (its
 ft_launcher left a rendezvous as unhealthy), the node of a task 0 that stopped
 answering (fenced), and a node whose own ranks failed `exclude_after_failures` times.
@@ -22,15 +22,18 @@ one sinfo per partition, one scontrol update per distinct list (one, as a rule).
 nvrx-watch (--act) appends to the same record; the next teardown applies it.
 
 Why stdlib only and Python 3.6 syntax: it runs on the host's python3, beside the
-teardown (Layout.node_memory). The pure part comes first; the shell is thin.
+teardown (Layout.node_memory; hostlib.py says what 3.6 rules out). The pure part comes
+first; the shell is thin.
 """
 
-import datetime
 import json
-import os
 import re
-import subprocess
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+if __package__:
+    from . import hostlib
+else:  # run on the job's host: the copy beside this file
+    import hostlib  # type: ignore[import-not-found,no-redef]
 
 RECORD_VERSION = 1
 EXCLUDED, APPLIED = "excluded", "applied"
@@ -107,15 +110,7 @@ def judge(
 
 def parse_record(text: str) -> List[Dict[str, Any]]:
     """The record's lines; a torn or foreign line is skipped."""
-    entries = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("kind") in (EXCLUDED, APPLIED):
-            entries.append(entry)
-    return entries
+    return [e for e in hostlib.json_lines(text) if e.get("kind") in (EXCLUDED, APPLIED)]
 
 
 def active(entries: List[Dict[str, Any]], now: str) -> List[Dict[str, Any]]:
@@ -214,53 +209,27 @@ def parse_usable(out: str) -> Set[str]:
 # --- shell --------------------------------------------------------------------------
 
 
-def now_iso(delta_s: float = 0) -> str:
-    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delta_s)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+# Bounds on every read: the teardown runs this inside Slurm's KillWait. The record and
+# submitted.json are small; of a generation's launcher log the newest part is read (the
+# unhealthy-node lines are few; a log of a gigabyte would cost seconds).
+SMALL_FILE_BYTES = 4 << 20
+RECORD_TAIL_BYTES = 4 << 20
+LAUNCHER_LOG_TAIL_BYTES = 32 << 20
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _log_lines(path: str) -> Iterable[str]:
-    try:
-        with open(path, "rb") as fh:
-            for raw in fh:
-                yield raw.decode("utf-8", errors="replace")
-    except OSError:
-        return
-
-
-def _fields(text: str) -> Dict[str, str]:
-    fields = {}  # type: Dict[str, str]
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            fields.setdefault(key.strip(), value)
-    return fields
+def _read(path: str, limit: int = SMALL_FILE_BYTES, tail: bool = False) -> str:
+    return hostlib.read_text(path, limit, tail) or ""
 
 
 def _append(path: str, entries: List[Dict[str, Any]]) -> None:
     """One write with O_APPEND: a concurrent writer (nvrx-watch) never splits a line."""
-    if not entries:
-        return
-    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+    hostlib.append_lines(path, entries, mode=0o600)
 
 
 def drained_nodes(drain_poll: str, chain: str, array_job_id: str) -> List[str]:
     """The generation's drained nodes, as its drain poller last found them; none from a
     record another run left under a reused array job id."""
-    fields = _fields(_read(drain_poll)) if drain_poll else {}
+    fields = hostlib.key_values(_read(drain_poll))
     if fields.get("generation", "").split("/")[:2] != [chain, array_job_id]:
         return []
     return fields.get("drained", "").split()
@@ -282,7 +251,8 @@ def remember(
     exclude_for = int(spec.get("exclude_for", 0))
     if exclude_for <= 0:
         return []
-    unhealthy, failures = evidence(_log_lines(launcher_log))
+    log_text = _read(launcher_log, LAUNCHER_LOG_TAIL_BYTES, tail=True)
+    unhealthy, failures = evidence(log_text.splitlines())
     found = judge(
         unhealthy,
         failures,
@@ -290,7 +260,7 @@ def remember(
         fenced_task0=fenced_task0,
         threshold=int(spec.get("exclude_after_failures", 0)),
     )
-    since, until = now_iso(), now_iso(exclude_for)
+    since, until = hostlib.record_time(), hostlib.record_time(exclude_for)
     entries = [
         {"kind": EXCLUDED, "version": RECORD_VERSION, "node": node, "reason": why,
          "since": since, "until": until, "chain": chain, "generation": array_job_id,
@@ -306,21 +276,11 @@ def remember(
     return [{"node": node, "reason": why} for node, why in found]
 
 
-def _slurm(argv: List[str]) -> Optional[str]:
-    try:
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            universal_newlines=True,
-            timeout=SLURM_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"{argv[0]} could not run: {exc}") from None
-    if done.returncode != 0:
-        raise RuntimeError(f"{argv[0]} exited {done.returncode}: {done.stderr.strip()}")  # fmt: skip
-    return done.stdout
+def _slurm(argv: List[str]) -> str:
+    out, why = hostlib.slurm(argv, SLURM_TIMEOUT_S)
+    if out is None:
+        raise RuntimeError(why)
+    return out
 
 
 def apply(
@@ -338,8 +298,8 @@ def apply(
     name = spec.get("job_name", "")
     if int(spec.get("exclude_for", 0)) <= 0 or not name or not user:
         return
-    entries = parse_record(_read(record))
-    wanted = [str(e["node"]) for e in active(entries, now_iso())]
+    entries = parse_record(_read(record, RECORD_TAIL_BYTES, tail=True))
+    wanted = [str(e["node"]) for e in active(entries, hostlib.record_time())]
     ours_before = set()  # type: Set[str]
     for entry in entries:
         if entry.get("kind") == APPLIED:
@@ -359,7 +319,7 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
                   "--states=PENDING", "--format=%F|%P|%x"])  # fmt: skip
     chain_ids = set(_submitted_ids(submitted))
     pending = [
-        row for row in parse_pending(out or "")
+        row for row in parse_pending(out)
         if row[0] != array_job_id and (not chain_ids or row[0] in chain_ids)
     ]  # fmt: skip
     if not pending:
@@ -373,7 +333,7 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
     for partition in sorted({row[1] for row in pending}):
         listed = _slurm(["sinfo", "--noheader", "--Node", "--partition=" + partition,
                          "--format=%N|%t"])  # fmt: skip
-        usable[partition] = parse_usable(listed or "")
+        usable[partition] = parse_usable(listed)
     targets, baselines, kept, capped = plan(pending, wanted, usable, need, entries)
     for partition, eligible in sorted(capped.items()):
         log(f"the cap: {', '.join(eligible)} stay(s) eligible for the queued generations: the "
@@ -384,7 +344,7 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
         # can and fails the call for any it cannot (one that stopped pending meanwhile).
         _slurm(["scontrol", "update", "JobId=" + ",".join(jobs), "ExcNodeList=" + excluded])
         log(f"queued generation(s) {', '.join(jobs)} now exclude {excluded or 'no node'}")
-    applied = {"kind": APPLIED, "version": RECORD_VERSION, "time": now_iso(),
+    applied = {"kind": APPLIED, "version": RECORD_VERSION, "time": hostlib.record_time(),
                "generation": array_job_id, "jobs": [row[0] for row in pending],
                "nodes": sorted(kept), "need": need, "by": "teardown", "baselines": baselines,
                "capped": sorted({n for nodes in capped.values() for n in nodes})}  # fmt: skip

@@ -6,27 +6,29 @@ first peer that left on it (`--relay CLAIM`).
 Why Python and why stdlib only: in container mode the batch script runs on the host,
 which may not have this package. The burn guard needs the ledger (JSON lines) and a
 count over it, which is fragile in bash and easy here; submit copies this file into the
-work dir beside run.json (Layout.teardown, owner-only), and the batch script checks its
-owner and mode before it runs it with the host's python3, so the sbatch stays thin and
-the work dir's files alone re-queue a generation. Tests import the same functions.
+work dir beside run.json (Layout.teardown, owner-only) with the node memory and the
+helper module it imports (hostlib.py), and the batch script checks their owner and mode
+before it runs it with the host's python3, so the sbatch stays thin and the work dir's
+files alone re-queue a generation. Tests import the same functions.
 If no python3 can run it, or the file is not to be trusted, the sbatch falls back to
 the two scancel lines in bash.
 
 The pure part (decide, burnt, ...) comes first; `main` is the thin shell around it.
-It runs on the host's own python3, which can be as old as RHEL 8's 3.6: no
-`from __future__ import annotations`, no builtin generics or `X | Y` in annotations
-(typing's names instead), no subprocess `capture_output`/`text`, no walrus.
+It runs on the host's own python3, which can be as old as RHEL 8's 3.6 (hostlib.py says
+what that rules out).
 """
 
 import argparse
-import datetime
-import importlib.util
 import json
 import os
-import stat
-import subprocess
 import sys
 from typing import Any, Dict, List, Optional, Tuple
+
+if __package__:
+    from . import hostlib, node_memory
+else:  # run as a script on the job's host: the copies beside this file
+    import hostlib  # type: ignore[import-not-found,no-redef]
+    import node_memory  # type: ignore[import-not-found,no-redef]
 
 NO_RESTART = 93  # NVRx's "do not restart"; see nvrx_appliance/exitcodes.py
 # Long enough for a busy controller; short enough to finish inside Slurm's KillWait
@@ -175,15 +177,7 @@ def relay_argv(*, user: str, array_job_id: str, task_id: int, last_task: int) ->
 
 def parse_ledger(text: str) -> List[Dict[str, Any]]:
     """Ledger lines; a torn or foreign line is skipped rather than stopping the teardown."""
-    entries = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and "array_job_id" in entry:
-            entries.append(entry)
-    return entries
+    return [entry for entry in hostlib.json_lines(text) if "array_job_id" in entry]
 
 
 def chain_history(entries: List[Dict[str, Any]], chain: str) -> List[Dict[str, Any]]:
@@ -215,103 +209,30 @@ def training_done(marker_text: str, tracked: Optional[int]) -> Optional[int]:
 
 
 def _read(path: str, limit: int, tail: bool = False) -> str:
-    """At most `limit` bytes of a regular file, its first or (tail) its last, as text; ""
-    when it is missing, not a regular file or unreadable. Never blocks: opened with
-    O_NONBLOCK, so a FIFO in its place is seen and refused rather than waited on. A byte
-    that is not UTF-8 spoils only its own line (parse_ledger skips it), never the read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            _log(f"ignoring {path}: not a regular file")
-            return ""
-        start = max(0, st.st_size - limit) if tail else 0
-        os.lseek(fd, start, os.SEEK_SET)
-        chunks = []  # type: List[bytes]
-        left = limit
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    if start > 0:  # began inside a line: drop its end rather than parse half of it
-        text = text.partition("\n")[2]
-    return text
-
-
-def untrusted(path: str, uid: int) -> Optional[str]:
-    """Why run.json must not steer this teardown (another user could have written it),
-    or None. Missing is not untrusted: there is simply nothing to read."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_uid != uid:
-        return f"is owned by uid {st.st_uid}, not by this job's user (uid {uid})"
-    if st.st_mode & 0o022:
-        return f"is group- or world-writable (mode {st.st_mode & 0o777:04o})"
-    return None
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """hostlib.read_text: bounded, never blocking; "" for a file that is not there to read."""
+    return hostlib.read_text(path, limit, tail) or ""
 
 
 def _log(message: str) -> None:
-    print(f"nvrx teardown: {message}", file=sys.stderr, flush=True)
+    hostlib.log("teardown", message)
 
 
 NOT_RELEASED = "THE CHAIN IS NOT RELEASED; run it by hand or let nvrx-watch reconcile"
 
 
 def _scancel(argv: List[str], consequence: str = NOT_RELEASED) -> bool:
-    try:
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            universal_newlines=True,
-            timeout=SCANCEL_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        _log(f"ERROR: {' '.join(argv)} could not run ({exc}). {consequence}")
-        return False
-    if done.returncode != 0 and BENIGN_SCANCEL in done.stderr:
+    out, why = hostlib.slurm(argv, SCANCEL_TIMEOUT_S)
+    if out is None and BENIGN_SCANCEL in why:
         # Asked for PENDING tasks of an array that has none left: nothing to release.
         return True
-    if done.returncode != 0:
-        _log(
-            f"ERROR: {' '.join(argv)} failed (exit {done.returncode}: {done.stderr.strip()}). "
-            + consequence
-        )
+    if out is None:
+        _log(f"ERROR: {' '.join(argv)} failed ({why}). " + consequence)
         return False
     return True
 
 
-def _append(path: str, entry: Dict[str, Any]) -> None:
-    line = json.dumps(entry, sort_keys=True) + "\n"
-    # One write of one line with O_APPEND: a concurrent reader sees it whole or not at all.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
 def _load_manifest(path: str) -> Dict[str, Any]:
-    distrust = untrusted(path, os.geteuid())
+    distrust = hostlib.untrusted(path, os.geteuid())
     if distrust:
         _log(f"ERROR: ignoring {path} ({distrust}): no burn guard for this generation")
         return {}
@@ -333,14 +254,14 @@ def _history(path: str, chain: str) -> List[Dict[str, Any]]:
 
 def _record(path: str, entry: Dict[str, Any]) -> None:
     try:
-        _append(path, entry)
+        hostlib.append_lines(path, [entry], mode=0o644)
     except OSError as exc:
         _log(f"ERROR: could not append to the ledger {path}: {exc}")
 
 
 def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
     """The fence claim the entrypoint created, if it is ours to trust."""
-    problem = untrusted(path, uid)
+    problem = hostlib.untrusted(path, uid)
     if problem:
         _log(f"ERROR: ignoring the fence claim {path} ({problem})")
         return None
@@ -351,55 +272,30 @@ def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
     return claim if isinstance(claim, dict) else None
 
 
-def _node_memory(path: str) -> Any:
-    """The node memory beside this file (node_memory.py), loaded only if this job's user
-    alone could have written it; None otherwise, and the generation is not remembered."""
-    problem = untrusted(path, os.geteuid()) if path else "was not named"
-    if problem is None and not os.path.isfile(path):
-        problem = "is missing"
-    if problem:
-        _log(f"ERROR: not loading the node memory {path} ({problem}): bad nodes of this "
-             "generation are not kept out of the next ones")  # fmt: skip
-        return None
-    try:
-        sys.dont_write_bytecode = True  # no __pycache__ of ours in the work dir
-        spec = importlib.util.spec_from_file_location("nvrx_node_memory", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except Exception as exc:  # a broken copy must never cost the ledger entry
-        _log(f"ERROR: could not load the node memory {path}: {exc}")
-        return None
-    return module
-
-
-def remember_nodes(args: argparse.Namespace, this: Dict[str, Any], fenced_task0: str) -> Any:
+def remember_nodes(args: argparse.Namespace, this: Dict[str, Any], fenced_task0: str) -> bool:
     """Judge this generation's bad nodes into the exclusion record and the ledger entry
-    (drained and excluded); the loaded node memory, for apply_exclusions, or None."""
-    memory = _node_memory(args.node_memory)
-    if memory is None:
-        return None
+    (drained and excluded); whether that worked, so that apply_exclusions may follow."""
     try:
-        drained = memory.drained_nodes(args.drain_poll, this["chain"], args.array_job_id)
-        excluded = memory.remember(
+        drained = node_memory.drained_nodes(args.drain_poll, this["chain"], args.array_job_id)
+        excluded = node_memory.remember(
             record=args.exclusions, launcher_log=args.launcher_log, drained=drained,
             fenced_task0=fenced_task0, spec=_load_manifest(args.run_json).get("spec", {}),
             chain=this["chain"], array_job_id=args.array_job_id, log=_log,
         )  # fmt: skip
     except Exception as exc:  # never at the cost of the ledger entry
         _log(f"ERROR: judging this generation's nodes failed: {exc}")
-        return None
+        return False
     this.update(drained=drained, excluded=excluded)
-    return memory
+    return True
 
 
-def apply_exclusions(memory: Any, args: argparse.Namespace) -> None:
+def apply_exclusions(remembered: bool, args: argparse.Namespace) -> None:
     """The exclusion record onto the chain's queued generations, after the ledger entry
     is written (the singleton dependency holds them until this trap ends)."""
-    if memory is None:
+    if not remembered:
         return
     try:
-        memory.apply(
+        node_memory.apply(
             record=args.exclusions, submitted=args.submitted,
             manifest=_load_manifest(args.run_json), user=args.user,
             array_job_id=args.array_job_id, log=_log,
@@ -431,9 +327,9 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     else:
         _log("ERROR: user or array job id unknown: nothing cancelled")
     this["scancel_ok"] = ok
-    memory = remember_nodes(args, this, fenced_task0=this["task0_node"])
+    remembered = remember_nodes(args, this, fenced_task0=this["task0_node"])
     _record(args.ledger, this)
-    apply_exclusions(memory, args)
+    apply_exclusions(remembered, args)
     return 0
 
 
@@ -491,11 +387,11 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
     this.update(action=action, reason=reason, scancel_ok=ok)
     if action == COMPLETED:
         this["final_iteration"] = done
-    memory = remember_nodes(args, this, fenced_task0="")
+    remembered = remember_nodes(args, this, fenced_task0="")
     _record(args.ledger, this)
     # A chain that ends (completed, cancelled, burn guard) has no queued generation left.
     if action in (RELEASED_SPARES, SAVED_AT_TIME_LIMIT):
-        apply_exclusions(memory, args)
+        apply_exclusions(remembered, args)
     if action in (CANCELLED_CHAIN, BURN_GUARD, COMPLETED) and ok and args.marker:
         # The chain ended on purpose: the watcher must not page "chain exhausted".
         try:
@@ -546,7 +442,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "job_name": args.job_name or spec.get("job_name", ""),
         "task0_node": args.task0_node,
         "start": args.start,
-        "end": _now(),
+        "end": hostlib.record_time(),
         "exit_code": args.exit_code,
         "checkpoint_iteration": parse_iteration(_read(args.tracker, TRACKER_BYTES)),
         "checkpoint_iteration_start": parse_iteration(args.checkpoint_start),

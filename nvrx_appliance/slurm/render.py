@@ -196,6 +196,7 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "drain_poll_interval": str(spec.drain_poll_interval),
         "drain_poll": generation_path(layout.drain_poll(_ARRAY_JOB_ID)),
         "node_memory": shlex.quote(str(layout.node_memory)),
+        "hostlib": shlex.quote(str(layout.hostlib)),
         "exclusions": shlex.quote(str(layout.exclusions)),
         "submitted": shlex.quote(str(layout.submitted)),
         "launcher_log": generation_path(layout.launcher_log(_ARRAY_JOB_ID)),

@@ -105,16 +105,11 @@ def template_text() -> str:
     return (files("nvrx_appliance.slurm") / "generation.sbatch.tmpl").read_text()
 
 
-def teardown_source() -> str:
-    return (files("nvrx_appliance.jobhost") / "teardown.py").read_text()
-
-
 def write_teardown(layout: Layout) -> None:
-    """Task 0's teardown beside run.json, with the two host scripts of bad nodes (the
-    drain poller, the node memory the teardown loads), owner-only: the batch script and
-    the teardown refuse them otherwise."""
-    write_atomic(layout.teardown, teardown_source(), mode=0o600)
-    for path in (layout.drain_poller, layout.node_memory):
+    """What runs on the job's host (nvrx_appliance/jobhost/: task 0's teardown, the drain
+    poller, the node memory, their helper module) beside run.json, owner-only: the batch
+    script refuses to run them otherwise."""
+    for path in layout.host_code:
         source = (files("nvrx_appliance.jobhost") / path.name).read_text()
         write_atomic(path, source, mode=0o600)
 

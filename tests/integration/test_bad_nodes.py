@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance.jobhost import drain_poller
 from nvrx_appliance.observe import exclusions
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.slurm_output import expand_nodelist
-from nvrx_appliance.jobhost import drain_poller
 
 from .chain_support import (
     CLI,

@@ -29,9 +29,8 @@ from nvrx_appliance import manifest
 from nvrx_appliance.entrypoints import drain_check
 from nvrx_appliance.entrypoints.drain_check import Identity, judge
 from nvrx_appliance.entrypoints.node import Node
-from nvrx_appliance.observe.slurm_output import expand_nodelist
-from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.jobhost import drain_poller
+from nvrx_appliance.settings.chain import ChainSpec
 
 POLLER = Path(drain_poller.__file__)
 GEN = "chain-1/500/2026-12-01T10:00:00"
@@ -240,14 +239,6 @@ def test_an_unchanged_marker_is_not_rewritten(tmp_path):
     done = _poll(tmp_path, _stand_ins(tmp_path, sinfo=""))
     assert judge((tmp_path / "drain" / "task_3").read_text(), ME).healthy
     assert "node5 no longer drained" in done.stderr
-
-
-@pytest.mark.parametrize(
-    "nodelist",
-    ["node1", "node[1-3]", "gpu[01-03,7],login1", "a[1-2]b[3-4]", "x[09-11]", "n[1,3-4]-ib"],
-)
-def test_the_pollers_host_lists_expand_as_slurm_output_s_do(nodelist):
-    assert drain_poller.expand_nodelist(nodelist) == expand_nodelist(nodelist)
 
 
 def _python36() -> str | None:

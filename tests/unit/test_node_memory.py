@@ -9,16 +9,15 @@ PATH that record their argv); the real ones are tests/integration/test_bad_nodes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from nvrx_appliance import manifest
+from nvrx_appliance.jobhost import node_memory
 from nvrx_appliance.observe import exclusions
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.jobhost import node_memory
 from nvrx_appliance.slurm import render, submit
 
 # NVRx 0.7.0's log lines as ft_launcher.log holds them (every node's, through its log server).
@@ -243,20 +242,6 @@ def test_task_0s_teardown_remembers_the_generations_bad_nodes(tmp_path):
     assert "scontrol update JobId=501 ExcNodeList=node2" in _calls(tmp_path)
     assert "the cap: node4 stay(s) eligible" in done.stderr
     assert not (work / "__pycache__").exists()
-
-
-def test_a_node_memory_others_could_have_written_is_not_loaded_and_the_ledger_still_is(tmp_path):
-    work = tmp_path / "w"
-    m = manifest.build(ChainSpec(work_dir=str(work), workload="cpu"), created="c", user="a")
-    work.mkdir()
-    manifest.save(m)
-    submit.write_teardown(m.layout)
-    m.layout.node_memory.chmod(0o666)
-    from nvrx_appliance.jobhost import teardown
-
-    assert teardown._node_memory(str(m.layout.node_memory)) is None
-    os.chmod(m.layout.node_memory, 0o600)
-    assert teardown._node_memory(str(m.layout.node_memory)) is not None
 
 
 @pytest.mark.parametrize("exclude_for", [0])

@@ -6,11 +6,11 @@ import threading
 
 import pytest
 
+from nvrx_appliance.jobhost import teardown
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files, slurm_output, workdir
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import LIVE_STATES, RUNNING_STATES, terminal
-from nvrx_appliance.jobhost import teardown
 from nvrx_appliance.slurm import status, status_view
 
 

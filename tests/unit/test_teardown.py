@@ -19,8 +19,8 @@ import pytest
 from nvrx_appliance import manifest
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.entrypoints import control
-from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.jobhost import teardown
+from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.slurm import render, submit
 
 
@@ -388,10 +388,12 @@ def test_a_run_json_others_can_write_does_not_steer_the_teardown(tmp_path):
         (lambda path: path.parent.chmod(0o777), "writable by group or others (mode 777)"),
     ],
 )
-def test_a_teardown_file_others_could_have_written_is_not_run(tmp_path, spoil, why):
-    # The planted teardown would record a ledger entry; the bash fallback records none.
+@pytest.mark.parametrize("name", ["teardown.py", "hostlib.py", "node_memory.py"])
+def test_a_teardown_file_others_could_have_written_is_not_run(tmp_path, spoil, why, name):
+    # The planted teardown (or a module it imports) would record a ledger entry; the bash
+    # fallback records none.
     script, work, env = _prepare(tmp_path, srun_exit=93)
-    spoil(work / "teardown.py")
+    spoil(work / name)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     calls, ledger = _outcome(tmp_path, work)
     assert done.returncode == 93
