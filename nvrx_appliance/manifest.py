@@ -77,6 +77,9 @@ class Manifest:
             "image": self.image,
             "workload": list(self.workload),
             "wandb": {"run_id": self.wandb_run_id} if self.wandb_run_id else None,
+            # For the host code (jobhost/), which runs without this package: derived from
+            # spec.work_dir, so a reader of the package never needs it.
+            "paths": self.layout.host_paths(),
         }
 
 

@@ -113,6 +113,16 @@ def key_values(text: str) -> Dict[str, str]:
     return fields
 
 
+def same_generation(theirs: str, ours: str) -> bool:
+    """Do two generations (chain/array job id/submit time, as every control file names
+    them) match? Chain and array job must; the submit time too, where both sides know it
+    (a node whose scontrol call timed out does not)."""
+    a, b = theirs.split("/"), ours.split("/")
+    if len(a) != 3 or len(b) != 3 or a[:2] != b[:2]:
+        return False
+    return a[2] == b[2] or not a[2] or not b[2]
+
+
 def untrusted(path: str, uid: int) -> Optional[str]:
     """Why a file must not steer this job (another user could have written it), or None.
     Missing is not untrusted: there is simply nothing to read."""

@@ -31,6 +31,7 @@ else:  # run as a script on the job's host: the copies beside this file
     import node_memory  # type: ignore[import-not-found,no-redef]
 
 NO_RESTART = 93  # NVRx's "do not restart"; see nvrx_appliance/exitcodes.py
+ARRAY_JOB_ID_FIELD = "{array_job_id}"  # in a generation's path in run.json (layout.py)
 # Long enough for a busy controller; short enough to finish inside Slurm's KillWait
 # when the teardown runs because the generation hit its time limit.
 SCANCEL_TIMEOUT_S = 20
@@ -42,6 +43,7 @@ BENIGN_SCANCEL = "Invalid job id specified"
 # tracker is one number; run.json and a fence claim are small; the burn guard needs only
 # the ledger's newest lines (an entry is about 400 bytes: this is ~2,500 generations).
 TRACKER_BYTES = 64
+CONTROL_BYTES = 64 << 10  # a control file: a few key=value lines
 SMALL_FILE_BYTES = 4 << 20
 LEDGER_TAIL_BYTES = 1 << 20
 # Python 3.11 refuses int() of more than 4,300 digits; no run trains 10**18 iterations.
@@ -307,7 +309,7 @@ def apply_exclusions(remembered: bool, args: argparse.Namespace) -> None:
 def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     """The host half of a fence: only the job whose entrypoint won the claim acts, so
     the ledger gets one entry however many peers raced."""
-    claim = _claim(args.fence, os.geteuid())
+    claim = _claim(args.fence_claim, os.geteuid())
     if claim is None or claim.get("job_id") != args.job_id or not args.job_id:
         return 0
     reason = "fenced by {}: {}".format(claim.get("by", "a peer"), claim.get("reason", ""))
@@ -336,7 +338,7 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
 def relay(args: argparse.Namespace, spec: Dict[str, Any]) -> int:
     """The generation is over; only the job whose entrypoint won the relay claim acts,
     so the array is cancelled once however many peers left on the end."""
-    claim = _claim(args.relay, os.geteuid())
+    claim = _claim(args.relay_claim, os.geteuid())
     if claim is None or claim.get("job_id") != args.job_id or not args.job_id:
         return 0
     try:
@@ -403,40 +405,54 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
     return 0
 
 
+# The options a generation passes; every path the teardown uses is run.json's (paths).
+OPTIONS = ("run-json", "array-job-id", "generation", "job-name", "user", "task0-node",
+           "start", "checkpoint-start", "job-id", "task-id")  # fmt: skip
+# run.json's `paths` key -> the attribute the teardown reads it as.
+PATHS = {"ledger": "ledger", "tracker": "tracker", "training_done": "training_done",
+         "chain_marker": "marker", "exclusions": "exclusions", "submitted": "submitted",
+         "launcher_log": "launcher_log", "drain_poll": "drain_poll", "fence": "fence_claim",
+         "relay": "relay_claim", "no_restart": "no_restart", "time_limit": "time_limit"}  # fmt: skip
+
+
+def generation_paths(paths: Any, array_job_id: str) -> Dict[str, str]:
+    """run.json's paths for this generation, by the attribute names of PATHS; "" for one
+    it does not carry (nothing is read or written there)."""
+    paths = paths if isinstance(paths, dict) else {}
+    found = {}  # type: Dict[str, str]
+    for key, attribute in PATHS.items():
+        value = paths.get(key)
+        ok = isinstance(value, str) and bool(array_job_id)
+        found[attribute] = value.replace(ARRAY_JOB_ID_FIELD, array_job_id) if ok else ""
+    return found
+
+
+def names_ours(text: str, generation: str) -> bool:
+    """Does a control file (the no-restart witness, the time-limit notice) name this
+    generation? One that names another or none may be another run's, left under a reused
+    array job id: the entrypoint and the spare check ignore it, and so does the teardown."""
+    theirs = hostlib.key_values(text).get("generation")
+    return theirs is not None and hostlib.same_generation(theirs, generation)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-teardown")
-    for name in (
-        "run-json",
-        "ledger",
-        "tracker",
-        "marker",
-        "array-job-id",
-        "job-name",
-        "user",
-        "task0-node",
-        "start",
-        "checkpoint-start",
-        "fence",
-        "relay",
-        "job-id",
-        "training-done",
-        "task-id",
-        "node-memory",
-        "exclusions",
-        "launcher-log",
-        "drain-poll",
-        "submitted",
-    ):
+    for name in OPTIONS:
         parser.add_argument("--" + name, default="")
     parser.add_argument("--exit-code", type=int)
-    parser.add_argument("--no-restart-witness", type=int, default=0)
-    parser.add_argument("--time-limit-notice", type=int, default=0)
+    parser.add_argument("--fence", action="store_true", help="the host half of a fence")
+    parser.add_argument("--relay", action="store_true", help="the relay of a generation's end")
     args = parser.parse_args(argv)
     if not (args.fence or args.relay) and args.exit_code is None:
-        parser.error("--exit-code is required (or --fence CLAIM, or --relay CLAIM)")
+        parser.error("--exit-code is required (or --fence, or --relay)")
 
     manifest = _load_manifest(args.run_json)
     spec = manifest.get("spec", {})
+    vars(args).update(generation_paths(manifest.get("paths"), args.array_job_id))
+    if not args.ledger:
+        _log(f"ERROR: {args.run_json} names no ledger: this generation is not recorded")
+    args.no_restart_witness = names_ours(_read(args.no_restart, CONTROL_BYTES), args.generation)
+    args.time_limit_notice = names_ours(_read(args.time_limit, CONTROL_BYTES), args.generation)
     this = {
         "array_job_id": args.array_job_id,
         "job_name": args.job_name or spec.get("job_name", ""),

@@ -376,7 +376,9 @@ def test_a_run_json_others_can_write_does_not_steer_the_teardown(tmp_path):
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     calls, ledger = _outcome(tmp_path, work)
     assert "ignoring" in done.stderr and "group- or world-writable" in done.stderr
-    assert ledger[-1]["action"] == "released_spares"
+    # Nothing run.json says is believed, its paths neither: no ledger entry, said so, and
+    # only this generation's own spares are released.
+    assert ledger == [] and "this generation is not recorded" in done.stderr
     assert calls[-1] == "scancel --state=PENDING --user=alice 500"
 
 
@@ -619,7 +621,7 @@ def test_a_ledger_of_a_gigabyte_is_read_from_its_end_within_a_small_memory(tmp_p
 
         resource.setrlimit(resource.RLIMIT_AS, (budget, budget))
 
-    args = ["--exit-code", "1", "--run-json", str(work / "run.json"), "--ledger", str(ledger),
+    args = ["--exit-code", "1", "--run-json", str(work / "run.json"),
             "--array-job-id", "500", "--job-name", "demo", "--user", "alice"]  # fmt: skip
     bin_dir = tmp_path / "bin"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STANDIN_LOG": str(tmp_path / "calls")}
