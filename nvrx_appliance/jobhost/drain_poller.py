@@ -207,8 +207,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     while True:
         try:
             poll_once(args)
-        except OSError as exc:
-            _log(f"pass failed, markers kept as they were: {exc}")
+        except Exception as exc:  # any one pass's failure must not end drain awareness
+            _log(f"pass failed, markers kept as they were: {exc!r}")
         if args.once:
             return 0
         time.sleep(args.interval)

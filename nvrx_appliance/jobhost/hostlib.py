@@ -123,6 +123,16 @@ def same_generation(theirs: str, ours: str) -> bool:
     return a[2] == b[2] or not a[2] or not b[2]
 
 
+def submitted_ids(path: str) -> List[str]:
+    """The array job ids submit recorded for the chain (submitted.json's job_ids)."""
+    try:
+        data = json.loads(read_text(path, 1 << 20) or "{}")
+    except ValueError:
+        return []
+    ids = data.get("job_ids", []) if isinstance(data, dict) else []
+    return [str(i) for i in ids if str(i).isdigit()] if isinstance(ids, list) else []
+
+
 def untrusted(path: str, uid: int) -> Optional[str]:
     """Why a file must not steer this job (another user could have written it), or None.
     Missing is not untrusted: there is simply nothing to read."""

@@ -26,7 +26,6 @@ teardown (Layout.node_memory; hostlib.py says what 3.6 rules out). The pure part
 first; the shell is thin.
 """
 
-import json
 import re
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -162,8 +161,12 @@ def plan(
     the nodes kept out, partition -> the nodes the cap leaves eligible).
 
     A job's own exclusions (sbatch --exclude) are what its list held before the record
-    first touched it; they stay, and ours that expired are taken back. A job already as
-    it should be is left alone."""
+    first touched it; they stay, and ours that expired are taken back. Where the record
+    holds no `applied` line for a job (its append failed, or one of several updates did),
+    its own list is its current one without any node the record ever excluded: ours are
+    then taken back when they expire, and stay within the cap meanwhile. A job already
+    as it should be is left alone."""
+    ever_ours = {str(e.get("node")) for e in entries if e.get("kind") == EXCLUDED}
     targets = {}  # type: Dict[str, List[str]]
     baselines = {}  # type: Dict[str, str]
     kept_all = set()  # type: Set[str]
@@ -174,7 +177,11 @@ def plan(
         if capped:
             capped_by[partition] = capped
         ours, baseline = last_applied(entries, job)
-        baselines[job] = current if baseline is None else baseline
+        if baseline is None:
+            listed = hostlib.expand_nodelist(current)
+            mine = [node for node in listed if node not in ever_ours]
+            baseline = current if len(mine) == len(listed) else ",".join(mine)
+        baselines[job] = baseline
         if set(kept) == ours:
             continue  # as it should be (a job never touched, with nothing to keep out)
         target = ",".join([baselines[job]] * bool(baselines[job]) + sorted(kept))
@@ -194,6 +201,34 @@ def parse_pending(out: str) -> List[Tuple[str, str, str]]:
                 (fields[0].strip(), fields[1].strip(), "" if excluded == "(null)" else excluded)
             )
     return rows
+
+
+def parse_node_names(out: str) -> Dict[str, str]:
+    """sinfo's `%n|%N` lines (a node's host name, its Slurm node name) -> host name (and
+    its short form) -> node name, for the hosts whose node name differs."""
+    names = {}  # type: Dict[str, str]
+    for line in out.splitlines():
+        host, _, node = (part.strip() for part in line.partition("|"))
+        if host and node and host != node:
+            names.setdefault(host, node)
+            names.setdefault(short_name(host), node)
+    return names
+
+
+def by_node_name(
+    unhealthy: Dict[str, str], failures: Dict[str, int], fenced_task0: str, names: Dict[str, str]
+) -> Tuple[Dict[str, str], Dict[str, int], str]:
+    """The evidence keyed by Slurm's node names: NVRx tags a line with the host name,
+    and a node's NodeName may differ from its NodeHostname."""
+    unhealthy_nodes = {}  # type: Dict[str, str]
+    for host, why in unhealthy.items():
+        unhealthy_nodes.setdefault(names.get(host, host), why)
+    failed_nodes = {}  # type: Dict[str, int]
+    for host, count in failures.items():
+        node = names.get(host, host)
+        failed_nodes[node] = failed_nodes.get(node, 0) + count
+    fenced = short_name(fenced_task0)
+    return unhealthy_nodes, failed_nodes, names.get(fenced, fenced) if fenced else ""
 
 
 def parse_usable(out: str) -> Set[str]:
@@ -253,6 +288,10 @@ def remember(
         return []
     log_text = _read(launcher_log, LAUNCHER_LOG_TAIL_BYTES, tail=True)
     unhealthy, failures = evidence(log_text.splitlines())
+    if unhealthy or failures or fenced_task0:
+        unhealthy, failures, fenced_task0 = by_node_name(
+            unhealthy, failures, fenced_task0, _node_names(log)
+        )
     found = judge(
         unhealthy,
         failures,
@@ -274,6 +313,16 @@ def remember(
     except OSError as exc:
         log(f"ERROR: could not append to the exclusion record {record}: {exc}")
     return [{"node": node, "reason": why} for node, why in found]
+
+
+def _node_names(log: Callable[[str], None]) -> Dict[str, str]:
+    """Host name -> Slurm node name, where they differ; {} when Slurm does not answer
+    (the host names stand then, as NVRx wrote them)."""
+    out, why = hostlib.slurm(["sinfo", "--noheader", "--Node", "--format=%n|%N"], SLURM_TIMEOUT_S)
+    if out is None:
+        log(f"host names are taken for Slurm's node names ({why})")
+        return {}
+    return parse_node_names(out)
 
 
 def _slurm(argv: List[str]) -> str:
@@ -317,7 +366,7 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
     # type: (List[Dict[str, Any]], List[str], Dict[str, Any], Dict[str, Any], str, str, str, str, str, Callable[[str], None]) -> None
     out = _slurm(["squeue", "--noheader", "--user=" + user, "--name=" + name,
                   "--states=PENDING", "--format=%F|%P|%x"])  # fmt: skip
-    chain_ids = set(_submitted_ids(submitted))
+    chain_ids = set(hostlib.submitted_ids(submitted))
     pending = [
         row for row in parse_pending(out)
         if row[0] != array_job_id and (not chain_ids or row[0] in chain_ids)
@@ -352,12 +401,3 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
         _append(record, [applied])
     except OSError as exc:
         log(f"ERROR: could not append to the exclusion record {record}: {exc}")
-
-
-def _submitted_ids(path: str) -> List[str]:
-    try:
-        data = json.loads(_read(path) or "{}")
-    except ValueError:
-        return []
-    ids = data.get("job_ids", []) if isinstance(data, dict) else []
-    return [str(i) for i in ids if str(i).isdigit()]

@@ -22,7 +22,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 if __package__:
     from . import hostlib, node_memory
@@ -136,12 +136,18 @@ def decide(
     )
 
 
-def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) -> List[str]:
+def scancel_argv(
+    action: str, *, job_name: str, user: str, array_job_id: str, chain_ids: Sequence[str] = ()
+) -> List[str]:
     """The one scancel the action needs. Always PENDING-only and scoped to the user:
-    running peers are stopped by the closed flag, and another user's jobs are never ours."""
+    running peers are stopped by the closed flag, and another user's jobs are never ours.
+    The chain is its own array job ids, as submit recorded them (chain_ids), with this
+    one: another chain that `submit --force` queued under the same name is not ours.
+    By name only where none was recorded (a work dir without submitted.json)."""
     if action in (CANCELLED_CHAIN, BURN_GUARD, COMPLETED):
-        # By name: under the singleton dependency every PENDING job of ours with this
-        # name is this chain (this array's own spares included).
+        if chain_ids:
+            ids = list(chain_ids) + [array_job_id] * (array_job_id not in chain_ids)
+            return ["scancel", "--state=PENDING", f"--user={user}", *ids]
         return ["scancel", "--state=PENDING", f"--name={job_name}", f"--user={user}"]
     return ["scancel", "--state=PENDING", f"--user={user}", array_job_id]
 
@@ -274,20 +280,29 @@ def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
     return claim if isinstance(claim, dict) else None
 
 
-def remember_nodes(args: argparse.Namespace, this: Dict[str, Any], fenced_task0: str) -> bool:
-    """Judge this generation's bad nodes into the exclusion record and the ledger entry
-    (drained and excluded); whether that worked, so that apply_exclusions may follow."""
+def drained_nodes(args: argparse.Namespace, this: Dict[str, Any]) -> List[str]:
+    """The generation's drained nodes, for its ledger entry (one small bounded read)."""
     try:
-        drained = node_memory.drained_nodes(args.drain_poll, this["chain"], args.array_job_id)
-        excluded = node_memory.remember(
-            record=args.exclusions, launcher_log=args.launcher_log, drained=drained,
-            fenced_task0=fenced_task0, spec=_load_manifest(args.run_json).get("spec", {}),
-            chain=this["chain"], array_job_id=args.array_job_id, log=_log,
-        )  # fmt: skip
+        return node_memory.drained_nodes(args.drain_poll, this["chain"], args.array_job_id)
     except Exception as exc:  # never at the cost of the ledger entry
+        _log(f"ERROR: reading this generation's drained nodes failed: {exc}")
+        return []
+
+
+def remember_nodes(args: argparse.Namespace, this: Dict[str, Any], fenced_task0: str) -> bool:
+    """Judge this generation's bad nodes into the exclusion record, after the ledger entry
+    is written: what node memory reads (the launcher log, the record) can never cost the
+    generation its entry. Whether that worked, so that apply_exclusions may follow."""
+    try:
+        node_memory.remember(
+            record=args.exclusions, launcher_log=args.launcher_log,
+            drained=this.get("drained", []), fenced_task0=fenced_task0,
+            spec=_load_manifest(args.run_json).get("spec", {}), chain=this["chain"],
+            array_job_id=args.array_job_id, log=_log,
+        )  # fmt: skip
+    except Exception as exc:
         _log(f"ERROR: judging this generation's nodes failed: {exc}")
         return False
-    this.update(drained=drained, excluded=excluded)
     return True
 
 
@@ -329,8 +344,9 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     else:
         _log("ERROR: user or array job id unknown: nothing cancelled")
     this["scancel_ok"] = ok
-    remembered = remember_nodes(args, this, fenced_task0=this["task0_node"])
+    this["drained"] = drained_nodes(args, this)
     _record(args.ledger, this)
+    remembered = remember_nodes(args, this, fenced_task0=this["task0_node"])
     apply_exclusions(remembered, args)
     return 0
 
@@ -384,13 +400,17 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
     ok = True
     if action != NONE:
         ok = _scancel(
-            scancel_argv(action, job_name=job_name, user=args.user, array_job_id=args.array_job_id)
-        )
+            scancel_argv(
+                action, job_name=job_name, user=args.user, array_job_id=args.array_job_id,
+                chain_ids=hostlib.submitted_ids(args.submitted),
+            )
+        )  # fmt: skip
     this.update(action=action, reason=reason, scancel_ok=ok)
     if action == COMPLETED:
         this["final_iteration"] = done
-    remembered = remember_nodes(args, this, fenced_task0="")
+    this["drained"] = drained_nodes(args, this)
     _record(args.ledger, this)
+    remembered = remember_nodes(args, this, fenced_task0="")
     # A chain that ends (completed, cancelled, burn guard) has no queued generation left.
     if action in (RELEASED_SPARES, SAVED_AT_TIME_LIMIT):
         apply_exclusions(remembered, args)

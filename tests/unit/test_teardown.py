@@ -119,7 +119,12 @@ def test_the_marker_counts_only_when_it_names_the_tracked_checkpoint(marker, tra
     assert teardown.training_done(marker, tracked) == done
 
 
-def test_cancelling_the_chain_is_by_name_and_user_and_pending_only():
+def test_cancelling_the_chain_is_by_its_job_ids_and_user_and_pending_only():
+    argv = teardown.scancel_argv(
+        teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7", chain_ids=["5", "6"]
+    )
+    assert argv == ["scancel", "--state=PENDING", "--user=alice", "5", "6", "7"]
+    # No recorded ids (a work dir without submitted.json): by name, as before.
     argv = teardown.scancel_argv(
         teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7"
     )
@@ -315,6 +320,72 @@ def test_an_ordinary_failure_releases_spares_and_keeps_the_chain(tmp_path):
     assert "scancel --state=PENDING --user=alice 500" in calls
     assert ledger[-1]["action"] == "released_spares" and ledger[-1]["exit_code"] == 1
     assert (work / "chain.active").exists()
+
+
+def test_the_chain_is_cancelled_by_its_own_job_ids_not_a_name_another_chain_shares(tmp_path):
+    # `submit --force` may have queued another chain under the same name: not ours to end.
+    script, work, env = _prepare(tmp_path, srun_exit=93)
+    (work / "submitted.json").write_text(json.dumps({"job_ids": ["500", "501", "502"]}))
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["action"] == "cancelled_chain"
+    assert "scancel --state=PENDING --user=alice 500 501 502" in calls
+    assert not [call for call in calls if "--name=" in call]
+
+
+@pytest.mark.parametrize(
+    "generation, ends",
+    [
+        ("chain-1/500/", True),  # ours (the scontrol stand-in gives no submit time)
+        ("chain-0/500/2025-06-01T00:00:00", False),  # another run's, under a reused id
+        (None, False),  # it names none
+    ],
+)
+def test_a_no_restart_witness_ends_the_chain_only_when_it_names_this_generation(
+    tmp_path, generation, ends
+):
+    # Task 0's entrypoint failed before it set stale files aside (its container did not
+    # start): a witness another run left must not end this chain, nor record 93.
+    script, work, env = _prepare(tmp_path, srun_exit=1)
+    fields = {"generation": generation} if generation else {}
+    (_control(work) / "no_restart").write_text(control.encode_fields({**fields, "exit_code": 93}))
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["action"] == ("cancelled_chain" if ends else "released_spares")
+    assert ("scancel --state=PENDING --user=alice 500" in calls) is not ends
+
+
+@pytest.mark.parametrize(
+    "generation, saved",
+    [("chain-1/500/", True), ("chain-0/500/2025-06-01T00:00:00", False), (None, False)],
+)
+def test_a_time_limit_notice_counts_only_when_it_names_this_generation(tmp_path, generation, saved):
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    fields = {"generation": generation} if generation else {}
+    (_control(work) / "time_limit").write_text(control.encode_fields({**fields, "reason": "x"}))
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    _calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["action"] == ("saved_at_time_limit" if saved else "released_spares")
+
+
+def test_the_ledger_entry_is_written_before_node_memory_reads_anything(tmp_path, monkeypatch):
+    # Slurm's SIGKILL at KillWait while node memory reads a hung file (a FIFO, a stalled
+    # launcher log) must not cost the generation its ledger entry.
+    _script, work, env = _prepare(tmp_path, srun_exit=1)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # the scancel stand-in, never a real Slurm
+
+    def killed(**_kwargs):
+        raise KeyboardInterrupt("KillWait")
+
+    monkeypatch.setattr(teardown.node_memory, "remember", killed)
+    with pytest.raises(KeyboardInterrupt):
+        teardown.main(
+            ["--run-json", str(work / "run.json"), "--array-job-id", "500", "--exit-code", "1",
+             "--job-name", "demo", "--user", "alice", "--generation", "chain-1/500/"]
+        )  # fmt: skip
+    _calls, ledger = _outcome(tmp_path, work)
+    assert [entry["array_job_id"] for entry in ledger] == ["500"]
 
 
 def test_the_second_burnt_generation_trips_the_burn_guard(tmp_path):
