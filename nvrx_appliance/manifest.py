@@ -20,7 +20,7 @@ from nvrx_appliance.files import read_text, write_atomic
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.settings import policy as mode_policy
 from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
-from nvrx_appliance.settings.megatron_rules import WANDB_RUN_ID, wandb_run_id
+from nvrx_appliance.settings.megatron.rules import WANDB_RUN_ID, wandb_run_id
 from nvrx_appliance.settings.policy import Policy
 from nvrx_appliance.settings.program_argv import program_argv
 

@@ -26,8 +26,9 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings import endings, megatron_rules, policy
+from nvrx_appliance.settings import endings, policy
 from nvrx_appliance.settings.chain import ChainSpec, Problem
+from nvrx_appliance.settings.megatron import rules as megatron_rules
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
 from nvrx_appliance.slurm import probe, render, submit_lock
