@@ -104,7 +104,7 @@ def test_the_rules_refuse_sideways_and_upward_imports_and_allow_downward_ones():
     assert violation("nvrx_appliance.watch.detectors", "nvrx_appliance.observe.types") is None
     assert violation("nvrx_appliance.slurm.submit", "nvrx_appliance.manifest") is None
     assert violation("nvrx_appliance.manifest", "nvrx_appliance.settings.chain") is None
-    assert violation("nvrx_appliance.cli.watch", "nvrx_appliance.watch.shell") is None
+    assert violation("nvrx_appliance.cli.watch", "nvrx_appliance.watch.run_loop") is None
     assert violation("nvrx_appliance.watch.watcher", "nvrx_appliance.goodput.account") is None
     assert violation("nvrx_appliance.goodput.gather", "nvrx_appliance.slurm.sources")
 
