@@ -31,7 +31,7 @@ from nvrx_appliance.settings.chain import ChainSpec, Problem
 from nvrx_appliance.settings.megatron import rules as megatron_rules
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
-from nvrx_appliance.slurm import probe, render, submit_lock
+from nvrx_appliance.slurm import job_control, probe, render, submit_lock
 
 
 class Refused(Exception):
@@ -273,7 +273,9 @@ def submit(
             with _signals(_raise_interrupted, _RAISED_SIGNALS):
                 write(plan)
                 for _ in range(spec.depth):
-                    queued.append(slurmcli.sbatch(plan.sbatch_args, str(plan.script_path), env=env))
+                    queued.append(
+                        job_control.sbatch(plan.sbatch_args, str(plan.script_path), env=env)
+                    )
                 done = Submitted(job_ids=queued, plan=plan)
                 record = {**done.to_json(), "submitted": now_iso()}
                 write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n", 0o600)
@@ -303,7 +305,7 @@ def _roll_back(plan: Plan, queued: list[str], cause: Exception | str, before: se
         cancel_error = ""
         if doomed:
             try:
-                slurmcli.scancel(doomed)
+                job_control.scancel(doomed)
             except slurmcli.SlurmUnavailable as exc:
                 cancel_error = str(exc)
         return _rollback_message(plan, stopped, queued, strays, search_error, cancel_error)
