@@ -3,7 +3,7 @@
     python -m bench.drain_calls --simulate 10000 --repeat 5   # no cluster needed
     python -m bench.drain_calls --cluster --repeat 5          # the local 4-node cluster
 
---cluster runs the real poller (slurm/drain_poller.py, one pass at a time) against the
+--cluster runs the real poller (jobhost/drain_poller.py, one pass at a time) against the
 local cluster with a job array on every node and one node drained, and counts what the
 controller itself says it served (sdiag's RPC counts, before and after each pass).
 
@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nvrx_appliance.slurm import drain_poller
+from nvrx_appliance.jobhost import drain_poller
 
 POLLER = drain_poller.__file__
 RESULTS = Path(__file__).parent / "results"

@@ -28,6 +28,7 @@ from nvrx_appliance.entrypoints.launch import nvrx_logfile
 from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurm_output, slurmcli, workdir
+from nvrx_appliance.slurm import job_control
 
 # How long a sample waits for NVRx's log to catch up (see Harness.nvrx_events_with).
 NVRX_LOG_LAG_S = 30.0
@@ -120,7 +121,7 @@ class Harness:
         return slurmcli.run(list(argv), env=self.env, timeout=timeout)
 
     def sbatch(self, args: Sequence[str], script: Path) -> str:
-        return slurmcli.sbatch(args, str(script), env=self.env)
+        return job_control.sbatch(args, str(script), env=self.env)
 
     def squeue_ids(self, name: str) -> list[str]:
         return self.slurm("squeue", "-h", "-r", "--name", name, "-o", "%i").split()

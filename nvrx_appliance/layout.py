@@ -76,6 +76,11 @@ class ControlFiles:
         return self.directory / "verdict"
 
 
+# Stands for the array job id in a generation's path that run.json carries (Layout.
+# host_paths): the host code fills it in.
+ARRAY_JOB_ID_FIELD = "{array_job_id}"
+
+
 @dataclass(frozen=True)
 class Layout:
     work_dir: Path
@@ -101,6 +106,17 @@ class Layout:
         # What the teardown loads to judge a generation's bad nodes and keep them out of
         # the queued generations (stdlib-only Python, beside the teardown).
         return self.work_dir / "node_memory.py"
+
+    @property
+    def hostlib(self) -> Path:
+        # The one helper module the three above import (bounded reads, Slurm calls,
+        # appends, the trust check, the log line), beside them.
+        return self.work_dir / "hostlib.py"
+
+    @property
+    def host_code(self) -> tuple[Path, ...]:
+        # What runs on the job's host (nvrx_appliance/jobhost/), copied beside run.json.
+        return (self.teardown, self.drain_poller, self.node_memory, self.hostlib)
 
     @property
     def exclusions(self) -> Path:
@@ -214,6 +230,28 @@ class Layout:
     def drain_poll(self, array_job_id: str | int) -> Path:
         # The poller's last pass: when, and whether Slurm answered.
         return self.drain(array_job_id) / "last_poll"
+
+    def host_paths(self) -> dict[str, str]:
+        """What the host code (jobhost/) reads and writes, for run.json's `paths`, so that
+        its command line carries only what changes per generation. A generation's paths
+        hold ARRAY_JOB_ID_FIELD."""
+        control = self.control_files(ARRAY_JOB_ID_FIELD)
+        return {
+            "ledger": str(self.ledger),
+            "tracker": str(self.tracker),
+            "training_done": str(self.training_done),
+            "chain_marker": str(self.chain_marker),
+            "exclusions": str(self.exclusions),
+            "submitted": str(self.submitted),
+            "no_restart": str(control.no_restart),
+            "time_limit": str(control.time_limit),
+            "fence": str(control.fence),
+            "relay": str(control.relay),
+            "launcher_log": str(self.launcher_log(ARRAY_JOB_ID_FIELD)),
+            "drain_poll": str(self.drain_poll(ARRAY_JOB_ID_FIELD)),
+            "verdict": str(control.verdict),
+            "workload_exits": str(self.workload_exits(ARRAY_JOB_ID_FIELD)),
+        }
 
     def cycle_infos(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "cycle_infos"

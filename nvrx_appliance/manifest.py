@@ -20,7 +20,7 @@ from nvrx_appliance.files import read_text, write_atomic
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.settings import policy as mode_policy
 from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
-from nvrx_appliance.settings.megatron_rules import WANDB_RUN_ID, wandb_run_id
+from nvrx_appliance.settings.megatron.rules import WANDB_RUN_ID, wandb_run_id
 from nvrx_appliance.settings.policy import Policy
 from nvrx_appliance.settings.program_argv import program_argv
 
@@ -83,6 +83,9 @@ class Manifest:
             "workload": list(self.workload),
             "wandb": {"run_id": self.wandb_run_id} if self.wandb_run_id else None,
             "checkpoint_start": self.checkpoint_start,
+            # For the host code (jobhost/), which runs without this package: derived from
+            # spec.work_dir, so a reader of the package never needs it.
+            "paths": self.layout.host_paths(),
         }
 
 

@@ -1,5 +1,5 @@
 """`nvrx-watch <job id>` (also `nvrx-appliance watch`): the command line of the watcher
-(watch/shell.py runs it; its docstring says where each setting and secret comes from)."""
+(watch/run_loop.py runs it; its docstring says where each setting and secret comes from)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import click
 
 from nvrx_appliance import __version__, api
 from nvrx_appliance.cli import help as clihelp
-from nvrx_appliance.watch import detectors, shell, target
+from nvrx_appliance.watch import detectors, run_loop, target
 from nvrx_appliance.watch.config import (
     Thresholds,
     env_name,
@@ -24,7 +24,7 @@ from nvrx_appliance.watch.config import (
     reference_key_refusal,
     thresholds_fields,
 )
-from nvrx_appliance.watch.shell import PAGERDUTY_EVENTS_URL, SECRETS
+from nvrx_appliance.watch.run_loop import PAGERDUTY_EVENTS_URL, SECRETS
 
 
 def _option(*decls: str, fallback_env: str = "", **kwargs: Any):
@@ -266,9 +266,9 @@ def watch(**options: Any) -> None:
     job id of it (or --work-dir); owner and the run's files resolve from it.
     Observe-only unless --act.
     """
-    logger = shell.make_logger(options["log_file"], options["verbose"])
+    logger = run_loop.make_logger(options["log_file"], options["verbose"])
     try:
-        settings = shell.settings_from(options, warn=_warn, environ=_environment())
+        settings = run_loop.settings_from(options, warn=_warn, environ=_environment())
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     thresholds = Thresholds(**{f.name: options[f.name] for f in thresholds_fields()})
@@ -288,7 +288,7 @@ def watch(**options: Any) -> None:
     if options["once"] and options["interval"]:
         raise click.UsageError("--once and --interval N exclude each other; pick one")
     try:
-        code = shell.loop(request, settings, thresholds, logger, options["interval"])
+        code = run_loop.loop(request, settings, thresholds, logger, options["interval"])
     except target.ResolveError as exc:
         raise click.UsageError(str(exc)) from None
     sys.exit(code)

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from nvrx_appliance.jobhost import hostlib
+
 RECORD_SCHEMA = "nvrx-appliance/rdzv"
 RECORD_VERSION = 3  # 2: the record names its generation; 3: and the array throttle
 
@@ -30,13 +32,8 @@ def generation(chain: str, array_job_id: str, submitted: str = "") -> str:
     return f"{chain}/{array_job_id}/{submitted}"
 
 
-def same_generation(theirs: str, ours: str) -> bool:
-    """Chain and array job must match; the submit time too, where both sides know it
-    (a node whose scontrol call timed out does not)."""
-    a, b = theirs.split("/"), ours.split("/")
-    if len(a) != 3 or len(b) != 3 or a[:2] != b[:2]:
-        return False
-    return a[2] == b[2] or not a[2] or not b[2]
+# The one rule, shared with the teardown on the job's host.
+same_generation = hostlib.same_generation
 
 
 def encode_fields(fields: Mapping[str, object]) -> str:

@@ -13,7 +13,7 @@ task 0's teardown (the hand-off) instead of task 0 hosting the next rendezvous.
 The service is gRPC over a Unix socket (nvhcd's HealthCheckService.RunHealthCheck); this
 module serves it from the entrypoint, on a socket in a private directory, and answers
 it by reading this task's marker once (Layout.drain_marker, written by the drain poller,
-slurm/drain_poller.py). Why not NVRx's `--ft-segment-health-check-dir`, which reads a
+jobhost/drain_poller.py). Why not NVRx's `--ft-segment-health-check-dir`, which reads a
 per-task file too (segment_health_check.py, SegmentHealthCheck): it judges a file by its
 size alone, so a marker cannot carry the allocation's identity, and a marker of another
 allocation could not be ignored.

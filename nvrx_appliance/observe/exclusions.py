@@ -1,7 +1,7 @@
 """The exclusion record (Layout.exclusions): which nodes the chain keeps out of its queued
 generations, why and until when, and what was last applied to which job. Pure.
 
-Task 0's teardown judges and applies it (slurm/node_memory.py, which runs on the host
+Task 0's teardown judges and applies it (jobhost/node_memory.py, which runs on the host
 without this package and so reads and writes the same lines itself; a test keeps the two
 in step); `status` reads it; `nvrx-watch --act` adds to it (excluded_line).
 

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any, TypeGuard
 
+from nvrx_appliance.jobhost import hostlib
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import Cycle, LedgerEntry
 
@@ -77,18 +78,9 @@ def tracker_value(text: str) -> int | None:
     return int(value) if value.isdecimal() and len(value) <= MAX_ITERATION_DIGITS else None
 
 
-def json_lines(text: str) -> list[dict[str, Any]]:
-    """A JSON-lines file (progress log, ledger): one object per line; a line being
-    appended, or one that is not an object, is skipped."""
-    rows = []
-    for line in text.splitlines():
-        try:
-            row = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(row, dict):
-            rows.append(row)
-    return rows
+# A JSON-lines file (progress log, ledger): one object per line; a line being appended,
+# or one that is not an object, is skipped. One parser with the job's host's.
+json_lines = hostlib.json_lines
 
 
 def ledger_lines(text: str) -> list[dict[str, Any]]:

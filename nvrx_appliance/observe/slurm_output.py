@@ -12,6 +12,7 @@ import posixpath
 import re
 from dataclasses import dataclass
 
+from nvrx_appliance.jobhost import hostlib
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import Ending, Generation, Task, terminal
 
@@ -333,29 +334,8 @@ def submitted_script(submit_line: str, work_dir: str) -> str:
 # --- host lists -----------------------------------------------------------------
 
 
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compressed host lists: 'node[1-3,07],ctl' -> node1 node2 node3 node07 ctl."""
-    hosts: list[str] = []
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", nodelist or ""):
-        hosts.extend(_expand_one(part.strip()))
-    return [h for h in hosts if h]
-
-
-def _expand_one(pattern: str) -> list[str]:
-    match = re.match(r"^(?P<pre>[^\[]*)\[(?P<ranges>[^\]]*)\](?P<post>.*)$", pattern)
-    if not match:
-        return [pattern]
-    out: list[str] = []
-    for item in match["ranges"].split(","):
-        low, _, high = item.partition("-")
-        if high and low.isdigit() and high.isdigit():
-            out.extend(
-                f"{match['pre']}{n:0{len(low)}d}{match['post']}"
-                for n in range(int(low), int(high) + 1)
-            )
-        else:
-            out.append(f"{match['pre']}{item}{match['post']}")
-    return [host for one in out for host in (_expand_one(one) if "[" in one else (one,))]
+# One expander for the package and the job's host: hostlib's (stdlib only).
+expand_nodelist = hostlib.expand_nodelist
 
 
 # --- scontrol, sbatch ----------------------------------------------------------------------

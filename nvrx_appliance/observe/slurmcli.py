@@ -1,4 +1,6 @@
-"""The one Slurm adapter: the commands run, bounded, and their answers parsed.
+"""The one Slurm adapter: the commands run, bounded, and their answers parsed. It only
+reads (squeue, sacct, scontrol show); what changes the queue is slurm/job_control.py's,
+through `run` here.
 
 Every call has a timeout and turns any failure (missing binary, unreachable
 controller, non-zero exit, timeout) into SlurmUnavailable with one readable line, so a
@@ -180,17 +182,3 @@ def show_config() -> dict[str, str]:
 
 def squeue(*, user: str, name: str | None = None) -> list[Task]:
     return Slurm().squeue(user=user, name=name)
-
-
-# sbatch's own bound: past it, submit treats the job as maybe queued and looks for it.
-SBATCH_TIMEOUT_S = DEFAULT_TIMEOUT_S
-
-
-def sbatch(args: Sequence[str], script: str, *, env: Mapping[str, str] | None = None) -> str:
-    """Submit one job; returns its job id. `env` lets SBATCH_* reach sbatch untouched."""
-    out = run(["sbatch", "--parsable", *args, script], env=env, timeout=SBATCH_TIMEOUT_S)
-    return slurm_output.sbatch_job_id(out)
-
-
-def scancel(args: Sequence[str]) -> None:
-    run(["scancel", *args])

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import lease
-from nvrx_appliance.settings import exit_actions, megatron_rules, parallel
+from nvrx_appliance.settings import exit_actions
+from nvrx_appliance.settings.megatron import parallel
+from nvrx_appliance.settings.megatron import rules as megatron_rules
 
 # bwrap-standin is a test stand-in for pyxis + enroot, which cannot exist on a machine
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (docs/images.md).
@@ -132,7 +134,7 @@ class ChainSpec:
         "File of your script's arguments, in the --megatron-args file format.",
         "NVRX_SCRIPT_ARGS",
     )
-    # The shape's sizes: 0 takes what your --megatron-args say (settings/parallel.py),
+    # The shape's sizes: 0 takes what your --megatron-args say (settings/megatron/parallel.py),
     # else the default; a setting and a line of your arguments that disagree are refused.
     micro_batch: int = _opt(
         0, "Micro batch size per rank (0: your --micro-batch-size, else 1).", "NVRX_MICRO_BATCH"
@@ -326,7 +328,7 @@ class Shape:
     max_nodes: int  # ft_launcher --nnodes MAX
     nproc_per_node: int
     world_size: int  # ranks that train: min_nodes x nproc_per_node
-    # The parallel shape, from the settings and the user's arguments (settings/parallel.py).
+    # The parallel shape, from the settings and the user's arguments (settings/megatron/parallel.py).
     tensor_parallel: int
     pipeline_parallel: int
     context_parallel: int

@@ -2,7 +2,7 @@
 at submit, when manifest.build makes the run manifest, and written to run.json; the
 entrypoint runs it verbatim on every node.
 
-Megatron-LM's pretrain_gpt.py gets megatron_argv.py's; the user's script its own path
+Megatron-LM's pretrain_gpt.py gets settings/megatron/argv.py's; the user's script its own path
 and --script-args; the built-in cpu trainer (entrypoints/workloads/cpu.py) the argv
 below. Pure: no I/O.
 """
@@ -10,8 +10,8 @@ below. Pure: no I/O.
 from __future__ import annotations
 
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.settings import megatron_argv
 from nvrx_appliance.settings.chain import ChainSpec, Shape, train_samples
+from nvrx_appliance.settings.megatron import argv as megatron_argv
 from nvrx_appliance.settings.policy import Policy
 
 CPU_MODULE = "nvrx_appliance.entrypoints.workloads.cpu"

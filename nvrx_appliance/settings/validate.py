@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL
-from nvrx_appliance.settings import endings, megatron_paths
+from nvrx_appliance.settings import endings
 from nvrx_appliance.settings.chain import (
     CONTAINER_RUNTIMES,
     ChainSpec,
@@ -24,6 +24,7 @@ from nvrx_appliance.settings.chain import (
     flag,
     parse_mounts,
 )
+from nvrx_appliance.settings.megatron import paths as megatron_paths
 
 # Directories that are private to one node on every cluster we know: the rendezvous
 # record is published through the work dir, so each node would see a different one.

@@ -14,7 +14,7 @@ import shlex
 # Megatron flags the appliance sets itself, each with the rest of the line that refuses
 # it in a user's arguments: argparse keeps the last value, so a user's --save would
 # silently move checkpoints away from the tracker the chain reads. (The parallel and
-# batch sizes are not here: a user's arguments may state them, settings/parallel.py.)
+# batch sizes are not here: a user's arguments may state them, settings/megatron/parallel.py.)
 OWNED_MEGATRON_FLAGS: dict[str, str] = {
     "--save": "is the appliance's (checkpoints go to <work dir>/checkpoints); remove it",
     "--load": "is the appliance's (every generation resumes from <work dir>/checkpoints); "

@@ -10,6 +10,7 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES
 from nvrx_appliance.observe.workdir import Unreadable, load_manifest
+from nvrx_appliance.slurm import job_control
 
 # A generation whose tasks are completing is ending already: scancel can do nothing
 # more to it (it answers "Invalid job id specified"), so it is left to end.
@@ -66,7 +67,7 @@ def _scancel_live(user: str, name: str, job_ids: list[str]) -> None:
     id", "already completing or completed") though nothing of it is left to end. Only a
     job still queued or running after the failure makes it one."""
     try:
-        slurmcli.scancel(["--user", user, *job_ids])
+        job_control.scancel(["--user", user, *job_ids])
     except slurmcli.SlurmTimeout:
         raise  # no answer: what it did is unknown, so say so
     except slurmcli.SlurmUnavailable:

@@ -145,19 +145,34 @@ def generation_path(path: Path) -> str:
     return f'"{_double_quoted(before)}${{ARRAY_JOB_ID}}{_double_quoted(after)}"'
 
 
+# The rendered command's lines: continued with a backslash, each at most this wide.
+_LINE_WIDTH = 88
+
+
 def shell_words(argv: list[str | Var]) -> str:
     words = [f'"{a.text}"' if isinstance(a, Var) else shlex.quote(a) for a in argv]
-    return " \\\n    ".join(_pair_flags(words))
+    return " \\\n    ".join(_fill(_pair_flags(words)))
 
 
 def _pair_flags(words: list[str]) -> list[str]:
-    """Keep a flag and its separate value on one line of the rendered command."""
+    """Keep a flag and its separate value together on one line of the rendered command."""
     lines: list[str] = []
     for word in words:
         if lines and lines[-1] in ("--bind", "--mounts", "--image", "--manifest", "-m"):
             lines[-1] += " " + word
         else:
             lines.append(word)
+    return lines
+
+
+def _fill(groups: list[str]) -> list[str]:
+    """As many groups on a line as fit in _LINE_WIDTH; a longer group alone."""
+    lines: list[str] = []
+    for group in groups:
+        if lines and len(lines[-1]) + 1 + len(group) <= _LINE_WIDTH:
+            lines[-1] += " " + group
+        else:
+            lines.append(group)
     return lines
 
 
@@ -178,9 +193,7 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "job_name": spec.job_name,
         "run_json": shlex.quote(str(layout.run_json)),
         "sbatch_directives": directives,
-        "ledger": shlex.quote(str(layout.ledger)),
         "tracker": shlex.quote(str(layout.tracker)),
-        "chain_marker": shlex.quote(str(layout.chain_marker)),
         "control": generation_path(layout.control(_ARRAY_JOB_ID)),
         "closed": generation_path(control_files.closed),
         "fence": generation_path(control_files.fence),
@@ -188,17 +201,12 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "no_restart_witness": generation_path(control_files.no_restart),
         "time_limit_notice": generation_path(control_files.time_limit),
         "time_limit_signal": endings.SAVE_SIGNAL.name.removeprefix("SIG"),
-        "training_done": shlex.quote(str(layout.training_done)),
         "host_python": shlex.quote(host_python(manifest)),
         "teardown": shlex.quote(str(layout.teardown)),
+        "host_code": " ".join(shlex.quote(str(path)) for path in layout.host_code),
         "drain_poller": shlex.quote(str(layout.drain_poller)),
         "drain_dir": generation_path(layout.drain(_ARRAY_JOB_ID)),
         "drain_poll_interval": str(spec.drain_poll_interval),
-        "drain_poll": generation_path(layout.drain_poll(_ARRAY_JOB_ID)),
-        "node_memory": shlex.quote(str(layout.node_memory)),
-        "exclusions": shlex.quote(str(layout.exclusions)),
-        "submitted": shlex.quote(str(layout.submitted)),
-        "launcher_log": generation_path(layout.launcher_log(_ARRAY_JOB_ID)),
         "no_restart": str(exitcodes.NVRX_NO_RESTART),
         "chain_id": shlex.quote(manifest.chain_id),
         "task0_gone": str(exitcodes.TASK0_GONE),

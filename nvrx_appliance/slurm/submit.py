@@ -26,11 +26,12 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings import endings, exit_actions, megatron_rules, policy
+from nvrx_appliance.settings import endings, exit_actions, policy
 from nvrx_appliance.settings.chain import ChainSpec, Problem
+from nvrx_appliance.settings.megatron import rules as megatron_rules
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
-from nvrx_appliance.slurm import probe, render, submit_lock
+from nvrx_appliance.slurm import job_control, probe, render, submit_lock
 
 
 class Refused(Exception):
@@ -105,17 +106,12 @@ def template_text() -> str:
     return (files("nvrx_appliance.slurm") / "generation.sbatch.tmpl").read_text()
 
 
-def teardown_source() -> str:
-    return (files("nvrx_appliance.slurm") / "teardown.py").read_text()
-
-
 def write_teardown(layout: Layout) -> None:
-    """Task 0's teardown beside run.json, with the two host scripts of bad nodes (the
-    drain poller, the node memory the teardown loads), owner-only: the batch script and
-    the teardown refuse them otherwise."""
-    write_atomic(layout.teardown, teardown_source(), mode=0o600)
-    for path in (layout.drain_poller, layout.node_memory):
-        source = (files("nvrx_appliance.slurm") / path.name).read_text()
+    """What runs on the job's host (nvrx_appliance/jobhost/: task 0's teardown, the drain
+    poller, the node memory, their helper module) beside run.json, owner-only: the batch
+    script refuses to run them otherwise."""
+    for path in layout.host_code:
+        source = (files("nvrx_appliance.jobhost") / path.name).read_text()
         write_atomic(path, source, mode=0o600)
 
 
@@ -282,7 +278,9 @@ def submit(
             with _signals(_raise_interrupted, _RAISED_SIGNALS):
                 write(plan)
                 for _ in range(spec.depth):
-                    queued.append(slurmcli.sbatch(plan.sbatch_args, str(plan.script_path), env=env))
+                    queued.append(
+                        job_control.sbatch(plan.sbatch_args, str(plan.script_path), env=env)
+                    )
                 done = Submitted(job_ids=queued, plan=plan)
                 record = {**done.to_json(), "submitted": now_iso()}
                 write_atomic(plan.manifest.layout.submitted, json.dumps(record) + "\n", 0o600)
@@ -312,7 +310,7 @@ def _roll_back(plan: Plan, queued: list[str], cause: Exception | str, before: se
         cancel_error = ""
         if doomed:
             try:
-                slurmcli.scancel(doomed)
+                job_control.scancel(doomed)
             except slurmcli.SlurmUnavailable as exc:
                 cancel_error = str(exc)
         return _rollback_message(plan, stopped, queued, strays, search_error, cancel_error)

@@ -8,16 +8,16 @@ never drains a node: draining is the administrator's.
 
 from __future__ import annotations
 
-import os
-
 from nvrx_appliance.clock import iso_utc
+from nvrx_appliance.jobhost import hostlib
 from nvrx_appliance.observe.exclusions import excluded_line
 from nvrx_appliance.watch.findings import Action, Finding, Snapshot
 
 
 def exclude(action: Action, finding: Finding, snap: Snapshot) -> None:
-    """Append one line per node, in one write with O_APPEND, as the teardown does: a
-    line is never split by a teardown appending at the same moment."""
+    """Append one line per node, in one write with O_APPEND, as the teardown does
+    (hostlib.append_text): a line is never split by a teardown appending at the same
+    moment, and a short write (a full quota) raises rather than tear the next line."""
     now = snap.observed_at
     text = "".join(
         excluded_line(
@@ -33,8 +33,4 @@ def exclude(action: Action, finding: Finding, snap: Snapshot) -> None:
     )
     # The gate checked that the action names this chain's own record (Layout.exclusions).
     (record,) = action.argv
-    fd = os.open(record, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+    hostlib.append_text(record, text)

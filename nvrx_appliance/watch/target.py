@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import ManifestError, load
-from nvrx_appliance.watch import readers, script
+from nvrx_appliance.watch import batch_script, readers
 from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import JobInfo, Platform, SlurmUnavailable
 
@@ -209,7 +209,7 @@ def _from_script(run: Run, info: JobInfo, notes: list[str]) -> Run:
         "USER": info.owner,
         "SLURM_SUBMIT_DIR": info.work_dir,
     }
-    found = script.resolve(
+    found = batch_script.resolve(
         info.command,
         text,
         readers.read_script,

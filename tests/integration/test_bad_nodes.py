@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance.jobhost import drain_poller
 from nvrx_appliance.observe import exclusions
-from nvrx_appliance.observe.run_files import cycle_info
+from nvrx_appliance.observe.run_files import cycle_info, json_lines
 from nvrx_appliance.observe.slurm_output import expand_nodelist
-from nvrx_appliance.slurm import drain_poller
 
 from .chain_support import (
     CLI,
@@ -127,6 +127,16 @@ def _excluded(cluster: Cluster, job_id: str) -> set[str]:
     return set(expand_nodelist(out[0])) if out else set()
 
 
+def _remembered(work: Path, array_job_id: str) -> list[dict]:
+    """The exclusion record's lines a generation's teardown wrote (after its ledger line)."""
+    record = (work / "exclusions.jsonl").read_text() if (work / "exclusions.jsonl").exists() else ""
+    return [
+        {"node": e["node"], "reason": e["reason"]}
+        for e in json_lines(record)
+        if e.get("kind") == exclusions.EXCLUDED and e.get("generation") == array_job_id
+    ]
+
+
 @contextmanager
 def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, list, list]]:
     """A chain in train mode without cold spares: (work dir, name, its generations, the
@@ -210,9 +220,9 @@ def test_a_drained_task_0_hands_the_chain_to_the_next_generation_instead_of_host
         [entry] = wait_ledger(work, 1, CYCLE_S)
         assert entry["array_job_id"] == first and entry["drained"] == [task0]
         assert entry["action"] == "released_spares" and entry["exit_code"] not in (0, 93)
-        assert task0 not in {e["node"] for e in entry["excluded"]}  # Slurm's, not ours
-        resumed = _started(work, second, 0)
+        resumed = _started(work, second, 0)  # so the first generation's teardown ended
         assert resumed["host"] != task0 and resumed["iteration"] > 0
+        assert task0 not in {e["node"] for e in _remembered(work, first)}  # Slurm's, not ours
         assert not (work / "nvrx" / first / "cycle_infos" / f"cycle_info.{first}.0.1").exists()
 
 
@@ -303,8 +313,8 @@ def test_a_node_whose_ranks_fail_repeatedly_is_kept_out_of_the_next_generation(c
         entry = _ends_on_its_own(cluster, work, first, bad)
 
         reason = "its ranks failed 3 times in one generation"
-        assert {"node": bad, "reason": reason} in entry["excluded"], entry
-        assert bad in _excluded(cluster, second)
+        assert bad in _excluded(cluster, second)  # applied: so remembered before
+        assert {"node": bad, "reason": reason} in _remembered(work, first), entry
         resumed = _started(work, second, 0)
         hosts = {e["host"] for e in progress(work)
                  if e["event"] == "start" and e.get("slurm_array_job_id") == second}  # fmt: skip

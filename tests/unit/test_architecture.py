@@ -104,7 +104,7 @@ def test_the_rules_refuse_sideways_and_upward_imports_and_allow_downward_ones():
     assert violation("nvrx_appliance.watch.detectors", "nvrx_appliance.observe.types") is None
     assert violation("nvrx_appliance.slurm.submit", "nvrx_appliance.manifest") is None
     assert violation("nvrx_appliance.manifest", "nvrx_appliance.settings.chain") is None
-    assert violation("nvrx_appliance.cli.watch", "nvrx_appliance.watch.shell") is None
+    assert violation("nvrx_appliance.cli.watch", "nvrx_appliance.watch.run_loop") is None
     assert violation("nvrx_appliance.watch.watcher", "nvrx_appliance.goodput.account") is None
     assert violation("nvrx_appliance.goodput.gather", "nvrx_appliance.slurm.sources")
 
@@ -153,3 +153,27 @@ def test_a_click_import_outside_cli_is_found(tmp_path):
     package.mkdir(parents=True)
     (package / "options.py").write_text("import click\n")
     assert click_importers(tmp_path / PACKAGE) == [f"{PACKAGE}/settings/options.py"]
+
+
+# Commands that change Slurm's queue or a node; observe/ only reads (slurm/job_control.py
+# submits and cancels, jobhost/ cancels and excludes from the job's host).
+CHANGING_SLURM = ("sbatch", "scancel", "scontrol update")
+
+
+def changing_calls(root: Path) -> list[str]:
+    """Every argv written as a list or tuple that starts with a changing command."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.List | ast.Tuple):
+                continue
+            words = [e.value for e in node.elts[:2] if isinstance(e, ast.Constant)]
+            command = " ".join(str(w) for w in words)
+            if any(command == c or command.startswith(c + " ") for c in CHANGING_SLURM):
+                found.append(f"{path.relative_to(root.parent)}:{node.lineno}: {words[0]}")
+    return found
+
+
+def test_observe_only_reads_slurm():
+    assert changing_calls(SOURCE / "observe") == []
+    assert changing_calls(SOURCE / "slurm")  # where they are: the rule sees them

@@ -29,9 +29,8 @@ from nvrx_appliance import manifest
 from nvrx_appliance.entrypoints import drain_check
 from nvrx_appliance.entrypoints.drain_check import Identity, judge
 from nvrx_appliance.entrypoints.node import Node
-from nvrx_appliance.observe.slurm_output import expand_nodelist
+from nvrx_appliance.jobhost import drain_poller
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import drain_poller
 
 POLLER = Path(drain_poller.__file__)
 GEN = "chain-1/500/2026-12-01T10:00:00"
@@ -242,14 +241,6 @@ def test_an_unchanged_marker_is_not_rewritten(tmp_path):
     assert "node5 no longer drained" in done.stderr
 
 
-@pytest.mark.parametrize(
-    "nodelist",
-    ["node1", "node[1-3]", "gpu[01-03,7],login1", "a[1-2]b[3-4]", "x[09-11]", "n[1,3-4]-ib"],
-)
-def test_the_pollers_host_lists_expand_as_slurm_output_s_do(nodelist):
-    assert drain_poller.expand_nodelist(nodelist) == expand_nodelist(nodelist)
-
-
 def _python36() -> str | None:
     found = shutil.which("python3.6")
     if found is None:
@@ -265,6 +256,21 @@ def test_the_poller_runs_on_the_oldest_host_python(tmp_path):
     done = _poll(tmp_path, _stand_ins(tmp_path), python=_python36() or "")
     assert done.returncode == 0, done.stderr
     assert judge((tmp_path / "drain" / "task_3").read_text(), ME).healthy is False
+
+
+@pytest.mark.skipif(_python36() is None, reason="no Python 3.6 on this machine")
+def test_a_drain_reason_in_any_encoding_never_ends_the_poller_on_python_3_6_in_the_c_locale(
+    tmp_path,
+):
+    # Python 3.6 in the C locale decodes (and encodes) text as ASCII: an en dash or "°C"
+    # in an administrator's reason, or a byte that is not UTF-8, once killed the poller.
+    env = _stand_ins(tmp_path) | {"LC_ALL": "C", "LANG": "C"}
+    (tmp_path / "sinfo.out").write_bytes(b"node5|fan \xe2\x80\x93 90\xc2\xb0C\nnode6|bad \xff\n")
+    done = _poll(tmp_path, env, python=_python36() or "")
+    assert done.returncode == 0, done.stderr
+    marker = (tmp_path / "drain" / "task_3").read_bytes().decode()
+    assert "drained=node5 node6\n" in marker
+    assert "node5: fan \u2013 90\u00b0C; node6: bad \ufffd" in marker
 
 
 # --- the entrypoint and the real ft_launcher ----------------------------------------------
@@ -329,6 +335,30 @@ def test_task_0s_batch_script_polls_in_the_background_and_its_trap_stops_the_pol
     pollers = [p for p in psutil.process_iter(["cmdline"])
                if str(drain) in " ".join(p.info["cmdline"] or [])]  # fmt: skip
     assert pollers == []  # nothing of the generation outlives its batch script
+
+
+def test_the_trap_never_signals_the_pid_of_a_poller_that_already_ended(tmp_path):
+    # Once the poller ended and its shell collected it, its pid may be another process's.
+    script, _drain, env = _generation(tmp_path, drain_poll_interval=1)
+    # A poller that says its pid where srun waits for it, and ends at once.
+    (script.parent / "drain_poller.py").write_text(
+        "import os\npath = os.environ['WAIT_FOR']\nos.makedirs(os.path.dirname(path))\n"
+        "open(path + '.tmp', 'w').write(str(os.getpid()))\nos.rename(path + '.tmp', path)\n"
+    )
+    # srun trains until that poller is gone from the process table (collected).
+    gone = 'for i in $(seq 600); do [ -e "/proc/$(cat "$WAIT_FOR")" ] || break; sleep 0.1; done\n'
+    srun = tmp_path / "bin" / "srun"
+    srun.write_text(srun.read_text() + gone)
+    # Every `kill` of the batch shell, recorded (a function comes before the builtin).
+    (tmp_path / "bash_env").write_text(
+        f'kill() {{ echo "kill $*" >> {tmp_path}/kills; builtin kill "$@"; }}\n'
+    )
+    env["BASH_ENV"] = str(tmp_path / "bash_env")
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    pid = (script.parent / "nvrx" / "500" / "drain" / "last_poll").read_text()
+    kills = (tmp_path / "kills").read_text().splitlines()
+    assert f"kill {pid}" not in kills and f"kill -0 {pid}" not in kills, kills
 
 
 def test_a_poller_others_could_have_written_is_not_started_and_the_generation_runs_on(tmp_path):

@@ -27,7 +27,7 @@ from nvrx_appliance.observe.training_log import (
 )
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.watch import goodput_metrics, target
-from nvrx_appliance.watch import shell as watch_shell
+from nvrx_appliance.watch import run_loop as watch_shell
 from nvrx_appliance.watch.config import Settings, Thresholds
 from tests.unit.test_goodput import T0, chain_inputs, training
 

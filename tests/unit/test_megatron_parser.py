@@ -26,15 +26,13 @@ from nvrx_appliance.entrypoints import env
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.image.pins import load
 from nvrx_appliance.manifest import Manifest, build
-from nvrx_appliance.settings import (
-    megatron_argv,
-    megatron_paths,
-    megatron_rules,
-    parallel,
-    workload_args,
-)
+from nvrx_appliance.settings import workload_args
 from nvrx_appliance.settings.chain import ChainSpec, check
 from nvrx_appliance.settings.endings import SAVE_SIGNAL
+from nvrx_appliance.settings.megatron import argv as megatron_argv
+from nvrx_appliance.settings.megatron import parallel
+from nvrx_appliance.settings.megatron import paths as megatron_paths
+from nvrx_appliance.settings.megatron import rules as megatron_rules
 
 HOPPER = 9  # the GPU architecture validate_args is told it runs on
 MEGATRON = Path(sys.prefix) / f"megatron-core-{load().megatron_core_version}"
@@ -490,7 +488,7 @@ def test_every_option_of_megatron_that_looks_like_a_path_is_classified(answers):
     )  # fmt: skip
     unclassified = sorted(set(answers["path_like"]) - classified)
     assert not unclassified, (
-        f"classify these in settings/megatron_paths.py (a kind, or NOT_PATHS): {unclassified}"
+        f"classify these in settings/megatron/paths.py (a kind, or NOT_PATHS): {unclassified}"
     )
 
 

@@ -9,16 +9,16 @@ PATH that record their argv); the real ones are tests/integration/test_bad_nodes
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 import pytest
 
 from nvrx_appliance import manifest
+from nvrx_appliance.jobhost import node_memory
 from nvrx_appliance.observe import exclusions
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import node_memory, render, submit
+from nvrx_appliance.slurm import render, submit
 
 # NVRx 0.7.0's log lines as ft_launcher.log holds them (every node's, through its log server).
 LOG = """\
@@ -109,15 +109,19 @@ SQUEUE = "501|debug|node9\n502|debug|(null)\n500|debug|\n777|debug|\n"
 SINFO = "node1|idle\nnode2|alloc\nnode3|mix\nnode4|idle\nnode5|drain\nnode6|down*\n"
 
 
-def _stand_ins(tmp_path: Path, *, squeue=SQUEUE, sinfo=SINFO, scontrol_code=0) -> dict:
+def _stand_ins(tmp_path: Path, *, squeue=SQUEUE, sinfo=SINFO, hosts="", scontrol_code=0) -> dict:
+    """squeue, sinfo and scontrol, saying what is given; sinfo asked for host names
+    (%n|%N) says `hosts`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir(exist_ok=True)
+    (tmp_path / "hosts.out").write_text(hosts)
     outputs = {"squeue": (squeue, 0), "sinfo": (sinfo, 0), "scontrol": ("", scontrol_code)}
     for name, (out, code) in outputs.items():
         (tmp_path / f"{name}.out").write_text(out)
         (bin_dir / name).write_text(
             f'#!/bin/sh\necho "{name} $*" >> {tmp_path}/calls\n'
-            + f"cat {tmp_path}/{name}.out\nexit {code}\n"
+            + f'case "$*" in *%n*) cat {tmp_path}/hosts.out ;; *) cat {tmp_path}/{name}.out ;; esac\n'
+            + f"exit {code}\n"
         )
         (bin_dir / name).chmod(0o755)
     return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
@@ -236,26 +240,13 @@ def test_task_0s_teardown_remembers_the_generations_bad_nodes(tmp_path):
     assert done.returncode == 0, done.stderr
     [entry] = [json.loads(x) for x in (work / "chain.jsonl").read_text().splitlines()]
     assert entry["drained"] == ["node6"]
-    assert [e["node"] for e in entry["excluded"]] == ["node2", "node4"]
+    record = exclusions.read((work / "exclusions.jsonl").read_text(), "2026-01-01T00:00:00Z")
+    assert [(e.node, e.generation) for e in record.active] == [("node2", "500"), ("node4", "500")]
     assert "node2 is kept out of this chain's queued generations until" in done.stderr
     # 4 usable nodes, an array of 3: one may be kept out, the oldest (node2); node4 says so
     assert "scontrol update JobId=501 ExcNodeList=node2" in _calls(tmp_path)
     assert "the cap: node4 stay(s) eligible" in done.stderr
     assert not (work / "__pycache__").exists()
-
-
-def test_a_node_memory_others_could_have_written_is_not_loaded_and_the_ledger_still_is(tmp_path):
-    work = tmp_path / "w"
-    m = manifest.build(ChainSpec(work_dir=str(work), workload="cpu"), created="c", user="a")
-    work.mkdir()
-    manifest.save(m)
-    submit.write_teardown(m.layout)
-    m.layout.node_memory.chmod(0o666)
-    from nvrx_appliance.slurm import teardown
-
-    assert teardown._node_memory(str(m.layout.node_memory)) is None
-    os.chmod(m.layout.node_memory, 0o600)
-    assert teardown._node_memory(str(m.layout.node_memory)) is not None
 
 
 @pytest.mark.parametrize("exclude_for", [0])
@@ -269,3 +260,44 @@ def test_no_memory_across_generations_when_exclude_for_is_zero(tmp_path, exclude
         array_job_id="500", log=said.append,
     )  # fmt: skip
     assert found == [] and not record.exists()
+
+
+def test_a_job_whose_applied_line_was_lost_gets_ours_back_when_they_expire():
+    # The append of the `applied` line failed (a full quota), or the teardown was killed
+    # between the update and the append: job 501's list holds our node2 (expired) and
+    # node3 beside its own node9, and the record says nothing of what it held before.
+    entries = node_memory.parse_record(
+        _line("node2", until="2000-01-01T00:00:00Z") + _line("node3")
+    )
+    usable = {"debug": {"node1", "node2", "node3", "node4"}}
+    targets, baselines, _kept, _capped = node_memory.plan(
+        [("501", "debug", "node[2-3],node9")], ["node3"], usable, 1, entries
+    )
+    assert baselines == {"501": "node9"}  # its own, without any node the record excluded
+    assert targets == {"node9,node3": ["501"]}  # node2 taken back, node3 within the cap
+
+
+def test_a_node_is_remembered_by_slurms_node_name_where_its_host_name_differs(
+    tmp_path, monkeypatch
+):
+    for key, value in _stand_ins(tmp_path, hosts="gpu-host-4.example|node4\nnode5|node5\n").items():
+        monkeypatch.setenv(key, value)
+    log = tmp_path / "ft_launcher.log"
+    log.write_text(
+        "2026-12-02 16:16:56,074 [ERROR] [gpu-host-4.example] [workload:?(?) infra:3(0)] "
+        "launcher.py:1721 Agent .run() raised UnhealthyNodeException: Node x has an unhealthy GPU.\n"
+    )
+    said: list[str] = []
+    found = node_memory.remember(
+        record=str(tmp_path / "exclusions.jsonl"), launcher_log=str(log), drained=["node4"],
+        fenced_task0="gpu-host-4", spec={"exclude_for": 3600}, chain="c", array_job_id="500",
+        log=said.append,
+    )  # fmt: skip
+    assert found == []  # node4 is Slurm's drained node: the administrator's, not ours
+    found = node_memory.remember(
+        record=str(tmp_path / "exclusions.jsonl"), launcher_log=str(log), drained=[],
+        fenced_task0="", spec={"exclude_for": 3600}, chain="c", array_job_id="500",
+        log=said.append,
+    )  # fmt: skip
+    assert [f["node"] for f in found] == ["node4"]
+    assert "sinfo --noheader --Node --format=%n|%N" in _calls(tmp_path)

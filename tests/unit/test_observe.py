@@ -6,21 +6,25 @@ import threading
 
 import pytest
 
+from nvrx_appliance import manifest
+from nvrx_appliance.jobhost import teardown
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files, slurm_output, workdir
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import LIVE_STATES, RUNNING_STATES, terminal
-from nvrx_appliance.slurm import status, teardown
+from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.slurm import status
 
 
 def test_what_the_teardown_appends_is_what_status_and_the_watcher_read(tmp_path):
     # The teardown stays stdlib-only, so the format is shared by this test, not by import.
-    layout = Layout(tmp_path)
+    m = manifest.build(ChainSpec(work_dir=str(tmp_path), workload="cpu"), created="c", user="")
+    manifest.save(m)
+    layout = m.layout
     layout.tracker.parent.mkdir(parents=True)
     layout.tracker.write_text("40\n")
     teardown.main(
-        ["--ledger", str(layout.ledger), "--tracker", str(layout.tracker),
-         "--array-job-id", "4242", "--task0-node", "node1", "--start", "2026-11-30T18:00:00Z",
+        ["--run-json", str(layout.run_json), "--array-job-id", "4242", "--task0-node", "node1", "--start", "2026-11-30T18:00:00Z",
          "--checkpoint-start", "20", "--exit-code", "1"]
     )  # fmt: skip
     [line] = workdir.ledger(layout)

@@ -146,7 +146,7 @@ def test_the_script_is_thin_names_its_teardown_file_and_arms_the_trap_before_any
     assert "def decide(" not in text  # the teardown is a file beside run.json, not inlined
     assert f"TEARDOWN={WORK}/teardown.py" in text
     body = text[text.index("if [[ $TASK_ID == 0 ]]") :]
-    assert body.splitlines()[3].strip() == "trap task0_teardown EXIT"
+    assert body.splitlines()[1].split("#")[0].strip() == "trap task0_teardown EXIT"
     assert "{{" not in text
     assert "#SBATCH --array=0-4%3" in text
 
@@ -255,7 +255,20 @@ def test_a_spare_admitted_after_the_generation_ended_leaves_without_srun(tmp_pat
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     assert done.returncode == 71, done.stderr  # TASK0_GONE, never 93
     assert _recorded(log, "srun") == []
-    assert "task 2 leaves" in done.stdout
+    # Logged as every log line of the appliance is: the UTC time to the millisecond.
+    assert re.search(
+        r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z nvrx: generation 77 is over .*task 2 leaves$",
+        done.stderr,
+        flags=re.MULTILINE,
+    ), done.stderr
+
+
+def test_every_log_line_of_the_batch_script_carries_the_utc_time():
+    # Only `say` writes a log line; `echo` only hands a reason to its caller.
+    text = submit.template_text()
+    logged = re.findall(r"^.*\becho\b.*$", text, flags=re.MULTILINE)
+    assert logged and all('echo "$path ' in line for line in logged), logged
+    assert "printf '%s %s\\n' \"$(date -u +%Y-%m-%dT%H:%M:%S.%3NZ)\"" in text
 
 
 @pytest.mark.skipif(

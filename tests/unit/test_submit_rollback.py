@@ -23,9 +23,8 @@ import pytest
 
 from nvrx_appliance import manifest
 from nvrx_appliance.devcluster.poll import wait_until
-from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render, submit
+from nvrx_appliance.slurm import job_control, render, submit
 
 from .slurm_standin import STANDIN_USER, SlurmStandin
 
@@ -104,7 +103,7 @@ def test_an_sbatch_that_timed_out_after_queueing_has_its_job_found_and_cancelled
 ):
     # The job reached the controller; its id never came back to submit.
     slurm.steer(hang_at=2, hang_after_queueing="")
-    monkeypatch.setattr(slurmcli, "SBATCH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(job_control, "SBATCH_TIMEOUT_S", 1.0)
     p = make_plan(tmp_path / "run")
     with pytest.raises(submit.SubmitFailed) as caught:
         submit.submit(p)
@@ -120,7 +119,7 @@ def test_a_job_of_the_same_name_that_was_live_before_a_forced_submit_is_never_ca
 ):
     older = submit.submit(make_plan(tmp_path / "other", depth=1))  # job 101, same name
     slurm.steer(hang_at=3, hang_after_queueing="")
-    monkeypatch.setattr(slurmcli, "SBATCH_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(job_control, "SBATCH_TIMEOUT_S", 1.0)
     with pytest.raises(submit.SubmitFailed):
         submit.submit(make_plan(tmp_path / "other", depth=3, force=True))
     assert slurm.live() == older.job_ids

@@ -19,8 +19,9 @@ import pytest
 from nvrx_appliance import manifest
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.entrypoints import control
+from nvrx_appliance.jobhost import teardown
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render, submit, teardown
+from nvrx_appliance.slurm import render, submit
 
 
 def _entry(exit_code, start, end, chain="c1"):
@@ -118,7 +119,12 @@ def test_the_marker_counts_only_when_it_names_the_tracked_checkpoint(marker, tra
     assert teardown.training_done(marker, tracked) == done
 
 
-def test_cancelling_the_chain_is_by_name_and_user_and_pending_only():
+def test_cancelling_the_chain_is_by_its_job_ids_and_user_and_pending_only():
+    argv = teardown.scancel_argv(
+        teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7", chain_ids=["5", "6"]
+    )
+    assert argv == ["scancel", "--state=PENDING", "--user=alice", "5", "6", "7"]
+    # No recorded ids (a work dir without submitted.json): by name, as before.
     argv = teardown.scancel_argv(
         teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7"
     )
@@ -316,6 +322,72 @@ def test_an_ordinary_failure_releases_spares_and_keeps_the_chain(tmp_path):
     assert (work / "chain.active").exists()
 
 
+def test_the_chain_is_cancelled_by_its_own_job_ids_not_a_name_another_chain_shares(tmp_path):
+    # `submit --force` may have queued another chain under the same name: not ours to end.
+    script, work, env = _prepare(tmp_path, srun_exit=93)
+    (work / "submitted.json").write_text(json.dumps({"job_ids": ["500", "501", "502"]}))
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["action"] == "cancelled_chain"
+    assert "scancel --state=PENDING --user=alice 500 501 502" in calls
+    assert not [call for call in calls if "--name=" in call]
+
+
+@pytest.mark.parametrize(
+    "generation, ends",
+    [
+        ("chain-1/500/", True),  # ours (the scontrol stand-in gives no submit time)
+        ("chain-0/500/2025-06-01T00:00:00", False),  # another run's, under a reused id
+        (None, False),  # it names none
+    ],
+)
+def test_a_no_restart_witness_ends_the_chain_only_when_it_names_this_generation(
+    tmp_path, generation, ends
+):
+    # Task 0's entrypoint failed before it set stale files aside (its container did not
+    # start): a witness another run left must not end this chain, nor record 93.
+    script, work, env = _prepare(tmp_path, srun_exit=1)
+    fields = {"generation": generation} if generation else {}
+    (_control(work) / "no_restart").write_text(control.encode_fields({**fields, "exit_code": 93}))
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["action"] == ("cancelled_chain" if ends else "released_spares")
+    assert ("scancel --state=PENDING --user=alice 500" in calls) is not ends
+
+
+@pytest.mark.parametrize(
+    "generation, saved",
+    [("chain-1/500/", True), ("chain-0/500/2025-06-01T00:00:00", False), (None, False)],
+)
+def test_a_time_limit_notice_counts_only_when_it_names_this_generation(tmp_path, generation, saved):
+    script, work, env = _prepare(tmp_path, srun_exit=0)
+    fields = {"generation": generation} if generation else {}
+    (_control(work) / "time_limit").write_text(control.encode_fields({**fields, "reason": "x"}))
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    _calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["action"] == ("saved_at_time_limit" if saved else "released_spares")
+
+
+def test_the_ledger_entry_is_written_before_node_memory_reads_anything(tmp_path, monkeypatch):
+    # Slurm's SIGKILL at KillWait while node memory reads a hung file (a FIFO, a stalled
+    # launcher log) must not cost the generation its ledger entry.
+    _script, work, env = _prepare(tmp_path, srun_exit=1)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)  # the scancel stand-in, never a real Slurm
+
+    def killed(**_kwargs):
+        raise KeyboardInterrupt("KillWait")
+
+    monkeypatch.setattr(teardown.node_memory, "remember", killed)
+    with pytest.raises(KeyboardInterrupt):
+        teardown.main(
+            ["--run-json", str(work / "run.json"), "--array-job-id", "500", "--exit-code", "1",
+             "--job-name", "demo", "--user", "alice", "--generation", "chain-1/500/"]
+        )  # fmt: skip
+    _calls, ledger = _outcome(tmp_path, work)
+    assert [entry["array_job_id"] for entry in ledger] == ["500"]
+
+
 def test_the_second_burnt_generation_trips_the_burn_guard(tmp_path):
     earlier = {"array_job_id": "499", "exit_code": 1, "checkpoint_iteration": None,
                "checkpoint_iteration_start": None, "chain": "chain-1"}  # fmt: skip
@@ -375,7 +447,9 @@ def test_a_run_json_others_can_write_does_not_steer_the_teardown(tmp_path):
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     calls, ledger = _outcome(tmp_path, work)
     assert "ignoring" in done.stderr and "group- or world-writable" in done.stderr
-    assert ledger[-1]["action"] == "released_spares"
+    # Nothing run.json says is believed, its paths neither: no ledger entry, said so, and
+    # only this generation's own spares are released.
+    assert ledger == [] and "this generation is not recorded" in done.stderr
     assert calls[-1] == "scancel --state=PENDING --user=alice 500"
 
 
@@ -387,10 +461,12 @@ def test_a_run_json_others_can_write_does_not_steer_the_teardown(tmp_path):
         (lambda path: path.parent.chmod(0o777), "writable by group or others (mode 777)"),
     ],
 )
-def test_a_teardown_file_others_could_have_written_is_not_run(tmp_path, spoil, why):
-    # The planted teardown would record a ledger entry; the bash fallback records none.
+@pytest.mark.parametrize("name", ["teardown.py", "hostlib.py", "node_memory.py"])
+def test_a_teardown_file_others_could_have_written_is_not_run(tmp_path, spoil, why, name):
+    # The planted teardown (or a module it imports) would record a ledger entry; the bash
+    # fallback records none.
     script, work, env = _prepare(tmp_path, srun_exit=93)
-    spoil(work / "teardown.py")
+    spoil(work / name)
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     calls, ledger = _outcome(tmp_path, work)
     assert done.returncode == 93
@@ -616,7 +692,7 @@ def test_a_ledger_of_a_gigabyte_is_read_from_its_end_within_a_small_memory(tmp_p
 
         resource.setrlimit(resource.RLIMIT_AS, (budget, budget))
 
-    args = ["--exit-code", "1", "--run-json", str(work / "run.json"), "--ledger", str(ledger),
+    args = ["--exit-code", "1", "--run-json", str(work / "run.json"),
             "--array-job-id", "500", "--job-name", "demo", "--user", "alice"]  # fmt: skip
     bin_dir = tmp_path / "bin"
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "STANDIN_LOG": str(tmp_path / "calls")}

@@ -2,12 +2,9 @@
 (pure), and the teardown run as the batch script runs it, on a generation's files."""
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
-from nvrx_appliance.slurm import node_memory, teardown
+from nvrx_appliance.jobhost import node_memory, teardown
 
 CHAIN = "2026-12-03T00:00:00Z"
 
@@ -97,42 +94,43 @@ def test_an_exclusion_for_failures_that_recur_elsewhere_is_cleared(tmp_path):
     node_memory.clear(record=str(record), nodes=[], chain=CHAIN, reason="recurred", log=said.append,
                       recurring={60: {"node2", "node3"}})  # fmt: skip
     entries = node_memory.parse_record(record.read_text())
-    assert node_memory.active(entries, node_memory.now_iso()) == []
+    assert node_memory.active(entries, node_memory.hostlib.record_time()) == []
     assert said == ["node1 no longer kept out: recurred"]
 
 
-def test_the_teardown_stops_the_chain_on_a_verdict_and_records_it(tmp_path):
-    control = tmp_path / "nvrx" / "7" / "control"
-    exits = tmp_path / "nvrx" / "7" / "exits"
-    control.mkdir(parents=True, mode=0o700)
+def test_the_batch_script_stops_the_chain_on_a_verdict_and_records_it(tmp_path):
+    # The real rendered sbatch under bash, as in test_teardown.py: task 0's srun ends 78
+    # (every node stopped its ft_launcher on the verdict) and the trap runs the teardown.
+    from tests.unit.test_teardown import _control, _outcome, _prepare
+
+    script, work, env = _prepare(tmp_path, srun_exit=78)
+    verdict = _verdict(generation="chain-1/500/", node="node1", rank="0", cycle="0")
+    (_control(work) / "verdict").write_text(json.dumps(verdict))
+    (_control(work) / "verdict").chmod(0o600)
+    exits = work / "nvrx" / "500" / "exits"
     (exits / "verdict_nodes").mkdir(parents=True, mode=0o700)
     (exits / "verdict_nodes" / "node1").touch()
-    (control / "verdict").write_text(json.dumps(_verdict(node="node1", rank="0", cycle="0")))
-    (exits / "cycle0.node1.json").write_text(
-        json.dumps(_verdict(cycle="0", node="node1", epoch=1.0))
-    )
-    run_json = tmp_path / "run.json"
-    run_json.write_text(json.dumps({"created": CHAIN, "spec": {"job_name": "j"}}))
-    os.chmod(run_json, 0o600)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "scancel").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scancel.log\n')
-    (bin_dir / "scancel").chmod(0o755)
-    ledger, marker = tmp_path / "chain.jsonl", tmp_path / "chain.active"
-    marker.write_text("{}")
-    done = subprocess.run(
-        [sys.executable, teardown.__file__, "--exit-code", "78", "--run-json", str(run_json),
-         "--ledger", str(ledger), "--array-job-id", "7", "--user", "alice",
-         "--marker", str(marker), "--control-dir", str(control)],
-        env={**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"},
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    [entry] = [json.loads(line) for line in ledger.read_text().splitlines()]
+    (exits / "cycle0.node1.json").write_text(json.dumps({**verdict, "epoch": 1.0}))
+    done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    assert done.returncode == 78, done.stderr
+    calls, ledger = _outcome(tmp_path, work)
+    entry = ledger[-1]
     assert entry["action"] == "stopped_by_workload"
-    assert entry["verdict"]["code"] == 17 and entry["verdict"]["iteration"] == 60
+    assert (entry["verdict"]["code"], entry["verdict"]["iteration"]) == (17, 60)
     assert entry["verdict"]["nodes"] == ["node1"]
-    assert "--name=j" in (tmp_path / "scancel.log").read_text()
-    assert not marker.exists()  # the chain ended on purpose
+    assert any(c.startswith("scancel --state=PENDING") for c in calls), calls
+    assert not (work / "chain.active").exists()  # the chain ended on purpose
     assert "exit 17 at iteration 60" in done.stderr
-    assert Path(control / "verdict").exists()  # evidence kept
+    assert (_control(work) / "verdict").exists()  # evidence kept
+
+
+def test_a_verdict_another_run_left_under_a_reused_array_job_id_is_not_obeyed(tmp_path):
+    from tests.unit.test_teardown import _control, _outcome, _prepare
+
+    script, work, env = _prepare(tmp_path, srun_exit=78)
+    old = _verdict(generation="chain-0/500/2025-06-01T00:00:00")
+    (_control(work) / "verdict").write_text(json.dumps(old))
+    (_control(work) / "verdict").chmod(0o600)
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    _calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["action"] == "released_spares"

@@ -18,12 +18,12 @@ from nvrx_appliance.cli.watch import watch
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.watch import detectors, persistence, target
-from nvrx_appliance.watch import shell as watch_shell
+from nvrx_appliance.watch import run_loop as watch_shell
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.readers import CycleReader
-from nvrx_appliance.watch.shell import build
+from nvrx_appliance.watch.run_loop import build
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance.watch import detectors, sinks, target
-from nvrx_appliance.watch import shell as watch_shell
+from nvrx_appliance.watch import run_loop as watch_shell
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.platform import SlurmPlatform
 from nvrx_appliance.watch.watcher import Watcher

@@ -6,8 +6,8 @@ import pytest
 
 from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.manifest import Manifest, build
-from nvrx_appliance.settings import megatron_argv
 from nvrx_appliance.settings.chain import DEFAULT_TRAIN_SAMPLES, ChainSpec
+from nvrx_appliance.settings.megatron import argv as megatron_argv
 from nvrx_appliance.settings.program_argv import cpu_program_argv
 
 PY = "/opt/venv/bin/python"

@@ -5,7 +5,7 @@ The appliance always sets what the chain depends on (workload_args.OWNED_MEGATRO
 NVRx's section API (--enable-ft-package), checkpoints saved to and resumed from the work
 directory's checkpoints/ (whose tracker NVRx and the chain read), asynchronously through
 NVRx unless --no-async-save, the parallel and batch shape the chain was validated for
-(settings/parallel.py), and the demo modes' fault injector. A preset (the reference
+(parallel.py), and the demo modes' fault injector. A preset (the reference
 deployment's `small` and `8b` profiles, on mock data with NullTokenizer) comes first, then the
 user's --megatron-args, last, so they override the preset. Profile `none` passes only
 the user's. Retention is not Megatron's: task 0's entrypoint keeps the newest
@@ -15,8 +15,10 @@ own parser checks these argvs (tests/unit/test_megatron_parser.py)."""
 from __future__ import annotations
 
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.settings import endings, megatron_rules, parallel, workload_args
+from nvrx_appliance.settings import endings, workload_args
 from nvrx_appliance.settings.chain import ChainSpec, Shape, effective_profile, train_samples
+from nvrx_appliance.settings.megatron import parallel
+from nvrx_appliance.settings.megatron import rules as megatron_rules
 from nvrx_appliance.settings.policy import Policy
 
 SCRIPT = "pretrain_gpt.py"
@@ -154,7 +156,7 @@ def preset_args(profile: str, user_args: list[str]) -> list[str]:
 
 
 def shape_args(spec: ChainSpec, shape: Shape) -> list[str]:
-    """The parallel and batch sizes the chain was validated for (settings/parallel.py):
+    """The parallel and batch sizes the chain was validated for (parallel.py):
     TP, PP and the batch always; CP, EP, ETP and virtual stages when they are settings
     (a user's arguments that state them keep their own line, which agrees)."""
     optional = [

@@ -6,30 +6,33 @@ first peer that left on it (`--relay CLAIM`).
 Why Python and why stdlib only: in container mode the batch script runs on the host,
 which may not have this package. The burn guard needs the ledger (JSON lines) and a
 count over it, which is fragile in bash and easy here; submit copies this file into the
-work dir beside run.json (Layout.teardown, owner-only), and the batch script checks its
-owner and mode before it runs it with the host's python3, so the sbatch stays thin and
-the work dir's files alone re-queue a generation. Tests import the same functions.
+work dir beside run.json (Layout.teardown, owner-only) with the node memory and the
+helper module it imports (hostlib.py), and the batch script checks their owner and mode
+before it runs it with the host's python3, so the sbatch stays thin and the work dir's
+files alone re-queue a generation. Tests import the same functions.
 If no python3 can run it, or the file is not to be trusted, the sbatch falls back to
 the two scancel lines in bash.
 
 The pure part (decide, burnt, ...) comes first; `main` is the thin shell around it.
-It runs on the host's own python3, which can be as old as RHEL 8's 3.6: no
-`from __future__ import annotations`, no builtin generics or `X | Y` in annotations
-(typing's names instead), no subprocess `capture_output`/`text`, no walrus.
+It runs on the host's own python3, which can be as old as RHEL 8's 3.6 (hostlib.py says
+what that rules out).
 """
 
 import argparse
-import datetime
-import importlib.util
 import json
 import os
 import re
-import stat
-import subprocess
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+if __package__:
+    from . import hostlib, node_memory
+else:  # run as a script on the job's host: the copies beside this file
+    import hostlib  # type: ignore[import-not-found,no-redef]
+    import node_memory  # type: ignore[import-not-found,no-redef]
 
 NO_RESTART = 93  # NVRx's "do not restart"; see nvrx_appliance/exitcodes.py
+ARRAY_JOB_ID_FIELD = "{array_job_id}"  # in a generation's path in run.json (layout.py)
 # Long enough for a busy controller; short enough to finish inside Slurm's KillWait
 # when the teardown runs because the generation hit its time limit.
 SCANCEL_TIMEOUT_S = 20
@@ -41,11 +44,9 @@ BENIGN_SCANCEL = "Invalid job id specified"
 # tracker is one number; run.json and a fence claim are small; the burn guard needs only
 # the ledger's newest lines (an entry is about 400 bytes: this is ~2,500 generations).
 TRACKER_BYTES = 64
+CONTROL_BYTES = 64 << 10  # a control file: a few key=value lines
 SMALL_FILE_BYTES = 4 << 20
 LEDGER_TAIL_BYTES = 1 << 20
-# The guards write one account per cycle (--max-restarts bounds them); more is not ours.
-MAX_EXIT_FILES = 1000
-NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 # Python 3.11 refuses int() of more than 4,300 digits; no run trains 10**18 iterations.
 MAX_ITERATION_DIGITS = 18
 
@@ -65,6 +66,9 @@ FENCED = "fenced"
 NONE = "none"
 # The actions that end the chain: every queued generation is cancelled.
 CHAIN_ENDS = (CANCELLED_CHAIN, BURN_GUARD, COMPLETED, STOPPED_BY_WORKLOAD)
+# The guards write one account per node and cycle (--max-restarts bounds them).
+MAX_EXIT_FILES = 1000
+NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 # --- pure ---------------------------------------------------------------------------
 
@@ -111,7 +115,7 @@ def decide(
     task 0's srun reports another code). done: the final iteration, when the workload
     marked training done there (training_done). time_limit_notice: the generation
     was told to save and end before its time limit. verdict: the workload's own (the
-    guard's verdict file), exits: each cycle's first failed worker, as its guard told.
+    guard's verdict file), exits: each cycle's failed worker, as its guard told.
     """
     if exit_code == NO_RESTART or no_restart_witness:
         told = repeated_failure(exits or [])
@@ -256,12 +260,18 @@ def _epoch(entry: Dict[str, Any]) -> float:
     return float(value) if isinstance(value, (int, float)) else float("inf")
 
 
-def scancel_argv(action: str, *, job_name: str, user: str, array_job_id: str) -> List[str]:
+def scancel_argv(
+    action: str, *, job_name: str, user: str, array_job_id: str, chain_ids: Sequence[str] = ()
+) -> List[str]:
     """The one scancel the action needs. Always PENDING-only and scoped to the user:
-    running peers are stopped by the closed flag, and another user's jobs are never ours."""
+    running peers are stopped by the closed flag, and another user's jobs are never ours.
+    The chain is its own array job ids, as submit recorded them (chain_ids), with this
+    one: another chain that `submit --force` queued under the same name is not ours.
+    By name only where none was recorded (a work dir without submitted.json)."""
     if action in CHAIN_ENDS:
-        # By name: under the singleton dependency every PENDING job of ours with this
-        # name is this chain (this array's own spares included).
+        if chain_ids:
+            ids = list(chain_ids) + [array_job_id] * (array_job_id not in chain_ids)
+            return ["scancel", "--state=PENDING", f"--user={user}", *ids]
         return ["scancel", "--state=PENDING", f"--name={job_name}", f"--user={user}"]
     return ["scancel", "--state=PENDING", f"--user={user}", array_job_id]
 
@@ -299,15 +309,7 @@ def relay_argv(*, user: str, array_job_id: str, task_id: int, last_task: int) ->
 
 def parse_ledger(text: str) -> List[Dict[str, Any]]:
     """Ledger lines; a torn or foreign line is skipped rather than stopping the teardown."""
-    entries = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and "array_job_id" in entry:
-            entries.append(entry)
-    return entries
+    return [entry for entry in hostlib.json_lines(text) if "array_job_id" in entry]
 
 
 def chain_history(entries: List[Dict[str, Any]], chain: str) -> List[Dict[str, Any]]:
@@ -339,140 +341,30 @@ def training_done(marker_text: str, tracked: Optional[int]) -> Optional[int]:
 
 
 def _read(path: str, limit: int, tail: bool = False) -> str:
-    """At most `limit` bytes of a regular file, its first or (tail) its last, as text; ""
-    when it is missing, not a regular file or unreadable. Never blocks: opened with
-    O_NONBLOCK, so a FIFO in its place is seen and refused rather than waited on. A byte
-    that is not UTF-8 spoils only its own line (parse_ledger skips it), never the read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    except OSError:
-        return ""
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            _log(f"ignoring {path}: not a regular file")
-            return ""
-        start = max(0, st.st_size - limit) if tail else 0
-        os.lseek(fd, start, os.SEEK_SET)
-        chunks = []  # type: List[bytes]
-        left = limit
-        while left > 0:
-            chunk = os.read(fd, left)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    except OSError:
-        return ""
-    finally:
-        os.close(fd)
-    text = b"".join(chunks).decode("utf-8", errors="replace")
-    if start > 0:  # began inside a line: drop its end rather than parse half of it
-        text = text.partition("\n")[2]
-    return text
-
-
-def workload_account(
-    args: argparse.Namespace, chain: str
-) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]], List[str]]:
-    """(the workload's verdict, each cycle's first failure, the nodes whose workers gave
-    the verdict) of this generation, as its guards left them beside the control dir;
-    nothing that another user could have written, or that names another generation."""
-    if not args.control_dir:
-        return None, [], []
-    uid = os.geteuid()
-    verdict = None
-    path = os.path.join(args.control_dir, "verdict")
-    if os.path.lexists(path):
-        problem = untrusted(path, uid)
-        if problem:
-            _log(f"ERROR: ignoring the workload's verdict {path} ({problem})")
-        else:
-            verdict = verdict_of(_read(path, SMALL_FILE_BYTES), chain, args.array_job_id)
-    exits_dir = os.path.join(os.path.dirname(args.control_dir.rstrip("/")), "exits")
-    texts = []
-    nodes = []  # type: List[str]
-    for name in _listdir(exits_dir)[:MAX_EXIT_FILES]:
-        entry = os.path.join(exits_dir, name)
-        if name.startswith("cycle") and name.endswith(".json") and not untrusted(entry, uid):
-            texts.append(_read(entry, SMALL_FILE_BYTES))
-    for name in _listdir(os.path.join(exits_dir, "verdict_nodes"))[:MAX_EXIT_FILES]:
-        if NODE_NAME.match(name):
-            nodes.append(name)
-    return verdict, parse_exits(texts, chain, args.array_job_id), sorted(nodes)
-
-
-def _listdir(path: str) -> List[str]:
-    try:
-        return sorted(os.listdir(path))
-    except OSError:
-        return []
-
-
-def untrusted(path: str, uid: int) -> Optional[str]:
-    """Why run.json must not steer this teardown (another user could have written it),
-    or None. Missing is not untrusted: there is simply nothing to read."""
-    try:
-        st = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISREG(st.st_mode):
-        return "is not a regular file"
-    if st.st_uid != uid:
-        return f"is owned by uid {st.st_uid}, not by this job's user (uid {uid})"
-    if st.st_mode & 0o022:
-        return f"is group- or world-writable (mode {st.st_mode & 0o777:04o})"
-    return None
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """hostlib.read_text: bounded, never blocking; "" for a file that is not there to read."""
+    return hostlib.read_text(path, limit, tail) or ""
 
 
 def _log(message: str) -> None:
-    print(f"nvrx teardown: {message}", file=sys.stderr, flush=True)
+    hostlib.log("teardown", message)
 
 
 NOT_RELEASED = "THE CHAIN IS NOT RELEASED; run it by hand or let nvrx-watch reconcile"
 
 
 def _scancel(argv: List[str], consequence: str = NOT_RELEASED) -> bool:
-    try:
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            universal_newlines=True,
-            timeout=SCANCEL_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        _log(f"ERROR: {' '.join(argv)} could not run ({exc}). {consequence}")
-        return False
-    if done.returncode != 0 and BENIGN_SCANCEL in done.stderr:
+    out, why = hostlib.slurm(argv, SCANCEL_TIMEOUT_S)
+    if out is None and BENIGN_SCANCEL in why:
         # Asked for PENDING tasks of an array that has none left: nothing to release.
         return True
-    if done.returncode != 0:
-        _log(
-            f"ERROR: {' '.join(argv)} failed (exit {done.returncode}: {done.stderr.strip()}). "
-            + consequence
-        )
+    if out is None:
+        _log(f"ERROR: {' '.join(argv)} failed ({why}). " + consequence)
         return False
     return True
 
 
-def _append(path: str, entry: Dict[str, Any]) -> None:
-    line = json.dumps(entry, sort_keys=True) + "\n"
-    # One write of one line with O_APPEND: a concurrent reader sees it whole or not at all.
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
-
-
 def _load_manifest(path: str) -> Dict[str, Any]:
-    distrust = untrusted(path, os.geteuid())
+    distrust = hostlib.untrusted(path, os.geteuid())
     if distrust:
         _log(f"ERROR: ignoring {path} ({distrust}): no burn guard for this generation")
         return {}
@@ -494,14 +386,14 @@ def _history(path: str, chain: str) -> List[Dict[str, Any]]:
 
 def _record(path: str, entry: Dict[str, Any]) -> None:
     try:
-        _append(path, entry)
+        hostlib.append_lines(path, [entry], mode=0o644)
     except OSError as exc:
         _log(f"ERROR: could not append to the ledger {path}: {exc}")
 
 
 def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
     """The fence claim the entrypoint created, if it is ours to trust."""
-    problem = untrusted(path, uid)
+    problem = hostlib.untrusted(path, uid)
     if problem:
         _log(f"ERROR: ignoring the fence claim {path} ({problem})")
         return None
@@ -512,30 +404,50 @@ def _claim(path: str, uid: int) -> Optional[Dict[str, Any]]:
     return claim if isinstance(claim, dict) else None
 
 
-def _node_memory(path: str) -> Any:
-    """The node memory beside this file (node_memory.py), loaded only if this job's user
-    alone could have written it; None otherwise, and the generation is not remembered."""
-    problem = untrusted(path, os.geteuid()) if path else "was not named"
-    if problem is None and not os.path.isfile(path):
-        problem = "is missing"
-    if problem:
-        _log(f"ERROR: not loading the node memory {path} ({problem}): bad nodes of this "
-             "generation are not kept out of the next ones")  # fmt: skip
-        return None
+def drained_nodes(args: argparse.Namespace, this: Dict[str, Any]) -> List[str]:
+    """The generation's drained nodes, for its ledger entry (one small bounded read)."""
     try:
-        sys.dont_write_bytecode = True  # no __pycache__ of ours in the work dir
-        spec = importlib.util.spec_from_file_location("nvrx_node_memory", path)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    except Exception as exc:  # a broken copy must never cost the ledger entry
-        _log(f"ERROR: could not load the node memory {path}: {exc}")
-        return None
-    return module
+        return node_memory.drained_nodes(args.drain_poll, this["chain"], args.array_job_id)
+    except Exception as exc:  # never at the cost of the ledger entry
+        _log(f"ERROR: reading this generation's drained nodes failed: {exc}")
+        return []
+
+
+def workload_account(
+    args: argparse.Namespace, chain: str
+) -> Tuple[Optional[Dict[str, Any]], List[Dict[str, Any]], List[str]]:
+    """(the workload's verdict, each cycle's failure, the nodes whose workers gave the
+    verdict) of this generation, as its guards left them: nothing another user could
+    have written, or that names another generation."""
+    uid = os.geteuid()
+    verdict = None
+    if args.verdict and os.path.lexists(args.verdict):
+        problem = hostlib.untrusted(args.verdict, uid)
+        if problem:
+            _log(f"ERROR: ignoring the workload's verdict {args.verdict} ({problem})")
+        else:
+            verdict = verdict_of(_read(args.verdict, CONTROL_BYTES), chain, args.array_job_id)
+    texts = []
+    nodes = []  # type: List[str]
+    exits = args.exits_dir
+    for name in _listdir(exits)[:MAX_EXIT_FILES]:
+        path = os.path.join(exits, name)
+        if name.startswith("cycle") and name.endswith(".json") and not hostlib.untrusted(path, uid):
+            texts.append(_read(path, CONTROL_BYTES))
+    for name in _listdir(os.path.join(exits, "verdict_nodes"))[:MAX_EXIT_FILES]:
+        if NODE_NAME.match(name):
+            nodes.append(name)
+    return verdict, parse_exits(texts, chain, args.array_job_id), sorted(nodes)
+
+
+def _listdir(path: str) -> List[str]:
+    try:
+        return sorted(os.listdir(path)) if path else []
+    except OSError:
+        return []
 
 
 def elsewhere(
-    memory: Any,
     args: argparse.Namespace,
     this: Dict[str, Any],
     action: str,
@@ -545,9 +457,11 @@ def elsewhere(
     """Keep the next generation off the nodes that ran a resume-elsewhere verdict; and
     when that verdict came back on other nodes (the data, not a GPU), take back what the
     first one kept out: those nodes were never bad."""
+    if int(_load_manifest(args.run_json).get("spec", {}).get("exclude_for", 0)) <= 0:
+        return
     try:
         if action == RESUME_ELSEWHERE:
-            memory.keep_elsewhere(
+            node_memory.keep_elsewhere(
                 record=args.exclusions, nodes=nodes, chain=this["chain"],
                 array_job_id=args.array_job_id, iteration=this["verdict"].get("iteration"),
                 log=_log,
@@ -557,7 +471,7 @@ def elsewhere(
                 node for e in history if isinstance(e.get("verdict"), dict)
                 for node in e["verdict"].get("nodes") or []
             ]  # fmt: skip
-            memory.clear(
+            node_memory.clear(
                 record=args.exclusions, nodes=sorted(set(cleared)), chain=this["chain"],
                 reason="the workload's verdict recurred on other nodes: the data, not a node",
                 log=_log,
@@ -571,33 +485,30 @@ def remember_nodes(
     this: Dict[str, Any],
     fenced_task0: str,
     exits: Optional[List[Dict[str, Any]]] = None,
-) -> Any:
-    """Judge this generation's bad nodes into the exclusion record and the ledger entry
-    (drained and excluded); the loaded node memory, for apply_exclusions, or None."""
-    memory = _node_memory(args.node_memory)
-    if memory is None:
-        return None
+) -> bool:
+    """Judge this generation's bad nodes into the exclusion record, after the ledger entry
+    is written: what node memory reads (the launcher log, the record) can never cost the
+    generation its entry. Whether that worked, so that apply_exclusions may follow."""
     try:
-        drained = memory.drained_nodes(args.drain_poll, this["chain"], args.array_job_id)
-        excluded = memory.remember(
-            record=args.exclusions, launcher_log=args.launcher_log, drained=drained,
-            fenced_task0=fenced_task0, spec=_load_manifest(args.run_json).get("spec", {}),
-            chain=this["chain"], array_job_id=args.array_job_id, log=_log, exits=exits,
+        node_memory.remember(
+            record=args.exclusions, launcher_log=args.launcher_log,
+            drained=this.get("drained", []), fenced_task0=fenced_task0,
+            spec=_load_manifest(args.run_json).get("spec", {}), chain=this["chain"],
+            array_job_id=args.array_job_id, log=_log, exits=exits,
         )  # fmt: skip
-    except Exception as exc:  # never at the cost of the ledger entry
+    except Exception as exc:
         _log(f"ERROR: judging this generation's nodes failed: {exc}")
-        return None
-    this.update(drained=drained, excluded=excluded)
-    return memory
+        return False
+    return True
 
 
-def apply_exclusions(memory: Any, args: argparse.Namespace) -> None:
+def apply_exclusions(remembered: bool, args: argparse.Namespace) -> None:
     """The exclusion record onto the chain's queued generations, after the ledger entry
     is written (the singleton dependency holds them until this trap ends)."""
-    if memory is None:
+    if not remembered:
         return
     try:
-        memory.apply(
+        node_memory.apply(
             record=args.exclusions, submitted=args.submitted,
             manifest=_load_manifest(args.run_json), user=args.user,
             array_job_id=args.array_job_id, log=_log,
@@ -609,7 +520,7 @@ def apply_exclusions(memory: Any, args: argparse.Namespace) -> None:
 def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     """The host half of a fence: only the job whose entrypoint won the claim acts, so
     the ledger gets one entry however many peers raced."""
-    claim = _claim(args.fence, os.geteuid())
+    claim = _claim(args.fence_claim, os.geteuid())
     if claim is None or claim.get("job_id") != args.job_id or not args.job_id:
         return 0
     reason = "fenced by {}: {}".format(claim.get("by", "a peer"), claim.get("reason", ""))
@@ -629,16 +540,17 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     else:
         _log("ERROR: user or array job id unknown: nothing cancelled")
     this["scancel_ok"] = ok
-    memory = remember_nodes(args, this, fenced_task0=this["task0_node"])
+    this["drained"] = drained_nodes(args, this)
     _record(args.ledger, this)
-    apply_exclusions(memory, args)
+    remembered = remember_nodes(args, this, fenced_task0=this["task0_node"])
+    apply_exclusions(remembered, args)
     return 0
 
 
 def relay(args: argparse.Namespace, spec: Dict[str, Any]) -> int:
     """The generation is over; only the job whose entrypoint won the relay claim acts,
     so the array is cancelled once however many peers left on the end."""
-    claim = _claim(args.relay, os.geteuid())
+    claim = _claim(args.relay_claim, os.geteuid())
     if claim is None or claim.get("job_id") != args.job_id or not args.job_id:
         return 0
     try:
@@ -695,18 +607,22 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
     ok = True
     if action != NONE:
         ok = _scancel(
-            scancel_argv(action, job_name=job_name, user=args.user, array_job_id=args.array_job_id)
-        )
+            scancel_argv(
+                action, job_name=job_name, user=args.user, array_job_id=args.array_job_id,
+                chain_ids=hostlib.submitted_ids(args.submitted),
+            )
+        )  # fmt: skip
     this.update(action=action, reason=reason, scancel_ok=ok)
     if action == COMPLETED:
         this["final_iteration"] = done
-    memory = remember_nodes(args, this, fenced_task0="", exits=exits)
-    if memory is not None and verdict is not None:
-        elsewhere(memory, args, this, action, verdict_nodes, history)
+    this["drained"] = drained_nodes(args, this)
     _record(args.ledger, this)
+    remembered = remember_nodes(args, this, fenced_task0="", exits=exits)
+    if verdict is not None:
+        elsewhere(args, this, action, verdict_nodes, history)
     # A chain that ends (completed, cancelled, burn guard) has no queued generation left.
     if action in (RELEASED_SPARES, SAVED_AT_TIME_LIMIT, RESUME_ELSEWHERE):
-        apply_exclusions(memory, args)
+        apply_exclusions(remembered, args)
     if action in CHAIN_ENDS and ok and args.marker:
         # The chain ended on purpose: the watcher must not page "chain exhausted".
         try:
@@ -718,47 +634,61 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
     return 0
 
 
+# The options a generation passes; every path the teardown uses is run.json's (paths).
+OPTIONS = ("run-json", "array-job-id", "generation", "job-name", "user", "task0-node",
+           "start", "checkpoint-start", "job-id", "task-id")  # fmt: skip
+# run.json's `paths` key -> the attribute the teardown reads it as.
+PATHS = {"ledger": "ledger", "tracker": "tracker", "training_done": "training_done",
+         "chain_marker": "marker", "exclusions": "exclusions", "submitted": "submitted",
+         "launcher_log": "launcher_log", "drain_poll": "drain_poll", "fence": "fence_claim",
+         "relay": "relay_claim", "no_restart": "no_restart", "time_limit": "time_limit",
+         "verdict": "verdict", "workload_exits": "exits_dir"}  # fmt: skip
+
+
+def generation_paths(paths: Any, array_job_id: str) -> Dict[str, str]:
+    """run.json's paths for this generation, by the attribute names of PATHS; "" for one
+    it does not carry (nothing is read or written there)."""
+    paths = paths if isinstance(paths, dict) else {}
+    found = {}  # type: Dict[str, str]
+    for key, attribute in PATHS.items():
+        value = paths.get(key)
+        ok = isinstance(value, str) and bool(array_job_id)
+        found[attribute] = value.replace(ARRAY_JOB_ID_FIELD, array_job_id) if ok else ""
+    return found
+
+
+def names_ours(text: str, generation: str) -> bool:
+    """Does a control file (the no-restart witness, the time-limit notice) name this
+    generation? One that names another or none may be another run's, left under a reused
+    array job id: the entrypoint and the spare check ignore it, and so does the teardown."""
+    theirs = hostlib.key_values(text).get("generation")
+    return theirs is not None and hostlib.same_generation(theirs, generation)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="nvrx-teardown")
-    for name in (
-        "run-json",
-        "ledger",
-        "tracker",
-        "marker",
-        "array-job-id",
-        "job-name",
-        "user",
-        "task0-node",
-        "start",
-        "checkpoint-start",
-        "fence",
-        "relay",
-        "job-id",
-        "training-done",
-        "task-id",
-        "node-memory",
-        "exclusions",
-        "launcher-log",
-        "drain-poll",
-        "submitted",
-        "control-dir",
-    ):
+    for name in OPTIONS:
         parser.add_argument("--" + name, default="")
     parser.add_argument("--exit-code", type=int)
-    parser.add_argument("--no-restart-witness", type=int, default=0)
-    parser.add_argument("--time-limit-notice", type=int, default=0)
+    parser.add_argument("--fence", action="store_true", help="the host half of a fence")
+    parser.add_argument("--relay", action="store_true", help="the relay of a generation's end")
     args = parser.parse_args(argv)
     if not (args.fence or args.relay) and args.exit_code is None:
-        parser.error("--exit-code is required (or --fence CLAIM, or --relay CLAIM)")
+        parser.error("--exit-code is required (or --fence, or --relay)")
 
     manifest = _load_manifest(args.run_json)
     spec = manifest.get("spec", {})
+    vars(args).update(generation_paths(manifest.get("paths"), args.array_job_id))
+    if not args.ledger:
+        _log(f"ERROR: {args.run_json} names no ledger: this generation is not recorded")
+    args.no_restart_witness = names_ours(_read(args.no_restart, CONTROL_BYTES), args.generation)
+    args.time_limit_notice = names_ours(_read(args.time_limit, CONTROL_BYTES), args.generation)
     this = {
         "array_job_id": args.array_job_id,
         "job_name": args.job_name or spec.get("job_name", ""),
         "task0_node": args.task0_node,
         "start": args.start,
-        "end": _now(),
+        "end": hostlib.record_time(),
         "exit_code": args.exit_code,
         "checkpoint_iteration": parse_iteration(_read(args.tracker, TRACKER_BYTES)),
         "checkpoint_iteration_start": parse_iteration(args.checkpoint_start),

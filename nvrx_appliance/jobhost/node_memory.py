@@ -1,7 +1,7 @@
 """Memory across generations: the bad nodes of a generation, kept out of the next ones.
 
-The teardown (task 0's trap, or the peer that fenced a dead task 0) loads this file and
-calls two functions. judge() reads what the generation left and returns the nodes to
+The teardown (task 0's trap, or the peer that fenced a dead task 0) imports this module
+and calls two functions. judge() reads what the generation left and returns the nodes to
 exclude, with the reason: a node that failed one of NVRx's health checks (its
 ft_launcher left a rendezvous as unhealthy), the node of a task 0 that stopped
 answering (fenced), and a node whose own ranks failed `exclude_after_failures` times.
@@ -22,15 +22,17 @@ one sinfo per partition, one scontrol update per distinct list (one, as a rule).
 nvrx-watch (--act) appends to the same record; the next teardown applies it.
 
 Why stdlib only and Python 3.6 syntax: it runs on the host's python3, beside the
-teardown (Layout.node_memory). The pure part comes first; the shell is thin.
+teardown (Layout.node_memory; hostlib.py says what 3.6 rules out). The pure part comes
+first; the shell is thin.
 """
 
-import datetime
-import json
-import os
 import re
-import subprocess
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
+
+if __package__:
+    from . import hostlib
+else:  # run on the job's host: the copy beside this file
+    import hostlib  # type: ignore[import-not-found,no-redef]
 
 RECORD_VERSION = 1
 EXCLUDED, APPLIED = "excluded", "applied"
@@ -160,15 +162,7 @@ def to_clear(
 
 def parse_record(text: str) -> List[Dict[str, Any]]:
     """The record's lines; a torn or foreign line is skipped."""
-    entries = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and entry.get("kind") in (EXCLUDED, APPLIED):
-            entries.append(entry)
-    return entries
+    return [e for e in hostlib.json_lines(text) if e.get("kind") in (EXCLUDED, APPLIED)]
 
 
 def active(entries: List[Dict[str, Any]], now: str) -> List[Dict[str, Any]]:
@@ -220,8 +214,12 @@ def plan(
     the nodes kept out, partition -> the nodes the cap leaves eligible).
 
     A job's own exclusions (sbatch --exclude) are what its list held before the record
-    first touched it; they stay, and ours that expired are taken back. A job already as
-    it should be is left alone."""
+    first touched it; they stay, and ours that expired are taken back. Where the record
+    holds no `applied` line for a job (its append failed, or one of several updates did),
+    its own list is its current one without any node the record ever excluded: ours are
+    then taken back when they expire, and stay within the cap meanwhile. A job already
+    as it should be is left alone."""
+    ever_ours = {str(e.get("node")) for e in entries if e.get("kind") == EXCLUDED}
     targets = {}  # type: Dict[str, List[str]]
     baselines = {}  # type: Dict[str, str]
     kept_all = set()  # type: Set[str]
@@ -232,7 +230,11 @@ def plan(
         if capped:
             capped_by[partition] = capped
         ours, baseline = last_applied(entries, job)
-        baselines[job] = current if baseline is None else baseline
+        if baseline is None:
+            listed = hostlib.expand_nodelist(current)
+            mine = [node for node in listed if node not in ever_ours]
+            baseline = current if len(mine) == len(listed) else ",".join(mine)
+        baselines[job] = baseline
         if set(kept) == ours:
             continue  # as it should be (a job never touched, with nothing to keep out)
         target = ",".join([baselines[job]] * bool(baselines[job]) + sorted(kept))
@@ -254,6 +256,34 @@ def parse_pending(out: str) -> List[Tuple[str, str, str]]:
     return rows
 
 
+def parse_node_names(out: str) -> Dict[str, str]:
+    """sinfo's `%n|%N` lines (a node's host name, its Slurm node name) -> host name (and
+    its short form) -> node name, for the hosts whose node name differs."""
+    names = {}  # type: Dict[str, str]
+    for line in out.splitlines():
+        host, _, node = (part.strip() for part in line.partition("|"))
+        if host and node and host != node:
+            names.setdefault(host, node)
+            names.setdefault(short_name(host), node)
+    return names
+
+
+def by_node_name(
+    unhealthy: Dict[str, str], failures: Dict[str, int], fenced_task0: str, names: Dict[str, str]
+) -> Tuple[Dict[str, str], Dict[str, int], str]:
+    """The evidence keyed by Slurm's node names: NVRx tags a line with the host name,
+    and a node's NodeName may differ from its NodeHostname."""
+    unhealthy_nodes = {}  # type: Dict[str, str]
+    for host, why in unhealthy.items():
+        unhealthy_nodes.setdefault(names.get(host, host), why)
+    failed_nodes = {}  # type: Dict[str, int]
+    for host, count in failures.items():
+        node = names.get(host, host)
+        failed_nodes[node] = failed_nodes.get(node, 0) + count
+    fenced = short_name(fenced_task0)
+    return unhealthy_nodes, failed_nodes, names.get(fenced, fenced) if fenced else ""
+
+
 def parse_usable(out: str) -> Set[str]:
     """sinfo's `%N|%t` lines -> the nodes a job could be placed on."""
     usable = set()
@@ -267,53 +297,27 @@ def parse_usable(out: str) -> Set[str]:
 # --- shell --------------------------------------------------------------------------
 
 
-def now_iso(delta_s: float = 0) -> str:
-    moment = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=delta_s)
-    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+# Bounds on every read: the teardown runs this inside Slurm's KillWait. The record and
+# submitted.json are small; of a generation's launcher log the newest part is read (the
+# unhealthy-node lines are few; a log of a gigabyte would cost seconds).
+SMALL_FILE_BYTES = 4 << 20
+RECORD_TAIL_BYTES = 4 << 20
+LAUNCHER_LOG_TAIL_BYTES = 32 << 20
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read().decode("utf-8", errors="replace")
-    except OSError:
-        return ""
-
-
-def _log_lines(path: str) -> Iterable[str]:
-    try:
-        with open(path, "rb") as fh:
-            for raw in fh:
-                yield raw.decode("utf-8", errors="replace")
-    except OSError:
-        return
-
-
-def _fields(text: str) -> Dict[str, str]:
-    fields = {}  # type: Dict[str, str]
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep:
-            fields.setdefault(key.strip(), value)
-    return fields
+def _read(path: str, limit: int = SMALL_FILE_BYTES, tail: bool = False) -> str:
+    return hostlib.read_text(path, limit, tail) or ""
 
 
 def _append(path: str, entries: List[Dict[str, Any]]) -> None:
     """One write with O_APPEND: a concurrent writer (nvrx-watch) never splits a line."""
-    if not entries:
-        return
-    text = "".join(json.dumps(e, sort_keys=True) + "\n" for e in entries)
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    try:
-        os.write(fd, text.encode())
-    finally:
-        os.close(fd)
+    hostlib.append_lines(path, entries, mode=0o600)
 
 
 def drained_nodes(drain_poll: str, chain: str, array_job_id: str) -> List[str]:
     """The generation's drained nodes, as its drain poller last found them; none from a
     record another run left under a reused array job id."""
-    fields = _fields(_read(drain_poll)) if drain_poll else {}
+    fields = hostlib.key_values(_read(drain_poll))
     if fields.get("generation", "").split("/")[:2] != [chain, array_job_id]:
         return []
     return fields.get("drained", "").split()
@@ -337,7 +341,8 @@ def remember(
     exclude_for = int(spec.get("exclude_for", 0))
     if exclude_for <= 0:
         return []
-    unhealthy, failures = evidence(_log_lines(launcher_log))
+    log_text = _read(launcher_log, LAUNCHER_LOG_TAIL_BYTES, tail=True)
+    unhealthy, failures = evidence(log_text.splitlines())
     iterations = {}  # type: Dict[str, List[int]]
     if exits:
         # The guards tell each failure's node and iteration: only the node's own count.
@@ -347,6 +352,10 @@ def remember(
             clear(record=record, nodes=[], chain=chain, log=log, recurring=recurring,
                   reason="its failures recurred at the same iteration on other nodes: the "
                   "workload's, not the node's")  # fmt: skip
+    if unhealthy or failures or fenced_task0:
+        unhealthy, failures, fenced_task0 = by_node_name(
+            unhealthy, failures, fenced_task0, _node_names(log)
+        )
     found = judge(
         unhealthy,
         failures,
@@ -354,7 +363,7 @@ def remember(
         fenced_task0=fenced_task0,
         threshold=int(spec.get("exclude_after_failures", 0)),
     )
-    since, until = now_iso(), now_iso(exclude_for)
+    since, until = hostlib.record_time(), hostlib.record_time(exclude_for)
     entries = [
         {"kind": EXCLUDED, "version": RECORD_VERSION, "node": node, "reason": why,
          "since": since, "until": until, "chain": chain, "generation": array_job_id,
@@ -386,7 +395,7 @@ def keep_elsewhere(
 ) -> None:
     """The nodes that ran a resume-elsewhere verdict, out of the next generation (apply()
     keeps the partition room for the array, so the chain still starts where it must)."""
-    since, until = now_iso(), now_iso(ELSEWHERE_FOR_S)
+    since, until = hostlib.record_time(), hostlib.record_time(ELSEWHERE_FOR_S)
     reason = f"ran iteration {iteration} when the workload asked to resume elsewhere"
     entries = [
         {"kind": EXCLUDED, "version": RECORD_VERSION, "node": short_name(node),
@@ -416,7 +425,7 @@ def clear(
     them out, and (recurring) those kept out for failures at an iteration that has since
     failed on other nodes. Appended as an exclusion that ends now."""
     entries = parse_record(_read(record))
-    now = now_iso()
+    now = hostlib.record_time()
     wanted = {n for n in nodes}
     if recurring:
         wanted |= {node for node, _ in to_clear(entries, now, recurring)}
@@ -432,21 +441,21 @@ def clear(
     ])  # fmt: skip
 
 
-def _slurm(argv: List[str]) -> Optional[str]:
-    try:
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            universal_newlines=True,
-            timeout=SLURM_TIMEOUT_S,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise RuntimeError(f"{argv[0]} could not run: {exc}") from None
-    if done.returncode != 0:
-        raise RuntimeError(f"{argv[0]} exited {done.returncode}: {done.stderr.strip()}")  # fmt: skip
-    return done.stdout
+def _node_names(log: Callable[[str], None]) -> Dict[str, str]:
+    """Host name -> Slurm node name, where they differ; {} when Slurm does not answer
+    (the host names stand then, as NVRx wrote them)."""
+    out, why = hostlib.slurm(["sinfo", "--noheader", "--Node", "--format=%n|%N"], SLURM_TIMEOUT_S)
+    if out is None:
+        log(f"host names are taken for Slurm's node names ({why})")
+        return {}
+    return parse_node_names(out)
+
+
+def _slurm(argv: List[str]) -> str:
+    out, why = hostlib.slurm(argv, SLURM_TIMEOUT_S)
+    if out is None:
+        raise RuntimeError(why)
+    return out
 
 
 def apply(
@@ -464,8 +473,8 @@ def apply(
     name = spec.get("job_name", "")
     if int(spec.get("exclude_for", 0)) <= 0 or not name or not user:
         return
-    entries = parse_record(_read(record))
-    wanted = [str(e["node"]) for e in active(entries, now_iso())]
+    entries = parse_record(_read(record, RECORD_TAIL_BYTES, tail=True))
+    wanted = [str(e["node"]) for e in active(entries, hostlib.record_time())]
     ours_before = set()  # type: Set[str]
     for entry in entries:
         if entry.get("kind") == APPLIED:
@@ -483,9 +492,9 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
     # type: (List[Dict[str, Any]], List[str], Dict[str, Any], Dict[str, Any], str, str, str, str, str, Callable[[str], None]) -> None
     out = _slurm(["squeue", "--noheader", "--user=" + user, "--name=" + name,
                   "--states=PENDING", "--format=%F|%P|%x"])  # fmt: skip
-    chain_ids = set(_submitted_ids(submitted))
+    chain_ids = set(hostlib.submitted_ids(submitted))
     pending = [
-        row for row in parse_pending(out or "")
+        row for row in parse_pending(out)
         if row[0] != array_job_id and (not chain_ids or row[0] in chain_ids)
     ]  # fmt: skip
     if not pending:
@@ -499,7 +508,7 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
     for partition in sorted({row[1] for row in pending}):
         listed = _slurm(["sinfo", "--noheader", "--Node", "--partition=" + partition,
                          "--format=%N|%t"])  # fmt: skip
-        usable[partition] = parse_usable(listed or "")
+        usable[partition] = parse_usable(listed)
     targets, baselines, kept, capped = plan(pending, wanted, usable, need, entries)
     for partition, eligible in sorted(capped.items()):
         log(f"the cap: {', '.join(eligible)} stay(s) eligible for the queued generations: the "
@@ -510,7 +519,7 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
         # can and fails the call for any it cannot (one that stopped pending meanwhile).
         _slurm(["scontrol", "update", "JobId=" + ",".join(jobs), "ExcNodeList=" + excluded])
         log(f"queued generation(s) {', '.join(jobs)} now exclude {excluded or 'no node'}")
-    applied = {"kind": APPLIED, "version": RECORD_VERSION, "time": now_iso(),
+    applied = {"kind": APPLIED, "version": RECORD_VERSION, "time": hostlib.record_time(),
                "generation": array_job_id, "jobs": [row[0] for row in pending],
                "nodes": sorted(kept), "need": need, "by": "teardown", "baselines": baselines,
                "capped": sorted({n for nodes in capped.values() for n in nodes})}  # fmt: skip
@@ -518,12 +527,3 @@ def _apply(entries, wanted, spec, shape, user, name, submitted, record, array_jo
         _append(record, [applied])
     except OSError as exc:
         log(f"ERROR: could not append to the exclusion record {record}: {exc}")
-
-
-def _submitted_ids(path: str) -> List[str]:
-    try:
-        data = json.loads(_read(path) or "{}")
-    except ValueError:
-        return []
-    ids = data.get("job_ids", []) if isinstance(data, dict) else []
-    return [str(i) for i in ids if str(i).isdigit()]

@@ -21,19 +21,21 @@ Identity: each marker names its generation, its task's Slurm job id and the task
 nodes. The reader ignores (fails open on) a marker that names another allocation.
 
 Why stdlib only, and Python 3.6 syntax: it runs on the host's python3, as the teardown
-does; submit copies this file beside run.json (Layout.drain_poller).
+does; submit copies this file beside run.json (Layout.drain_poller), with the helper
+module it imports (hostlib.py, which says what 3.6 rules out).
 """
 
 import argparse
-import datetime
 import os
-import re
 import signal
-import subprocess
 import sys
-import tempfile
 import time
-from typing import Dict, List, NamedTuple, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional
+
+if __package__:
+    from . import hostlib
+else:  # run as a script on the job's host: the copy beside this file
+    import hostlib  # type: ignore[import-not-found,no-redef]
 
 # Each Slurm call is bounded: a controller that does not answer must never hold a pass
 # (nor read as "nothing drained").
@@ -41,6 +43,8 @@ SLURM_TIMEOUT_S = 20
 # sinfo's state filter: the DRAIN flag covers draining and drained nodes.
 DRAIN_STATES = "drain"
 SINFO = ["sinfo", "--noheader", "--Node", "--states=" + DRAIN_STATES, "--format=%N|%E"]
+# A marker names a task's nodes and their reasons: a few KiB even for a large task.
+MARKER_BYTES = 1 << 20
 
 
 class RunningTask(NamedTuple):
@@ -50,30 +54,6 @@ class RunningTask(NamedTuple):
 
 
 # --- pure ---------------------------------------------------------------------------
-
-
-def expand_nodelist(text: str) -> List[str]:
-    """Slurm's compressed host list, 'gpu[01-03,7],login1' -> gpu01 gpu02 gpu03 gpu7 login1."""
-    hosts = []  # type: List[str]
-    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\][^,\[]*)*", text or ""):
-        hosts.extend(_expand(part.strip()))
-    return [host for host in hosts if host]
-
-
-def _expand(pattern: str) -> List[str]:
-    match = re.match(r"^([^\[]*)\[([^\]]*)\](.*)$", pattern)
-    if not match:
-        return [pattern]
-    head, ranges, tail = match.groups()
-    found = []  # type: List[str]
-    for item in ranges.split(","):
-        low, _, high = item.partition("-")
-        if high and low.isdigit() and high.isdigit():
-            width = len(low)
-            found.extend(head + str(n).zfill(width) for n in range(int(low), int(high) + 1))
-        else:
-            found.append(head + item)
-    return [host for prefix in found for host in _expand(prefix + tail)]
 
 
 def parse_drained(out: str) -> Dict[str, str]:
@@ -98,7 +78,7 @@ def parse_running(out: str) -> List[RunningTask]:
         task = fields[0].strip()
         task = "0" if task == "N/A" else task
         if task.isdigit():
-            running.append(RunningTask(task, fields[1].strip(), expand_nodelist(fields[2])))
+            running.append(RunningTask(task, fields[1].strip(), hostlib.expand_nodelist(fields[2])))
     return running
 
 
@@ -134,40 +114,12 @@ def generation_drained(running: List[RunningTask], drained: Dict[str, str]) -> L
 # --- shell --------------------------------------------------------------------------
 
 
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _log(message: str) -> None:
-    print("nvrx drain poller: " + message, file=sys.stderr, flush=True)
-
-
-def slurm(argv: List[str], timeout: float) -> Tuple[Optional[str], str]:
-    """(stdout, "") when the command succeeded; (None, why) when it failed or timed out."""
-    try:
-        done = subprocess.run(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            universal_newlines=True,
-            timeout=timeout,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        return None, f"{argv[0]} did not answer within {timeout:g} s"
-    except OSError as exc:
-        return None, f"{argv[0]} could not run ({exc})"
-    if done.returncode != 0:
-        return None, f"{argv[0]} exited {done.returncode}: {done.stderr.strip()}"
-    return done.stdout, ""
+    hostlib.log("drain poller", message)
 
 
 def _read(path: str) -> Optional[str]:
-    try:
-        with open(path) as fh:
-            return fh.read()
-    except (OSError, ValueError):
-        return None
+    return hostlib.read_text(path, MARKER_BYTES)
 
 
 def publish(path: str, text: str) -> bool:
@@ -175,26 +127,18 @@ def publish(path: str, text: str) -> bool:
     and an unchanged marker costs the shared file system nothing. True if written."""
     if _read(path) == text:
         return False
-    # mkstemp: a private temp file (O_EXCL, random name, 0600) beside the marker.
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix="." + os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    hostlib.write_atomic(path, text)
     return True
 
 
 def poll_once(args: argparse.Namespace) -> bool:
     """One pass; False when it was skipped because Slurm did not answer."""
-    drained_out, why = slurm(SINFO, args.timeout)
+    drained_out, why = hostlib.slurm(SINFO, args.timeout)
     running_out = None
     if drained_out is not None:
         squeue = ["squeue", "--noheader", "--array", "--jobs=" + args.array_job_id,
                   "--states=RUNNING", "--format=%K|%A|%N"]  # fmt: skip
-        running_out, why = slurm(squeue, args.timeout)
+        running_out, why = hostlib.slurm(squeue, args.timeout)
     last_poll = os.path.join(args.dir, "last_poll")
     if drained_out is None or running_out is None:
         _log("pass skipped, every marker kept as it was: " + why)
@@ -223,7 +167,7 @@ def _record(path: str, generation: str, outcome: str, drained: List[str]) -> Non
     """The last pass, for the teardown and a person: rewritten every pass."""
     lines = [
         "generation=" + generation,
-        "time=" + _now(),
+        "time=" + hostlib.record_time(),
         "outcome=" + " ".join(outcome.splitlines()),
         "drained=" + " ".join(drained),
     ]
@@ -263,8 +207,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     while True:
         try:
             poll_once(args)
-        except OSError as exc:
-            _log(f"pass failed, markers kept as they were: {exc}")
+        except Exception as exc:  # any one pass's failure must not end drain awareness
+            _log(f"pass failed, markers kept as they were: {exc!r}")
         if args.once:
             return 0
         time.sleep(args.interval)

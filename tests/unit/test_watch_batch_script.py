@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nvrx_appliance.watch import readers, script
+from nvrx_appliance.watch import batch_script as script
+from nvrx_appliance.watch import readers
 
 KNOWN = {"SLURM_JOB_NAME": "llm", "SLURM_SUBMIT_DIR": "/home/alice/sub", "USER": "alice"}
 

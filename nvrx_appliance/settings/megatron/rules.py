@@ -4,8 +4,8 @@ written. Pure.
 Each rule is one line naming what to do instead: the flags the appliance owns or that
 break resuming (workload_args), a length and a learning-rate schedule measured in one
 unit (Megatron's validate_args asserts it), asynchronous checkpoints in a format that
-has them, W&B's experiment name, retention, and paths (megatron_paths). The parallel
-and batch sizes are settings/parallel.py's.
+has them, W&B's experiment name, retention, and paths (paths.py). The parallel
+and batch sizes are parallel.py's.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from nvrx_appliance.settings import megatron_paths
+from nvrx_appliance.settings.megatron import paths as megatron_paths
 from nvrx_appliance.settings.workload_args import flags_in, refused, values_of
 
 if TYPE_CHECKING:  # chain.py imports this module: only the type is needed here
