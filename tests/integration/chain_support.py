@@ -27,6 +27,23 @@ CLI = str(Path(sys.executable).parent / "nvrx-appliance")
 FAST = tuple(cli_flags(QUICK))
 
 
+def processes(is_program, *in_environ: bytes) -> list[int]:
+    """The pids, from /proc, whose command line `is_program` accepts (a list of bytes,
+    argv[0] first) and whose environment holds every one of `in_environ` whole."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if is_program(argv) and all(wanted in environ for wanted in in_environ):
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 

@@ -31,6 +31,7 @@ from .chain_support import (
     CLI,
     cli,
     logs_on_failure,
+    processes,
     progress,
     ran,
     submit,
@@ -83,20 +84,10 @@ def _worker_pids(work: Path, node: str) -> list[int]:
     """This chain's cpu trainer ranks on `node`, from /proc: the trainer is their program
     (ft_launcher's own command line names it too, further on), their command line names
     the chain's work dir, their environment the node Slurm started them on."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv[1:4] != WORKER or not any(str(work).encode() in a for a in argv):
-            continue
-        if f"SLURMD_NODENAME={node}".encode() in environ:
-            pids.append(int(entry.name))
-    return sorted(pids)
+    return processes(
+        lambda argv: argv[1:4] == WORKER and any(str(work).encode() in a for a in argv),
+        f"SLURMD_NODENAME={node}".encode(),
+    )
 
 
 def _kill_a_rank(cluster: Cluster, work: Path, node: str) -> None:

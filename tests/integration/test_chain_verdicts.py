@@ -20,6 +20,7 @@ from .chain_support import (
     cli,
     ledger,
     logs_on_failure,
+    processes,
     ran,
     state,
     submit,
@@ -196,17 +197,12 @@ def test_a_truncated_checkpoint_before_an_in_job_restart_falls_back_in_the_same_
 
 
 def _rank_pid(work: Path) -> int:
-    """The script's rank 0, from /proc: its command line names the chain's args file."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        script = any(a.endswith(b"verdict_script.py") for a in argv[1:3])
-        ours = any(str(work).encode() in e for e in environ)
-        if script and ours and b"RANK=0" in environ:
-            return int(entry.name)
-    raise AssertionError("no rank 0 of the script found")
+    """The script's rank 0 of this chain, from /proc (its guard's command line names the
+    script further on; only the workload's has it as its program)."""
+    found = processes(
+        lambda argv: any(a.endswith(b"verdict_script.py") for a in argv[1:3]),
+        b"RANK=0",
+        f"NVRX_APPLIANCE_WORK_DIR={work}".encode(),
+    )
+    assert found, "no rank 0 of the script found"
+    return found[0]
