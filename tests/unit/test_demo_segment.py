@@ -47,3 +47,11 @@ def test_demo_segment_asks_the_workflow_for_segment_mode(monkeypatch):
     assert asked == [True] and done.exit_code == 1
     assert "stopped here by the test" in done.output
     assert "--segment" in CliRunner().invoke(demo_cli.demo_command, ["--help"]).output
+
+
+def test_the_segment_demo_says_which_nodes_share_a_cluster_uuid():
+    status = {"nodes": [{"name": "node1", "cluster_uuid": "a"}, {"name": "node2", "cluster_uuid": "a"},
+                        {"name": "node3", "cluster_uuid": "b"}, {"name": "node4", "cluster_uuid": ""}]}  # fmt: skip
+    assert demo._domains_line(status) == (
+        "node1+node2 ClusterUUID a; node3 ClusterUUID b; node4 ClusterUUID none"
+    )
