@@ -349,13 +349,17 @@ def _write_nvlink(plan: Plan) -> None:
     """The nvidia-smi stand-in, its answers and the task prolog; readable and runnable
     by every job's user."""
     p = plan.paths
-    if p.nvlink.exists():
-        shutil.rmtree(p.nvlink)  # answers of nodes the cluster no longer has
-    for path, text in nvlink.files(plan).items():
+    wanted = nvlink.files(plan)
+    for path, text in wanted.items():
+        # By rename: a job step may run the stand-in while `up` changes its answers.
         _mkdir(Path(path).parent)
-        _write(Path(path), text, 0o644 if path.endswith(".txt") else 0o755)
-    if not plan.params.nvlink_domain_size and p.task_prolog.exists():
-        p.task_prolog.unlink()
+        _write(Path(path + ".new"), text, 0o644 if path.endswith(".txt") else 0o755)
+        os.replace(path + ".new", path)
+    # Answers of nodes the cluster no longer has, or the whole stand-in without domains.
+    stale = [f for f in p.nvlink.rglob("*") if f.is_file() and str(f) not in wanted]
+    for leftover in [*stale, p.task_prolog]:
+        if str(leftover) not in wanted and leftover.exists():
+            leftover.unlink()
 
 
 def _write_hosts(text: str) -> None:

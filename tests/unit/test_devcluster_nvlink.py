@@ -13,7 +13,7 @@ from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (
     _parse_domain_id_from_nvidia_smi as nvrx_domain_id,
 )
 
-from nvrx_appliance.devcluster import cluster_conf, nvlink
+from nvrx_appliance.devcluster import cluster, cluster_conf, nvlink
 from nvrx_appliance.devcluster.plan import Params, PlanError, check_params, make_plan
 from nvrx_appliance.devcluster.state import Daemon, Observed, State, assess, from_json
 from nvrx_appliance.entrypoints import node_probe
@@ -160,3 +160,15 @@ def test_changing_only_what_the_stand_in_answers_rebuilds_nothing():
 def test_the_recorded_state_keeps_the_stand_ins_faults_as_given():
     state = State(plan(no_cluster_uuid=("node6",)).params)
     assert from_json(state.to_json()) == state  # lists in JSON, tuples again after
+
+
+def test_rewriting_the_answers_in_place_leaves_none_of_the_old_ones(tmp_path):
+    (tmp_path / "etc").mkdir()
+    cluster._write_nvlink(plan(tmp_path))
+    smaller = plan(tmp_path, nodes=4, no_cluster_uuid=("node4",))
+    cluster._write_nvlink(smaller)
+    written = {str(p) for p in tmp_path.rglob("*") if p.is_file()}
+    assert written == set(nvlink.files(smaller))
+    assert "ClusterUUID" not in smaller.paths.nvidia_smi_answer("node4").read_text()
+    cluster._write_nvlink(make_plan(Params(nodes=4), tmp_path))  # domains off: all gone
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]
