@@ -130,15 +130,17 @@ def _training_on_two_domains(
 ) -> tuple[set[str], set[str], set[str]]:
     """Once a generation of TWO_DOMAINS_AND_A_SPARE has a checkpoint: (cycle 0's active
     nodes, the spare domain, a training domain of a non-zero task). NVRx trains on the
-    two complete domains that joined first, usually task 0's and task 1's."""
+    two complete domains that joined first, usually task 0's and task 1's; the third
+    may join only after cycle 0 formed (then its cycle-info lists no standby)."""
     _started(work, array_job_id, 0)
     wait_tracker(work, CYCLE_S)  # a checkpoint to resume from
-    task0 = set(_nodes(cluster, array_job_id, 0))
-    others = [set(_nodes(cluster, array_job_id, t)) for t in (1, 2)]
-    active, standby = _cycle(work, array_job_id, 0)
-    assert len(active) == 4 and standby in [task0, *others], logs_on_failure(work)
-    peer = next(d for d in others if d <= active)
-    return active, standby, peer
+    task_domains = [set(_nodes(cluster, array_job_id, t)) for t in (0, 1, 2)]
+    active, _ = _cycle(work, array_job_id, 0)
+    training = [d for d in task_domains if d <= active]
+    assert len(training) == 2 and set().union(*training) == active, logs_on_failure(work)
+    [spare] = [d for d in task_domains if d not in training]
+    peer = next(d for d in task_domains[1:] if d in training)
+    return active, spare, peer
 
 
 def _batch_log(work: Path, name: str, array_job_id: str, task: int) -> str:
