@@ -47,8 +47,9 @@ cluster-down: python-deps
 cluster-status: python-deps
 	$(APPLIANCE) cluster status
 
+# `make demo SEGMENT=1`: the same demo in segment mode, on two-node NVLink domains.
 demo: deps
-	$(APPLIANCE) demo
+	$(APPLIANCE) demo $(if $(SEGMENT),--segment)
 
 image: deps
 	$(APPLIANCE) image build

@@ -84,12 +84,42 @@ def cluster_group() -> None:
     envvar="NVRX_DEVCLUSTER_SUBNET",
     help="Private network for the controller and nodes.",
 )
+@click.option(
+    "--nvlink-domain-size",
+    default=0,
+    show_default=True,
+    help="Nodes per NVLink domain: a stand-in nvidia-smi on every job's PATH answers -q "
+    "with one ClusterUUID per domain of this many nodes (segment mode). 0: no nvidia-smi.",
+)
+@click.option(
+    "--no-cluster-uuid",
+    multiple=True,
+    metavar="NODE",
+    help="A node whose nvidia-smi stand-in reports no ClusterUUID (repeatable).",
+)
+@click.option(
+    "--mixed-cluster-uuid",
+    multiple=True,
+    metavar="NODE",
+    help="A node whose GPU stand-ins disagree on their ClusterUUID (repeatable).",
+)
 @click.option("--force", is_flag=True, help="Rebuild even if that loses queued or running jobs.")
-def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str, force: bool) -> None:
+def up(
+    nodes: int,
+    gpus_per_node: int,
+    cpus_per_node: int,
+    subnet: str,
+    nvlink_domain_size: int,
+    no_cluster_uuid: tuple[str, ...],
+    mixed_cluster_uuid: tuple[str, ...],
+    force: bool,
+) -> None:
     """Bring the cluster up, or repair it; a no-op when it is already up as asked.
 
     Dead daemons are restarted in place with their state (jobs and accounting survive);
-    only a broken configuration rebuilds, and not over live jobs without --force."""
+    only a broken configuration or other settings rebuild, and not over live jobs
+    without --force. A rebuild keeps the work root (every run's work dir); changing
+    only the NVLink stand-in's answers rebuilds nothing."""
     say = _say("up")
     with _one_line_failures():
         shell.preflight()
@@ -98,7 +128,15 @@ def up(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str, force: b
             if missing:
                 say(f"installing missing Debian packages: {' '.join(missing)}")
                 packages.install(missing, say)
-            params = shell.machine_params(nodes, gpus_per_node, cpus_per_node, subnet)
+            params = shell.machine_params(
+                nodes,
+                gpus_per_node,
+                cpus_per_node,
+                subnet,
+                nvlink_domain_size=nvlink_domain_size,
+                no_cluster_uuid=no_cluster_uuid,
+                mixed_cluster_uuid=mixed_cluster_uuid,
+            )
             plan = make_plan(params, DEFAULT_ROOT)
             shell.up(plan, say, force=force)
     click.echo(f"export SLURM_CONF={plan.paths.slurm_conf}")

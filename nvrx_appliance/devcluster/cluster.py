@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.devcluster import cluster_conf, daemons, hosts, net, procs
+from nvrx_appliance.devcluster import cluster_conf, daemons, hosts, net, nvlink, procs
 from nvrx_appliance.devcluster.plan import (
     CLUSTER_NAME,
     DEFAULT_ROOT,
@@ -86,7 +86,16 @@ def _is_debian() -> bool:
     return debian_like(text) and shutil.which("apt-get") is not None
 
 
-def machine_params(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: str) -> Params:
+def machine_params(
+    nodes: int,
+    gpus_per_node: int,
+    cpus_per_node: int,
+    subnet: str,
+    *,
+    nvlink_domain_size: int = 0,
+    no_cluster_uuid: tuple[str, ...] = (),
+    mixed_cluster_uuid: tuple[str, ...] = (),
+) -> Params:
     version = subprocess.run(
         [daemons.executable("slurmd"), "-V"], capture_output=True, text=True
     ).stdout
@@ -97,6 +106,9 @@ def machine_params(nodes: int, gpus_per_node: int, cpus_per_node: int, subnet: s
         memory_mb=_memory_mb(),
         subnet=subnet,
         slurm_version=parse_slurm_version(version),
+        nvlink_domain_size=nvlink_domain_size,
+        no_cluster_uuid=tuple(sorted(set(no_cluster_uuid))),
+        mixed_cluster_uuid=tuple(sorted(set(mixed_cluster_uuid))),
     )
 
 
@@ -159,7 +171,7 @@ def observe(plan: Plan, state: State | None) -> Observed:
     hosts_text = HOSTS_FILE.read_text()
     configs_ok = all(
         Path(path).exists() and Path(path).read_text() == text
-        for path, text in cluster_conf.config_files(plan).items()
+        for path, text in {**cluster_conf.config_files(plan), **nvlink.files(plan)}.items()
     )
     alive = frozenset(
         key for key, d in (state.daemons.items() if state else []) if procs.is_alive(d)
@@ -182,6 +194,14 @@ def up(plan: Plan, say: Say, *, force: bool = False) -> Verdict:
     state = load_state(plan.paths)
     seen = observe(plan, state)
     verdict = assess(plan, state, seen)
+    if verdict.action == "nvlink":
+        assert state is not None
+        say(f"rewriting the nvidia-smi stand-in's answers: {verdict.reason}")
+        _write_nvlink(plan)
+        state = State(plan.params, state.daemons)
+        save_state(plan.paths, state)
+        seen = observe(plan, state)
+        verdict = assess(plan, state, seen)  # and whatever else needs doing
     if verdict.action == "none":
         say("already up; nothing to do")
         return verdict
@@ -204,7 +224,7 @@ def up(plan: Plan, say: Say, *, force: bool = False) -> Verdict:
                 "and all accounting; let them finish or cancel them, or pass --force"
             )
         say(f"rebuilding: {verdict.reason}")
-        teardown(plan.paths, state, say)
+        teardown(plan.paths, state, say, keep_work=True)
     build(plan, say)
     return verdict
 
@@ -265,9 +285,11 @@ def build(plan: Plan, say: Say) -> None:
     for node in plan.nodes:
         _record(p, state, slurmd_key(node.name), daemons.start_slurmd(plan, node), node)
     _await_nodes(plan, [n.name for n in plan.nodes])
+    size = plan.params.nvlink_domain_size
+    domains = f", NVLink domains of {size} (nvidia-smi stand-in)" if size else ""
     say(
         f"up in {time.monotonic() - started:.0f} s: {len(plan.nodes)} nodes, "
-        f"{plan.params.gpus_per_node} GPU stand-ins each; work root {p.work_root}"
+        f"{plan.params.gpus_per_node} GPU stand-ins each{domains}; work root {p.work_root}"
     )
 
 
@@ -318,8 +340,26 @@ def _write_files(plan: Plan, db_password: str) -> None:
         if not device.exists():
             # A character device like /dev/null: Slurm only stats GRES files.
             os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))
+    _write_nvlink(plan)
     # World-traversable so tests and users can make their own owner-only directories.
     _mkdir(p.work_root, 0o755)
+
+
+def _write_nvlink(plan: Plan) -> None:
+    """The nvidia-smi stand-in, its answers and the task prolog; readable and runnable
+    by every job's user."""
+    p = plan.paths
+    wanted = nvlink.files(plan)
+    for path, text in wanted.items():
+        # By rename: a job step may run the stand-in while `up` changes its answers.
+        _mkdir(Path(path).parent)
+        _write(Path(path + ".new"), text, 0o644 if path.endswith(".txt") else 0o755)
+        os.replace(path + ".new", path)
+    # Answers of nodes the cluster no longer has, or the whole stand-in without domains.
+    stale = [f for f in p.nvlink.rglob("*") if f.is_file() and str(f) not in wanted]
+    for leftover in [*stale, p.task_prolog]:
+        if str(leftover) not in wanted and leftover.exists():
+            leftover.unlink()
 
 
 def _write_hosts(text: str) -> None:
@@ -361,8 +401,9 @@ def _await_nodes(plan: Plan, names: list[str], timeout: float = NODE_READY_S) ->
 # --- down -------------------------------------------------------------------------------
 
 
-def teardown(paths: Paths, state: State | None, say: Say) -> None:
-    """Remove everything of ours, whether or not `up` finished or left a state file."""
+def teardown(paths: Paths, state: State | None, say: Say, *, keep_work: bool = False) -> None:
+    """Remove everything of ours, whether or not `up` finished or left a state file;
+    keep_work (a rebuild): all but the work root, which holds every run's work dir."""
     recorded = [d.pid for d in (state.daemons.values() if state else []) if procs.is_alive(d)]
     found = sorted(set(recorded) | set(procs.our_daemons(paths.root)))
     if found:
@@ -386,8 +427,27 @@ def teardown(paths: Paths, state: State | None, say: Say) -> None:
     if paths.root.exists():
         if not paths.marker.exists() and any(paths.root.iterdir()):
             raise ClusterRefused(f"{paths.root} was not made by nvrx-appliance; left in place")
-        say(f"removing {paths.root}")
+        if keep_work:
+            say(f"removing {paths.root}, all but the work root {paths.work_root}")
+        else:
+            say(f"removing {paths.root}")
+        remove_root(paths, keep_work=keep_work)
+
+
+def remove_root(paths: Paths, *, keep_work: bool) -> None:
+    """The cluster's root directory, or with keep_work everything in it but the work
+    root (and the marker that keeps the root ours until the rebuild writes it again)."""
+    if not keep_work:
         shutil.rmtree(paths.root)
+        return
+    kept = paths.kept_across_rebuilds()
+    for entry in paths.root.iterdir():
+        if entry in kept:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def _name(pid: int) -> str:

@@ -89,6 +89,9 @@ def slurm_conf(plan: Plan) -> str:
     ]
     if params.gpus_per_node:
         settings.append(("GresTypes", "gpu"))
+    if params.nvlink_domain_size:
+        # The nvidia-smi stand-in first on every job step's PATH (nvlink.py).
+        settings.append(("TaskProlog", p.task_prolog))
     gres = f" Gres=gpu:{params.gpus_per_node}" if params.gpus_per_node else ""
     nodes = "".join(
         f"NodeName={n.name} NodeAddr={n.address} CPUs={params.cpus_per_node} "

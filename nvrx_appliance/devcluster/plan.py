@@ -11,6 +11,7 @@ import ipaddress
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 # Everything the cluster writes lives under this one directory, so `down` can remove
 # exactly what `up` made and nothing the machine had before. Not under /tmp, /var/tmp
@@ -126,6 +127,27 @@ class Paths:
     def work_root(self) -> Path:
         return self.root / "work"
 
+    @property
+    def task_prolog(self) -> Path:
+        return self.etc / "task_prolog.sh"
+
+    @property
+    def nvlink(self) -> Path:
+        return self.root / "nvlink"
+
+    @property
+    def nvidia_smi_dir(self) -> Path:
+        # The directory the task prolog puts first on every job's PATH.
+        return self.nvlink / "bin"
+
+    def nvidia_smi_answer(self, node: str) -> Path:
+        return self.nvlink / "answers" / f"{node}.txt"
+
+    def kept_across_rebuilds(self) -> tuple[Path, ...]:
+        """What a rebuild leaves in place: the work root holds every run's work dir
+        (checkpoints, logs, reports), and the marker keeps the root ours meanwhile."""
+        return (self.marker, self.work_root)
+
 
 @dataclass(frozen=True)
 class Host:
@@ -154,9 +176,24 @@ class Params:
     memory_mb: int = 1024
     subnet: str = DEFAULT_SUBNET
     slurm_version: str = "22.05"
+    # NVLink domains of this many consecutive nodes, each answering `nvidia-smi -q` with
+    # its domain's ClusterUUID through a stand-in (nvlink.py); 0: no nvidia-smi at all.
+    nvlink_domain_size: int = 0
+    # Nodes whose stand-in prints no ClusterUUID, and nodes whose GPUs disagree on it:
+    # what segment mode must refuse.
+    no_cluster_uuid: tuple[str, ...] = ()
+    mixed_cluster_uuid: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Params:
+        # JSON has no tuples: lists come back as the tuples they were.
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in data.items()
+        }
+        return cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -222,6 +259,7 @@ def check_params(params: Params) -> list[str]:
         problems.append("--gpus-per-node must be 0 or more")
     if params.cpus_per_node < 1:
         problems.append("--cpus-per-node must be at least 1")
+    problems += _nvlink_problems(params)
     try:
         net = ipaddress.ip_network(params.subnet)
     except ValueError:
@@ -233,6 +271,41 @@ def check_params(params: Params) -> list[str]:
         problems.append(
             f"--subnet {params.subnet} is too small for {params.nodes} nodes; "
             f"use a larger one such as {DEFAULT_SUBNET}"
+        )
+    return problems
+
+
+def _nvlink_problems(params: Params) -> list[str]:
+    size = params.nvlink_domain_size
+    odd = [*params.no_cluster_uuid, *params.mixed_cluster_uuid]
+    if size < 0:
+        return ["--nvlink-domain-size must be 0 (no NVLink domains) or more"]
+    if size == 0:
+        return (
+            [f"--no-cluster-uuid and --mixed-cluster-uuid ({', '.join(odd)}) need NVLink "
+             "domains: add --nvlink-domain-size N"]
+            if odd else []
+        )  # fmt: skip
+    problems = []
+    if params.gpus_per_node < 1:
+        problems.append("--nvlink-domain-size needs GPUs: set --gpus-per-node 1 or more")
+    if params.nodes % size:
+        problems.append(
+            f"--nodes {params.nodes} is not a whole number of NVLink domains of "
+            f"--nvlink-domain-size {size}; pick a node count that is a multiple of it"
+        )
+    known = {node_name(k) for k in range(1, params.nodes + 1)}
+    unknown = sorted(set(odd) - known)
+    if unknown:
+        problems.append(
+            f"--no-cluster-uuid/--mixed-cluster-uuid name {', '.join(unknown)}, which is "
+            f"not a node of this cluster (node1..node{params.nodes})"
+        )
+    both = sorted(set(params.no_cluster_uuid) & set(params.mixed_cluster_uuid))
+    if both:
+        problems.append(
+            f"{', '.join(both)} is given to both --no-cluster-uuid and --mixed-cluster-uuid; "
+            "pick one"
         )
     return problems
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nvrx_appliance.devcluster import nvlink
 from nvrx_appliance.devcluster.plan import Plan
 from nvrx_appliance.devcluster.state import (
     CONTROL_DAEMONS,
@@ -66,6 +67,7 @@ def status_document(
         }
 
     ctl = plan.controller
+    domains = nvlink.domains(plan)
     return {
         "up": verdict.action == "none" and nodes_in_service,
         "reason": reason,
@@ -83,6 +85,9 @@ def status_document(
                 "slurmd_running": slurmd_key(n.name) in seen.alive,
                 "slurm_state": slurm_states.get(n.name),
                 "seen_dead": seen_dead(slurm_states.get(n.name, "")),
+                # What the nvidia-smi stand-in reports: None without NVLink domains,
+                # "" for a node given --no-cluster-uuid.
+                "cluster_uuid": domains.get(n.name),
             }
             for n in plan.nodes
         ],
@@ -91,6 +96,12 @@ def status_document(
 
 def _yes(value: bool) -> str:
     return "up" if value else "DOWN"
+
+
+def _cluster_uuid(node: dict[str, Any], mixed: set[str]) -> str:
+    if not node.get("cluster_uuid"):
+        return "none"
+    return node["cluster_uuid"] + (" (its GPUs disagree)" if node["name"] in mixed else "")
 
 
 def table(status: dict[str, Any]) -> str:
@@ -109,10 +120,16 @@ def table(status: dict[str, Any]) -> str:
         f"{d['name']:<16}{d['host']:<8}{d['pid'] or '-':>8}  {_yes(d['running'])}"
         for d in status["daemons"]
     ]
-    lines += ["", f"{'NODE':<8}{'ADDRESS':<16}{'LINK':<6}{'SLURMD':<8}SLURM STATE"]
+    domains = any(n.get("cluster_uuid") is not None for n in status["nodes"])
+    mixed = set(status.get("params", {}).get("mixed_cluster_uuid", ()))
+    head = f"{'NODE':<8}{'ADDRESS':<16}{'LINK':<6}{'SLURMD':<8}{'SLURM STATE':<22}"
+    lines += ["", head + ("CLUSTERUUID (nvidia-smi stand-in)" if domains else "").rstrip()]
     lines += [
-        f"{n['name']:<8}{n['address']:<16}{_yes(n['link_up']):<6}"
-        f"{_yes(n['slurmd_running']):<8}{n['slurm_state'] or '?'}"
+        (
+            f"{n['name']:<8}{n['address']:<16}{_yes(n['link_up']):<6}"
+            f"{_yes(n['slurmd_running']):<8}{n['slurm_state'] or '?':<22}"
+            + (_cluster_uuid(n, mixed) if domains else "")
+        ).rstrip()
         for n in status["nodes"]
     ]
     return "\n".join(lines) + "\n"

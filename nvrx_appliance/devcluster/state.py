@@ -58,7 +58,7 @@ def from_json(data: Any) -> State:
     if not isinstance(data, dict) or data.get("version") != VERSION:
         raise StateError("state.json is not a devcluster state of a known version")
     try:
-        params = Params(**data["params"])
+        params = Params.from_dict(data["params"])
         daemons = {
             key: Daemon(int(d["pid"]), int(d["start"]), d.get("netns"))
             for key, d in data["daemons"].items()
@@ -82,7 +82,7 @@ class Observed:
 
 @dataclass(frozen=True)
 class Verdict:
-    action: str  # "build" | "rebuild" | "revive" | "none"
+    action: str  # "build" | "rebuild" | "nvlink" (rewrite the stand-in) | "revive" | "none"
     reason: str
     nodes: tuple[str, ...] = ()  # for "revive": nodes whose slurmd or link is down
     daemons: tuple[str, ...] = ()  # for "revive": control daemons to restart, in start order
@@ -94,7 +94,11 @@ def assess(plan: Plan, state: State | None, seen: Observed) -> Verdict:
             return Verdict("rebuild", "a previous run left a partial cluster without its state")
         return Verdict("build", "no cluster yet")
     if state.params != plan.params:
-        return Verdict("rebuild", f"settings changed: {_changes(state.params, plan.params)}")
+        changes = _changes(state.params, plan.params)
+        if _only_nvlink_answers(state.params, plan.params):
+            # The stand-in reads its answers at each call: no daemon needs to restart.
+            return Verdict("nvlink", f"settings changed: {changes}")
+        return Verdict("rebuild", f"settings changed: {changes}")
     if not seen.configs_ok:
         return Verdict("rebuild", "its configuration files are missing or were changed")
     if not seen.hosts_ok:
@@ -118,6 +122,20 @@ def assess(plan: Plan, state: State | None, seen: Observed) -> Verdict:
         parts += [f"node(s) {', '.join(down)} are down"] if down else []
         return Verdict("revive", "; ".join(parts), down, dead)
     return Verdict("none", "the cluster is up")
+
+
+# What the nvidia-smi stand-in answers, as opposed to what the daemons were started with.
+_NVLINK_ANSWERS = ("nvlink_domain_size", "no_cluster_uuid", "mixed_cluster_uuid")
+
+
+def _only_nvlink_answers(old: Params, new: Params) -> bool:
+    """Both clusters have NVLink domains (so the same task prolog in slurm.conf) and
+    differ only in what the stand-in answers."""
+    a, b = old.to_dict(), new.to_dict()
+    differ = {k for k in a if a[k] != b[k]}
+    return bool(old.nvlink_domain_size and new.nvlink_domain_size) and differ <= set(
+        _NVLINK_ANSWERS
+    )
 
 
 def _changes(old: Params, new: Params) -> str:

@@ -5,6 +5,11 @@ Brings the cluster up, submits the reference deployment's hand-off demo with the
 metal (a workload fault -> in-job restart; the GPU-failure injector on task 0's node ->
 the next generation takes over), follows it, and ends with a recovery report, its
 goodput lines and picture.
+
+In segment mode (`--segment`) the cluster has six nodes in NVLink domains of two (a
+stand-in nvidia-smi reports each domain's ClusterUUID, devcluster/nvlink.py), each array
+task is one domain, and NVRx selects whole domains (`--ft-segment 2`), as on GB200-class
+systems.
 """
 
 from __future__ import annotations
@@ -65,6 +70,17 @@ DEMO: dict[str, Any] = {
     "depth": 2,
     "fault_delay": 5.0,
 }
+# Segment mode: each array task is one NVLink domain of two nodes, and NVRx trains on
+# whole domains only; one trainer process per node keeps six nodes within two cores.
+SEGMENT_DEMO: dict[str, Any] = {
+    **DEMO,
+    "nodes_per_task": 2,
+    "gpus_per_node": 1,
+    "segment": "2",
+}
+# The cluster that has those domains: three of two nodes (task 0, the hot spare, the
+# cold spare).
+SEGMENT_CLUSTER = ("--nodes", "6", "--nvlink-domain-size", "2")
 DEADLINE_S = 480  # the whole run takes about two minutes; this is "something is wrong"
 POLL_S = 1.0
 HEARTBEAT_S = 15.0
@@ -80,17 +96,17 @@ def _cli() -> str:
     return str(Path(sys.executable).parent / "nvrx-appliance")
 
 
-def _cluster_up(say: Say) -> dict[str, Any]:
+def _cluster_up(say: Say, options: tuple[str, ...]) -> dict[str, Any]:
     say("[1/4] the local Slurm cluster (the first time installs its Debian packages)")
-    if subprocess.run([_cli(), "cluster", "up"]).returncode != 0:
+    if subprocess.run([_cli(), "cluster", "up", *options]).returncode != 0:
         raise DemoFailed("the local cluster did not come up; see the lines above")
     status = subprocess.run([_cli(), "cluster", "status", "--json"], capture_output=True, text=True)
     return json.loads(status.stdout)
 
 
-def _submit(work: Path, name: str, say: Say) -> list[str]:
+def _submit(work: Path, name: str, demo: dict[str, Any], say: Say) -> list[str]:
     """Raises api.SettingsError, SubmitFailed or SubmitInterrupted."""
-    settings = {**DEMO, "work_dir": str(work), "job_name": name}
+    settings = {**demo, "work_dir": str(work), "job_name": name}
     say("[2/4] nvrx-appliance submit " + " ".join(cli_flags(settings)))
     resolved = api.resolve_settings(settings)
     plan = api.prepare(resolved.spec, origins=resolved.origins)
@@ -142,6 +158,13 @@ def _follow(work: Path, name: str, user: str, say: Say) -> None:
         subprocess.run([_cli(), "cancel", name], env=os.environ)
 
 
+def _domains_line(status: dict[str, Any]) -> str:
+    by_uuid: dict[str, list[str]] = {}
+    for node in status.get("nodes", []):
+        by_uuid.setdefault(node.get("cluster_uuid") or "none", []).append(node["name"])
+    return "; ".join(f"{'+'.join(nodes)} ClusterUUID {uuid}" for uuid, nodes in by_uuid.items())
+
+
 def _nvrx_log(view, array_job_id: str) -> demo_report.NvrxLog:
     manifest = run_manifest.load(Layout(Path(view.work_dir)).run_json)
     try:
@@ -168,15 +191,19 @@ class Outcome:
     report: demo_report.Report
 
 
-def run(say: Say) -> Outcome:
+def run(say: Say, *, segment: bool = False) -> Outcome:
     """Bring the local cluster up, queue the demo chain, follow it, report. Raises
-    DemoFailed, or api's SettingsError, SubmitFailed or SubmitInterrupted."""
-    status = _cluster_up(say)
+    DemoFailed, or api's SettingsError, SubmitFailed or SubmitInterrupted.
+
+    segment: the same demo in segment mode, on two-node NVLink domains."""
+    status = _cluster_up(say, SEGMENT_CLUSTER if segment else ())
     os.environ.update(status["env"])  # this process and every Slurm command it runs
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name, work = f"nvrx-demo-{stamp}", Path(status["work_root"]) / f"demo-{stamp}"
     user = slurmcli.current_user()
-    job_ids = _submit(work, name, say)
+    if segment:
+        say("      NVLink domains (nvidia-smi stand-in): " + _domains_line(status))
+    job_ids = _submit(work, name, SEGMENT_DEMO if segment else DEMO, say)
     _follow(work, name, user, say)
     say("[4/4] recovery report")
     view = api.status(name, work_dir=work)
