@@ -102,7 +102,14 @@ def read(
         ledger=ledger,
         work_source=source,
         blind=blind,
+        save_interval=_positive(spec.get("save_interval")),
     )
+
+
+def _positive(value: Any) -> int | None:
+    """A run.json number as the account takes it: a positive int, else unknown."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else None
 
 
 def _published(layout: Layout, cycles: Mapping[str, Sequence[Cycle]]) -> dict[str, float]:

@@ -196,6 +196,13 @@ def test_report_prints_the_account_and_writes_the_picture_where_it_is_run(tmp_pa
     assert lines[0] == ("Goodput of chain chain: 3.8% of the allocation trained (15 of 396 node-s)")
     assert any(line.split()[:3] == ["training", "lost", "83"] for line in lines), done.stdout
     assert lines[-1] == "  picture: chain-goodput.svg"
+    # The chain's own --save-interval (ChainSpec's default, 20) against the one its
+    # history recommends (two interruptions, 0.5 s saves, 0.1 s a step).
+    assert any(
+        line.startswith("  save interval: 20 iterations (2.0 s of training) today, 96 iterations")
+        for line in lines
+    ), done.stdout
+    assert "    apply it: --save-interval 96 (NVRX_SAVE_INTERVAL) on the next submit" in lines
     ET.parse(tmp_path / "chain-goodput.svg")  # a picture a browser opens: well-formed SVG
     asked = (tmp_path / "bin" / "calls").read_text()
     assert "--name chain" in asked and "Submit" in asked  # by name since the chain began
@@ -210,6 +217,9 @@ def test_report_json_has_its_schema_and_writes_no_picture_unless_asked(tmp_path)
     assert (doc["schema"], doc["schema_version"]) == ("nvrx-appliance/report", 1)
     assert doc["allocation_node_seconds"] == pytest.approx(396)
     assert doc["training_lost"]["iterations"] == 830 and doc["picture"] is None
+    assert doc["save_interval"]["current_iterations"] == 20
+    assert doc["save_interval"]["recommended_iterations"] == 96
+    assert doc["save_interval"]["certainty"] == "low"
     assert not list(tmp_path.glob("*.svg"))
     svg = tmp_path / "elsewhere" / "g.svg"
     done = _report(
@@ -278,6 +288,11 @@ def test_the_gauges_carry_the_account_and_keep_every_series_when_it_is_unknown()
     lost = f'nvrx_watch_goodput_node_seconds{{{labels},category="training_lost"}}'
     assert float(known[lost]) == pytest.approx(83.0)
     assert known[f"nvrx_watch_training_lost_iterations{{{labels}}}"] == "830"
+    # The save interval its history recommends: two interruptions, 0.5 s saves.
+    recommended = f'nvrx_watch_save_interval_iterations{{{labels},interval="recommended"}}'
+    assert known[recommended] == "96"
+    assert known[f"nvrx_watch_interruptions{{{labels}}}"] == "2"
+    assert float(known[f"nvrx_watch_save_blocking_seconds{{{labels}}}"]) == pytest.approx(0.5)
     unknown = _gauges(goodput_metrics.text(None, chain))
     blind = _gauges(goodput_metrics.text(account(chain_inputs(allocations=None)), chain))
     assert unknown.keys() == known.keys() == blind.keys()
