@@ -17,10 +17,12 @@ import pytest
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.goodput import gather, picture
 from nvrx_appliance.goodput.account import CATEGORIES, account
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe.slurm_output import ALLOCATIONS, sacct_rows
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.training_log import (
     MEGATRON_LOG,
+    MegatronRecord,
     from_megatron_log,
     from_progress_log,
     megatron_line,
@@ -334,3 +336,52 @@ def test_a_megatron_chain_is_read_from_each_cycles_own_log(tmp_path):
     built.layout.app_log("mg", "4242", 1).write_text("0: the log of a run that died at once\n")
     later = gather.read(tmp_path, lambda query: [], now=T0, memo=memo)
     assert later.work == {} and later.work_source.startswith("no Megatron iteration lines")
+
+
+def test_a_progress_log_past_64_mib_still_gives_its_newest_generations(tmp_path):
+    # A long chain's progress log: older generations' events (padded here to reach the
+    # size fast) and, past the first 64 MiB, the generation training now.
+    work = _chain(tmp_path / "run")
+    log = Layout(work).progress_log
+    newest = log.read_text()
+    pad = "p" * 100_000
+    with log.open("w") as out:
+        old = {"event": "step", "slurm_array_job_id": "9", "cycle": 0, "iteration": 1, "pad": pad}
+        for n in range(700):
+            out.write(json.dumps({**old, "time": T0 + n / 1000}) + "\n")
+        out.write(newest)
+    assert log.stat().st_size > 64 << 20
+    inputs = gather.read(work, lambda query: [], now=T0 + 1000)
+    assert ("11", 0) in inputs.work and inputs.work[("11", 0)].last_iteration == 930
+
+
+def test_a_growing_megatron_log_is_read_only_where_it_grew(tmp_path, monkeypatch):
+    spec = ChainSpec(work_dir=str(tmp_path), workload="megatron", runtime="bare", job_name="mg")
+    built = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="alice")
+    run_manifest.save(built)
+    folder = built.layout.cycle_infos("4242")
+    folder.mkdir(parents=True)
+    doc = {"job_id": "4242", "cycle_number": 1, "attempt_index": 0, "active_nodes": "node1",
+           "cycle_start_time": "2026-12-01T09:59:50Z"}  # fmt: skip
+    (folder / "cycle_info.4242.0.1").write_text(json.dumps(doc))
+    built.layout.logs.mkdir()
+    path = built.layout.app_log("mg", "4242", 1)
+    lines = MEGATRON.splitlines(keepends=True)
+    head, rest = "\n".join(MEGATRON.splitlines()[:6]) + "\n", MEGATRON.splitlines()[6:]
+    path.write_text(head + rest[0][:30])  # the next line is being written
+    fed: list[str] = []
+    feed = MegatronRecord.feed
+    monkeypatch.setattr(
+        MegatronRecord, "feed", lambda self, line: (fed.append(line), feed(self, line))[1]
+    )
+    memo = gather.LogMemo()
+    first = gather.read(tmp_path, lambda query: [], now=T0, memo=memo).work[("4242", 1)]
+    assert [i for _, i in first.steps] == [210] and len(fed) == 6
+    with path.open("a") as out:
+        out.write(rest[0][30:] + "\n" + "\n".join(rest[1:]) + "\n")
+    fed.clear()
+    grown = gather.read(tmp_path, lambda query: [], now=T0, memo=memo).work[("4242", 1)]
+    assert len(fed) == len(lines) - 6  # only the lines it gained, the torn one whole
+    whole = from_megatron_log(MEGATRON.splitlines(), "4242", 1)
+    assert grown == whole and [i for _, i in grown.steps] == [210, 230]
+    assert [i for _, i in first.steps] == [210]  # what a pass got is not changed later
