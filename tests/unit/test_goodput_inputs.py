@@ -316,7 +316,8 @@ def test_nvrx_watch_writes_the_goodput_gauges_beside_its_own(tmp_path):
     assert f'nvrx_watch_cycles{{chain="chain",owner="{owner}"}}' in gauges
 
 
-def test_a_megatron_chain_is_read_from_each_cycles_own_log(tmp_path):
+def _megatron_chain(tmp_path: Path) -> Path:
+    """A Megatron chain's work dir with one cycle-info file; its cycle's log path."""
     spec = ChainSpec(work_dir=str(tmp_path), workload="megatron", runtime="bare", job_name="mg")
     built = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="alice")
     run_manifest.save(built)
@@ -326,14 +327,19 @@ def test_a_megatron_chain_is_read_from_each_cycles_own_log(tmp_path):
            "cycle_start_time": "2026-12-01T09:59:50Z"}  # fmt: skip
     (folder / "cycle_info.4242.0.1").write_text(json.dumps(doc))
     built.layout.logs.mkdir()
-    built.layout.app_log("mg", "4242", 1).write_text(MEGATRON)
+    return built.layout.app_log("mg", "4242", 1)
+
+
+def test_a_megatron_chain_is_read_from_each_cycles_own_log(tmp_path):
+    log = _megatron_chain(tmp_path)
+    log.write_text(MEGATRON)
     memo = gather.LogMemo()
     inputs = gather.read(tmp_path, lambda query: [], now=T0, memo=memo)
     assert inputs.work_source == MEGATRON_LOG
     assert inputs.work[("4242", 1)].start_iteration == 200
     again = gather.read(tmp_path, lambda query: [], now=T0, memo=memo)
     assert again.work[("4242", 1)] is inputs.work[("4242", 1)]  # unchanged: not parsed again
-    built.layout.app_log("mg", "4242", 1).write_text("0: the log of a run that died at once\n")
+    log.write_text("0: the log of a run that died at once\n")
     later = gather.read(tmp_path, lambda query: [], now=T0, memo=memo)
     assert later.work == {} and later.work_source.startswith("no Megatron iteration lines")
 
@@ -356,16 +362,7 @@ def test_a_progress_log_past_64_mib_still_gives_its_newest_generations(tmp_path)
 
 
 def test_a_growing_megatron_log_is_read_only_where_it_grew(tmp_path, monkeypatch):
-    spec = ChainSpec(work_dir=str(tmp_path), workload="megatron", runtime="bare", job_name="mg")
-    built = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="alice")
-    run_manifest.save(built)
-    folder = built.layout.cycle_infos("4242")
-    folder.mkdir(parents=True)
-    doc = {"job_id": "4242", "cycle_number": 1, "attempt_index": 0, "active_nodes": "node1",
-           "cycle_start_time": "2026-12-01T09:59:50Z"}  # fmt: skip
-    (folder / "cycle_info.4242.0.1").write_text(json.dumps(doc))
-    built.layout.logs.mkdir()
-    path = built.layout.app_log("mg", "4242", 1)
+    path = _megatron_chain(tmp_path)
     lines = MEGATRON.splitlines(keepends=True)
     head, rest = "\n".join(MEGATRON.splitlines()[:6]) + "\n", MEGATRON.splitlines()[6:]
     path.write_text(head + rest[0][:30])  # the next line is being written
