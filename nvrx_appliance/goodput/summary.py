@@ -102,7 +102,11 @@ def lines(account: Account) -> list[str]:
 
 def _iterations(count: int | None, step_s: float | None) -> str:
     spent = interval.seconds(count, step_s)
-    return f"{count} iterations" + (f" ({duration(spent)} of training)" if spent else "")
+    if not spent:
+        return f"{count} iterations"
+    # A demo's steps take milliseconds: "0.0 s" would say nothing.
+    took = f"{spent * 1000:.0f} ms" if spent < 1 else duration(spent)
+    return f"{count} iterations ({took} of training)"
 
 
 def save_interval_lines(rec: Recommendation) -> list[str]:
