@@ -25,6 +25,7 @@ from bench import (
     completion,
     floor,
     handoff,
+    healthcheck,
     liveness,
     machine,
     norestart,
@@ -45,7 +46,7 @@ SCENARIOS = {
     m.NAME: m
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
-        completion, watcher,
+        completion, healthcheck, watcher,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME}

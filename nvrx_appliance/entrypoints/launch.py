@@ -11,11 +11,17 @@ from pathlib import Path
 from nvrx_appliance.entrypoints.control import Record
 from nvrx_appliance.manifest import Manifest
 
-# With --ft-nvrx-logfile, the store host runs a gRPC log server that waits up to this
-# long for other nodes' last lines before its ft_launcher can exit (NVRx default 60 s).
-# Task 0's exit is the hand-off: every second here delays the next generation, and the
-# other nodes of a dying generation have nothing worth 60 s to say.
-LOG_SERVER_DRAIN_S = 5
+# With --ft-nvrx-logfile, the store host runs a gRPC log server that, told to stop, waits
+# up to this long for connected clients (the other nodes' ft_launchers) to send their
+# last lines and disconnect (NVRx default 60 s), then up to 5 s more, hard-coded, for a
+# stream still open. It ends early once every client is gone, and the store host has
+# already waited 3 s before it is told to stop, so a peer that ended with its workers
+# has had those seconds to flush: a client still connected after them is a peer still in
+# the rendezvous, waiting on task 0's store, with nothing to say. Task 0's exit is the
+# hand-off, and every node idles meanwhile; task 0 closes the generation as soon as its
+# launcher decides to leave (launcher_end.py), so the peers are normally gone before the
+# wait begins. This bounds it when one is not.
+LOG_SERVER_DRAIN_S = 2
 
 
 def applog_prefix(manifest: Manifest, array_job_id: str) -> Path:

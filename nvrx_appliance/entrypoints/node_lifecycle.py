@@ -44,6 +44,7 @@ from nvrx_appliance.entrypoints import (
     gate,
     guard,
     launch,
+    launcher_end,
     node_probe,
     retention,
     time_limit,
@@ -225,6 +226,13 @@ def watch(
     spec = manifest.spec
     token = lease_watch.generation
     due = time.monotonic()
+    # Task 0 closes the generation the moment its ft_launcher decides to end it
+    # (launcher_end.py), and from then on leaves that ft_launcher to end on its own.
+    ending = (
+        launcher_end.EndWatch(launch.nvrx_logfile(manifest, node.array_job_id), node.hostname)
+        if is_task0
+        else None
+    )
 
     def check() -> Verdict:
         nonlocal due
@@ -232,6 +240,12 @@ def watch(
         if now < due:
             return None
         due = now + period
+        if ending is not None:
+            if ending.decided is None and (why := ending.look()):
+                say(f"{node.label}: {why}; closing the generation now")
+                announce_end(directory, token, why)
+            if ending.decided is not None:
+                return None
         verdict = gate.while_running(
             closed=controldir.closed(directory, token),
             lease_age=None if is_task0 else lease_watch.look(),
@@ -354,21 +368,26 @@ def closer(node: Node, directory: Path, token: str):
     will run (its batch shell may be the one that was killed, and then Slurm kills this
     step within a second), so the closed flag goes out at once and the peers leave
     instead of waiting for the lease to go stale. Task 0's own ft_launcher, told to stop
-    by the same TERM, is still let finish (the supervisor's drain). The trap, if it
-    runs, rewrites the flag with the exit code; exit 93 and the chain's fate stay the
-    trap's decision."""
+    by the same TERM, is still let finish (the supervisor's drain)."""
 
     def close(signum: int) -> None:
-        why = f"task 0 ({node.label}) got {signal.Signals(signum).name} from Slurm"
-        try:
-            controldir.close(
-                directory,
-                {"generation": token, "exit_code": None, "reason": why, "time": now_iso()},
-            )
-        except OSError as exc:
-            say(f"could not write the closed flag on {signal.Signals(signum).name}: {exc}")
+        announce_end(
+            directory, token, f"task 0 ({node.label}) got {signal.Signals(signum).name} from Slurm"
+        )
 
     return close
+
+
+def announce_end(directory: Path, token: str, why: str) -> None:
+    """Task 0's closed flag before its exit code is known: the peers leave on it now; the
+    trap, if it runs, rewrites it with the code (exit 93 and the chain's fate stay the
+    trap's decision)."""
+    try:
+        controldir.close(
+            directory, {"generation": token, "exit_code": None, "reason": why, "time": now_iso()}
+        )
+    except OSError as exc:
+        say(f"could not write the closed flag ({why}): {exc}")
 
 
 def exit_deadline(manifest: run_manifest.Manifest, started: float) -> float | None:

@@ -2,6 +2,7 @@
 
     account.py   the account itself: inputs -> where every node-second went (pure)
     gather.py    the inputs, read from the work dir and Slurm's accounting
+    interval.py  the save interval that maximises expected goodput, from the account (pure)
     summary.py   the account as lines for a person (pure)
     picture.py   the account as an SVG picture: timeline, iterations, the bar (pure)
 

@@ -84,6 +84,7 @@ class Inputs:
     # Where the training record came from, or why there is none.
     work_source: str = ""
     blind: tuple[str, ...] = ()
+    save_interval: int | None = None  # the chain's setting, iterations between saves
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,9 @@ class GenerationAccount:
     # The tracker when it began and when it ended (the ledger): the progress it kept, the
     # one measure of progress a script without a training record still has.
     tracker: tuple[int | None, int | None] = (None, None)
+    # Ended by a failure (task 0 lost or exiting non-zero, a node failure): not training
+    # done, a time limit, a cancel, or the workload's own "do not restart" (93).
+    interrupted: bool = False
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,7 @@ class Account:
     wall_s: float
     work: tuple[CycleWork, ...] = ()
     blind: tuple[str, ...] = ()
+    save_interval: int | None = None
 
     @property
     def productive_node_s(self) -> float:
@@ -415,47 +420,54 @@ def _median_step(work: Mapping[Key, CycleWork]) -> tuple[float | None, int]:
     return (statistics.median(samples) if samples else None), len(samples)
 
 
+# sacct's states for a task that a failure ended, when the teardown left no word.
+_FAILED_STATES = frozenset({"FAILED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
+
+
 def _ending(
     generation: str,
     allocs: Sequence[Allocation],
     entry: Mapping,
     work: Mapping[Key, CycleWork],
-) -> str:
+) -> tuple[str, bool]:
+    """(how the generation ended in words, whether a failure ended it)."""
     task0 = next((a for a in allocs if a.task in (0, None)), None)
     if task0 is not None and task0.end is None:
-        return "running"
+        return "running", False
     action = entry.get("action")
     if action == "completed" or any(
         w.finished is not None for k, w in work.items() if k[0] == generation
     ):
-        return "training done"
+        return "training done", False
     verdict = entry.get("verdict") if isinstance(entry.get("verdict"), dict) else None
     if verdict is not None and action in ("stopped_by_workload", "resume_elsewhere"):
         # The workload's own verdict: its code and iteration, as the teardown recorded them.
+        # Not an interruption of the save-interval model: no machine failed at random, and
+        # Megatron saves before it asks to resume elsewhere.
         where = (
             f" at iteration {verdict['iteration']}" if verdict.get("iteration") is not None else ""
         )
         what = (
             "stopped the chain" if action == "stopped_by_workload" else "asked to resume elsewhere"
         )
-        return f"the workload {what}: exit {verdict.get('code')}{where}"
+        return f"the workload {what}: exit {verdict.get('code')}{where}", False
     # The teardown's word for a generation that saved and ended before its time limit.
     if action == "saved_at_time_limit":
-        return "time limit (saved first)"
+        return "time limit (saved first)", False
     state = task0.state if task0 else ""
     if state == "TIMEOUT":
-        return "time limit"
+        return "time limit", False
     if action == "fenced":
-        return "task 0 lost (fenced by a peer)"
+        return "task 0 lost (fenced by a peer)", True
     code = entry.get("exit_code")
     if code == 93 and entry.get("workload"):
         # NVRx's no-progress rule answering the workload: say what the workload did.
-        return f"NVRx: do not restart (93) after the workload {entry['workload']}"
+        return f"NVRx: do not restart (93) after the workload {entry['workload']}", False
     if code == 93:
-        return "NVRx: do not restart (93)"
+        return "NVRx: do not restart (93)", False
     if code is not None:
-        return f"task 0 exited {code}"
-    return state.lower() or "ended"
+        return f"task 0 exited {code}", code != 0 and action != "cancelled_chain"
+    return state.lower() or "ended", state in _FAILED_STATES
 
 
 def account(inputs: Inputs) -> Account:
@@ -493,12 +505,13 @@ def account(inputs: Inputs) -> Account:
             for node in a.nodes
         ]  # fmt: skip
         nodes += mine
+        ending, interrupted = _ending(generation, members, ledger.get(generation, {}), inputs.work)
         generations.append(
             GenerationAccount(
                 array_job_id=generation,
                 start=min(a.start for a in members),
                 end=None if running else max(a.end or a.start for a in members),
-                ending=_ending(generation, members, ledger.get(generation, {}), inputs.work),
+                ending=ending,
                 node_seconds=sum(p.end - p.start for n in mine for p in n.pieces),
                 categories=_totals(mine),
                 cycles=tuple(
@@ -508,6 +521,7 @@ def account(inputs: Inputs) -> Account:
                 training_stopped=facts.training_stopped,
                 successor_resumed_s=None,
                 tracker=_tracker(ledger.get(generation, {})),
+                interrupted=interrupted,
             )
         )
     generations = _hand_offs(generations)
@@ -535,6 +549,7 @@ def account(inputs: Inputs) -> Account:
         wall_s=_wall(generations, inputs.now),
         work=tuple(sorted(inputs.work.values(), key=lambda w: (w.started or 0, w.cycle))),
         blind=inputs.blind,
+        save_interval=inputs.save_interval,
     )
 
 

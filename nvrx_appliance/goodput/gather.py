@@ -9,6 +9,7 @@ through its platform), so each keeps its own rate limit and its own idea of blin
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,11 +29,41 @@ Sacct = Callable[[dict[str, Any]], list[AcctRow]]
 
 
 @dataclass
-class LogMemo:
-    """Per-cycle logs already parsed, by path, size and mtime: a watcher that runs as a
-    daemon re-reads only the log that is still growing."""
+class _Followed:
+    """One log read as it grows: how far, the record built from it, and that record as
+    last returned (the same object while the log has not grown)."""
 
-    parsed: dict[str, tuple[tuple[int, int], CycleWork | None]] = field(default_factory=dict)
+    tail: workdir.Tail
+    record: Any  # training_log.ProgressRecord or MegatronRecord
+    made: Any = None
+    grown: bool = True
+
+
+@dataclass
+class LogMemo:
+    """The training record's logs read so far, by path: a watcher that runs as a daemon
+    reads only what each log gained since its last pass, and keeps what it parsed, never
+    the lines. A fresh memo (report) reads every log whole, as a stream."""
+
+    followed: dict[str, _Followed] = field(default_factory=dict)
+
+    def read(self, path: Path, new: Callable[[], Any], parse: Callable[[str], Any]) -> Any:
+        """The record of `path` (new() makes an empty one; parse turns a line into what
+        its feed takes, None to skip), fed what the log gained."""
+        known = self.followed.get(str(path))
+        if known is None:
+            known = self.followed[str(path)] = _Followed(workdir.Tail(), new())
+        lines = workdir.appended_lines(path, known.tail)
+        if known.tail.fresh:
+            known.record, known.grown = new(), True
+        for line in lines:
+            item = parse(line)
+            if item is not None:
+                known.record.feed(item)
+                known.grown = True
+        if known.grown:
+            known.made, known.grown = known.record.record(), False
+        return known.made
 
 
 def allocations(
@@ -103,6 +134,7 @@ def read(
         ledger=ledger,
         work_source=source,
         blind=blind,
+        save_interval=_positive(spec.get("save_interval")),
     )
 
 
@@ -121,6 +153,12 @@ def set_aside(work: Mapping[Key, CycleWork], fallbacks: Sequence[dict[str, Any]]
             for save in cycle_work.saves
             if not any(save.iteration == bad and save.began <= when for bad, when in aside)
         ]
+
+
+def _positive(value: Any) -> int | None:
+    """A run.json number as the account takes it: a positive int, else unknown."""
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return value if ok else None
 
 
 def _published(layout: Layout, cycles: Mapping[str, Sequence[Cycle]]) -> dict[str, float]:
@@ -161,8 +199,7 @@ def _training_record(
         if work:
             return work, training_log.MEGATRON_LOG
         return {}, "no Megatron iteration lines in the per-cycle logs"
-    events = workdir.json_lines(layout.progress_log)
-    work = training_log.from_progress_log(events)
+    work = memo.read(layout.progress_log, training_log.ProgressRecord, _event)
     if work:
         return work, training_log.PROGRESS_LOG
     if spec.get("workload") == "script":
@@ -170,16 +207,14 @@ def _training_record(
     return {}, "no progress log"
 
 
-def _megatron(path: Path, generation: str, cycle: int, memo: LogMemo) -> CycleWork | None:
+def _event(line: str) -> dict[str, Any] | None:
+    """A progress log line as its event; None for a torn or foreign line."""
     try:
-        info = os.stat(path)
-    except OSError:
+        event = json.loads(line)
+    except ValueError:
         return None
-    stamp = (info.st_size, info.st_mtime_ns)
-    known = memo.parsed.get(str(path))
-    if known is not None and known[0] == stamp:
-        return known[1]
-    lines = workdir.lines_with(path, training_log.megatron_line)
-    parsed = training_log.from_megatron_log(lines, generation, cycle)
-    memo.parsed[str(path)] = (stamp, parsed)
-    return parsed
+    return event if isinstance(event, dict) else None
+
+
+def _megatron(path: Path, generation: str, cycle: int, memo: LogMemo) -> CycleWork | None:
+    return memo.read(path, lambda: training_log.MegatronRecord(generation, cycle), str)

@@ -3,10 +3,13 @@ carry it. Pure."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nvrx_appliance.clock import iso_utc
+from nvrx_appliance.goodput import interval
 from nvrx_appliance.goodput.account import CATEGORIES, LOST, UNKNOWN, Account
+from nvrx_appliance.goodput.interval import Recommendation
 
 
 def amount(node_seconds: float, unit: str) -> str:
@@ -94,7 +97,108 @@ def lines(account: Account) -> list[str]:
                 f"{lost.kept + 1}-{lost.last} ({lost.iterations}) after the checkpoint at "
                 f"{lost.kept}"
             )
+    return out + save_interval_lines(interval.recommend(account))
+
+
+def _iterations(count: int | None, step_s: float | None) -> str:
+    spent = interval.seconds(count, step_s)
+    if not spent:
+        return f"{count} iterations"
+    # A demo's steps take milliseconds: "0.0 s" would say nothing.
+    took = f"{spent * 1000:.0f} ms" if spent < 1 else duration(spent)
+    return f"{count} iterations ({took} of training)"
+
+
+def save_interval_lines(rec: Recommendation) -> list[str]:
+    """The save interval today, the one that maximises expected goodput, what it rests on
+    and how sure it is."""
+    today = _iterations(rec.current_iterations, rec.step_s) if rec.current_iterations else "?"
+    if rec.recommended_iterations is None:
+        out = [f"  save interval: {today} today; no recommendation: {rec.reason}"]
+        shortest = rec.range_iterations[0]
+        if rec.rate is not None and shortest is not None:
+            out.append(
+                f"    {rec.rate.node_hours:.3g} node-h without one put the rate below "
+                f"{rec.rate.high:.3g} per node-h ({interval.CONFIDENCE:.0%}): even at that rate "
+                f"the best interval would be {shortest} iterations, so a shorter one only adds "
+                "saves"
+            )
+        return out + _basis_lines(rec)
+    low, high = rec.range_iterations
+    out = [
+        f"  save interval: {today} today, {_iterations(rec.recommended_iterations, rec.step_s)} "
+        f"recommended ({low}-{high if high is not None else 'no limit'} at the rate's "
+        f"{interval.CONFIDENCE:.0%} bounds; Young's first-order sqrt(2 C MTBF): "
+        f"{rec.young_iterations})"
+    ]
+    if rec.recommended_goodput is not None:
+        now = f"{rec.current_goodput:.1%} today, " if rec.current_goodput is not None else ""
+        out.append(
+            f"    expected goodput of the training time (saves, lost work, restarts): {now}"
+            f"{rec.recommended_goodput:.1%} at {rec.recommended_iterations}"
+        )
+    out += _basis_lines(rec)
+    if rec.certainty == "low" and rec.rate is not None:
+        spread = rec.rate.high / rec.rate.low if rec.rate.low else math.inf
+        out.append(
+            f"    only {rec.rate.interruptions} interruption(s): the rate is known to a factor "
+            f"of {spread:.0f} (its {interval.CONFIDENCE:.0%} bounds); the recommendation moves "
+            "as the chain goes on"
+        )
+    out.append(
+        f"    apply it: --save-interval {rec.recommended_iterations} (NVRX_SAVE_INTERVAL) "
+        "on the next submit"
+    )
     return out
+
+
+def _basis_lines(rec: Recommendation) -> list[str]:
+    save = f"{rec.save_s:.2f} s (median of {rec.saves})" if rec.save_s is not None else "unmeasured"
+    restart = (
+        f"a restart costs {rec.restart_s:.1f} s (median of {rec.restarts})"
+        if rec.restart_s is not None
+        else "no restart measured (its cost does not move the interval)"
+    )
+    out = [f"    from the chain's history: a save blocks training {save}; {restart}"]
+    if rec.rate is not None:
+        rate = rec.rate
+        mtbf = f"; one every {duration(rec.mtbf_s)} on {rec.nodes} node(s)" if rec.mtbf_s else ""
+        out.append(
+            f"    {rate.interruptions} interruption(s) in {rate.node_hours:.3g} node-h of the "
+            f"training nodes: {rate.per_node_hour:.3g} per node-h "
+            f"({interval.CONFIDENCE:.0%}: {rate.low:.3g}-{rate.high:.3g}){mtbf}"
+        )
+    return out
+
+
+def save_interval_json(rec: Recommendation) -> dict[str, Any]:
+    rate = rec.rate
+    return {
+        "current_iterations": rec.current_iterations,
+        "current_seconds": interval.seconds(rec.current_iterations, rec.step_s),
+        "recommended_iterations": rec.recommended_iterations,
+        "recommended_seconds": interval.seconds(rec.recommended_iterations, rec.step_s),
+        "range_iterations": list(rec.range_iterations),
+        "young_iterations": rec.young_iterations,
+        "expected_goodput": {
+            "current": rec.current_goodput,
+            "recommended": rec.recommended_goodput,
+        },
+        "save_seconds": rec.save_s,
+        "saves_measured": rec.saves,
+        "restart_seconds": rec.restart_s,
+        "restarts_measured": rec.restarts,
+        "interruptions": rate.interruptions if rate else None,
+        "training_node_hours": rate.node_hours if rate else None,
+        "interruptions_per_node_hour": rate.per_node_hour if rate else None,
+        "rate_bounds": [rate.low, rate.high] if rate else None,
+        "confidence": interval.CONFIDENCE,
+        "nodes": rec.nodes,
+        "mtbf_seconds": rec.mtbf_s,
+        "certainty": rec.certainty,
+        "reason": rec.reason or None,
+        "setting": "--save-interval",
+    }
 
 
 def _basis(account: Account) -> str:
@@ -176,5 +280,6 @@ def to_json(account: Account) -> dict[str, Any]:
             }
             for g in account.generations
         ],
+        "save_interval": save_interval_json(interval.recommend(account)),
         "blind": list(account.blind),
     }

@@ -9,14 +9,19 @@ Two sources give the same record:
   the node's local time and no zone; they are read as this host's local time, the same
   as sacct's.
 
-Lines arrive while the writer is still writing: a torn or foreign line is skipped.
+Lines arrive while the writer is still writing: a torn or foreign line is skipped. Both
+are read as they grow: a record is fed the lines appended since the last pass and keeps
+only what it parsed, never the lines (a week of Megatron output is gigabytes).
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
+import itertools
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,17 +108,41 @@ def _iteration(value: Any) -> int | None:
 def from_progress_log(events: Iterable[dict[str, Any]]) -> dict[Key, CycleWork]:
     """Progress events -> one record per (generation, cycle); events that name no
     generation (a run outside Slurm) or carry no time are skipped."""
-    found: dict[Key, CycleWork] = {}
+    record = ProgressRecord()
     for event in events:
+        record.feed(event)
+    return record.record()
+
+
+class ProgressRecord:
+    """The progress log's record, fed one event at a time as the log grows."""
+
+    def __init__(self) -> None:
+        self._found: dict[Key, CycleWork] = {}
+
+    def feed(self, event: dict[str, Any]) -> None:
         generation, when = event.get("slurm_array_job_id"), _number(event.get("time"))
         cycle = _iteration(event.get("cycle", 0))
         if not isinstance(generation, str) or not generation or when is None or cycle is None:
-            continue
-        work = found.setdefault((generation, cycle), CycleWork(generation, cycle, PROGRESS_LOG))
+            return
+        key = (generation, cycle)
+        work = self._found.setdefault(key, CycleWork(generation, cycle, PROGRESS_LOG))
         _progress_event(work, event, when)
-    for work in found.values():
-        work.step_seconds = _step_seconds(work)
-    return found
+
+    def record(self) -> dict[Key, CycleWork]:
+        """The record so far, as copies: feeding more never changes what was returned."""
+        out = {}
+        for key, work in self._found.items():
+            out[key] = _copy(work)
+            out[key].step_seconds = _step_seconds(work)
+        return out
+
+
+def _copy(work: CycleWork) -> CycleWork:
+    return dataclasses.replace(
+        work, setup=list(work.setup), steps=list(work.steps),
+        step_seconds=list(work.step_seconds), saves=list(work.saves), faults=list(work.faults),
+    )  # fmt: skip
 
 
 def _progress_event(work: CycleWork, event: dict[str, Any], when: float) -> None:
@@ -140,10 +169,15 @@ def _progress_event(work: CycleWork, event: dict[str, Any], when: float) -> None
 
 def _step_seconds(work: CycleWork) -> list[float]:
     """Seconds per iteration between consecutive logged steps, less the saves that
-    happened in between (training stood still for them)."""
+    happened in between (training stood still for them). One walk over the steps and
+    the saves, both in time order: a long cycle has a million steps and thousands of saves."""
     out = []
-    for (t0, i0), (t1, i1) in zip(work.steps, work.steps[1:], strict=False):
-        saving = sum(s.ended - s.began for s in work.saves if t0 < s.ended <= t1)
+    saves = sorted(work.saves, key=lambda s: s.ended)
+    ends = [s.ended for s in saves]
+    # Seconds saved up to (and including) each save's end, so a range sums in O(log n).
+    saved = [0.0, *itertools.accumulate(s.ended - s.began for s in saves)]
+    for (t0, i0), (t1, i1) in itertools.pairwise(work.steps):
+        saving = saved[bisect.bisect_right(ends, t1)] - saved[bisect.bisect_right(ends, t0)]
         if i1 > i0 and t1 - t0 > saving:
             out.append((t1 - t0 - saving) / (i1 - i0))
     return out
@@ -187,48 +221,69 @@ def megatron_line(line: str) -> bool:
     return any(word in line for word in _WORTH_PARSING)
 
 
-def from_megatron_log(lines: Sequence[str], generation: str, cycle: int) -> CycleWork | None:
+def from_megatron_log(lines: Iterable[str], generation: str, cycle: int) -> CycleWork | None:
     """One per-cycle log's Megatron lines -> the cycle's record; None when it holds none
     (not a Megatron run, or it died before printing any)."""
-    work = CycleWork(generation, cycle, MEGATRON_LOG)
-    began: dict[int, float] = {}
-    async_ended: dict[int, float] = {}
-    loaded = 0
-    any_line = False
+    record = MegatronRecord(generation, cycle)
     for line in lines:
+        record.feed(line)
+    return record.record()
+
+
+class MegatronRecord:
+    """One per-cycle log's record, fed a line at a time as the log grows; it keeps what
+    it parsed, not the lines."""
+
+    def __init__(self, generation: str, cycle: int) -> None:
+        self._work = CycleWork(generation, cycle, MEGATRON_LOG)
+        self._began: dict[int, float] = {}  # saves begun, by iteration
+        self._async_ended: dict[int, float] = {}
+        self._loaded = 0
+        self._any_line = False
+
+    def feed(self, line: str) -> None:
+        if not megatron_line(line):
+            return
+        work = self._work
         if (found := _ITERATION.search(line)) and (at := parse_time(found[1])) is not None:
             work.steps.append((at, int(found[2])))
             work.step_seconds.append(float(found[3]) / 1000.0)
         elif (found := _SAVING.search(line)) and (at := parse_time(found[1])) is not None:
-            began[int(found[2])] = at
+            self._began[int(found[2])] = at
         elif (found := _SCHEDULED.search(line)) and (at := parse_time(found[1])) is not None:
-            async_ended[int(found[2])] = at
+            self._async_ended[int(found[2])] = at
         elif (found := _SAVED.search(line)) and (at := parse_time(found[1])) is not None:
             iteration = int(found[2])
-            start = began.get(iteration, at)
-            work.saves.append(Save(iteration, start, async_ended.get(iteration, at), at))
+            start = self._began.get(iteration, at)
+            work.saves.append(Save(iteration, start, self._async_ended.get(iteration, at), at))
         elif found := _LOADED.search(line):
-            loaded = int(found[1])
-            continue
+            self._loaded = int(found[1])
+            return
         elif (found := _FAULT.search(line)) and (at := parse_time(found[3])) is not None:
             work.faults.append((at, f"{found[2]} fault on rank {found[1]}"))
         elif (found := _DATETIME.search(line)) and (at := parse_time(found[2])) is not None:
             _megatron_mark(work, found[1].strip(), at)
         else:
-            continue
-        any_line = True
+            return
+        self._any_line = True
         work.seen(at)
-    if not any_line:
-        return None
-    # A save whose tracker line never came (the run died first) still stood training still.
-    committed = {s.iteration for s in work.saves}
-    for iteration, start in began.items():
-        if iteration not in committed:
-            work.saves.append(Save(iteration, start, async_ended.get(iteration, start), None))
-    work.saves.sort(key=lambda s: s.began)
-    if work.started is not None:
-        work.start_iteration = loaded
-    return work
+
+    def record(self) -> CycleWork | None:
+        """The record so far (a copy), or None while the log holds no Megatron line."""
+        if not self._any_line:
+            return None
+        work = _copy(self._work)
+        # A save whose tracker line never came (the run died first, or it is still
+        # under way) still stood training still.
+        committed = {s.iteration for s in work.saves}
+        for iteration, start in self._began.items():
+            if iteration not in committed:
+                end = self._async_ended.get(iteration, start)
+                work.saves.append(Save(iteration, start, end, None))
+        work.saves.sort(key=lambda s: s.began)
+        if work.started is not None:
+            work.start_iteration = self._loaded
+        return work
 
 
 def _megatron_mark(work: CycleWork, name: str, at: float) -> None:

@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import read_text
@@ -41,21 +42,63 @@ def read(path: Path) -> str:
         return ""
 
 
-def lines_with(path: Path, keep: Callable[[str], bool]) -> list[str]:
-    """The lines of a log that `keep` accepts, read as a stream: a per-cycle log of a long
-    run can hold gigabytes, of which a reader wants a few lines in a thousand. [] when
-    the file is absent, unreadable or not a regular file."""
+# A longer line is no record of ours (a progress event, a Megatron line): skipped, so one
+# runaway line cannot take a reader's memory.
+MAX_LINE_BYTES = 1 << 20
+
+
+@dataclass
+class Tail:
+    """How far a reader of a growing log got: the file it read (device, inode) and the
+    offset just past the last whole line it took. `fresh` is set when the file is not the
+    one read before, or shrank: whatever was built from it must be built again."""
+
+    identity: tuple[int, int] | None = None
+    offset: int = 0
+    fresh: bool = True
+
+
+def appended_lines(path: Path, tail: Tail) -> Iterator[str]:
+    """The whole lines appended to a log since `tail`, read as a stream that advances it;
+    a last line still being written is left for the next read. `tail.fresh` is decided
+    here, before any line: a log replaced or truncated is read again from its start.
+    Nothing when the file is absent, unreadable or not a regular file."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
-        return []
+        return iter(())
+    handle = os.fdopen(fd, "rb")
     try:
-        with os.fdopen(fd, "r", errors="replace") as handle:
-            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-                return []
-            return [line for line in handle if keep(line)]
+        info = os.fstat(fd)
     except OSError:
-        return []
+        handle.close()
+        return iter(())
+    if not stat.S_ISREG(info.st_mode):
+        handle.close()
+        return iter(())
+    identity = (info.st_dev, info.st_ino)
+    tail.fresh = identity != tail.identity or info.st_size < tail.offset
+    if tail.fresh:
+        tail.identity, tail.offset = identity, 0
+    return _whole_lines(handle, tail)
+
+
+def _whole_lines(handle: BinaryIO, tail: Tail) -> Iterator[str]:
+    with handle:
+        handle.seek(tail.offset)
+        too_long = False
+        while raw := handle.readline(MAX_LINE_BYTES):
+            if not raw.endswith(b"\n"):
+                if len(raw) < MAX_LINE_BYTES:
+                    return  # being written: taken whole next time
+                too_long = True
+                tail.offset += len(raw)
+                continue
+            tail.offset += len(raw)
+            if too_long:
+                too_long = False  # the end of an over-long line
+                continue
+            yield raw.decode("utf-8", errors="replace")
 
 
 def read_json(path: Path) -> Any:

@@ -8,6 +8,7 @@ blind) is NaN, never left out; no label holds a job id.
 
 from __future__ import annotations
 
+from nvrx_appliance.goodput import interval
 from nvrx_appliance.goodput.account import CATEGORIES, Account
 from nvrx_appliance.watch.sinks import Samples, gauge
 
@@ -48,5 +49,43 @@ def text(account: Account | None, chain: dict[str, str]) -> str:
         "nvrx_watch_step_seconds",
         "Median measured time per training iteration (NaN: not measured).",
         [({}, known.step_s if known else None)],
+    )
+    rec = interval.recommend(known) if known else None
+    metric(
+        "nvrx_watch_save_interval_iterations",
+        "Iterations between saves: the chain's setting, and the one that maximises expected "
+        "goodput from the chain's history (docs/goodput.md; NaN: not derivable yet).",
+        [
+            ({"interval": "current"}, rec.current_iterations if rec else None),
+            ({"interval": "recommended"}, rec.recommended_iterations if rec else None),
+        ],
+    )
+    metric(
+        "nvrx_watch_expected_goodput_ratio",
+        "The model's expected goodput of the training time at each save interval.",
+        [
+            ({"interval": "current"}, rec.current_goodput if rec else None),
+            ({"interval": "recommended"}, rec.recommended_goodput if rec else None),
+        ],
+    )
+    metric(
+        "nvrx_watch_interruptions_per_node_hour",
+        "In-job restarts and failed generations per node-hour of the training nodes.",
+        [({}, rec.rate.per_node_hour if rec and rec.rate else None)],
+    )
+    metric(
+        "nvrx_watch_interruptions",
+        "Interruptions counted so far: few of them leave the rate, and the interval, unsure.",
+        [({}, rec.rate.interruptions if rec and rec.rate else None)],
+    )
+    metric(
+        "nvrx_watch_save_blocking_seconds",
+        "Median seconds a save stands training still.",
+        [({}, rec.save_s if rec else None)],
+    )
+    metric(
+        "nvrx_watch_restart_cost_seconds",
+        "Median seconds from an interruption's last progress to training again (no queue).",
+        [({}, rec.restart_s if rec else None)],
     )
     return "\n".join(out) + "\n"

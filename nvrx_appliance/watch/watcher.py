@@ -117,7 +117,7 @@ class Watcher:
     blind: str = ""  # why Slurm could not even identify the job: every pass is blind
     last_scan: CycleScan | None = None  # what the last cycle-info scan read (for the bench)
     _reader: CycleReader | None = None
-    _logs: gather.LogMemo = field(default_factory=gather.LogMemo)  # Megatron logs parsed
+    _logs: gather.LogMemo = field(default_factory=gather.LogMemo)  # training logs read
 
     def __post_init__(self) -> None:
         self.log_sink = sinks.LogSink(self.logger, self.settings.secrets)

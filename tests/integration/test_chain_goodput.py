@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import shutil
+import statistics
 import xml.etree.ElementTree as ET
 
 import pytest
@@ -163,6 +164,16 @@ def test_the_report_accounts_for_every_node_second_and_each_lost_iteration(
     assert second_end in ("time limit", "time limit (saved first)"), context
     assert 0 < doc["goodput_ratio"] < 1
 
+    # The save interval its history recommends, from its three interruptions (the two
+    # in-job restarts and task 0's node; the time limit is none), its own saves and its
+    # setting today; three is few, and the report says so.
+    interval = doc["save_interval"]
+    assert interval["interruptions"] == 3, context
+    assert interval["current_iterations"] == SAVE_INTERVAL, context
+    saves = [e["seconds"] for e in progress(work) if e["event"] == "checkpoint"]
+    assert interval["save_seconds"] == pytest.approx(statistics.median(saves), abs=1e-3), context
+    assert interval["recommended_iterations"] >= 1 and interval["certainty"] == "low", context
+
     # As a person runs it: the lines, and a picture that opens.
     picture = tmp_path / "goodput.svg"
     human = cli(cluster, "report", name, "--svg", str(picture))
@@ -170,6 +181,8 @@ def test_the_report_accounts_for_every_node_second_and_each_lost_iteration(
     (tmp_path / "report.txt").write_text(human.stdout)
     assert human.stdout.startswith(f"Goodput of chain {name}: "), human.stdout
     assert f"generation {first}: " in human.stdout and f"ended: {second_end}" in human.stdout
+    recommended = interval["recommended_iterations"]
+    assert f"apply it: --save-interval {recommended} (NVRX_SAVE_INTERVAL)" in human.stdout
     ET.parse(picture)
     shutil.copy(picture, tmp_path / f"{name}.svg")  # kept with pytest's temporary files
 
@@ -182,3 +195,7 @@ def test_the_report_accounts_for_every_node_second_and_each_lost_iteration(
     )
     ratio = gauges[f'nvrx_watch_goodput_ratio{{chain="{name}",owner="root"}}']
     assert float(ratio) == pytest.approx(doc["goodput_ratio"], rel=0.02)
+    advised = (
+        f'nvrx_watch_save_interval_iterations{{chain="{name}",owner="root",interval="recommended"}}'
+    )
+    assert gauges[advised] == str(recommended)

@@ -83,6 +83,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "liveness",
         "timelimit",
         "completion",
+        "healthcheck",
         "watcher",
     ]
     assert parse_args([]).chosen == everything

@@ -20,7 +20,14 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.entrypoints import control, controldir, detect, node_lifecycle, time_limit
+from nvrx_appliance.entrypoints import (
+    control,
+    controldir,
+    detect,
+    launch,
+    node_lifecycle,
+    time_limit,
+)
 from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.entrypoints.supervise import Save
 from nvrx_appliance.layout import ControlFiles
@@ -492,6 +499,34 @@ def test_task_0_writes_the_notice_at_its_exit_duration_counted_from_its_own_star
     later = node_lifecycle.watch(m, node, directory, lease_watch, is_task0=False, period=0.0)
     assert isinstance(later(), Save)
     assert node_lifecycle.exit_deadline(manifest.load(write_manifest(tmp_path / "b")), 0) is None
+
+
+def test_task_0_closes_the_generation_the_moment_its_ft_launcher_decides_to_leave(tmp_path):
+    # NVRx's line for a task 0 whose node failed the health check; the same line from a
+    # peer's launcher (every launcher logs into one file) is an in-job replacement.
+    run_json = write_manifest(tmp_path, mode="train")
+    m = manifest.load(run_json)
+    directory = control_dir(run_json)
+    directory.mkdir(parents=True, mode=0o700)
+    token = f"{support.CHAIN}/700/"
+    log = launch.nvrx_logfile(m, "700")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    decided = "[INFO] [{}] [workload:?(?) infra:0(0)] launcher.py:1728 Job array deployment: exiting with code 1 for replacement.\n"
+    log.write_text("2026-12-03 07:34:01,126 " + decided.format("node2"))
+    lease_watch = controldir.LeaseWatch(directory, token)
+    node = Node("700", 0, 0, "700", "node1")
+    check = node_lifecycle.watch(m, node, directory, lease_watch, is_task0=True, period=0.0)
+    assert check() is None and not controldir.closed(directory, token)
+    with log.open("a") as out:
+        out.write("2026-12-03 07:34:02,129 " + decided.format("node1"))
+    # Closed for every peer at once; task 0's own ft_launcher is left to end with its code.
+    assert check() is None and controldir.closed(directory, token)
+    assert check() is None
+    peer = node_lifecycle.watch(
+        m, Node("700", 1, 0, "701", "node2"), directory, lease_watch, is_task0=False, period=0.0
+    )
+    verdict = peer()
+    assert verdict is not None and verdict.over
 
 
 def test_task_0_marks_megatrons_training_done_once_the_tracker_reaches_the_last_iteration(

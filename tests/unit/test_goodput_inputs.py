@@ -17,10 +17,12 @@ import pytest
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.goodput import gather, picture
 from nvrx_appliance.goodput.account import CATEGORIES, account
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe.slurm_output import ALLOCATIONS, sacct_rows
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.training_log import (
     MEGATRON_LOG,
+    MegatronRecord,
     from_megatron_log,
     from_progress_log,
     megatron_line,
@@ -196,6 +198,13 @@ def test_report_prints_the_account_and_writes_the_picture_where_it_is_run(tmp_pa
     assert lines[0] == ("Goodput of chain chain: 3.8% of the allocation trained (15 of 396 node-s)")
     assert any(line.split()[:3] == ["training", "lost", "83"] for line in lines), done.stdout
     assert lines[-1] == "  picture: chain-goodput.svg"
+    # The chain's own --save-interval (ChainSpec's default, 20) against the one its
+    # history recommends (two interruptions, 0.5 s saves, 0.1 s a step).
+    assert any(
+        line.startswith("  save interval: 20 iterations (2.0 s of training) today, 96 iterations")
+        for line in lines
+    ), done.stdout
+    assert "    apply it: --save-interval 96 (NVRX_SAVE_INTERVAL) on the next submit" in lines
     ET.parse(tmp_path / "chain-goodput.svg")  # a picture a browser opens: well-formed SVG
     asked = (tmp_path / "bin" / "calls").read_text()
     assert "--name chain" in asked and "Submit" in asked  # by name since the chain began
@@ -210,6 +219,9 @@ def test_report_json_has_its_schema_and_writes_no_picture_unless_asked(tmp_path)
     assert (doc["schema"], doc["schema_version"]) == ("nvrx-appliance/report", 1)
     assert doc["allocation_node_seconds"] == pytest.approx(396)
     assert doc["training_lost"]["iterations"] == 830 and doc["picture"] is None
+    assert doc["save_interval"]["current_iterations"] == 20
+    assert doc["save_interval"]["recommended_iterations"] == 96
+    assert doc["save_interval"]["certainty"] == "low"
     assert not list(tmp_path.glob("*.svg"))
     svg = tmp_path / "elsewhere" / "g.svg"
     done = _report(
@@ -278,6 +290,11 @@ def test_the_gauges_carry_the_account_and_keep_every_series_when_it_is_unknown()
     lost = f'nvrx_watch_goodput_node_seconds{{{labels},category="training_lost"}}'
     assert float(known[lost]) == pytest.approx(83.0)
     assert known[f"nvrx_watch_training_lost_iterations{{{labels}}}"] == "830"
+    # The save interval its history recommends: two interruptions, 0.5 s saves.
+    recommended = f'nvrx_watch_save_interval_iterations{{{labels},interval="recommended"}}'
+    assert known[recommended] == "96"
+    assert known[f"nvrx_watch_interruptions{{{labels}}}"] == "2"
+    assert float(known[f"nvrx_watch_save_blocking_seconds{{{labels}}}"]) == pytest.approx(0.5)
     unknown = _gauges(goodput_metrics.text(None, chain))
     blind = _gauges(goodput_metrics.text(account(chain_inputs(allocations=None)), chain))
     assert unknown.keys() == known.keys() == blind.keys()
@@ -299,7 +316,8 @@ def test_nvrx_watch_writes_the_goodput_gauges_beside_its_own(tmp_path):
     assert f'nvrx_watch_cycles{{chain="chain",owner="{owner}"}}' in gauges
 
 
-def test_a_megatron_chain_is_read_from_each_cycles_own_log(tmp_path):
+def _megatron_chain(tmp_path: Path) -> Path:
+    """A Megatron chain's work dir with one cycle-info file; its cycle's log path."""
     spec = ChainSpec(work_dir=str(tmp_path), workload="megatron", runtime="bare", job_name="mg")
     built = run_manifest.build(spec, created="2026-12-01T09:00:00Z", user="alice")
     run_manifest.save(built)
@@ -309,13 +327,58 @@ def test_a_megatron_chain_is_read_from_each_cycles_own_log(tmp_path):
            "cycle_start_time": "2026-12-01T09:59:50Z"}  # fmt: skip
     (folder / "cycle_info.4242.0.1").write_text(json.dumps(doc))
     built.layout.logs.mkdir()
-    built.layout.app_log("mg", "4242", 1).write_text(MEGATRON)
+    return built.layout.app_log("mg", "4242", 1)
+
+
+def test_a_megatron_chain_is_read_from_each_cycles_own_log(tmp_path):
+    log = _megatron_chain(tmp_path)
+    log.write_text(MEGATRON)
     memo = gather.LogMemo()
     inputs = gather.read(tmp_path, lambda query: [], now=T0, memo=memo)
     assert inputs.work_source == MEGATRON_LOG
     assert inputs.work[("4242", 1)].start_iteration == 200
     again = gather.read(tmp_path, lambda query: [], now=T0, memo=memo)
     assert again.work[("4242", 1)] is inputs.work[("4242", 1)]  # unchanged: not parsed again
-    built.layout.app_log("mg", "4242", 1).write_text("0: the log of a run that died at once\n")
+    log.write_text("0: the log of a run that died at once\n")
     later = gather.read(tmp_path, lambda query: [], now=T0, memo=memo)
     assert later.work == {} and later.work_source.startswith("no Megatron iteration lines")
+
+
+def test_a_progress_log_past_64_mib_still_gives_its_newest_generations(tmp_path):
+    # A long chain's progress log: older generations' events (padded here to reach the
+    # size fast) and, past the first 64 MiB, the generation training now.
+    work = _chain(tmp_path / "run")
+    log = Layout(work).progress_log
+    newest = log.read_text()
+    pad = "p" * 100_000
+    with log.open("w") as out:
+        old = {"event": "step", "slurm_array_job_id": "9", "cycle": 0, "iteration": 1, "pad": pad}
+        for n in range(700):
+            out.write(json.dumps({**old, "time": T0 + n / 1000}) + "\n")
+        out.write(newest)
+    assert log.stat().st_size > 64 << 20
+    inputs = gather.read(work, lambda query: [], now=T0 + 1000)
+    assert ("11", 0) in inputs.work and inputs.work[("11", 0)].last_iteration == 930
+
+
+def test_a_growing_megatron_log_is_read_only_where_it_grew(tmp_path, monkeypatch):
+    path = _megatron_chain(tmp_path)
+    lines = MEGATRON.splitlines(keepends=True)
+    head, rest = "\n".join(MEGATRON.splitlines()[:6]) + "\n", MEGATRON.splitlines()[6:]
+    path.write_text(head + rest[0][:30])  # the next line is being written
+    fed: list[str] = []
+    feed = MegatronRecord.feed
+    monkeypatch.setattr(
+        MegatronRecord, "feed", lambda self, line: (fed.append(line), feed(self, line))[1]
+    )
+    memo = gather.LogMemo()
+    first = gather.read(tmp_path, lambda query: [], now=T0, memo=memo).work[("4242", 1)]
+    assert [i for _, i in first.steps] == [210] and len(fed) == 6
+    with path.open("a") as out:
+        out.write(rest[0][30:] + "\n" + "\n".join(rest[1:]) + "\n")
+    fed.clear()
+    grown = gather.read(tmp_path, lambda query: [], now=T0, memo=memo).work[("4242", 1)]
+    assert len(fed) == len(lines) - 6  # only the lines it gained, the torn one whole
+    whole = from_megatron_log(MEGATRON.splitlines(), "4242", 1)
+    assert grown == whole and [i for _, i in grown.steps] == [210, 230]
+    assert [i for _, i in first.steps] == [210]  # what a pass got is not changed later
