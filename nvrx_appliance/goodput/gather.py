@@ -148,11 +148,14 @@ def set_aside(work: Mapping[Key, CycleWork], fallbacks: Sequence[dict[str, Any]]
         if isinstance(entry.get("from"), int) and (when := parse_time(entry.get("time")))
     ]
     for cycle_work in work.values():
-        cycle_work.saves[:] = [
+        unloadable = [
             save
             for save in cycle_work.saves
-            if not any(save.iteration == bad and save.began <= when for bad, when in aside)
+            if any(save.iteration == bad and save.began <= when for bad, when in aside)
         ]
+        # Trained, then lost: the iterations stay in the record as steps, not as a save.
+        cycle_work.steps += [(save.ended, save.iteration) for save in unloadable]
+        cycle_work.saves[:] = [save for save in cycle_work.saves if save not in unloadable]
 
 
 def _positive(value: Any) -> int | None:

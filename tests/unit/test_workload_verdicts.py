@@ -248,6 +248,7 @@ def test_the_report_counts_what_a_fall_back_cost_as_lost_training():
     # The torn save at 35 was never kept: iterations 31-35 of cycle 0 are lost training;
     # the save of 35 made after the fall-back stands.
     assert [s.iteration for s in before.saves] == [30]
+    assert before.steps == [(201.0, 35)]  # trained, and lost
     assert [s.iteration for s in after.saves] == [35]
 
 
