@@ -62,6 +62,15 @@ WORKER = textwrap.dedent(
 )
 
 
+def _end(launcher: subprocess.Popen) -> None:
+    """The stand-in launcher and everything it started."""
+    for child in psutil.Process(launcher.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    launcher.kill()
+    launcher.wait()
+
+
 def test_the_save_signal_reaches_a_worker_once_it_catches_it_and_never_the_launcher(tmp_path):
     code = LAUNCHER.replace("WORKER, ", repr(WORKER) + ", ")
     launcher = subprocess.Popen(
@@ -87,11 +96,7 @@ def test_the_save_signal_reaches_a_worker_once_it_catches_it_and_never_the_launc
         assert time_limit.catches(launcher.pid, signal.SIGURG)
         assert not time_limit.catches(worker, signal.SIGUSR2)
     finally:
-        for child in psutil.Process(launcher.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        launcher.kill()
-        launcher.wait()
+        _end(launcher)
 
 
 def test_through_the_workload_guard_the_signal_waits_for_the_workload_and_goes_to_its_group(
@@ -128,11 +133,7 @@ def test_through_the_workload_guard_the_signal_waits_for_the_workload_and_goes_t
         assert time_limit.reachable(launcher.pid, workload, signal.SIGURG) == (guard,)
         assert not time_limit.catches(guard, signal.SIGURG)
     finally:
-        for child in psutil.Process(launcher.pid).children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
-        launcher.kill()
-        launcher.wait()
+        _end(launcher)
 
 
 def test_the_save_signal_goes_to_a_workers_whole_process_group(tmp_path):
