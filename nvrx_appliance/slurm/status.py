@@ -378,7 +378,12 @@ def _ended(
         text = f"ended: completed, training reached iteration {done}"
         return Headline("ended", "completed", text, f"nvrx-appliance report {name}")
     if action == STOPPED_BY_NVRX:
-        text = f"ended: stopped by NVRx{of}: ft_launcher exited 93 (do not restart)"
+        said = "ft_launcher exited 93 (do not restart)"
+        if "after the workload" in reason:
+            # NVRx's 93 answered the workload failing the same way again and again: the
+            # teardown's reason says what the workload did, and that is the headline.
+            said = reason.split("; ")[0]
+        text = f"ended: stopped by NVRx{of}: {said}"
         return Headline("ended", "stopped_by_nvrx", text, f"nvrx-appliance logs {name} --launcher")
     if action == BURN_GUARD:
         text = (

@@ -226,6 +226,14 @@ def test_status_of_an_exhausted_chain_says_it_ended_why_and_what_to_run(slurm, t
     [
         ("cancelled_chain", "ft_launcher exited 93", "ended: stopped by NVRx (generation {g}): "
          "ft_launcher exited 93 (do not restart)", "nvrx-appliance logs demo --launcher"),
+        # NVRx's 93 answering a workload that failed the same way again and again (issue
+        # 29): the headline says what the workload did.
+        ("cancelled_chain", "ft_launcher exited 93: NVRx decided not to restart after the "
+         "workload failed 4 times at iteration 60 with exit 1: the workload exited 1; "
+         "cancelling every queued generation of the chain",
+         "ended: stopped by NVRx (generation {g}): ft_launcher exited 93: NVRx decided not to "
+         "restart after the workload failed 4 times at iteration 60 with exit 1: the workload "
+         "exited 1", "nvrx-appliance logs demo --launcher"),
         ("burn_guard", "2 generations", "ended: stopped by the burn guard (generation {g}): "
          "generations ended without training, checkpoint iteration none yet",
          "nvrx-appliance logs demo"),
