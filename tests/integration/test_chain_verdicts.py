@@ -161,7 +161,7 @@ def test_a_truncated_checkpoint_before_a_hand_off_is_set_aside_and_the_successor
     assert [(r["from"], r["to"]) for r in record] == [(bad, bad - 5)]
     assert all(e["action"] != "cancelled_chain" for e in ledger(work)), ledger(work)
     # What the fall-back cost is lost training: generation 1 kept only the one before.
-    report = cli(cluster, "report", name).stdout
+    report = cli(cluster, "report", name, "--no-svg").stdout
     assert f"lost in generation {first}, cycle 0: iterations {bad - 4}-" in report, report
     assert f"after the checkpoint at {bad - 5}" in report, report
 

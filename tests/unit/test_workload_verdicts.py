@@ -23,14 +23,14 @@ from nvrx_appliance.settings.chain import ChainSpec, check
 # Lines as the pinned Megatron prints them (megatron/training/checkpointing.py and
 # megatron/core/rerun_state_machine.py at 5d4cf1d), with a real torch read error.
 MEGATRON_LOAD_FAILED = [
-    " loading distributed checkpoint from /work/ckpt at iteration 35",
+    " loading distributed checkpoint from /lustre/run/checkpoints at iteration 35",
     "Traceback (most recent call last):",
     '  File "/workspace/megatron-lm/megatron/training/checkpointing.py", line 1716, in load',
     "RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central directory",
 ]
 MEGATRON_LOADED = [
-    " loading distributed checkpoint from /work/ckpt at iteration 35",
-    "  successfully loaded checkpoint from /work/ckpt [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration 35",
+    " loading distributed checkpoint from /lustre/run/checkpoints at iteration 35",
+    "  successfully loaded checkpoint from /lustre/run/checkpoints [ t 1/1, gtp_remat 1/1, p 1/1 ] at iteration 35",
     " iteration       36/     100 | consumed samples:          288 | elapsed time per iteration",
     "RuntimeError: CUDA error: an illegal memory access was encountered",
 ]
@@ -43,7 +43,7 @@ MEGATRON_17 = [
     "examination is needed",
 ]
 MEGATRON_LEGACY = [
-    " loading checkpoint from /work/ckpt at iteration 20",
+    " loading checkpoint from /lustre/run/checkpoints at iteration 20",
     "could not load the checkpoint",
     "invalid load key, '\\x00'.",
 ]
