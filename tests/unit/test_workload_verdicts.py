@@ -99,7 +99,7 @@ def test_a_clean_exit_is_no_failure():
 )
 def test_a_bad_exit_table_is_refused_naming_the_option(given, problem):
     found = check(
-        ChainSpec(work_dir="/tmp/w", workload="script", script="/x.py", workload_exits=given)
+        ChainSpec(work_dir="/shared/w", workload="script", script="/x.py", workload_exits=given)
     )
     assert [p.option for p in found] == ["--workload-exits"], found
     assert problem in found[0].message and "e.g. --workload-exits" in found[0].message
