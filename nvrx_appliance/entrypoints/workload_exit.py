@@ -62,6 +62,10 @@ _RERUN_LINES = (
     "Exiting now",
     "Saving a checkpoint and exiting now",
 )
+# glog-style notices of the libraries under the workload (torch's c10d, NCCL's): what
+# they say is rarely why the workload exited.
+_NOTICE = re.compile(r"^(?:\d+: )?\[[IW]\d{4} ")
+_ERROR = re.compile(r"\b\w*(?:Error|Exception)\b:")
 MAX_LINE_CHARS = 400  # a quoted line, in the ledger and status
 
 
@@ -128,16 +132,19 @@ def last_iteration(lines: Iterable[str]) -> int | None:
 
 def explaining_line(lines: Iterable[str]) -> str:
     """The last line that says why the workload stopped: the rerun state machine's, else
-    the last one of a traceback or message."""
-    rerun, last = "", ""
+    an error's (a traceback's last line), else the last line the workload wrote that is
+    not a library's warning or notice (torch's "[W1203 09:48:46 socket.cpp:207] ...")."""
+    rerun, error, last = "", "", ""
     for line in lines:
         text = line.strip()
-        if not text:
+        if not text or _NOTICE.match(text) or "Warning:" in text:
             continue
         if any(mark in text for mark in _RERUN_LINES):
             rerun = text
+        if _ERROR.search(text):
+            error = text
         last = text
-    return _quote(rerun or last)
+    return _quote(rerun or error or last)
 
 
 def judge(code: int, table: Mapping[str, str], workload: str, lines: Iterable[str]) -> Exit | None:

@@ -285,3 +285,22 @@ def test_a_second_rank_that_failed_on_the_same_checkpoint_sets_nothing_more_asid
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "15\n"
     assert (ckpt / iteration_dir(15)).is_dir()
     assert "the tracker already names iteration 15" in proc.communicate()[1]
+
+
+def test_the_quoted_line_is_the_workloads_own_not_a_librarys_notice():
+    # Seen on the cluster: a script's own last line on stdout, then torch's c10d warning on
+    # stderr; the ledger quoted the warning.
+    said = [
+        "rank 0: the verdict at iteration 30: exit 17",
+        "[W1203 09:48:46.704667130 socket.cpp:207] [c10d] The hostname of the client "
+        "socket cannot be retrieved. err=-3",
+    ]
+    seen = workload_exit.judge(17, {"17": "stop-chain"}, "script", said)
+    assert seen is not None and seen.line == "rank 0: the verdict at iteration 30: exit 17"
+    crashed = workload_exit.judge(
+        1,
+        {},
+        "script",
+        ["Traceback (most recent call last):", "ValueError: bad batch", "cleanup done"],
+    )
+    assert crashed is not None and crashed.line == "ValueError: bad batch"
