@@ -32,6 +32,8 @@ WORKLOADS = ("megatron", "cpu", "script")
 # small and 8b are demo presets on mock data; none passes only the user's arguments.
 PROFILES = ("small", "8b", "none")
 FAULT_TYPES = ("exception", "exit", "hang")
+# A pause longer than this would trip the out-of-section timeout of a quick chain.
+MAX_CPU_STEP_PAUSE_S = 10.0
 
 
 def _opt(default: Any, help: str, env: str | None = None, **extra: Any) -> Any:
@@ -181,6 +183,12 @@ class ChainSpec:
         "NVRX_ASYNC_SAVE",
     )
     train_samples: int = _opt(0, "Samples to train (0: the mode's default).", "NVRX_TRAIN_SAMPLES")
+    cpu_step_pause: float = _opt(
+        0.0,
+        "--workload cpu: seconds each training step sleeps (0: none), so that many nodes "
+        "of the local cluster share a few cores without contending.",
+        "NVRX_CPU_STEP_PAUSE",
+    )
     exit_duration_min: int = _opt(
         0,
         "Minutes after task 0 starts a generation at which it saves and ends, however "
@@ -613,6 +621,8 @@ def check(spec: ChainSpec) -> list[Problem]:
         bad("fault_ranks", f"{spec.fault_ranks!r}: use a comma list of global rank numbers")
     if spec.fault_delay < 0:
         bad("fault_delay", "cannot be negative")
+    if not 0 <= spec.cpu_step_pause <= MAX_CPU_STEP_PAUSE_S:
+        bad("cpu_step_pause", f"must be between 0 and {MAX_CPU_STEP_PAUSE_S:g} seconds")
     if spec.gpu_failure and not _GPU_FAILURE.fullmatch(spec.gpu_failure):
         bad(
             "gpu_failure",
@@ -653,6 +663,8 @@ def _workload_problems(spec: ChainSpec) -> list[Problem]:
 
     if spec.megatron_args and spec.workload != "megatron":
         bad("megatron_args", f"applies to --workload megatron, not {spec.workload}")
+    if spec.cpu_step_pause and spec.workload != "cpu":
+        bad("cpu_step_pause", f"applies to --workload cpu, not {spec.workload}; leave it 0")
     if spec.script_args and spec.workload != "script":
         bad("script_args", f"applies to --workload script, not {spec.workload}; use --script")
     if spec.script and spec.workload != "script":

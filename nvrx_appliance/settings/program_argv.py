@@ -36,6 +36,8 @@ def cpu_program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layo
         "--progress-log", str(layout.progress_log),
         "--log-interval", str(CPU_LOG_INTERVAL),
     ]  # fmt: skip
+    if spec.cpu_step_pause:
+        argv += ["--step-pause", str(spec.cpu_step_pause)]
     if policy.faults_active:
         argv += [
             "--fault-injector-ranks", spec.fault_ranks,

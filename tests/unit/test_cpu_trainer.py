@@ -200,6 +200,16 @@ def test_the_save_signal_on_one_node_saves_every_rank_and_ends_both_launchers_0(
     assert all("worker group successfully finished" in o for o in outputs)
 
 
+def test_a_step_pause_spaces_the_steps_by_at_least_the_pause(tmp_path):
+    # The benchmarks pace many ranks on few cores with it (--cpu-step-pause).
+    m = cpu_manifest(tmp_path, iterations=8, save_retention=0)
+    run = launch(m, "--log-interval", "1", "--step-pause", "0.3")
+    assert run.returncode == 0, run.output[-3000:]
+    times = [e["time"] for e in run.of("step")]
+    assert len(times) == 8
+    assert min(b - a for a, b in zip(times, times[1:])) >= 0.3
+
+
 def test_fresh_run_logs_each_step_with_a_falling_loss(fresh):
     curve = losses(fresh)
     assert sorted(curve) == list(range(1, 21))

@@ -322,3 +322,13 @@ def test_a_script_cannot_be_given_a_demo_fault_it_cannot_inject(tmp_path):
 def test_arguments_of_another_workload_are_refused(tmp_path):
     lines = refusal(tmp_path, *CPU, "--megatron-args", args_file(tmp_path, "--lr 1\n"))
     assert any("--megatron-args: applies to --workload megatron, not cpu" in m for m in lines)
+
+
+def test_a_step_pause_is_for_the_built_in_trainer_only_and_within_bounds(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("")
+    lines = refusal(tmp_path, *SCRIPT_CHAIN, "--script", str(script), "--cpu-step-pause", "0.2")
+    assert any("--cpu-step-pause: applies to --workload cpu, not script" in m for m in lines)
+    lines = refusal(tmp_path, *CPU, "--cpu-step-pause", "30")
+    assert any("--cpu-step-pause: must be between 0 and 10 seconds" in m for m in lines)
+    assert "--step-pause" in plan(tmp_path, *CPU, "--cpu-step-pause", "0.2")["workload"]

@@ -225,6 +225,13 @@ def test_cpu_no_fault_in_train_mode_or_with_injection_off(settings):
     assert not [k for k in f if k.startswith("--fault-injector")]
 
 
+def test_cpu_step_pause_reaches_the_trainer_only_when_asked():
+    assert "--step-pause" not in flags(run_argv(manifest(workload="cpu")))
+    argv = run_argv(manifest(workload="cpu", cpu_step_pause=0.25))
+    assert flags(argv)["--step-pause"] == "0.25"
+    assert cpu.build_parser().parse_args(argv[4:]).step_pause == 0.25
+
+
 @pytest.mark.parametrize("mode", ["train", "no-restart", "handoff"])
 def test_cpu_argv_is_accepted_by_the_trainer_for_the_manifest_world(mode):
     m = manifest(workload="cpu", mode=mode, train_tasks=2, hot_spares=1, gpus_per_node=2,

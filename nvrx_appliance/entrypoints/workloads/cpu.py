@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--seed", type=int, default=1234)
     train.add_argument("--log-interval", type=int, default=1)
+    train.add_argument(
+        "--step-pause", type=float, default=0.0,
+        help="Seconds each step sleeps after its all-reduce (0: none): paces many ranks "
+        "sharing few cores, so that a benchmark of many nodes on one machine measures "
+        "recovery rather than CPU contention.",
+    )  # fmt: skip
     train.add_argument("--progress-log", type=Path, help="Append structured events here.")
     model = p.add_argument_group("model (small defaults, fast on two CPU cores)")
     model.add_argument("--num-layers", type=int, default=2)

@@ -186,6 +186,8 @@ def _train(job: Job, kind: str | None, plan: faults.FaultPlan | None, save: Save
                 f"iteration {pos.iteration}/{args.train_iters} | loss {loss:.4f} | {millis:.1f} ms",
             )
             job.log.emit("step", iteration=pos.iteration, loss=round(loss, 5))
+        if args.step_pause:
+            time.sleep(args.step_pause)  # outside the step section: an idle rank, not a slow one
         if args.save and args.save_interval and pos.iteration % args.save_interval == 0:
             _checkpoint(job)
             saved = pos.iteration
