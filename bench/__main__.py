@@ -32,7 +32,9 @@ from bench import (
     readme,
     report,
     restart,
+    scale,
     seeds,
+    segment,
     sigkill,
     spare,
     timelimit,
@@ -46,7 +48,7 @@ SCENARIOS = {
     m.NAME: m
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
-        completion, healthcheck, watcher,
+        completion, healthcheck, segment, scale, watcher,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME}
@@ -75,8 +77,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--only: unknown scenario {unknown[0]!r}; choose from {', '.join(SCENARIOS)}")
     if args.repeat < 1:
         p.error("--repeat: at least 1 (issue 7 asks for 5 or more)")
-    if args.publish and (args.only or args.repeat < MIN_REPEAT):
-        p.error("--publish: only a full run (no --only, --repeat >= 5) may replace the table")
+    if args.publish and args.repeat < MIN_REPEAT:
+        p.error(f"--publish: at least --repeat {MIN_REPEAT}")
+    only = set(args.only.split(",")) - {""}
+    if args.publish and only and (only - {scale.NAME, floor.NAME} or scale.NAME not in only):
+        p.error(
+            "--publish: only a full run may replace the recovery table (the growth table: "
+            f"--only {scale.NAME})"
+        )
     if set(chosen) - NEEDS_NO_CLUSTER:
         chosen = [floor.NAME, *[s for s in chosen if s != floor.NAME]]
     args.chosen = [s for s in SCENARIOS if s in chosen]
@@ -152,8 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     run = {"started": started.isoformat(timespec="seconds"), "command": command,
            "repeat": args.repeat, "scenarios": args.chosen}  # fmt: skip
-    table = report.table(results)
+    # The growth scenario's rows are many: they go to a table of their own.
+    table = report.table([r for r in results if r.scenario != scale.NAME])
     print(table)
+    grown = next((r for r in results if r.scenario == scale.NAME), None)
+    growth = scale.growth_table(grown.samples) if grown and grown.samples else None
+    if growth:
+        print(f"\n{scale.TITLE}\n{growth}")
     for result in results:
         for note in result.notes:
             print(f"- {result.title}: {note}")
@@ -164,11 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(report.document(results, facts, run), indent=2) + "\n")
     say(f"written: {out}")
     if args.publish:
-        text = readme.with_results(
-            RESULTS_DOC.read_text(), readme.block(table, when, machine.describe(facts), command)
-        )
+        text = RESULTS_DOC.read_text()
+        if not args.only:
+            text = readme.with_results(
+                text, readme.block(table, when, machine.describe(facts), command)
+            )
+        if growth:
+            scale_block = readme.block(growth, when, machine.describe(facts), command, "scale")
+            text = readme.with_results(text, scale_block, "scale")
         RESULTS_DOC.write_text(text)
-        say(f"results table refreshed: {RESULTS_DOC}")
+        say(f"results refreshed: {RESULTS_DOC}")
     return 1 if any(r.error for r in results) else 0
 
 

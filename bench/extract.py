@@ -366,19 +366,36 @@ class RestartSeen:
     resumed: dict | None  # the "start" event of the next cycle
     first_step: dict | None
     nvrx: list[NvrxEvent]  # the generation's ft_launcher log
+    # What the fault was, as the first mark names it (default: SIGKILL of `rank`).
+    fault: str = ""
+
+
+RESTART_EVENTS = ("failure_detected", "worker_terminated", "rendezvous_started")
+
+
+def restart_host(events: Sequence[NvrxEvent], cycle: int, preferred: str) -> str:
+    """Whose launcher tells the restart's story: rank 0's host when it trained before the
+    failure (it logged every event of the restart), else the first host that did. Where
+    NVRx moved the work to a spare domain, rank 0's new host was a standby that detected
+    nothing."""
+    complete = [
+        h for h in sorted({e.host for e in events})
+        if all(nvrx_event(events, e, cycle, h) is not None for e in RESTART_EVENTS)
+    ]  # fmt: skip
+    if preferred in complete or not complete:
+        return preferred
+    return min(complete, key=lambda h: nvrx_event(events, "rendezvous_started", cycle, h) or 0)
 
 
 def restart_sample(seen: RestartSeen) -> dict[str, Any]:
     reads = first_read(seen.checkpoint)
-    host = seen.resumed.get("host", "") if seen.resumed else ""
     cycle = seen.next.number if seen.next else -1
+    host = restart_host(seen.nvrx, cycle, seen.resumed.get("host", "") if seen.resumed else "")
 
     def logged(event: str) -> float | None:
         return nvrx_event(seen.nvrx, event, cycle, host)
 
-    detected, stopped, rejoined = (
-        logged(e) for e in ("failure_detected", "worker_terminated", "rendezvous_started")
-    )
+    detected, stopped, rejoined = (logged(e) for e in RESTART_EVENTS)
     _need(
         failure_detected=detected,
         worker_terminated=stopped,
@@ -391,7 +408,9 @@ def restart_sample(seen: RestartSeen) -> dict[str, Any]:
     assert detected and stopped and rejoined and seen.next and seen.next.start
     assert reads and seen.resumed and seen.first_step
     marks = [
-        Mark("rank killed", seen.fault_at, f"harness clock, SIGKILL of rank {seen.rank}"),
+        Mark("fault", seen.fault_at, seen.fault)
+        if seen.fault
+        else Mark("rank killed", seen.fault_at, f"harness clock, SIGKILL of rank {seen.rank}"),
         Mark("failure detected", detected, "NVRx log: failure_detected", phase="detection"),
         Mark(
             "surviving workers stopped", stopped, "NVRx log: worker_terminated",
@@ -408,6 +427,7 @@ def restart_sample(seen: RestartSeen) -> dict[str, Any]:
         *_resumed(reads, seen.resumed, seen.first_step),
     ]  # fmt: skip
     sample = timeline(marks)
+    sample["nvrx_host"] = host
     sample["cycle"] = seen.next.number
     sample["resumed_iteration"] = seen.resumed.get("iteration")
     return sample

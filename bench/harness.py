@@ -51,18 +51,35 @@ class Harness:
         self.names: list[str] = []
         self.killed: set[str] = set()
         self.status: dict[str, Any] = {}
+        self.shape: tuple[str, ...] = ()  # `cluster up` options of the current shape
 
     # --- the cluster ------------------------------------------------------------------
 
-    def up(self) -> None:
-        """`cluster up` (idempotent; our child, so it proceeds under our lock)."""
-        done = self.appliance("cluster", "up", timeout=UP_TIMEOUT_S)
+    def up(self, *cluster_args: str) -> None:
+        """`cluster up` (idempotent; our child, so it proceeds under our lock), in the
+        default shape or the one `cluster_args` ask for."""
+        done = self.appliance("cluster", "up", *cluster_args, timeout=UP_TIMEOUT_S)
         if done.returncode != 0:
-            raise BenchError(f"nvrx-appliance cluster up failed:\n{done.stderr[-2000:]}")
+            raise BenchError(
+                f"nvrx-appliance cluster up {' '.join(cluster_args)} failed:\n{done.stderr[-2000:]}"
+            )
         self.status = json.loads(self.appliance("cluster", "status", "--json").stdout)
         if not self.status.get("up"):
             raise BenchError(f"the cluster is not up: {self.status.get('reason')}")
         self._offsets = {path: path.stat().st_size for path in self.daemon_logs()}
+        self.shape = cluster_args
+
+    def reshape(self, *cluster_args: str) -> None:
+        """Rebuild the cluster in another shape (`cluster up` options; none: the default
+        shape) once the queue is empty, and read it afresh. A rebuild keeps every run's
+        work dir; the scenarios that need a shape of their own restore the default."""
+        for node in sorted(self.killed):
+            self.revive_node(node)
+        self.wait(
+            lambda: not self.slurm("squeue", "-h", "-o", "%i").split(), 300,
+            "the queue to empty before the rebuild", interval=1.0,
+        )  # fmt: skip
+        self.up(*cluster_args)
 
     @property
     def env(self) -> dict[str, str]:
@@ -200,6 +217,12 @@ class Harness:
             except (BenchError, subprocess.TimeoutExpired) as exc:
                 self.say(f"ERROR: could not revive {node}: {exc}; run `nvrx-appliance "
                          f"cluster revive-node {node}`")  # fmt: skip
+        if self.shape:
+            try:  # every later user of the cluster (tests, the next run) expects the default
+                self.reshape()
+            except (BenchError, Timeout, subprocess.TimeoutExpired) as exc:
+                self.say(f"ERROR: could not restore the default cluster: {exc}; run "
+                         "`nvrx-appliance cluster up`")  # fmt: skip
 
     # --- the disk ---------------------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from bench.report import Metric, Result, phase_metrics
 from bench.timing import Mark, Task, generation_end, segments, task0
 from nvrx_appliance.entrypoints import launcher_end
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe.slurm_output import expand_nodelist
 
 NAME = "healthcheck"
 TITLE = "2d task 0 fails the health check"
@@ -99,6 +100,7 @@ def sample(seen: Seen) -> dict:
     ]  # fmt: skip
     return {
         "generation": seen.generation[0].array_job_id if seen.generation else "",
+        "decided_at": decided,
         "total_s": marks[-1].time - decided,
         "dying_s": ended[0] - decided,
         # What is left once NVRx's launcher has nothing more to wait for: its process's
@@ -109,19 +111,23 @@ def sample(seen: Seen) -> dict:
     }
 
 
-def one(h: Harness, work, gen: str, successor: str) -> dict:
+def one(
+    h: Harness, work, gen: str, successor: str, array_size: int = chains.ARRAY_SIZE,
+    timeout: float = chains.START_TIMEOUT_S,
+) -> dict:  # fmt: skip
     layout = Layout(work)
     resumed, step = h.wait_resumed(
-        work, f"generation {successor}", chains.START_TIMEOUT_S, slurm_array_job_id=successor
+        work, f"generation {successor}", timeout, slurm_array_job_id=successor
     )
-    generation = h.wait_final([gen], 120)
+    generation = h.wait_final([gen], 120, array_size)
     zero = task0(generation)
     return sample(
         Seen(
             launcher_log=_text(layout.launcher_log(gen)),
             # NVRx names its log server's own log after --ft-nvrx-logfile.
             server_log=_text(layout.nvrx_logs(gen) / "ft_launcher_grpc_root.log"),
-            task0_host=zero.node if zero is not None else "",
+            # Task 0's first node publishes and hosts the store: its launcher decides.
+            task0_host=expand_nodelist(zero.node)[0] if zero is not None else "",
             trap_closed=h.mtime(layout.control_files(gen).closed),
             generation=generation,
             successor=h.wait_started(successor),

@@ -1,33 +1,49 @@
-"""The latest-results block of docs/benchmarks.md, between two markers. Pure: the
-document's text in, the new text out. The prose around the block is written by hand and
-never touched."""
+"""The latest-results blocks of docs/benchmarks.md, each between two markers. Pure: the
+document's text in, the new text out. The prose around the blocks is written by hand and
+never touched.
+
+Two blocks: the recovery table of a full run (`results`), and the growth table of the
+scale scenario (`scale`), which a run of that scenario alone may refresh.
+"""
 
 from __future__ import annotations
 
-BEGIN = "<!-- bench:results:begin (written by `python -m bench --publish`) -->"
-END = "<!-- bench:results:end -->"
 HEADING = "# Recovery benchmarks"
+BLOCKS = {
+    "results": "written by `python -m bench --publish`",
+    "scale": "written by `python -m bench --only scale --publish`, or a full run",
+}
+BEGIN = f"<!-- bench:results:begin ({BLOCKS['results']}) -->"
+END = "<!-- bench:results:end -->"
 
 
 class ReadmeError(ValueError):
     pass
 
 
-def block(table: str, when: str, machine_line: str, command: str) -> str:
+def markers(name: str = "results") -> tuple[str, str]:
+    return f"<!-- bench:{name}:begin ({BLOCKS[name]}) -->", f"<!-- bench:{name}:end -->"
+
+
+def block(table: str, when: str, machine_line: str, command: str, name: str = "results") -> str:
+    begin, end = markers(name)
     return "\n".join(
-        [BEGIN, f"Latest run: {when}, `{command}`, on {machine_line}.", "", table, END]
+        [begin, f"Latest run: {when}, `{command}`, on {machine_line}.", "", table, end]
     )
 
 
-def with_results(readme: str, new_block: str) -> str:
-    """Replace the marked block; a document without one gets the section appended."""
-    start, stop = readme.find(BEGIN), readme.find(END)
+def with_results(readme: str, new_block: str, name: str = "results") -> str:
+    """Replace the named block; a document without one gets it appended (the results
+    block under the heading, a new document's)."""
+    begin, end = markers(name)
+    start, stop = readme.find(begin), readme.find(end)
     if start == -1 and stop == -1:
-        if HEADING in readme:
+        if name == "results" and HEADING in readme:
             raise ReadmeError(
-                f"the results document has {HEADING!r} but no results markers; add {BEGIN!r}"
+                f"the results document has {HEADING!r} but no results markers; add {begin!r}"
             )
-        return readme.rstrip("\n") + f"\n\n{HEADING}\n\n{new_block}\n"
+        heading = f"\n\n{HEADING}" if name == "results" else ""
+        return readme.rstrip("\n") + f"{heading}\n\n{new_block}\n"
     if start == -1 or stop < start:
-        raise ReadmeError("the benchmark markers are torn; restore both marker lines")
-    return readme[:start] + new_block + readme[stop + len(END) :]
+        raise ReadmeError(f"the {name} markers are torn; restore both marker lines")
+    return readme[:start] + new_block + readme[stop + len(end) :]

@@ -84,6 +84,8 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "timelimit",
         "completion",
         "healthcheck",
+        "segment",
+        "scale",
         "watcher",
     ]
     assert parse_args([]).chosen == everything
@@ -95,6 +97,8 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         (["--only", "handof"], "--only: unknown scenario 'handof'"),
         (["--repeat", "0"], "--repeat: at least 1"),
         (["--publish", "--only", "floor"], "--publish: only a full run"),
+        (["--publish", "--only", "scale,handoff"], "--publish: only a full run"),
+        (["--publish", "--only", "scale", "--repeat", "2"], "--publish: at least --repeat 5"),
     ],
 )
 def test_cli_refuses_bad_options_naming_them(argv, message, capsys):
@@ -102,6 +106,18 @@ def test_cli_refuses_bad_options_naming_them(argv, message, capsys):
         parse_args(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_growth_table_alone_may_be_published():
+    assert parse_args(["--publish", "--only", "scale"]).chosen == ["floor", "scale"]
+
+
+def test_the_growth_block_is_its_own_and_leaves_the_recovery_table_alone():
+    doc = readme.with_results("# P\n\nIntro.\n", readme.block("T1", "today", "m", "cmd"))
+    doc = readme.with_results(doc, readme.block("G1", "today", "m", "c", "scale"), "scale")
+    doc = readme.with_results(doc, readme.block("G2", "later", "m", "c", "scale"), "scale")
+    assert "T1" in doc and "G2" in doc and "G1" not in doc
+    assert doc.count(readme.markers("scale")[0]) == 1
 
 
 def test_process_start_costs_come_from_the_machine_facts():
