@@ -35,6 +35,7 @@ from bench import (
     scale,
     seeds,
     segment,
+    segsilent,
     sigkill,
     spare,
     timelimit,
@@ -48,7 +49,7 @@ SCENARIOS = {
     m.NAME: m
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
-        completion, healthcheck, segment, scale, watcher,
+        completion, healthcheck, segment, segsilent, scale, watcher,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME}

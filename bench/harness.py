@@ -117,11 +117,12 @@ class Harness:
             [CLI, *args], env=env, capture_output=True, text=True, timeout=timeout
         )
 
-    def kill_node(self, node: str) -> float:
-        """Crash a node; returns the moment just before its processes were killed."""
+    def kill_node(self, node: str, silent: bool = False) -> float:
+        """Crash a node (`silent`: its link goes first, so its peers hear nothing);
+        returns the moment just before its processes were killed."""
         self.killed.add(node)
         at = time.time()
-        done = self.appliance("cluster", "kill-node", node)
+        done = self.appliance("cluster", "kill-node", node, *(["--silent"] if silent else []))
         if done.returncode != 0:
             raise BenchError(f"kill-node {node} failed: {done.stderr.strip()}")
         return at

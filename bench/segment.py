@@ -57,7 +57,7 @@ def victim_of(active: list[str], task0_host: str, domain: dict[str, str]) -> str
     return others[-1]
 
 
-def one(h: Harness) -> dict:
+def one(h: Harness, silent: bool = False) -> dict:
     work, name = h.workdir(NAME), h.job_name(NAME)
     [gen] = h.submit(work, name, *quick_flags("--segment"), *SHAPE, "--mode", "train",
                      "--depth", "1")  # fmt: skip
@@ -68,7 +68,7 @@ def one(h: Harness) -> dict:
         domain = domains(h)
         active = expand_nodelist(cycle0.active_nodes)
         victim = victim_of(active, started["host"], domain)
-        fault_at = h.kill_node(victim)
+        fault_at = h.kill_node(victim, silent)
         resumed, step = h.wait_resumed(
             work, "cycle 1", RESTART_TIMEOUT_S, slurm_array_job_id=gen, cycle=1
         )
@@ -83,7 +83,8 @@ def one(h: Harness) -> dict:
             RestartSeen(
                 fault_at=fault_at, rank=-1, next=cycle1, checkpoint=h.restored(work, resumed),
                 resumed=resumed, first_step=step, nvrx=nvrx,
-                fault=f"harness clock, kill-node {victim} (a node of another task)",
+                fault=f"harness clock, kill-node {'--silent ' if silent else ''}{victim} "
+                "(a node of another task)",
             )
         )  # fmt: skip
     finally:
@@ -102,25 +103,25 @@ def one(h: Harness) -> dict:
     return sample
 
 
-def collect(h: Harness, repeat: int, result: Result) -> None:
+def collect(h: Harness, repeat: int, result: Result, silent: bool = False) -> None:
     h.reshape(*CLUSTER)
     result.notes.append(f"cluster: {NODES} nodes in NVLink domains of {DOMAIN}")
     for n in range(repeat):
         try:
-            result.samples.append(one(h))
+            result.samples.append(one(h, silent))
         except extract.Incomplete as exc:
             result.notes.append(f"sample {n} dropped: {exc}")
         h.say(f"{NAME}: {len(result.samples)}/{repeat} samples")
 
 
-def finish(result: Result, floor: float | None) -> None:
+def finish(result: Result, floor: float | None, death: str = "node death") -> None:
     samples = result.samples
     result.metrics = [
-        Metric("node death -> first step after the in-job restart",
+        Metric(f"{death} -> first step after the in-job restart",
                [s["total_s"] for s in samples]),
         *phase_metrics(samples),
         Metric("the spare domain's launchers in the round (after the death)",
                [s["spare_in_round_s"] for s in samples if s["spare_in_round_s"] is not None]),
-        Metric("node death -> the first checkpoint after the restart",
+        Metric(f"{death} -> the first checkpoint after the restart",
                [s["to_checkpoint_s"] for s in samples]),
     ]  # fmt: skip

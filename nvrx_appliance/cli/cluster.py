@@ -182,11 +182,18 @@ def env() -> None:
 
 @cluster_group.command(name="kill-node")
 @click.argument("name")
-def kill_node(name: str) -> None:
+@click.option(
+    "--silent",
+    is_flag=True,
+    help="Take the link down first, so the dead processes' connections close without a "
+    "word to their peers (a power loss, not a crash): peers learn of it only from a "
+    "timeout.",
+)
+def kill_node(name: str, silent: bool) -> None:
     """Crash node NAME: kill slurmd and every process in its namespace, link down."""
     with _one_line_failures():
         shell.preflight()
-        shell.kill_node(name, _say("kill-node"), DEFAULT_ROOT)
+        shell.kill_node(name, _say("kill-node"), DEFAULT_ROOT, silent=silent)
 
 
 @cluster_group.command(name="revive-node")

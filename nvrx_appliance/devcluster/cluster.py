@@ -489,17 +489,26 @@ def _node(plan: Plan, name: str) -> Host:
         raise ClusterRefused(str(exc.args[0])) from None
 
 
-def kill_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> int:
+def kill_node(name: str, say: Say, root: Path = DEFAULT_ROOT, silent: bool = False) -> int:
     """Kill every process in the node's namespace and take its link down, the way a
-    node dies: no clean shutdown, no goodbye to slurmctld. Returns how many died."""
+    node dies: no clean shutdown, no goodbye to slurmctld. Returns how many died.
+
+    In that order, the kernel closes the dead processes' connections while the link is
+    still up, so their peers read a reset at once (a crash: the OOM killer, a kernel
+    that kills the job). `silent` takes the link down first: nothing leaves the node,
+    and its peers find out only when a timeout of theirs runs out (a power loss, a
+    dead NIC)."""
     plan, _ = current_plan(root)
     node = _node(plan, name)
     victims = procs.netns_pids(node.netns)
+    if silent:
+        net.set_link(node, up=False)
     procs.empty_netns(node.netns)
     net.set_link(node, up=False)
     say(
         f"{name}: killed {len(victims)} processes (slurmd and its jobs) and took its link "
-        f"down; Slurm marks it DOWN within about {cluster_conf.SLURMD_TIMEOUT_S + 10} s"
+        f"down{' first' if silent else ''}; Slurm marks it DOWN within about "
+        f"{cluster_conf.SLURMD_TIMEOUT_S + 10} s"
     )
     return len(victims)
 

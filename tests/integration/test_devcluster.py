@@ -235,6 +235,81 @@ def test_kill_node_is_seen_dead_in_time_and_revive_returns_it(cluster: Cluster):
     assert ran == node
 
 
+# One connection between two nodes: a server on the first that accepts and holds it, a
+# client on the second that writes what its blocking read returned once it returns.
+SERVER = """
+import socket, sys
+s = socket.create_server(("0.0.0.0", 29800))
+conn, _ = s.accept()
+open(sys.argv[1], "w").write("accepted")
+conn.recv(1)
+"""
+CLIENT = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], 29800), timeout=30)
+c.settimeout(None)
+try:
+    got = "eof" if c.recv(1) == b"" else "data"
+except OSError as exc:
+    got = type(exc).__name__
+open(sys.argv[2], "w").write(got)
+"""
+
+
+def _connected(cluster: Cluster, work: Path, server: int, client: int) -> tuple[Path, str]:
+    """A held connection from node `client` to node `server` (indexes of the cluster's
+    nodes); returns the client's result file and the server's address."""
+    nodes = cluster.status["nodes"]
+    address = nodes[server]["address"]
+    accepted, result = work / f"accepted.{server}", work / f"read.{server}"
+    subprocess.Popen(["ip", "netns", "exec", nodes[server]["netns"], "python3", "-c", SERVER,
+                      str(accepted)])  # fmt: skip
+    cluster.wait_until(
+        lambda: subprocess.run(["ip", "netns", "exec", nodes[server]["netns"], "ss", "-Hltn",
+                                "sport = :29800"], capture_output=True, text=True).stdout,
+        10, "the server to listen",
+    )  # fmt: skip
+    subprocess.Popen(["ip", "netns", "exec", nodes[client]["netns"], "python3", "-c", CLIENT,
+                      address, str(result)])  # fmt: skip
+    cluster.wait_until(accepted.exists, 10, "the connection")
+    return result, address
+
+
+def _established(cluster: Cluster, client: int, address: str) -> bool:
+    out = subprocess.run(
+        ["ip", "netns", "exec", cluster.status["nodes"][client]["netns"], "ss", "-Htn",
+         "state", "established", "dst", address],
+        capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return bool(out.strip())
+
+
+@pytest.mark.disruptive
+def test_a_crashed_node_resets_its_connections_and_a_silent_one_says_nothing(cluster: Cluster):
+    # A crash (the default) lets the kernel close the dead processes' connections while
+    # the link is up: the peer's read ends at once. --silent (a power loss) takes the
+    # link down first: the peer's connection stays open, its read blocked, until a
+    # timeout of its own (in training, NVRx's step section) gives up on it.
+    work = cluster.workdir("silent")
+    crashed, silent = cluster.nodes[-1], cluster.nodes[-2]
+    try:
+        result, _ = _connected(cluster, work, server=-1, client=0)
+        assert cluster_cli("kill-node", crashed).returncode == 0
+        cluster.wait_until(result.exists, 10, "the crashed node's peer to read the end")
+        assert result.read_text() in ("eof", "ConnectionResetError")
+
+        result, address = _connected(cluster, work, server=-2, client=0)
+        done = cluster_cli("kill-node", silent, "--silent")
+        assert done.returncode == 0 and "link down first" in done.stderr, done.stderr
+        assert procs.netns_pids(cluster.status["nodes"][-2]["netns"]) == []
+        # Its processes are gone, and the peer still holds an open connection to them.
+        assert _established(cluster, 0, address) and not result.exists()
+    finally:
+        for node in (crashed, silent):
+            cluster_cli("revive-node", node)
+        subprocess.run(["pkill", "-f", "socket.create_connection"], check=False)
+
+
 @pytest.mark.disruptive
 def test_up_after_a_controller_crash_restarts_it_in_place_and_the_chain_goes_on(cluster: Cluster):
     work, name = cluster.workdir("ctlcrash"), unique("ctlcrash")

@@ -85,6 +85,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "completion",
         "healthcheck",
         "segment",
+        "segsilent",
         "scale",
         "watcher",
     ]
