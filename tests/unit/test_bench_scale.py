@@ -119,3 +119,12 @@ def test_a_standby_that_became_rank_0s_host_leaves_the_story_to_a_host_that_trai
         ("rendezvous_started", "node3", 2.9),
     )  # fmt: skip
     assert restart_host(events, 1, "node1") == "node3"
+
+
+def test_a_cycle_info_name_nvrx_padded_is_read_as_the_node_it_means():
+    # NVRx 0.7.0 writes node1..node14 as node[01-14] in its cycle-info files.
+    nodes = [f"node{n}" for n in range(1, 17)]
+    assert scale.real_name("node01", nodes) == "node1"
+    assert scale.real_name("node14", nodes) == "node14"
+    assert scale.real_name("node007", ["node007"]) == "node007"
+    assert scale.real_name("login", nodes) == "login"
