@@ -529,6 +529,36 @@ def test_task_0_closes_the_generation_the_moment_its_ft_launcher_decides_to_leav
     assert verdict is not None and verdict.over
 
 
+def test_a_watcher_reads_the_verdict_and_the_notice_at_most_every_two_seconds(
+    tmp_path, monkeypatch
+):
+    # Twice a second each of them doubled a watcher's file system calls (bench row 7).
+    run_json = write_manifest(tmp_path, mode="train")
+    m = manifest.load(run_json)
+    directory = control_dir(run_json)
+    directory.mkdir(parents=True, mode=0o700)
+    token = f"{support.CHAIN}/700/"
+    clock = [1000.0]
+    monkeypatch.setattr(node_lifecycle.time, "monotonic", lambda: clock[0])
+    reads = []
+    real = controldir.workload_verdict
+    monkeypatch.setattr(
+        controldir, "workload_verdict", lambda d, t: reads.append(clock[0]) or real(d, t)
+    )
+    check = node_lifecycle.watch(
+        m, Node("700", 1, 0, "701", "node2"), directory, controldir.LeaseWatch(directory, token),
+        is_task0=False, period=node_lifecycle.WATCH_POLL_S,
+    )  # fmt: skip
+    for _ in range(12):  # six seconds of looks, twice a second
+        assert check() is None
+        clock[0] += 0.5
+    assert reads == [1000.0, 1002.0, 1004.0]
+    # A notice is still seen at the next slow look.
+    time_limit.write_notice(directory, token, "a test's notice")
+    seen = [check() for _ in range(5) if not clock.__setitem__(0, clock[0] + 0.5)]
+    assert any(isinstance(v, Save) for v in seen)
+
+
 def test_task_0_marks_megatrons_training_done_once_the_tracker_reaches_the_last_iteration(
     tmp_path,
 ):
