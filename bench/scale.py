@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 import os
 import re
 import statistics
@@ -202,7 +203,7 @@ def restart_sample(h: Harness, work: Path, gen: str) -> dict:
     )  # fmt: skip
 
 
-def h_array_size(work: Path) -> int:
+def array_size_of(work: Path) -> int:
     """The array's task count, from run.json."""
     return run_manifest.load(Layout(work).run_json).shape.array_size
 
@@ -211,7 +212,7 @@ def handoff_sample(h: Harness, work: Path, gen: str, successor: str, rank: int) 
     h.wait_checkpointed(work, f"{gen}'s cycle 1", slurm_array_job_id=gen, cycle=1)
     pid = h.wait(lambda: h.worker_pid(Layout(work).run_json, rank), 30, f"rank {rank}")
     killed = h.kill_process(pid)
-    sample = healthcheck.one(h, work, gen, successor, h_array_size(work), START_TIMEOUT_S)
+    sample = healthcheck.one(h, work, gen, successor, array_size_of(work), START_TIMEOUT_S)
     sample["kill_to_decision_s"] = sample["decided_at"] - killed
     return sample
 
@@ -392,8 +393,6 @@ def growth_table(samples: Sequence[dict]) -> str:
 
 
 def _growth(sizes: Sequence[int], medians: Sequence[float | None]) -> str:
-    import math
-
     ratios = [
         (b / a) ** (1 / math.log2(m / n))
         for (n, a), (m, b) in itertools.pairwise(zip(sizes, medians, strict=True))
