@@ -16,9 +16,9 @@ from bench import chains, extract
 from bench.harness import Harness
 from bench.report import FLOOR_LABEL, Metric, Result
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.chain import render
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render
 
 NAME = "floor"
 TITLE = "1 scheduler floor"

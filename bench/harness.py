@@ -23,12 +23,12 @@ from typing import Any, TypeVar
 from bench import timing
 from bench.chains import ARRAY_SIZE, START_TIMEOUT_S
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.chain import job_control
+from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir
 from nvrx_appliance.devcluster.poll import Timeout, wait_until
-from nvrx_appliance.entrypoints.launch import nvrx_logfile
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.node.launch import nvrx_logfile
 from nvrx_appliance.observe import slurm_output, slurmcli, workdir
-from nvrx_appliance.slurm import job_control
 
 # How long a sample waits for NVRx's log to catch up (see Harness.nvrx_events_with).
 NVRX_LOG_LAG_S = 30.0

@@ -22,8 +22,8 @@ from bench.extract import Incomplete
 from bench.harness import Harness
 from bench.report import Metric, Result, phase_metrics
 from bench.timing import Mark, Task, generation_end, segments, task0
-from nvrx_appliance.entrypoints import launcher_end
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.node import launcher_end
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 
 NAME = "healthcheck"

@@ -34,6 +34,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
+from nvrx_appliance.chain import cancel as cancelling
+from nvrx_appliance.chain import chains as chain_list
+from nvrx_appliance.chain import logs as chainlogs
+from nvrx_appliance.chain import sources, submit_lock
+from nvrx_appliance.chain import submit as submitting
+from nvrx_appliance.chain.cancel import Cancelled
+from nvrx_appliance.chain.chains import ChainRow, Listing
+from nvrx_appliance.chain.sources import Located
+from nvrx_appliance.chain.status import ChainView
 from nvrx_appliance.goodput import gather
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
@@ -43,15 +52,6 @@ from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.settings import extra as extra_args
 from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import ChainSpec, check, spec_fields
-from nvrx_appliance.slurm import cancel as cancelling
-from nvrx_appliance.slurm import chains as chain_list
-from nvrx_appliance.slurm import logs as chainlogs
-from nvrx_appliance.slurm import sources, submit_lock
-from nvrx_appliance.slurm import submit as submitting
-from nvrx_appliance.slurm.cancel import Cancelled
-from nvrx_appliance.slurm.chains import ChainRow, Listing
-from nvrx_appliance.slurm.sources import Located
-from nvrx_appliance.slurm.status import ChainView
 
 __all__ = [
     "Account",

@@ -20,7 +20,7 @@ _BATCH_LOG = "slurm-{job_name}-{array_job_id}_{task}.out"
 @dataclass(frozen=True)
 class ControlFiles:
     """One generation's control directory (Layout.control) and the files in it; the
-    rules a peer applies before it trusts them are in entrypoints/control.py."""
+    rules a peer applies before it trusts them are in node/control.py."""
 
     directory: Path
 
@@ -50,7 +50,7 @@ class ControlFiles:
     def time_limit(self) -> Path:
         # The time-limit notice: a batch shell that Slurm's --signal reached, or task 0's
         # entrypoint at the exit duration, says the generation must save and end. Every
-        # entrypoint then sends its workload the save signal (settings/endings.py).
+        # entrypoint then sends its workload the save signal (settings/generation_end.py).
         return self.directory / "time_limit"
 
     @property
@@ -68,7 +68,7 @@ class ControlFiles:
 
     @property
     def verdict(self) -> Path:
-        # The workload's verdict (entrypoints/guard.py): a worker's exit code that its
+        # The workload's verdict (rank/guard.py): a worker's exit code that its
         # table maps to "resume elsewhere" or "stop the chain", or a checkpoint that
         # could not be loaded with nothing left to fall back to. Created exclusively by
         # the first worker's guard; every entrypoint then stops its ft_launcher, and
@@ -250,7 +250,7 @@ class Layout:
             "launcher_log": str(self.launcher_log(ARRAY_JOB_ID_FIELD)),
             "drain_poll": str(self.drain_poll(ARRAY_JOB_ID_FIELD)),
             "verdict": str(control.verdict),
-            "workload_exits": str(self.workload_exits(ARRAY_JOB_ID_FIELD)),
+            "workload_exits": str(self.exit_records(ARRAY_JOB_ID_FIELD)),
         }
 
     def cycle_infos(self, array_job_id: str | int) -> Path:
@@ -259,7 +259,7 @@ class Layout:
     def nvrx_logs(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "logs"
 
-    def workload_exits(self, array_job_id: str | int) -> Path:
+    def exit_records(self, array_job_id: str | int) -> Path:
         """The first failed worker of each cycle, one JSON file per cycle (its guard's
         account: exit code, iteration, what it means), owner-only."""
         return self.generation(array_job_id) / "exits"
@@ -267,5 +267,5 @@ class Layout:
     @property
     def fallbacks(self) -> Path:
         # JSON lines: each checkpoint set aside because it could not be loaded, and the
-        # one the tracker was pointed back to (entrypoints/fallback.py).
+        # one the tracker was pointed back to (checkpoints/fallback.py).
         return self.checkpoints / "fallbacks.jsonl"

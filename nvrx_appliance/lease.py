@@ -22,7 +22,7 @@ two refresh periods. A threshold too short for that is refused at submit.
 
 Clocks. No node compares its clock with another's or with the file system's: a peer
 measures how long it has seen the lease's stat go unchanged, by its own clock, and task
-0 how long ago its last successful refresh began, by its own (entrypoints/leasewatch.py).
+0 how long ago its last successful refresh began, by its own (node/lease_watch.py).
 A wall clock that leads or lags, or is stepped, changes nothing. What is left is how
 fast each clock runs; both sides read clocks that NTP does not slew (task 0 also one
 that counts a suspend), so that is the oscillator's error, tens of parts per million.

@@ -52,10 +52,10 @@ class Manifest:
     # settings/program_argv.py; the entrypoint only reads it).
     workload: tuple[str, ...] = ()
     # The chain's one W&B run ("" without --wandb-project): every generation and every
-    # in-job restart logs to it (entrypoints/env.py sets WANDB_RUN_ID, WANDB_RESUME).
+    # in-job restart logs to it (node/env.py sets WANDB_RUN_ID, WANDB_RESUME).
     wandb_run_id: str = ""
     # The tracked iteration when the chain was submitted (None: none): a checkpoint that
-    # cannot be loaded is never replaced by one older than this (entrypoints/fallback.py).
+    # cannot be loaded is never replaced by one older than this (checkpoints/fallback.py).
     checkpoint_start: int | None = None
 
     @property

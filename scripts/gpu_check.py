@@ -40,9 +40,9 @@ def install_wheels(directory: str) -> None:
 
 def plan(work: Path, megatron: str, mode: str, gpus: int):
     """(ft_launcher argv, environment) of one generation, as the entrypoint builds them."""
-    from nvrx_appliance import manifest
-    from nvrx_appliance.entrypoints import control, env, launch, workloads
-    from nvrx_appliance.entrypoints.node import Node
+    from nvrx_appliance import manifest, workloads
+    from nvrx_appliance.node import control, env, launch
+    from nvrx_appliance.node.identity import Node
     from nvrx_appliance.settings import program_argv
     from nvrx_appliance.settings.chain import ChainSpec, check
 

@@ -18,6 +18,7 @@ import click
 from rich.live import Live
 
 from nvrx_appliance import api, jsondoc
+from nvrx_appliance.chain.status import shape_text
 from nvrx_appliance.cli import status_view
 from nvrx_appliance.cli.fail import fail, refused, submit_failures
 from nvrx_appliance.cli.options import chain_options, spec_flags
@@ -27,7 +28,6 @@ from nvrx_appliance.observe.follow import follow
 from nvrx_appliance.observe.slurmcli import Slurm
 from nvrx_appliance.settings import policy
 from nvrx_appliance.settings.chain import derive
-from nvrx_appliance.slurm.status import shape_text
 
 # Who speaks in each command's one-line failures.
 SUBMIT, STATUS = "nvrx-appliance submit", "nvrx-appliance status"

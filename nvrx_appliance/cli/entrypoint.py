@@ -1,5 +1,5 @@
 """`nvrx-entrypoint`: what srun starts on every node of every generation
-(entrypoints/node_lifecycle.py), plus the operator's views: `--dry-run` and `detect`."""
+(node/lifecycle.py), plus the operator's views: `--dry-run` and `detect`."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import click
 
 from nvrx_appliance import __version__, exitcodes
 from nvrx_appliance.cli import help as clihelp
-from nvrx_appliance.entrypoints import node_probe
-from nvrx_appliance.entrypoints.node_lifecycle import plan_dry_run, run
-from nvrx_appliance.entrypoints.preflight import Refused, say
+from nvrx_appliance.node import node_probe
+from nvrx_appliance.node.lifecycle import plan_dry_run, run
+from nvrx_appliance.node.preflight import Refused, say
 
 
 def _print_plan(plan: dict) -> None:

@@ -10,9 +10,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from nvrx_appliance.observe.times import age_text
-from nvrx_appliance.slurm.chains import Listing
-from nvrx_appliance.slurm.status import (
+from nvrx_appliance.chain.chains import Listing
+from nvrx_appliance.chain.status import (
     BARE_METAL,
     ChainView,
     GenerationView,
@@ -21,6 +20,7 @@ from nvrx_appliance.slurm.status import (
     QualifyRunView,
     action_words,
 )
+from nvrx_appliance.observe.times import age_text
 
 # Decisions whose reason a person must read in full: what the workload did.
 _TOLD = ("stopped_by_workload", "resume_elsewhere", "cancelled_chain", "burn_guard")

@@ -39,9 +39,9 @@ from nvrx_appliance.devcluster.state import (
     SLURMCTLD,
     SLURMDBD,
     Observed,
+    Remedy,
     State,
     StateError,
-    Verdict,
     assess,
     from_json,
     slurmd_key,
@@ -189,44 +189,44 @@ def observe(plan: Plan, state: State | None) -> Observed:
 # --- up ---------------------------------------------------------------------------------
 
 
-def up(plan: Plan, say: Say, *, force: bool = False) -> Verdict:
+def up(plan: Plan, say: Say, *, force: bool = False) -> Remedy:
     check_clashes(plan)
     state = load_state(plan.paths)
     seen = observe(plan, state)
-    verdict = assess(plan, state, seen)
-    if verdict.action == "nvlink":
+    remedy = assess(plan, state, seen)
+    if remedy.action == "nvlink":
         assert state is not None
-        say(f"rewriting the nvidia-smi stand-in's answers: {verdict.reason}")
+        say(f"rewriting the nvidia-smi stand-in's answers: {remedy.reason}")
         _write_nvlink(plan)
         state = State(plan.params, state.daemons)
         save_state(plan.paths, state)
         seen = observe(plan, state)
-        verdict = assess(plan, state, seen)  # and whatever else needs doing
-    if verdict.action == "none":
+        remedy = assess(plan, state, seen)  # and whatever else needs doing
+    if remedy.action == "none":
         say("already up; nothing to do")
-        return verdict
-    if verdict.action == "revive":
+        return remedy
+    if remedy.action == "revive":
         assert state is not None
-        say(f"repairing: {verdict.reason}")
-        for key in verdict.daemons:
+        say(f"repairing: {remedy.reason}")
+        for key in remedy.daemons:
             _restart(plan, state, key, say)
-        if SLURMCTLD in verdict.daemons:
+        if SLURMCTLD in remedy.daemons:
             # The nodes re-register with the new slurmctld: up means they are in service.
-            _await_nodes(plan, [n.name for n in plan.nodes if n.name not in verdict.nodes])
-        for name in verdict.nodes:
+            _await_nodes(plan, [n.name for n in plan.nodes if n.name not in remedy.nodes])
+        for name in remedy.nodes:
             _revive(plan, state, plan.node(name), say)
-        return verdict
-    if verdict.action == "rebuild":
+        return remedy
+    if remedy.action == "rebuild":
         at_stake = _jobs_at_stake(plan, seen)
         if at_stake and not force:
             raise ClusterRefused(
-                f"the cluster needs a rebuild ({verdict.reason}), which would lose {at_stake} "
+                f"the cluster needs a rebuild ({remedy.reason}), which would lose {at_stake} "
                 "and all accounting; let them finish or cancel them, or pass --force"
             )
-        say(f"rebuilding: {verdict.reason}")
+        say(f"rebuilding: {remedy.reason}")
         teardown(plan.paths, state, say, keep_work=True)
     build(plan, say)
-    return verdict
+    return remedy
 
 
 # Each control daemon restarted on its own data: munged's key, MariaDB's data directory,

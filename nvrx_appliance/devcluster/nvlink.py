@@ -2,7 +2,7 @@
 
 No GPU exists here, so no node has a ClusterUUID, the one fact segment mode needs: NVRx
 0.7.0 (`ft_rendezvous_barrier._parse_domain_id_from_nvidia_smi`) and the entrypoint
-(entrypoints/node_probe.py) both run the first `nvidia-smi` on PATH with `-q` and read
+(node/node_probe.py) both run the first `nvidia-smi` on PATH with `-q` and read
 its ClusterUUID lines. With `cluster up --nvlink-domain-size N`, every N consecutive
 nodes form one domain: a STAND-IN `nvidia-smi` (a shell script that says so) prints, on
 each node, an `nvidia-smi -q` listing of that node's GPU stand-ins whose ClusterUUID is

@@ -48,14 +48,14 @@ def status_document(
 ) -> dict[str, Any]:
     """`cluster status --json` for a recorded cluster: each daemon, each node, and
     whether all of it is up (every daemon running and every node in service)."""
-    verdict = assess(plan, state, seen)
+    remedy = assess(plan, state, seen)
     nodes_in_service = all(in_service(slurm_states.get(n.name, "")) for n in plan.nodes)
-    if verdict.action != "none":
-        reason = verdict.reason
+    if remedy.action != "none":
+        reason = remedy.reason
     elif not nodes_in_service:
         reason = "not every node is in service (see SLURM STATE)"
     else:
-        reason = verdict.reason
+        reason = remedy.reason
 
     def daemon(key: str, name: str, host: str) -> dict[str, Any]:
         recorded = state.daemons.get(key)
@@ -69,7 +69,7 @@ def status_document(
     ctl = plan.controller
     domains = nvlink.domains(plan)
     return {
-        "up": verdict.action == "none" and nodes_in_service,
+        "up": remedy.action == "none" and nodes_in_service,
         "reason": reason,
         "slurm_version": state.params.slurm_version,
         "params": state.params.to_dict(),

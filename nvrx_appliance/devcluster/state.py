@@ -1,4 +1,4 @@
-"""What `up` recorded (state.json), and the verdict on what the next `up` must do.
+"""What `up` recorded (state.json), and the remedy: what the next `up` must do.
 
 Pure: the shell observes the machine and hands the observation in; `assess` decides
 between leaving a healthy cluster alone, reviving dead nodes, and rebuilding.
@@ -81,33 +81,33 @@ class Observed:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Remedy:
     action: str  # "build" | "rebuild" | "nvlink" (rewrite the stand-in) | "revive" | "none"
     reason: str
     nodes: tuple[str, ...] = ()  # for "revive": nodes whose slurmd or link is down
     daemons: tuple[str, ...] = ()  # for "revive": control daemons to restart, in start order
 
 
-def assess(plan: Plan, state: State | None, seen: Observed) -> Verdict:
+def assess(plan: Plan, state: State | None, seen: Observed) -> Remedy:
     if state is None:
         if seen.leftovers:
-            return Verdict("rebuild", "a previous run left a partial cluster without its state")
-        return Verdict("build", "no cluster yet")
+            return Remedy("rebuild", "a previous run left a partial cluster without its state")
+        return Remedy("build", "no cluster yet")
     if state.params != plan.params:
         changes = _changes(state.params, plan.params)
         if _only_nvlink_answers(state.params, plan.params):
             # The stand-in reads its answers at each call: no daemon needs to restart.
-            return Verdict("nvlink", f"settings changed: {changes}")
-        return Verdict("rebuild", f"settings changed: {changes}")
+            return Remedy("nvlink", f"settings changed: {changes}")
+        return Remedy("rebuild", f"settings changed: {changes}")
     if not seen.configs_ok:
-        return Verdict("rebuild", "its configuration files are missing or were changed")
+        return Remedy("rebuild", "its configuration files are missing or were changed")
     if not seen.hosts_ok:
-        return Verdict("rebuild", "its /etc/hosts block is missing or was changed")
+        return Remedy("rebuild", "its /etc/hosts block is missing or was changed")
     missing = [h.netns for h in plan.hosts if h.netns not in seen.namespaces]
     if missing:
-        return Verdict("rebuild", f"network namespace {missing[0]} is gone")
+        return Remedy("rebuild", f"network namespace {missing[0]} is gone")
     if plan.controller.link not in seen.links_up:
-        return Verdict("rebuild", "the controller's link is down")
+        return Remedy("rebuild", "the controller's link is down")
     # A dead daemon is restarted in place, as a real site restarts it: slurmctld recovers
     # its jobs from StateSaveLocation and accounting lives in MariaDB's data directory. A
     # rebuild would throw both away.
@@ -120,8 +120,8 @@ def assess(plan: Plan, state: State | None, seen: Observed) -> Verdict:
     if dead or down:
         parts = [f"{', '.join(dead)} not running"] if dead else []
         parts += [f"node(s) {', '.join(down)} are down"] if down else []
-        return Verdict("revive", "; ".join(parts), down, dead)
-    return Verdict("none", "the cluster is up")
+        return Remedy("revive", "; ".join(parts), down, dead)
+    return Remedy("none", "the cluster is up")
 
 
 # What the nvidia-smi stand-in answers, as opposed to what the daemons were started with.

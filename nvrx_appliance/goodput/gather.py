@@ -139,7 +139,7 @@ def read(
 
 
 def set_aside(work: Mapping[Key, CycleWork], fallbacks: Sequence[dict[str, Any]]) -> None:
-    """A checkpoint set aside as unloadable (entrypoints/fallback.py) was never kept: the
+    """A checkpoint set aside as unloadable (checkpoints/fallback.py) was never kept: the
     cycle that saved it kept only the one before, and the iterations after that one are
     lost training (the next cycle trains them again). Drops such saves, in place."""
     aside = [

@@ -7,9 +7,9 @@ import math
 from typing import Any
 
 from nvrx_appliance.clock import iso_utc
-from nvrx_appliance.goodput import interval
+from nvrx_appliance.goodput import save_interval
 from nvrx_appliance.goodput.account import CATEGORIES, LOST, UNKNOWN, Account
-from nvrx_appliance.goodput.interval import Recommendation
+from nvrx_appliance.goodput.save_interval import Recommendation
 
 
 def amount(node_seconds: float, unit: str) -> str:
@@ -97,11 +97,11 @@ def lines(account: Account) -> list[str]:
                 f"{lost.kept + 1}-{lost.last} ({lost.iterations}) after the checkpoint at "
                 f"{lost.kept}"
             )
-    return out + save_interval_lines(interval.recommend(account))
+    return out + save_interval_lines(save_interval.recommend(account))
 
 
 def _iterations(count: int | None, step_s: float | None) -> str:
-    spent = interval.seconds(count, step_s)
+    spent = save_interval.seconds(count, step_s)
     if not spent:
         return f"{count} iterations"
     # A demo's steps take milliseconds: "0.0 s" would say nothing.
@@ -119,7 +119,7 @@ def save_interval_lines(rec: Recommendation) -> list[str]:
         if rec.rate is not None and shortest is not None:
             out.append(
                 f"    {rec.rate.node_hours:.3g} node-h without one put the rate below "
-                f"{rec.rate.high:.3g} per node-h ({interval.CONFIDENCE:.0%}): even at that rate "
+                f"{rec.rate.high:.3g} per node-h ({save_interval.CONFIDENCE:.0%}): even at that rate "
                 f"the best interval would be {shortest} iterations, so a shorter one only adds "
                 "saves"
             )
@@ -128,7 +128,7 @@ def save_interval_lines(rec: Recommendation) -> list[str]:
     out = [
         f"  save interval: {today} today, {_iterations(rec.recommended_iterations, rec.step_s)} "
         f"recommended ({low}-{high if high is not None else 'no limit'} at the rate's "
-        f"{interval.CONFIDENCE:.0%} bounds; Young's first-order sqrt(2 C MTBF): "
+        f"{save_interval.CONFIDENCE:.0%} bounds; Young's first-order sqrt(2 C MTBF): "
         f"{rec.young_iterations})"
     ]
     if rec.recommended_goodput is not None:
@@ -142,7 +142,7 @@ def save_interval_lines(rec: Recommendation) -> list[str]:
         spread = rec.rate.high / rec.rate.low if rec.rate.low else math.inf
         out.append(
             f"    only {rec.rate.interruptions} interruption(s): the rate is known to a factor "
-            f"of {spread:.0f} (its {interval.CONFIDENCE:.0%} bounds); the recommendation moves "
+            f"of {spread:.0f} (its {save_interval.CONFIDENCE:.0%} bounds); the recommendation moves "
             "as the chain goes on"
         )
     out.append(
@@ -166,7 +166,7 @@ def _basis_lines(rec: Recommendation) -> list[str]:
         out.append(
             f"    {rate.interruptions} interruption(s) in {rate.node_hours:.3g} node-h of the "
             f"training nodes: {rate.per_node_hour:.3g} per node-h "
-            f"({interval.CONFIDENCE:.0%}: {rate.low:.3g}-{rate.high:.3g}){mtbf}"
+            f"({save_interval.CONFIDENCE:.0%}: {rate.low:.3g}-{rate.high:.3g}){mtbf}"
         )
     return out
 
@@ -175,9 +175,9 @@ def save_interval_json(rec: Recommendation) -> dict[str, Any]:
     rate = rec.rate
     return {
         "current_iterations": rec.current_iterations,
-        "current_seconds": interval.seconds(rec.current_iterations, rec.step_s),
+        "current_seconds": save_interval.seconds(rec.current_iterations, rec.step_s),
         "recommended_iterations": rec.recommended_iterations,
-        "recommended_seconds": interval.seconds(rec.recommended_iterations, rec.step_s),
+        "recommended_seconds": save_interval.seconds(rec.recommended_iterations, rec.step_s),
         "range_iterations": list(rec.range_iterations),
         "young_iterations": rec.young_iterations,
         "expected_goodput": {
@@ -192,7 +192,7 @@ def save_interval_json(rec: Recommendation) -> dict[str, Any]:
         "training_node_hours": rate.node_hours if rate else None,
         "interruptions_per_node_hour": rate.per_node_hour if rate else None,
         "rate_bounds": [rate.low, rate.high] if rate else None,
-        "confidence": interval.CONFIDENCE,
+        "confidence": save_interval.CONFIDENCE,
         "nodes": rec.nodes,
         "mtbf_seconds": rec.mtbf_s,
         "certainty": rec.certainty,
@@ -280,6 +280,6 @@ def to_json(account: Account) -> dict[str, Any]:
             }
             for g in account.generations
         ],
-        "save_interval": save_interval_json(interval.recommend(account)),
+        "save_interval": save_interval_json(save_interval.recommend(account)),
         "blind": list(account.blind),
     }

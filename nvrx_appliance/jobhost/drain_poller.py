@@ -6,7 +6,7 @@ would re-form on a node an administrator has drained. Only the host sees Slurm's
 batch script starts this in the background, and it writes one marker per running array
 task into the generation's drain directory (Layout.drain). Each node's entrypoint reads
 its own task's marker once per rendezvous, through NVRx's node health check
-(entrypoints/drain_check.py): a node of a task with a drained node leaves at the next
+(node/health_check.py): a node of a task with a drained node leaves at the next
 rendezvous, not at once, so a running cycle is never disturbed.
 
 Cost independent of size: one sinfo and one squeue per pass for the whole generation,

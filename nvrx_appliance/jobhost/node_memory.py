@@ -45,7 +45,7 @@ USABLE_STATES = {"idle", "mix", "alloc", "comp", "plnd", "npc"}
 # NVRx's log lines: "<date> <time> [LEVEL] [host] ... message".
 _LINE = re.compile(r"^\S+ \S+ \[[A-Z]+\] \[(?P<host>[^\]]+)\] (?P<rest>.*)$")
 _UNHEALTHY = "Agent .run() raised UnhealthyNodeException: "
-# What NVRx logs when the entrypoint's drain check (entrypoints/drain_check.py) failed a
+# What NVRx logs when the entrypoint's drain check (node/health_check.py) failed a
 # node: that node left because Slurm drained it, which is not ours to remember.
 _DRAIN_CHECK = "slurm drain: "  # in "Node health check failed: ... failed_checks=[...]"
 LEFT_DRAINED = "drained by Slurm"

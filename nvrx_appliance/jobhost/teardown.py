@@ -56,7 +56,7 @@ SAVED_AT_TIME_LIMIT = "saved_at_time_limit"
 # The workload finished training (its training-done marker names the tracked iteration).
 COMPLETED = "completed"
 CANCELLED_CHAIN = "cancelled_chain"
-# The workload's own verdict (entrypoints/guard.py): no restart on the same GPUs can
+# The workload's own verdict (rank/guard.py): no restart on the same GPUs can
 # change it, so the chain stops (stop-chain), or the next generation resumes from the
 # checkpoint on other nodes (resume-elsewhere), once per iteration.
 STOPPED_BY_WORKLOAD = "stopped_by_workload"

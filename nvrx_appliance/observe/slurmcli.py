@@ -1,5 +1,5 @@
 """The one Slurm adapter: the commands run, bounded, and their answers parsed. It only
-reads (squeue, sacct, scontrol show); what changes the queue is slurm/job_control.py's,
+reads (squeue, sacct, scontrol show); what changes the queue is chain/job_control.py's,
 through `run` here.
 
 Every call has a timeout and turns any failure (missing binary, unreachable

@@ -136,7 +136,7 @@ class Checkpoint:
 # The ledger's action for a generation whose workload finished training (the teardown
 # writes it; a test keeps the two spellings in step).
 COMPLETED = "completed"
-# The workload's own verdict stopped the chain (entrypoints/guard.py, the teardown).
+# The workload's own verdict stopped the chain (rank/guard.py, the teardown).
 STOPPED_BY_WORKLOAD = "stopped_by_workload"
 
 

@@ -4,7 +4,7 @@ Under ft_launcher every non-zero exit of a worker is a failure that NVRx restart
 place, on the same GPUs, until its restart or no-progress budget runs out (then 93, and
 the chain ends as if NVRx had judged the machines). Some exits are the training's own
 verdict, which no restart on the same GPUs can change. The table maps such codes to
-one of a small fixed set of actions, which the workload guard (entrypoints/guard.py)
+one of a small fixed set of actions, which the workload guard (rank/guard.py)
 carries out the moment a worker exits with one:
 
     restart           NVRx restarts the workers in place (what every unlisted code does)
@@ -103,7 +103,7 @@ def meaning(code: int, action: str, workload: str) -> str:
 
 def retention_warning(workload: str, save_retention: int, checkpoint_fallbacks: int) -> str | None:
     """A chain that keeps one checkpoint has nothing to fall back to when it cannot be
-    loaded (entrypoints/fallback.py): said at submit, not found out at 3 a.m."""
+    loaded (checkpoints/fallback.py): said at submit, not found out at 3 a.m."""
     if workload not in MEGATRON_LIKE or save_retention != 1 or checkpoint_fallbacks == 0:
         return None
     return (

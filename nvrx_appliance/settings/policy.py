@@ -39,7 +39,7 @@ class Policy:
     # What a worker's exit code means to the chain (settings/exit_actions.py), code as
     # text (JSON's keys) -> action; the workload guard reads it on every rank.
     exit_actions: dict[str, str]
-    # Checkpoints the chain may set aside as unloadable (entrypoints/fallback.py).
+    # Checkpoints the chain may set aside as unloadable (checkpoints/fallback.py).
     checkpoint_fallbacks: int
 
 

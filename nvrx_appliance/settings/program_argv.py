@@ -3,7 +3,7 @@ at submit, when manifest.build makes the run manifest, and written to run.json; 
 entrypoint runs it verbatim on every node.
 
 Megatron-LM's pretrain_gpt.py gets settings/megatron/argv.py's; the user's script its own path
-and --script-args; the built-in cpu trainer (entrypoints/workloads/cpu.py) the argv
+and --script-args; the built-in cpu trainer (workloads/cpu.py) the argv
 below. Pure: no I/O.
 """
 
@@ -14,7 +14,7 @@ from nvrx_appliance.settings.chain import ChainSpec, Shape, train_samples
 from nvrx_appliance.settings.megatron import argv as megatron_argv
 from nvrx_appliance.settings.policy import Policy
 
-CPU_MODULE = "nvrx_appliance.entrypoints.workloads.cpu"
+CPU_MODULE = "nvrx_appliance.workloads.cpu"
 # The spec's faults hit only the first cycle of a generation, so the cycle after the
 # in-job restart trains on and reaches the next checkpoint.
 CPU_FAULT_CYCLES = 1

@@ -1,7 +1,7 @@
 """Everything submit refuses before it writes or submits anything. Pure.
 
 chain.check judges the spec alone. This module adds what needs facts about the world
-(the file system, the image, Slurm), which slurm/probe.py gathers into a Facts value:
+(the file system, the image, Slurm), which chain/probe.py gathers into a Facts value:
 the judging stays pure and every message is testable without a cluster.
 """
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL
-from nvrx_appliance.settings import endings
+from nvrx_appliance.settings import generation_end
 from nvrx_appliance.settings.chain import (
     CONTAINER_RUNTIMES,
     ChainSpec,
@@ -93,7 +93,7 @@ def judge(spec: ChainSpec, facts: Facts, *, force: bool = False) -> list[Problem
     problems += _host_side(spec, facts)
     problems += _workload_paths(spec, facts)
     problems += cluster_problems(spec, facts, force=force, shape_ok=shape_ok)
-    problems += endings.problems(spec)
+    problems += generation_end.problems(spec)
     problems += _completed(spec, facts, force=force)
     return problems
 
@@ -103,7 +103,7 @@ def _completed(spec: ChainSpec, facts: Facts, *, force: bool) -> list[Problem]:
     find nothing to train, and stop: refused unless it trains longer, or --force."""
     if facts.work_dir_completed is None or force:
         return []
-    why = endings.resubmit_problem(facts.work_dir_spec, spec, facts.work_dir_completed)
+    why = generation_end.resubmit_problem(facts.work_dir_spec, spec, facts.work_dir_completed)
     return [Problem(flag("work_dir"), why)] if why else []
 
 

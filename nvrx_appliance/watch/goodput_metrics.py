@@ -8,7 +8,7 @@ blind) is NaN, never left out; no label holds a job id.
 
 from __future__ import annotations
 
-from nvrx_appliance.goodput import interval
+from nvrx_appliance.goodput import save_interval
 from nvrx_appliance.goodput.account import CATEGORIES, Account
 from nvrx_appliance.watch.sinks import Samples, gauge
 
@@ -50,7 +50,7 @@ def text(account: Account | None, chain: dict[str, str]) -> str:
         "Median measured time per training iteration (NaN: not measured).",
         [({}, known.step_s if known else None)],
     )
-    rec = interval.recommend(known) if known else None
+    rec = save_interval.recommend(known) if known else None
     metric(
         "nvrx_watch_save_interval_iterations",
         "Iterations between saves: the chain's setting, and the one that maximises expected "
@@ -62,7 +62,7 @@ def text(account: Account | None, chain: dict[str, str]) -> str:
     )
     metric(
         "nvrx_watch_expected_goodput_ratio",
-        "The model's expected goodput of the training time at each save interval.",
+        "The model's expected goodput of the training time at each save save_interval.",
         [
             ({"interval": "current"}, rec.current_goodput if rec else None),
             ({"interval": "recommended"}, rec.recommended_goodput if rec else None),

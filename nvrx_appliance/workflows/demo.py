@@ -26,7 +26,6 @@ from typing import Any
 
 from nvrx_appliance import api
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.entrypoints import launch
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.goodput import picture
 from nvrx_appliance.layout import Layout
@@ -168,7 +167,7 @@ def _domains_line(status: dict[str, Any]) -> str:
 def _nvrx_log(view, array_job_id: str) -> demo_report.NvrxLog:
     manifest = run_manifest.load(Layout(Path(view.work_dir)).run_json)
     try:
-        text = launch.nvrx_logfile(manifest, array_job_id).read_text(errors="replace")
+        text = manifest.layout.launcher_log(array_job_id).read_text(errors="replace")
     except OSError:
         text = ""
     return demo_report.nvrx_log(text)

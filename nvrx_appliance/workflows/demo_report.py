@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
+from nvrx_appliance.chain.status import ChainView
 from nvrx_appliance.goodput import summary
 from nvrx_appliance.goodput.account import Account
-from nvrx_appliance.slurm.status import ChainView
 
 
 def clock(epoch: float | None) -> str:

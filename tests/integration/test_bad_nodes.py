@@ -77,7 +77,7 @@ def _cycle_nodes(work: Path, array_job_id: str, cycle: int) -> tuple[set[str], s
     return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))
 
 
-WORKER = [b"-u", b"-m", b"nvrx_appliance.entrypoints.workloads.cpu"]
+WORKER = [b"-u", b"-m", b"nvrx_appliance.workloads.cpu"]
 
 
 def _worker_pids(work: Path, node: str) -> list[int]:

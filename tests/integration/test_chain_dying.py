@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.entrypoints import launcher_end
+from nvrx_appliance.node import launcher_end
 
 from .chain_support import ledger, logs_on_failure, progress, submit, unique, wait_event, wait_idle
 from .conftest import Cluster

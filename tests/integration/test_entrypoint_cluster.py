@@ -21,8 +21,8 @@ import psutil
 import pytest
 
 from nvrx_appliance import exitcodes, manifest
-from nvrx_appliance.entrypoints import control, controldir
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.node import control, controldir
 from nvrx_appliance.settings.chain import ChainSpec
 
 from .conftest import Cluster

@@ -20,7 +20,7 @@ from .test_image_cpu_build import cpu_image  # noqa: F401  (the session's one CP
 pytestmark = pytest.mark.cluster
 
 QUALIFY_DEADLINE_S = 900  # two generations on two cores, the first unpack of the image included
-TRAINER = b"nvrx_appliance.entrypoints.workloads.cpu"
+TRAINER = b"nvrx_appliance.workloads.cpu"
 MANIFEST_INSIDE = "etc/nvrx-appliance/image.json"
 
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from nvrx_appliance import manifest
-from nvrx_appliance.entrypoints import control
+from nvrx_appliance.node import control
 from nvrx_appliance.settings.chain import ChainSpec
 
 CHAIN = "2026-01-01T00:00:00Z"  # the chain id run_manifest gives

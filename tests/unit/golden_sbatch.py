@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import render, submit
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render, submit
 
 RECORDED = Path(__file__).parent / "fixtures" / "sbatch"
 # Fixed so the recording does not depend on the machine, the clock or the user.

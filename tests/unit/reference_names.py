@@ -2,8 +2,8 @@
 read from it (no tests here; tests/unit/test_reference_names.py holds us to it).
 
 Source: NVIDIA/nvidia-resiliency-ext at commit d8686d9c7015c39ce91dd01788c0ab111a24818b
-(2026-08-07), examples/fault_tolerance/deployment/: slurm/nvrx_singleton_array.sbatch,
-slurm/submit_chain.sh, slurm/README.md, watch/README.md, watch/nvrx_watch/config.py and
+(2026-08-07), examples/fault_tolerance/deployment/: chain/nvrx_singleton_array.sbatch,
+chain/submit_chain.sh, chain/README.md, watch/README.md, watch/nvrx_watch/config.py and
 watch/nvrx_watch/__main__.py; read on 2026-12-02 by `${NAME...}` expansions in the two
 scripts, the knobs the READMEs list, `Config`'s fields (NVRX_WATCH_<FIELD>) and the
 argparse options. Each value is the reference's own default, so a test can set exactly

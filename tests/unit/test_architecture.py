@@ -1,7 +1,7 @@
 """The house's import rules (docs/architecture.md), read from the source with `ast`.
 
 A module imports its own package and the layers below it: never a package beside it
-(slurm -> watch) or above it (observe -> workflows). click is imported under cli/ only.
+(chain -> watch) or above it (observe -> workflows). click is imported under cli/ only.
 """
 
 from __future__ import annotations
@@ -20,14 +20,24 @@ LAYERS = {
     "observe": 3,
     "image": 4,
     "goodput": 4,  # the account of a chain's allocation: read through observe/, pure core
-    "slurm": 5,
-    "entrypoints": 5,
-    "watch": 5,
-    "devcluster": 5,
-    "api": 6,  # the one way in: workflows and the CLI reach the adapters through it
-    "workflows": 7,
-    "cli": 8,  # every click command; nothing imports it
+    "checkpoints": 4,  # what works on the checkpoint directory: names, retention, fall-back
+    # The in-job side, by who runs it: the training program, the guard each rank runs
+    # around it, and the entrypoint each node runs around ft_launcher.
+    "workloads": 5,
+    "rank": 6,
+    "node": 7,
+    # The host side's adapters, side by side with the node's entrypoint.
+    "chain": 7,  # the chain's host-side operations: submit, status, logs, cancel, the list
+    "watch": 7,
+    "devcluster": 7,
+    "api": 8,  # the one way in: workflows and the CLI reach the adapters through it
+    "workflows": 9,
+    "cli": 10,  # every click command; nothing imports it
 }
+# What runs inside the job; nothing on the host side imports it (the nvrx-entrypoint
+# command line, cli/entrypoint.py, is its one door).
+IN_JOB = {"workloads", "rank", "node"}
+HOST = {"chain", "watch", "devcluster", "api", "workflows"}
 VOCABULARY = 0  # the other top-level modules: layout, files, clock, exitcodes, ...
 # Names that repeat on purpose, one role each (docs/architecture.md): a module of cli/
 # is the command line of what bears its name below (cli/qualify.py: workflows/qualify.py).
@@ -65,6 +75,8 @@ def violation(importer: str, target: str) -> str | None:
     (name, rank), (other, other_rank) = mine, theirs
     if rank == VOCABULARY:
         return None if other_rank == VOCABULARY else f"the vocabulary ({name}) imports {other}"
+    if name in HOST and other in IN_JOB:
+        return f"{name} imports {other} (host code imports in-job code)"
     if other_rank < rank:
         return None
     direction = "sideways" if other_rank == rank else "upward"
@@ -89,34 +101,48 @@ def violations(root: Path = SOURCE) -> list[str]:
 
 
 def test_the_rules_refuse_sideways_and_upward_imports_and_allow_downward_ones():
-    assert violation("nvrx_appliance.slurm.status", "nvrx_appliance.watch.findings")
-    assert violation("nvrx_appliance.slurm.submit", "nvrx_appliance.entrypoints.control")
+    assert violation("nvrx_appliance.chain.status", "nvrx_appliance.watch.findings")
+    assert violation("nvrx_appliance.chain.submit", "nvrx_appliance.node.control")
     assert violation("nvrx_appliance.observe.slurm", "nvrx_appliance.workflows.demo")
     assert violation("nvrx_appliance.settings.resolve", "nvrx_appliance.observe.types")
-    assert violation("nvrx_appliance.manifest", "nvrx_appliance.slurm.render")
+    assert violation("nvrx_appliance.manifest", "nvrx_appliance.chain.render")
     assert violation("nvrx_appliance.settings.program_argv", "nvrx_appliance.manifest")
-    assert violation("nvrx_appliance.slurm.submit", "nvrx_appliance.api")
+    assert violation("nvrx_appliance.chain.submit", "nvrx_appliance.api")
     assert violation("nvrx_appliance.api", "nvrx_appliance.workflows.qualify")
     assert violation("nvrx_appliance.workflows.qualify", "nvrx_appliance.cli.chain")
     assert violation("nvrx_appliance.layout", "nvrx_appliance.settings.chain")
     assert violation("nvrx_appliance.manifest", "nvrx_appliance.layout") is None
     assert violation("nvrx_appliance.workflows.demo", "nvrx_appliance.api") is None
     assert violation("nvrx_appliance.watch.detectors", "nvrx_appliance.observe.types") is None
-    assert violation("nvrx_appliance.slurm.submit", "nvrx_appliance.manifest") is None
+    assert violation("nvrx_appliance.chain.submit", "nvrx_appliance.manifest") is None
     assert violation("nvrx_appliance.manifest", "nvrx_appliance.settings.chain") is None
     assert violation("nvrx_appliance.cli.watch", "nvrx_appliance.watch.run_loop") is None
     assert violation("nvrx_appliance.watch.watcher", "nvrx_appliance.goodput.account") is None
-    assert violation("nvrx_appliance.goodput.gather", "nvrx_appliance.slurm.sources")
+    assert violation("nvrx_appliance.goodput.gather", "nvrx_appliance.chain.sources")
+    # The in-job rooms: a workload knows nothing of the guard, a guard nothing of the
+    # node's entrypoint, and the host side nothing of any of them.
+    assert violation("nvrx_appliance.workloads.trainer", "nvrx_appliance.rank.guard")
+    assert violation("nvrx_appliance.rank.guard", "nvrx_appliance.node.lifecycle")
+    assert violation("nvrx_appliance.chain.status", "nvrx_appliance.rank.workload_exit")
+    assert violation("nvrx_appliance.api", "nvrx_appliance.node.launch")
+    assert violation("nvrx_appliance.workflows.demo", "nvrx_appliance.workloads.cpu")
+    assert violation("nvrx_appliance.checkpoints.fallback", "nvrx_appliance.workloads.trainer")
+    assert violation("nvrx_appliance.node.time_limit", "nvrx_appliance.rank.guard") is None
+    assert violation("nvrx_appliance.rank.guard", "nvrx_appliance.checkpoints.fallback") is None
+    assert (
+        violation("nvrx_appliance.workloads.trainer", "nvrx_appliance.checkpoints.checkpoint_dir")
+        is None
+    )
 
 
 def test_an_import_inside_a_function_counts_too(tmp_path):
-    package = tmp_path / PACKAGE / "slurm"
+    package = tmp_path / PACKAGE / "chain"
     package.mkdir(parents=True)
     (package / "status.py").write_text(
         "def view():\n    from nvrx_appliance import watch\n    return watch\n"
     )
     assert violations(tmp_path / PACKAGE) == [
-        f"{PACKAGE}/slurm/status.py: slurm imports watch (sideways) (nvrx_appliance.watch)"
+        f"{PACKAGE}/chain/status.py: chain imports watch (sideways) (nvrx_appliance.watch)"
     ]
 
 
@@ -155,7 +181,7 @@ def test_a_click_import_outside_cli_is_found(tmp_path):
     assert click_importers(tmp_path / PACKAGE) == [f"{PACKAGE}/settings/options.py"]
 
 
-# Commands that change Slurm's queue or a node; observe/ only reads (slurm/job_control.py
+# Commands that change Slurm's queue or a node; observe/ only reads (chain/job_control.py
 # submits and cancels, jobhost/ cancels and excludes from the job's host).
 CHANGING_SLURM = ("sbatch", "scancel", "scontrol update")
 
@@ -174,6 +200,6 @@ def changing_calls(root: Path) -> list[str]:
     return found
 
 
-def test_observe_only_reads_slurm():
+def test_observe_only_reads_slurm_and_changes_nothing():
     assert changing_calls(SOURCE / "observe") == []
-    assert changing_calls(SOURCE / "slurm")  # where they are: the rule sees them
+    assert changing_calls(SOURCE / "chain")  # where they are: the rule sees them

@@ -12,11 +12,11 @@ from pathlib import Path
 
 from rich.console import Console
 
+from nvrx_appliance.chain import status
 from nvrx_appliance.cli import status_view
 from nvrx_appliance.clock import iso_utc
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import exclusions
-from nvrx_appliance.slurm import status
 from nvrx_appliance.watch.config import Settings, Thresholds
 from nvrx_appliance.watch.findings import Run
 from nvrx_appliance.watch.platform import NullPlatform

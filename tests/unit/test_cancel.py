@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from nvrx_appliance.slurm import submit
+from nvrx_appliance.chain import submit
 
 from .test_submit_rollback import CLI, make_plan
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance.chain import submit
 from nvrx_appliance.cli import watch as watch_cli
-from nvrx_appliance.slurm import submit
 
 from .slurm_standin import SlurmStandin
 from .test_submit_rollback import CLI, make_plan

@@ -11,13 +11,13 @@ import subprocess
 from pathlib import Path
 
 from nvrx_appliance import manifest
-from nvrx_appliance.entrypoints import env
-from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.chain import probe
+from nvrx_appliance.chain import submit as submitting
+from nvrx_appliance.node import env
+from nvrx_appliance.node.identity import Node
 from nvrx_appliance.settings.chain import ChainSpec, spec_fields
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts
-from nvrx_appliance.slurm import probe
-from nvrx_appliance.slurm import submit as submitting
 from tests.unit.test_entrypoint_main import ENTRYPOINT, srun_stand_in
 
 LOGGING = [

@@ -11,11 +11,11 @@ import pytest
 from rich.console import Console
 
 from nvrx_appliance import api
+from nvrx_appliance.chain import status
 from nvrx_appliance.cli import chain as commands
 from nvrx_appliance.cli import status_view
 from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.times import parse_time
-from nvrx_appliance.slurm import status
 
 WORK = "/shared/alice/run"
 
@@ -69,7 +69,7 @@ def test_a_dry_run_shows_the_mode_the_ranks_command_the_sbatch_lines_and_the_scr
         "global batch 16 = micro 1 x DP 16 x 1 microbatches"
     )
     assert lines[3] == "# W&B run: none (the workload is given no --wandb-project)"
-    assert "nvrx_appliance.entrypoints.workloads.cpu" in lines[5]
+    assert "nvrx_appliance.workloads.cpu" in lines[5]
     assert lines[6] == lines[7] and lines[6].startswith("sbatch --job-name=gpt ")
     assert lines[8] == f"# ---- {WORK}/gpt.sbatch ----"
     assert text.endswith(plan.script)

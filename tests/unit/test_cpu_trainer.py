@@ -24,13 +24,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from nvrx_appliance.entrypoints import time_limit
-from nvrx_appliance.entrypoints.env import LAUNCHER_SIGNALS
-from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir
+from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir
 from nvrx_appliance.manifest import Manifest, build
+from nvrx_appliance.node import time_limit
+from nvrx_appliance.node.env import LAUNCHER_SIGNALS
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.settings.endings import SAVE_SIGNAL
+from nvrx_appliance.settings.generation_end import SAVE_SIGNAL
+from nvrx_appliance.workloads import cpu, workload_argv
 
 FT_LAUNCHER = Path(sys.executable).parent / "ft_launcher"
 NPROC = 2

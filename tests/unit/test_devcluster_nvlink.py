@@ -16,7 +16,7 @@ from nvidia_resiliency_ext.fault_tolerance.ft_rendezvous_barrier import (
 from nvrx_appliance.devcluster import cluster, cluster_conf, nvlink
 from nvrx_appliance.devcluster.plan import Params, PlanError, check_params, make_plan
 from nvrx_appliance.devcluster.state import Daemon, Observed, State, assess, from_json
-from nvrx_appliance.entrypoints import node_probe
+from nvrx_appliance.node import node_probe
 
 
 def plan(root: Path = Path("/srv/devcluster-under-test"), **overrides):

@@ -62,15 +62,15 @@ def test_a_clean_machine_gets_a_fresh_build():
 
 
 def test_leftovers_of_a_killed_up_without_state_are_rebuilt():
-    verdict = assess(PLAN, None, seen(alive=frozenset()))
-    assert verdict.action == "rebuild" and "partial" in verdict.reason
+    remedy = assess(PLAN, None, seen(alive=frozenset()))
+    assert remedy.action == "rebuild" and "partial" in remedy.reason
 
 
 def test_other_settings_rebuild_and_say_what_changed():
     asked = make_plan(Params(nodes=3))
-    verdict = assess(asked, STATE, seen())
-    assert verdict.action == "rebuild"
-    assert "nodes 2 -> 3" in verdict.reason
+    remedy = assess(asked, STATE, seen())
+    assert remedy.action == "rebuild"
+    assert "nodes 2 -> 3" in remedy.reason
 
 
 @pytest.mark.parametrize(
@@ -83,21 +83,21 @@ def test_other_settings_rebuild_and_say_what_changed():
     ],
 )
 def test_broken_shared_parts_rebuild_the_cluster(observed, why):
-    verdict = assess(PLAN, STATE, observed)
-    assert verdict.action == "rebuild" and why in verdict.reason
+    remedy = assess(PLAN, STATE, observed)
+    assert remedy.action == "rebuild" and why in remedy.reason
 
 
 def test_dead_or_unplugged_nodes_are_revived_not_rebuilt():
-    verdict = assess(PLAN, STATE, seen(alive=ALL - {slurmd_key("node2")}))
-    assert (verdict.action, verdict.nodes) == ("revive", ("node2",))
-    verdict = assess(PLAN, STATE, seen(links_up=LINKS - {"nvrxdc-node1"}))
-    assert (verdict.action, verdict.nodes) == ("revive", ("node1",))
+    remedy = assess(PLAN, STATE, seen(alive=ALL - {slurmd_key("node2")}))
+    assert (remedy.action, remedy.nodes) == ("revive", ("node2",))
+    remedy = assess(PLAN, STATE, seen(links_up=LINKS - {"nvrxdc-node1"}))
+    assert (remedy.action, remedy.nodes) == ("revive", ("node1",))
 
 
 def test_dead_control_daemons_are_restarted_in_place_in_start_order_not_rebuilt():
     # A rebuild would start slurmctld without its saved state: every job and all
     # accounting gone. A real site restarts the daemon.
-    verdict = assess(PLAN, STATE, seen(alive=ALL - {"slurmctld", "munged", slurmd_key("node1")}))
-    assert verdict.action == "revive"
-    assert verdict.daemons == ("munged", "slurmctld") and verdict.nodes == ("node1",)
-    assert "munged, slurmctld not running" in verdict.reason
+    remedy = assess(PLAN, STATE, seen(alive=ALL - {"slurmctld", "munged", slurmd_key("node1")}))
+    assert remedy.action == "revive"
+    assert remedy.daemons == ("munged", "slurmctld") and remedy.nodes == ("node1",)
+    assert "munged, slurmctld not running" in remedy.reason

@@ -56,5 +56,5 @@ def test_make_dist_builds_a_wheel_that_needs_only_the_host_dependencies(tmp_path
     assert always == ["click", "rich", "tomli"]
     assert 'spython>=0.3; extra == "apptainer"' in meta.get_all("Requires-Dist")
     # What a submit renders and the image build reads travels inside the wheel.
-    for data in ("slurm/generation.sbatch.tmpl", "image/install.sh", "image/pins.toml", "py.typed"):
+    for data in ("chain/generation.sbatch.tmpl", "image/install.sh", "image/pins.toml", "py.typed"):
         assert f"nvrx_appliance/{data}" in names

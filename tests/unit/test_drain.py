@@ -1,6 +1,6 @@
-"""Drain awareness: task 0's poller (slurm/drain_poller.py) writes one marker per running
+"""Drain awareness: task 0's poller (chain/drain_poller.py) writes one marker per running
 task; each node's entrypoint answers NVRx's node health check from its own task's
-marker (entrypoints/drain_check.py).
+marker (node/health_check.py).
 
 The poller runs here against stand-ins for sinfo and squeue (shell scripts on PATH: a
 drained node or a hung controller cannot be ordered up in a unit test); the health check
@@ -26,10 +26,10 @@ from nvidia_resiliency_ext.shared_utils.health_check import NodeHealthCheck
 from nvidia_resiliency_ext.shared_utils.proto import nvhcd_pb2, nvhcd_pb2_grpc
 
 from nvrx_appliance import manifest
-from nvrx_appliance.entrypoints import drain_check
-from nvrx_appliance.entrypoints.drain_check import Identity, judge
-from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.jobhost import drain_poller
+from nvrx_appliance.node import health_check
+from nvrx_appliance.node.health_check import Identity, judge
+from nvrx_appliance.node.identity import Node
 from nvrx_appliance.settings.chain import ChainSpec
 
 POLLER = Path(drain_poller.__file__)
@@ -49,7 +49,7 @@ def test_a_drained_node_of_this_task_fails_the_check_and_says_why():
     verdict = judge(_marker(drained={"node5": "bad dimm"}), ME)
     assert not verdict.healthy
     assert "node5" in verdict.why and "bad dimm" in verdict.why
-    assert drain_check.answer(verdict)["fail_count"] == 1
+    assert health_check.answer(verdict)["fail_count"] == 1
 
 
 def test_a_drained_node_of_the_same_task_takes_the_whole_task_out():
@@ -81,17 +81,17 @@ def test_a_marker_another_user_could_have_written_is_ignored(tmp_path):
     path = tmp_path / "task_3"
     path.write_text(_marker(drained={"node5": "x"}))
     path.chmod(0o666)
-    text, problem = drain_check.read_marker(path, os.geteuid())
+    text, problem = health_check.read_marker(path, os.geteuid())
     assert text is None and "not a file of this job's user" in problem
     path.chmod(0o600)
-    assert drain_check.read_marker(path, os.geteuid())[0] == path.read_text()
+    assert health_check.read_marker(path, os.geteuid())[0] == path.read_text()
 
 
 # --- NVRx's own client against the entrypoint's service ----------------------------------
 
 
-def _check(tmp_path, site="", log=None) -> drain_check.DrainCheck:
-    return drain_check.DrainCheck(
+def _check(tmp_path, site="", log=None) -> health_check.DrainCheck:
+    return health_check.DrainCheck(
         tmp_path / "task_3", ME, site_endpoint=site, log=(log if log is not None else print)
     )
 
@@ -99,7 +99,7 @@ def _check(tmp_path, site="", log=None) -> drain_check.DrainCheck:
 def test_nvrx_s_health_check_client_hears_drained_only_while_the_marker_says_so(tmp_path):
     said: list[str] = []
     check = _check(tmp_path, log=said.append)
-    with drain_check.serving(check) as socket:
+    with health_check.serving(check) as socket:
         assert socket is not None
         nvrx = NodeHealthCheck(endpoint=socket)  # what ft_launcher builds from the flag
         assert nvrx() is True  # no marker yet: fails open
@@ -134,7 +134,7 @@ def test_the_sites_own_health_check_is_still_asked_with_nvrx_s_request(tmp_path,
     server.add_insecure_port(f"unix://{site_socket}")
     server.start()
     try:
-        with drain_check.serving(_check(tmp_path, site=str(site_socket))) as socket:
+        with health_check.serving(_check(tmp_path, site=str(site_socket))) as socket:
             assert NodeHealthCheck(endpoint=socket)() is (not site_fails)
     finally:
         server.stop(grace=None)
@@ -144,7 +144,7 @@ def test_the_sites_own_health_check_is_still_asked_with_nvrx_s_request(tmp_path,
 def test_a_site_service_that_does_not_answer_reads_as_healthy_as_nvrx_reads_it(tmp_path):
     said: list[str] = []
     gone = tmp_path / "gone.sock"
-    with drain_check.serving(_check(tmp_path, site=str(gone), log=said.append)) as socket:
+    with health_check.serving(_check(tmp_path, site=str(gone), log=said.append)) as socket:
         assert NodeHealthCheck(endpoint=socket)() is True
     assert any("did not answer" in s for s in said)
 
@@ -156,10 +156,10 @@ def test_the_entrypoint_names_its_socket_only_while_the_chain_polls(tmp_path):
                   health_check_endpoint="/run/nvhcd.sock"),
         created="c", user="u",
     )  # fmt: skip
-    with drain_check.endpoint(off, node, GEN, print) as health:
+    with health_check.endpoint(off, node, GEN, print) as health:
         assert health is None  # ft_launcher gets the spec's own endpoint
     on = manifest.build(ChainSpec(work_dir=str(tmp_path), workload="cpu"), created="c", user="u")
-    with drain_check.endpoint(on, node, GEN, print) as health:
+    with health_check.endpoint(on, node, GEN, print) as health:
         assert health is not None and os.path.exists(health)
 
 
@@ -301,7 +301,7 @@ def test_a_real_ft_launcher_on_a_drained_node_leaves_at_its_rendezvous_with_1_ne
 
 
 def _generation(tmp_path, **settings) -> tuple[Path, Path, dict[str, str]]:
-    from nvrx_appliance.slurm import render, submit
+    from nvrx_appliance.chain import render, submit
 
     work = tmp_path / "w"
     spec = ChainSpec(work_dir=str(work), workload="cpu", runtime="bare", python=sys.executable,

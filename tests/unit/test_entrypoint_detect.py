@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.entrypoints import detect, node_probe
+from nvrx_appliance.node import detect, node_probe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from nvrx_appliance.entrypoints import env
-from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.node import env
+from nvrx_appliance.node.identity import Node
 from tests.unit import entrypoint_support as support
 
 run_manifest = support.run_manifest

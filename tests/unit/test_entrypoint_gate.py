@@ -7,9 +7,9 @@ import os
 import pytest
 
 from nvrx_appliance import exitcodes
-from nvrx_appliance.entrypoints import control, controldir, detect, gate
-from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.layout import ControlFiles
+from nvrx_appliance.node import control, controldir, detect, gate
+from nvrx_appliance.node.identity import Node
 from tests.unit import entrypoint_support as support
 
 UID = 1000

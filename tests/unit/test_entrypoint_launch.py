@@ -3,7 +3,8 @@
 import pytest
 from nvidia_resiliency_ext.fault_tolerance import launcher
 
-from nvrx_appliance.entrypoints import launch, workloads
+from nvrx_appliance import workloads
+from nvrx_appliance.node import launch
 from tests.unit import entrypoint_support as support
 
 

@@ -18,9 +18,9 @@ import textwrap
 from pathlib import Path
 
 from nvrx_appliance import manifest
+from nvrx_appliance.checkpoints import retention
+from nvrx_appliance.checkpoints.checkpoint_dir import retired
 from nvrx_appliance.devcluster.poll import wait_until
-from nvrx_appliance.entrypoints import retention
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import retired
 from nvrx_appliance.layout import TRACKER_FILE
 from tests.unit import entrypoint_support as support
 from tests.unit.test_entrypoint_main import ENTRYPOINT, free_port, srun_stand_in

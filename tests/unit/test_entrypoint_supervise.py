@@ -22,8 +22,8 @@ DRIVER = textwrap.dedent(
     """
     import os, signal, sys
     from pathlib import Path
-    from nvrx_appliance.entrypoints import gate, time_limit
-    from nvrx_appliance.entrypoints.supervise import Save, SaveSignal, Supervisor
+    from nvrx_appliance.node import gate, time_limit
+    from nvrx_appliance.node.supervise import Save, SaveSignal, Supervisor
 
     flag, grace, argv = Path(sys.argv[1]), float(sys.argv[2]), sys.argv[3:]
     # Task 0's options, as node_lifecycle sets them: the time-limit notice, a TERM drain,
@@ -396,8 +396,8 @@ def test_task_0_fences_itself_while_a_control_dir_read_hangs(tmp_path):
     # self-fence deadline, judged from memory, must still stop ft_launcher and its tree.
     import threading
 
-    from nvrx_appliance.entrypoints import gate
-    from nvrx_appliance.entrypoints.supervise import Supervisor
+    from nvrx_appliance.node import gate
+    from nvrx_appliance.node.supervise import Supervisor
 
     entered, release, returned = threading.Event(), threading.Event(), threading.Event()
 
@@ -460,8 +460,8 @@ def test_an_exit_93_during_the_control_dir_check_stands_although_the_check_says_
     # ft_launcher exits 93 while the check reads the control dir, and the check then finds
     # the closed flag (task 0's flag follows its own 93): stopping the child anyway and
     # returning 76 lost the 93, and with it the no-restart witness.
-    from nvrx_appliance.entrypoints import gate
-    from nvrx_appliance.entrypoints.supervise import Supervisor
+    from nvrx_appliance.node import gate
+    from nvrx_appliance.node.supervise import Supervisor
 
     go = tmp_path / "go"
     child = (

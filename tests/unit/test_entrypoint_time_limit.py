@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from nvrx_appliance.entrypoints import time_limit
 from nvrx_appliance.layout import ControlFiles
+from nvrx_appliance.node import time_limit
 
 GENERATION = "chain-1/500/2026-01-01T00:00:00"
 
@@ -108,7 +108,7 @@ def test_through_the_workload_guard_the_signal_waits_for_the_workload_and_goes_t
     code = (
         LAUNCHER.replace(
             '[sys.executable, "-c", WORKER,',
-            '[sys.executable, "-m", "nvrx_appliance.entrypoints.guard", "--control", '
+            '[sys.executable, "-m", "nvrx_appliance.rank.guard", "--control", '
             f'{str(tmp_path)!r}, "--exits", {str(tmp_path / "exits")!r}, "--generation", "g", '
             '"--", sys.executable, "-c", WORKER,',
         )

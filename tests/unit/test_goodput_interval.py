@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from nvrx_appliance.goodput import interval, summary
+from nvrx_appliance.goodput import save_interval, summary
 from nvrx_appliance.goodput.account import Allocation, Inputs, account
 from nvrx_appliance.observe.training_log import from_progress_log
 from nvrx_appliance.observe.types import Cycle
@@ -41,15 +41,15 @@ SAVE_S, RESTART_S, RATE = 30.0, 120.0, 1 / 3600.0  # a 30 s save, a 2 min restar
 @pytest.mark.parametrize("tau", [60.0, 300.0, 600.0, 1200.0, 3600.0])
 def test_the_expected_goodput_is_what_a_simulation_of_the_model_gives(tau):
     simulated = simulate(tau, SAVE_S, RESTART_S, RATE, segments=40_000)
-    assert interval.expected_goodput(tau, SAVE_S, RESTART_S, RATE) == pytest.approx(
+    assert save_interval.expected_goodput(tau, SAVE_S, RESTART_S, RATE) == pytest.approx(
         simulated, rel=0.015
     )
 
 
 def test_the_optimum_is_the_best_interval_of_a_brute_force_search():
-    best = interval.optimal_tau(SAVE_S, RATE)
+    best = save_interval.optimal_tau(SAVE_S, RATE)
     grid = [0.5 * i for i in range(1, 20_000)]
-    searched = max(grid, key=lambda t: interval.expected_goodput(t, SAVE_S, RESTART_S, RATE))
+    searched = max(grid, key=lambda t: save_interval.expected_goodput(t, SAVE_S, RESTART_S, RATE))
     assert best == pytest.approx(searched, abs=0.5)
     # The simulation agrees that shorter and longer intervals lose goodput.
     at_best = simulate(best, SAVE_S, RESTART_S, RATE, segments=40_000)
@@ -60,16 +60,16 @@ def test_the_optimum_is_the_best_interval_of_a_brute_force_search():
 def test_the_optimum_is_youngs_square_root_when_saves_are_cheap_against_the_mtbf():
     # sqrt(2 C MTBF): 30 s saves, a failure every 100 h
     rate = 1 / (100 * 3600.0)
-    assert interval.optimal_tau(SAVE_S, rate) == pytest.approx(
-        interval.young_tau(SAVE_S, rate), rel=0.01
+    assert save_interval.optimal_tau(SAVE_S, rate) == pytest.approx(
+        save_interval.young_tau(SAVE_S, rate), rel=0.01
     )
-    assert interval.optimal_tau(SAVE_S, 0.0) == math.inf
+    assert save_interval.optimal_tau(SAVE_S, 0.0) == math.inf
 
 
 def test_the_rate_bounds_are_the_exact_poisson_ones():
     # chi-square quantiles / 2: (0, 3.00) for none, (1.97, 10.51) for five, per unit exposure
-    assert interval.rate_interval(0, 1.0) == pytest.approx((0.0, 2.996), abs=1e-3)
-    assert interval.rate_interval(5, 2.0) == pytest.approx((1.970 / 2, 10.513 / 2), abs=1e-3)
+    assert save_interval.rate_interval(0, 1.0) == pytest.approx((0.0, 2.996), abs=1e-3)
+    assert save_interval.rate_interval(5, 2.0) == pytest.approx((1.970 / 2, 10.513 / 2), abs=1e-3)
 
 
 # --- recorded chains -------------------------------------------------------------------------
@@ -121,7 +121,7 @@ def recorded_chain(failures_after: list[int], restart_gaps: list[float]) -> Inpu
 def test_a_recorded_chain_gives_its_save_cost_failure_rate_and_restart_cost():
     gaps = [20.0, 30.0, 25.0, 40.0, 35.0, 22.0]
     inputs = recorded_chain([17, 23, 9, 31, 14, 26], gaps)
-    result = interval.recommend(account(inputs))
+    result = save_interval.recommend(account(inputs))
     assert result.save_s == pytest.approx(SAVE_COST) and result.saves > 6
     assert result.rate is not None and result.rate.interruptions == 6
     assert result.restart_s == pytest.approx(statistics_median(gaps)) and result.restarts == 6
@@ -130,11 +130,11 @@ def test_a_recorded_chain_gives_its_save_cost_failure_rate_and_restart_cost():
     assert result.rate.per_node_hour == pytest.approx(6 / (2 * stop / 3600))
     assert result.nodes == 2 and result.certainty == "fair"
     per_s = 6 / stop  # two nodes at the per-node rate: six interruptions in `stop` seconds
-    best = interval.optimal_tau(SAVE_COST, per_s)
+    best = save_interval.optimal_tau(SAVE_COST, per_s)
     assert result.recommended_iterations == round(best / STEP_S)
     assert result.current_iterations == SAVE_EVERY
     assert result.current_goodput == pytest.approx(
-        interval.expected_goodput(SAVE_EVERY * STEP_S, SAVE_COST, result.restart_s, per_s)
+        save_interval.expected_goodput(SAVE_EVERY * STEP_S, SAVE_COST, result.restart_s, per_s)
     )
     assert result.recommended_goodput > result.current_goodput
     low, high = result.range_iterations
@@ -150,7 +150,7 @@ def statistics_median(values: list[float]) -> float:
 def test_the_report_says_the_interval_to_set_and_how_sure_it_is():
     inputs = recorded_chain([17, 23, 9, 31, 14, 26], [20.0, 30.0, 25.0, 40.0, 35.0, 22.0])
     result = account(inputs)
-    rec = interval.recommend(result)
+    rec = save_interval.recommend(result)
     text = "\n".join(summary.lines(result))
     assert (
         f"save interval: 10 iterations (10.0 s of training) today, {rec.recommended_iterations} "
@@ -169,11 +169,11 @@ def test_the_report_says_the_interval_to_set_and_how_sure_it_is():
 def test_a_chain_with_two_failures_says_the_rate_is_uncertain():
     # The goodput tests' chain: a hang restarted in place, then task 0's node lost.
     result = account(chain_inputs(save_interval=50))
-    rec = interval.recommend(result)
+    rec = save_interval.recommend(result)
     assert rec.rate is not None and rec.rate.interruptions == 2 and rec.certainty == "low"
     # In-job: the last logged step at 22.5 -> training again at 47; hand-off: the last step
     # at 55.5 -> the generation's last task at 101, then the successor's 13 s start-up.
-    assert sorted(interval.history(result)[1]) == pytest.approx([24.5, 45.5 + 13])
+    assert sorted(save_interval.history(result)[1]) == pytest.approx([24.5, 45.5 + 13])
     assert rec.save_s == pytest.approx(0.5)
     text = "\n".join(summary.lines(result))
     assert "only 2 interruption(s): the rate is known to a factor of 18" in text
@@ -192,13 +192,13 @@ def test_a_chain_with_two_failures_says_the_rate_is_uncertain():
 def test_only_a_failure_ends_a_generation_as_an_interruption(entry, counted):
     result = account(chain_inputs(ledger=[{"array_job_id": "10", **entry}]))
     assert result.generations[0].interrupted is counted
-    assert interval.history(result)[0] == 1 + counted  # plus generation 10's in-job restart
+    assert save_interval.history(result)[0] == 1 + counted  # plus generation 10's in-job restart
 
 
 def test_no_interruption_yet_gives_no_interval_but_says_why_and_its_bound():
     inputs = recorded_chain([], [])
     result = account(inputs)
-    rec = interval.recommend(result)
+    rec = save_interval.recommend(result)
     assert rec.recommended_iterations is None and rec.certainty == "none"
     assert rec.reason == "no interruption yet: nothing to trade the save cost against"
     assert rec.range_iterations[0] is not None  # what the highest plausible rate would want
@@ -209,6 +209,6 @@ def test_no_interruption_yet_gives_no_interval_but_says_why_and_its_bound():
 
 def test_without_a_save_measured_there_is_no_recommendation():
     result = account(chain_inputs(work={}, work_source="no progress log"))
-    rec = interval.recommend(result)
+    rec = save_interval.recommend(result)
     assert rec.recommended_iterations is None
     assert rec.reason.startswith("no save was measured; no step time was measured")

@@ -9,8 +9,8 @@ import json
 import os
 
 from nvrx_appliance import lease
-from nvrx_appliance.entrypoints import control, controldir, gate, leasewatch
 from nvrx_appliance.layout import ControlFiles
+from nvrx_appliance.node import control, controldir, gate, lease_watch
 
 OURS = control.generation("chain-1", "4242", "2026-01-01T00:00:00")
 STALE_AFTER = 10.0
@@ -125,9 +125,9 @@ def test_a_lease_of_another_run_or_none_is_no_lease(tmp_path):
 
 def test_task_0s_deadline_counts_a_suspend_and_is_not_stretched_by_a_slewed_clock():
     # (RAW, BOOTTIME) readings. Suspended for 60 s: RAW stops, BOOTTIME goes on.
-    assert leasewatch.elapsed((100.0, 500.0), (101.0, 561.0)) == 61.0
+    assert lease_watch.elapsed((100.0, 500.0), (101.0, 561.0)) == 61.0
     # NTP slewing BOOTTIME slow (it may, up to 8 %): RAW, which it does not slew, counts.
-    assert leasewatch.elapsed((100.0, 500.0), (110.0, 509.2)) == 10.0
+    assert lease_watch.elapsed((100.0, 500.0), (110.0, 509.2)) == 10.0
 
 
 def test_the_margins_hold_with_every_clock_off_by_the_rate_bound_in_the_worst_direction():
@@ -145,6 +145,6 @@ def test_the_margins_hold_with_every_clock_off_by_the_rate_bound_in_the_worst_di
 
 
 def test_peers_and_task_0_read_clocks_that_exist_and_move_forward():
-    first, then = leasewatch.peer_clock(), leasewatch.task0_reading()
-    assert leasewatch.peer_clock() >= first
-    assert leasewatch.elapsed(then, leasewatch.task0_reading()) >= 0.0
+    first, then = lease_watch.peer_clock(), lease_watch.task0_reading()
+    assert lease_watch.peer_clock() >= first
+    assert lease_watch.elapsed(then, lease_watch.task0_reading()) >= 0.0

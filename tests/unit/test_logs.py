@@ -14,10 +14,10 @@ from click.testing import CliRunner
 from nvidia_resiliency_ext.fault_tolerance.per_cycle_logs import PipeBasedLogsSpecs
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import render
 from nvrx_appliance.cli.main import cli
-from nvrx_appliance.entrypoints import launch
+from nvrx_appliance.node import launch
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render
 
 APPLIANCE = str(Path(sys.executable).with_name("nvrx-appliance"))
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.entrypoints import env
-from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.image.pins import load
 from nvrx_appliance.manifest import Manifest, build
+from nvrx_appliance.node import env
+from nvrx_appliance.node.identity import Node
 from nvrx_appliance.settings import workload_args
 from nvrx_appliance.settings.chain import ChainSpec, check
-from nvrx_appliance.settings.endings import SAVE_SIGNAL
+from nvrx_appliance.settings.generation_end import SAVE_SIGNAL
 from nvrx_appliance.settings.megatron import argv as megatron_argv
 from nvrx_appliance.settings.megatron import parallel
 from nvrx_appliance.settings.megatron import paths as megatron_paths

@@ -1,4 +1,4 @@
-"""Memory across generations (slurm/node_memory.py, loaded by the teardown): which nodes
+"""Memory across generations (chain/node_memory.py, loaded by the teardown): which nodes
 a generation leaves behind as bad, the exclusion record, the cap, and what it asks of
 Slurm for the queued generations.
 
@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import render, submit
 from nvrx_appliance.jobhost import node_memory
 from nvrx_appliance.observe import exclusions
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render, submit
 
 # NVRx 0.7.0's log lines as ft_launcher.log holds them (every node's, through its log server).
 LOG = """\

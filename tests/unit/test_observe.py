@@ -7,13 +7,13 @@ import threading
 import pytest
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import status
 from nvrx_appliance.jobhost import teardown
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files, slurm_output, workdir
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import LIVE_STATES, RUNNING_STATES, terminal
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import status
 
 
 def test_what_the_teardown_appends_is_what_status_and_the_watcher_read(tmp_path):

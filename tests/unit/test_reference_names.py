@@ -17,9 +17,9 @@ from nvrx_appliance import manifest
 from nvrx_appliance.cli import watch as watch_cli
 from nvrx_appliance.cli.main import cli
 from nvrx_appliance.cli.watch import watch
-from nvrx_appliance.entrypoints import env as node_env
-from nvrx_appliance.entrypoints import launch
-from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.node import env as node_env
+from nvrx_appliance.node import launch
+from nvrx_appliance.node.identity import Node
 from nvrx_appliance.settings import reference, resolve
 from nvrx_appliance.watch import config as watch_config
 from tests.unit import entrypoint_support as support

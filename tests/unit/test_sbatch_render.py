@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import render, submit
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render, submit
 
 WORK = "/shared/alice/run"
 
@@ -227,7 +227,7 @@ def test_hostile_values_reach_srun_and_the_teardown_whole_and_run_nothing(tmp_pa
 def test_a_spare_admitted_after_the_generation_ended_leaves_without_srun(tmp_path, witness):
     # task 0's closed flag, or a peer's exit-93 witness (written before task 0's launcher
     # has drained): a cold spare admitted now must not start anything.
-    from nvrx_appliance.entrypoints import control, controldir
+    from nvrx_appliance.node import control, controldir
 
     m = _manifest(work_dir=str(tmp_path / "work"), runtime="bare", workload="cpu")
     manifest.save(m)

@@ -12,6 +12,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import status
 from nvrx_appliance.cli import status_view
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
@@ -20,7 +21,6 @@ from nvrx_appliance.observe import slurm_output
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import status
 from tests.unit.images import cpu_manifest
 
 FIXTURES = Path(__file__).parent / "fixtures" / "watch"

@@ -2,9 +2,9 @@
 
 from pathlib import Path
 
+from nvrx_appliance.chain.status import ChainView, CycleView, GenerationView
 from nvrx_appliance.settings import knobs
 from nvrx_appliance.settings.chain import flag, spec_fields
-from nvrx_appliance.slurm.status import ChainView, CycleView, GenerationView
 from nvrx_appliance.workflows import demo_report
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.cli.main import cli
-from nvrx_appliance.entrypoints import preflight
 from nvrx_appliance.image import qualification as q
 from nvrx_appliance.image import qualification_status
+from nvrx_appliance.node import preflight
 from tests.unit.images import cpu_manifest, needs_squashfs, squash_image
 
 IMAGE = "/images/nvrx-appliance-0.1.0_nvrx-0.7.0_debian-12.sqsh"

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import job_control, render, submit
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import job_control, render, submit
 
 from .slurm_standin import STANDIN_USER, SlurmStandin
 

@@ -9,10 +9,10 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance import ENTRYPOINT_PROTOCOL
+from nvrx_appliance.chain import probe
 from nvrx_appliance.cli.main import cli
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.settings.validate import Facts, is_image_file, is_registry_ref, judge
-from nvrx_appliance.slurm import probe
 
 SHARED = "/shared/alice/run"
 GOOD_FACTS = Facts(work_dir_real=SHARED, max_array_size=1001)

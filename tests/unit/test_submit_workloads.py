@@ -67,7 +67,7 @@ def test_a_fault_setting_given_for_a_training_chain_is_named_as_ignored(tmp_path
 def test_the_dry_run_says_the_mode_and_the_final_workload_argv(tmp_path):
     result = submit(tmp_path, *CPU, "--dry-run")
     assert "# mode: train (no injected faults)" in result.stdout
-    assert "-m nvrx_appliance.entrypoints.workloads.cpu --save " in result.stdout
+    assert "-m nvrx_appliance.workloads.cpu --save " in result.stdout
 
 
 @pytest.mark.parametrize(("value", "mode"), [("1", "no-restart"), ("0", "handoff")])

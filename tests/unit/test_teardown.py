@@ -17,11 +17,11 @@ import time
 import pytest
 
 from nvrx_appliance import manifest
+from nvrx_appliance.chain import render, submit
 from nvrx_appliance.devcluster.poll import wait_until
-from nvrx_appliance.entrypoints import control
 from nvrx_appliance.jobhost import teardown
+from nvrx_appliance.node import control
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.slurm import render, submit
 
 
 def _entry(exit_code, start, end, chain="c1"):

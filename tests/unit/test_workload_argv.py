@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.entrypoints.workloads import cpu, workload_argv
 from nvrx_appliance.manifest import Manifest, build
 from nvrx_appliance.settings.chain import DEFAULT_TRAIN_SAMPLES, ChainSpec
 from nvrx_appliance.settings.megatron import argv as megatron_argv
 from nvrx_appliance.settings.program_argv import cpu_program_argv
+from nvrx_appliance.workloads import cpu, workload_argv
 
 PY = "/opt/venv/bin/python"
 
@@ -181,7 +181,7 @@ def test_megatron_no_fault_in_train_mode_or_with_injection_off(settings):
 
 def test_cpu_runs_the_trainer_module_under_the_given_python():
     argv = run_argv(manifest(workload="cpu"))
-    assert argv[:4] == [PY, "-u", "-m", "nvrx_appliance.entrypoints.workloads.cpu"]
+    assert argv[:4] == [PY, "-u", "-m", "nvrx_appliance.workloads.cpu"]
 
 
 def test_cpu_paths_are_the_work_dir_layout():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import (
+from nvrx_appliance.checkpoints.checkpoint_dir import (
     expired,
     is_partial_dir,
     iteration_dir,

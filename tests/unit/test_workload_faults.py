@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nvrx_appliance.entrypoints.workloads.faults import EXIT_CODE, due, fault_for, parse_plan
 from nvrx_appliance.exitcodes import NVRX_NO_RESTART
+from nvrx_appliance.workloads.faults import EXIT_CODE, due, fault_for, parse_plan
 
 
 def test_no_ranks_means_no_plan():

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.entrypoints import fallback, workload_exit
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import iteration_dir, tracker_text
+from nvrx_appliance.checkpoints import fallback
+from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir, tracker_text
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.rank import workload_exit
 from nvrx_appliance.settings import exit_actions
 from nvrx_appliance.settings.chain import ChainSpec, check
 
@@ -174,8 +175,8 @@ def _guard(tmp_path: Path, workload: str, *, cycle: int = 0) -> subprocess.Popen
     script.write_text(textwrap.dedent(workload))
     env = {**os.environ, "NVRX_RUN_MANIFEST": str(_manifest(tmp_path)),
            "TORCHELASTIC_RESTART_COUNT": str(cycle), "RANK": "0"}  # fmt: skip
-    argv = [sys.executable, "-m", "nvrx_appliance.entrypoints.guard", "--control", str(control),
-            "--exits", str(Layout(tmp_path).workload_exits(42)), "--generation", GENERATION,
+    argv = [sys.executable, "-m", "nvrx_appliance.rank.guard", "--control", str(control),
+            "--exits", str(Layout(tmp_path).exit_records(42)), "--generation", GENERATION,
             "--", sys.executable, str(script)]  # fmt: skip
     # Its own process group, as torch elastic starts a worker.
     return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -208,7 +209,7 @@ def test_a_verdict_is_written_and_the_worker_holds_until_ft_launcher_stops_it(tm
     assert proc.wait(timeout=30) == 17
     out, _err = proc.communicate()
     assert "iteration       60/" in out  # the workload's output passes through unchanged
-    exits = list(Layout(tmp_path).workload_exits(42).glob("cycle0.*.json"))
+    exits = list(Layout(tmp_path).exit_records(42).glob("cycle0.*.json"))
     assert len(exits) == 1 and json.loads(exits[0].read_text())["code"] == 17
 
 
@@ -218,7 +219,7 @@ def test_an_ordinary_failure_passes_through_and_is_recorded(tmp_path):
     _out, err = proc.communicate()
     assert "boom" in err
     assert not Layout(tmp_path).control_files(42).verdict.exists()
-    [account] = Layout(tmp_path).workload_exits(42).glob("cycle2.*.json")
+    [account] = Layout(tmp_path).exit_records(42).glob("cycle2.*.json")
     assert json.loads(account.read_text())["action"] == "restart"
 
 

@@ -9,13 +9,13 @@ NVRx unless --no-async-save, the parallel and batch shape the chain was validate
 deployment's `small` and `8b` profiles, on mock data with NullTokenizer) comes first, then the
 user's --megatron-args, last, so they override the preset. Profile `none` passes only
 the user's. Retention is not Megatron's: task 0's entrypoint keeps the newest
---save-retention checkpoints (entrypoints/retention.py). Megatron needs GPUs; here its
+--save-retention checkpoints (checkpoints/retention.py). Megatron needs GPUs; here its
 own parser checks these argvs (tests/unit/test_megatron_parser.py)."""
 
 from __future__ import annotations
 
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.settings import endings, workload_args
+from nvrx_appliance.settings import generation_end, workload_args
 from nvrx_appliance.settings.chain import ChainSpec, Shape, effective_profile, train_samples
 from nvrx_appliance.settings.megatron import parallel
 from nvrx_appliance.settings.megatron import rules as megatron_rules
@@ -195,8 +195,8 @@ def program_argv(spec: ChainSpec, shape: Shape, policy: Policy, layout: Layout) 
         *shape_args(spec, shape),
         *length_args(spec),
         # Save and exit 0 on the save signal, which the entrypoint sends each worker at the
-        # time-limit notice (settings/endings.py); the exit duration arrives the same way.
-        "--exit-signal-handler", "--exit-signal", endings.SAVE_SIGNAL.name,
+        # time-limit notice (settings/generation_end.py); the exit duration arrives the same way.
+        "--exit-signal-handler", "--exit-signal", generation_end.SAVE_SIGNAL.name,
         "--load", checkpoints,
         "--save", checkpoints,
         "--save-interval", str(spec.save_interval),

@@ -10,7 +10,7 @@ import socket
 import subprocess
 from collections.abc import Mapping
 
-from nvrx_appliance.entrypoints import detect
+from nvrx_appliance.node import detect
 
 # NVRx itself gives nvidia-smi 10 s; a node whose driver hangs longer than that would
 # fail NVRx's own query too, so it has no usable ClusterUUID either way.

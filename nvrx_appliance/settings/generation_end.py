@@ -4,7 +4,7 @@ of training. Pure.
 The time limit. Slurm signals every task's batch shell `margin` seconds before the
 generation's limit (sbatch `--signal=B:URG@margin`); the shell writes the control
 directory's time-limit notice; every node's entrypoint then sends the save signal to
-each worker its ft_launcher runs (entrypoints/time_limit.py: not to ft_launcher); the
+each worker its ft_launcher runs (node/time_limit.py: not to ft_launcher); the
 workload saves a complete checkpoint at the end of its step and exits 0, and each
 ft_launcher exits 0 as at the end of a run. The save
 signal is SIGURG because its default action is to be ignored: a process that never asked

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes
 from nvrx_appliance.manifest import Manifest
-from nvrx_appliance.settings import endings
+from nvrx_appliance.settings import generation_end
 from nvrx_appliance.settings.chain import effective_mounts
 
 # The variables the sbatch sets for the entrypoint; pyxis only passes named ones through.
@@ -62,8 +62,8 @@ def sbatch_args(manifest: Manifest, extra: tuple[str, ...] = ()) -> list[str]:
         f"--nodes={spec.nodes_per_task}",
         "--ntasks-per-node=1",
         f"--time={spec.time_limit}",
-        # Every generation saves and ends before its limit (settings/endings.py).
-        *filter(None, [endings.sbatch_signal(spec)]),
+        # Every generation saves and ends before its limit (settings/generation_end.py).
+        *filter(None, [generation_end.sbatch_signal(spec)]),
         f"--chdir={spec.work_dir}",
         f"--output={log_pattern(manifest)}",
     ]
@@ -200,7 +200,7 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "relay": generation_path(control_files.relay),
         "no_restart_witness": generation_path(control_files.no_restart),
         "time_limit_notice": generation_path(control_files.time_limit),
-        "time_limit_signal": endings.SAVE_SIGNAL.name.removeprefix("SIG"),
+        "time_limit_signal": generation_end.SAVE_SIGNAL.name.removeprefix("SIG"),
         "host_python": shlex.quote(host_python(manifest)),
         "teardown": shlex.quote(str(layout.teardown)),
         "host_code": " ".join(shlex.quote(str(path)) for path in layout.host_code),

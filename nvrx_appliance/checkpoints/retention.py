@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nvrx_appliance import files
-from nvrx_appliance.entrypoints.workloads import checkpoint_dir
+from nvrx_appliance.checkpoints import checkpoint_dir
 from nvrx_appliance.layout import TRACKER_FILE
 from nvrx_appliance.observe import run_files
 

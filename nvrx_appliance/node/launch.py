@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from nvrx_appliance.entrypoints.control import Record
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.node.control import Record
 
 # With --ft-nvrx-logfile, the store host runs a gRPC log server that, told to stop, waits
 # up to this long for connected clients (the other nodes' ft_launchers) to send their

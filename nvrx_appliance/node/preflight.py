@@ -15,9 +15,9 @@ from pathlib import Path
 from nvrx_appliance import exitcodes
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import log_stamp, now_iso
-from nvrx_appliance.entrypoints import control, detect, launch, node_probe
-from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env
-from nvrx_appliance.entrypoints.workloads import workload_argv as run_argv
+from nvrx_appliance.node import control, detect, launch, node_probe
+from nvrx_appliance.node.identity import Node, NodeError, array_throttle, from_env
+from nvrx_appliance.workloads import workload_argv as run_argv
 
 
 class Refused(Exception):

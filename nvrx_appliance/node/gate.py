@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nvrx_appliance import exitcodes
-from nvrx_appliance.entrypoints import control, detect
-from nvrx_appliance.entrypoints.node import Node
+from nvrx_appliance.node import control, detect
+from nvrx_appliance.node.identity import Node
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from nvrx_appliance import exitcodes
-from nvrx_appliance.entrypoints import time_limit
-from nvrx_appliance.entrypoints.gate import Leave
+from nvrx_appliance.node import time_limit
+from nvrx_appliance.node.gate import Leave
 
 try:  # an NVRx dependency, so present wherever ft_launcher is
     import psutil
@@ -75,7 +75,7 @@ def exit_code(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-Verdict = Leave | Save | None
+Decision = Leave | Save | None
 
 
 class _Probe:
@@ -83,15 +83,15 @@ class _Probe:
     file system then holds only that thread, and the loop goes on judging what needs no
     file system (task 0's self-fence deadline) and stopping ft_launcher when it must."""
 
-    def __init__(self, check: Callable[[], Verdict]):
+    def __init__(self, check: Callable[[], Decision]):
         self._check = check
         self._idle = threading.Event()
         self._idle.set()
-        self._result: tuple[Verdict, OSError | None] | None = None
+        self._result: tuple[Decision, OSError | None] | None = None
         self.began = 0.0  # monotonic start of the call in flight
 
-    def result(self, wait: float) -> tuple[Verdict, OSError | None] | None:
-        """The next check's (verdict, error), waiting up to `wait` seconds for it;
+    def result(self, wait: float) -> tuple[Decision, OSError | None] | None:
+        """The next check's (decision, error), waiting up to `wait` seconds for it;
         None while the call in flight has not returned."""
         if self._idle.is_set() and self._result is None:
             self._idle.clear()
@@ -105,7 +105,7 @@ class _Probe:
     def _run(self) -> None:
         try:
             self._result = (self._check(), None)
-        except OSError as exc:  # a shared file system stall is not a verdict
+        except OSError as exc:  # a shared file system stall is not a decision
             self._result = (None, exc)
         finally:
             self._idle.set()
@@ -134,7 +134,7 @@ class Supervisor:
     closed flag no longer cuts ft_launcher short: it was told to stop and finishes on its
     own (a workload may be saving on TERM), within `drain` seconds (task 0: two thirds
     of Slurm's KillWait; then what is left is stopped) or Slurm's KillWait (a peer). A
-    `Save` verdict of `check` sends `save.signum` to each worker `save.reachable` names,
+    `Save` decision of `check` sends `save.signum` to each worker `save.reachable` names,
     once."""
 
     def __init__(
@@ -142,7 +142,7 @@ class Supervisor:
         argv: Sequence[str],
         env: dict[str, str],
         *,
-        check: Callable[[], Verdict],
+        check: Callable[[], Decision],
         urgent: Callable[[], Leave | None] | None = None,
         grace: float,
         poll: float,
@@ -222,8 +222,8 @@ class Supervisor:
             if drained is not None and time.monotonic() >= drained and self._told is not None:
                 return self._drained_out(self._told[0])
             self._send_save()
-            verdict: Verdict = self.urgent() if self.urgent is not None else None
-            if verdict is None:
+            decision: Decision = self.urgent() if self.urgent is not None else None
+            if decision is None:
                 result = probe.result(wait=self.poll)
                 if result is None:
                     stuck = time.monotonic() - probe.began
@@ -233,18 +233,18 @@ class Supervisor:
                         reported = True
                     continue
                 reported = False
-                verdict, error = result
+                decision, error = result
                 if error is not None:
                     self.log(f"could not read the control directory: {error}; still watching")
                     continue
-            if isinstance(verdict, Save):
+            if isinstance(decision, Save):
                 if self._asked is None:
-                    self._asked = verdict.reason
-                    self.log(f"{verdict.reason}: asking the workload to save and end")
+                    self._asked = decision.reason
+                    self.log(f"{decision.reason}: asking the workload to save and end")
                 continue
-            if self._told_to_finish(verdict):
+            if self._told_to_finish(decision):
                 continue
-            if verdict is not None:
+            if decision is not None:
                 # ft_launcher may have ended while the check read the file system (93
                 # among the likeliest: the same fault that ends the generation): its own
                 # code stands, or a "do not restart" would be lost with its witness.
@@ -252,7 +252,7 @@ class Supervisor:
                 if ended is not None:
                     self._end_leftovers(list(tree.values()))
                     return Outcome(exit_code(ended), None)
-                self.log(verdict.message)
+                self.log(decision.message)
                 self._stop()
                 if self.child.returncode is not None and (
                     exit_code(self.child.returncode) == exitcodes.NVRX_NO_RESTART
@@ -261,14 +261,14 @@ class Supervisor:
                     # decision is the generation's, and its witness must be written.
                     self.log("ft_launcher exited 93 while being stopped; NVRx's decision stands")
                     return Outcome(exitcodes.NVRX_NO_RESTART, None)
-                return Outcome(verdict.exit_code, verdict)
+                return Outcome(decision.exit_code, decision)
 
-    def _told_to_finish(self, verdict: Verdict) -> bool:
+    def _told_to_finish(self, decision: Decision) -> bool:
         """The closed flag, after Slurm's TERM reached us: ft_launcher is stopping already
         and is let finish (task 0 wrote that flag itself on the same TERM)."""
-        if self._told is None or not isinstance(verdict, Leave):
+        if self._told is None or not isinstance(decision, Leave):
             return False
-        if verdict.exit_code != exitcodes.STOPPED_BY_CLOSED_FLAG:
+        if decision.exit_code != exitcodes.STOPPED_BY_CLOSED_FLAG:
             return False
         if not self._draining_noted:
             self._draining_noted = True

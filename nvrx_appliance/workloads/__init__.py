@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from nvrx_appliance.entrypoints.workloads.common import interpreter
+from nvrx_appliance.workloads.common import interpreter
 
 
 def workload_argv(program: Sequence[str], python: str | None = None) -> list[str]:

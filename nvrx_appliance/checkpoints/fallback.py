@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import files
+from nvrx_appliance.checkpoints import checkpoint_dir
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints.workloads import checkpoint_dir
 from nvrx_appliance.layout import TRACKER_FILE
 from nvrx_appliance.observe import run_files
 

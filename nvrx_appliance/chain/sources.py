@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.chain.status import ChainView, assemble
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import workdir
 from nvrx_appliance.observe.slurm_output import AcctRow, ParseError
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import Cycle, Task
-from nvrx_appliance.slurm.status import ChainView, assemble
 
 # How far back a chain named by name, or listed, is looked for in Slurm's accounting.
 ACCOUNTED_SINCE = "now-30days"

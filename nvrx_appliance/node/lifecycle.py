@@ -34,24 +34,24 @@ from pathlib import Path
 
 from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.checkpoints import retention
+from nvrx_appliance.checkpoints.checkpoint_dir import tracker_text
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints import (
+from nvrx_appliance.node import (
     control,
     controldir,
     detect,
-    drain_check,
     env,
     gate,
-    guard,
+    health_check,
     launch,
     launcher_end,
     node_probe,
-    retention,
     time_limit,
 )
-from nvrx_appliance.entrypoints.gate import Leave
-from nvrx_appliance.entrypoints.node import Node, NodeError, array_throttle, from_env, term_drain
-from nvrx_appliance.entrypoints.preflight import (
+from nvrx_appliance.node.gate import Leave
+from nvrx_appliance.node.identity import Node, NodeError, array_throttle, from_env, term_drain
+from nvrx_appliance.node.preflight import (
     Preflight,
     Refused,
     decide,
@@ -62,10 +62,10 @@ from nvrx_appliance.entrypoints.preflight import (
     task0_record,
     workload_argv,
 )
-from nvrx_appliance.entrypoints.supervise import Save, SaveSignal, Supervisor, Verdict
-from nvrx_appliance.entrypoints.workloads.checkpoint_dir import tracker_text
+from nvrx_appliance.node.supervise import Decision, Save, SaveSignal, Supervisor
 from nvrx_appliance.observe import run_files
-from nvrx_appliance.settings import endings
+from nvrx_appliance.rank import guard
+from nvrx_appliance.settings import generation_end
 
 # Every node reads the control directory this often at the gate; task 0 and the
 # watchers also while training.
@@ -241,7 +241,7 @@ def watch(
 
     slow_due = due
 
-    def check() -> Verdict:
+    def check() -> Decision:
         nonlocal due, slow_due
         now = time.monotonic()
         if now < due:
@@ -408,7 +408,7 @@ def exit_deadline(manifest: run_manifest.Manifest, started: float) -> float | No
 
 
 def save_signal(workload: list[str]) -> SaveSignal:
-    signum = endings.SAVE_SIGNAL
+    signum = generation_end.SAVE_SIGNAL
     return SaveSignal(signum, lambda pid: time_limit.reachable(pid, workload, signum))
 
 
@@ -435,7 +435,7 @@ def supervise(
             # the chain (guard.py); the workload's argv and exit code are unchanged.
             guard.argv(
                 directory,
-                pre.manifest.layout.workload_exits(record.array_job_id),
+                pre.manifest.layout.exit_records(record.array_job_id),
                 record.generation,
                 pre.workload,
             ),
@@ -491,7 +491,7 @@ def run(manifest_path: Path | None) -> int:
     started = time.monotonic()
     pre = preflight(manifest_path)
     manifest, node = pre.manifest, pre.node
-    drain_check.warm_up(manifest)
+    health_check.warm_up(manifest)
     # Decided before anything is created: a refusal leaves nothing behind.
     record = (
         task0_record(manifest, node, pre.fabric, pre.active_tasks)
@@ -510,7 +510,7 @@ def run(manifest_path: Path | None) -> int:
     stop_signals: list[int] = []
     try:
         # Drained nodes leave at a rendezvous through NVRx's node health check.
-        with drain_check.endpoint(manifest, node, record.generation, say) as health:
+        with health_check.endpoint(manifest, node, record.generation, say) as health:
             outcome = supervise(
                 pre, record, directory, keeper, lease_watch, stop_signals, started, health
             )
@@ -545,11 +545,11 @@ def run(manifest_path: Path | None) -> int:
 
 def mark_megatron_done(manifest: run_manifest.Manifest) -> None:
     """Megatron writes no training-done marker: task 0 writes it for it once the tracker
-    has reached the iteration at which Megatron ends training (settings/endings.py), so
+    has reached the iteration at which Megatron ends training (settings/generation_end.py), so
     that the teardown ends the chain for Megatron as for every other workload."""
     if manifest.spec.workload != "megatron":
         return
-    final = endings.megatron_final_iteration(manifest.spec, manifest.shape.global_batch)
+    final = generation_end.megatron_final_iteration(manifest.spec, manifest.shape.global_batch)
     tracked = checkpoint_start(manifest)
     if final is None or tracked is None or tracked < final:
         return
@@ -600,7 +600,7 @@ def plan_dry_run(manifest_path: Path | None) -> dict:
             hosts_rendezvous=node.hosts_rendezvous,
             launcher=["ft_launcher"],
             active_tasks=array_throttle(os.environ),
-            health_endpoint=drain_check.dry_run_endpoint(manifest),
+            health_endpoint=health_check.dry_run_endpoint(manifest),
         )
     except (NodeError, launch.ShapeError) as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None

@@ -23,14 +23,14 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
+from nvrx_appliance.checkpoints import checkpoint_dir
 from nvrx_appliance.clock import log_stamp
-from nvrx_appliance.entrypoints import workload_exit
-from nvrx_appliance.entrypoints.workloads import checkpointing, faults
-from nvrx_appliance.entrypoints.workloads.events import ProgressLog
-from nvrx_appliance.entrypoints.workloads.gpt import TinyGPT, loss_fn, mock_batch
-from nvrx_appliance.entrypoints.workloads.launchenv import Rank
-from nvrx_appliance.entrypoints.workloads.monitor import CHECKPOINTING, SETUP, STEP, Sections
-from nvrx_appliance.entrypoints.workloads.save_request import SaveRequest
+from nvrx_appliance.workloads import checkpointing, faults
+from nvrx_appliance.workloads.events import ProgressLog
+from nvrx_appliance.workloads.gpt import TinyGPT, loss_fn, mock_batch
+from nvrx_appliance.workloads.launchenv import Rank
+from nvrx_appliance.workloads.monitor import CHECKPOINTING, SETUP, STEP, Sections
+from nvrx_appliance.workloads.save_request import SaveRequest
 
 
 class InjectedFault(RuntimeError):
@@ -151,7 +151,7 @@ def _resume(job: Job) -> None:
         # The workload contract's line (docs/workload-contract.md): the guard sets this
         # checkpoint aside and the next cycle resumes from the one before.
         print(
-            f"{workload_exit.LOAD_FAILED_MARK} iteration={iteration}", file=sys.stderr, flush=True
+            f"{checkpoint_dir.LOAD_FAILED_MARK} iteration={iteration}", file=sys.stderr, flush=True
         )
         raise
     set_state_dict(

@@ -1,6 +1,6 @@
 """The built-in trainer for machines without GPUs (and a GPU smoke test where there are).
 
-    python -m nvrx_appliance.entrypoints.workloads.cpu --save DIR --load DIR \\
+    python -m nvrx_appliance.workloads.cpu --save DIR --load DIR \\
         --save-interval 20 --train-iters 200 --progress-log FILE ...
 
 A small GPT-style model on mock data, under ft_launcher, keeping Megatron's contract:
@@ -24,11 +24,11 @@ import sys
 import time
 from pathlib import Path
 
-from nvrx_appliance.entrypoints.workloads import faults
-from nvrx_appliance.entrypoints.workloads.launchenv import Rank
-from nvrx_appliance.entrypoints.workloads.save_request import SaveRequest
-from nvrx_appliance.settings.endings import SAVE_SIGNAL
+from nvrx_appliance.settings.generation_end import SAVE_SIGNAL
 from nvrx_appliance.settings.program_argv import CPU_MODULE as MODULE
+from nvrx_appliance.workloads import faults
+from nvrx_appliance.workloads.launchenv import Rank
+from nvrx_appliance.workloads.save_request import SaveRequest
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     # torch is imported only now, so a bad flag is refused in a fraction of a second.
-    from nvrx_appliance.entrypoints.workloads.trainer import run
+    from nvrx_appliance.workloads.trainer import run
 
     return run(args, me, plan, save, launched=launched)
 

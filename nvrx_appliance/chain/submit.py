@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.chain import job_control, probe, render, submit_lock
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.image import qualification, qualification_status
@@ -26,12 +27,11 @@ from nvrx_appliance.layout import Layout
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES
-from nvrx_appliance.settings import endings, exit_actions, policy
+from nvrx_appliance.settings import exit_actions, generation_end, policy
 from nvrx_appliance.settings.chain import ChainSpec, Problem
 from nvrx_appliance.settings.megatron import rules as megatron_rules
 from nvrx_appliance.settings.resolve import Resolved
 from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
-from nvrx_appliance.slurm import job_control, probe, render, submit_lock
 
 
 class Refused(Exception):
@@ -103,7 +103,7 @@ class Submitted:
 
 
 def template_text() -> str:
-    return (files("nvrx_appliance.slurm") / "generation.sbatch.tmpl").read_text()
+    return (files("nvrx_appliance.chain") / "generation.sbatch.tmpl").read_text()
 
 
 def write_teardown(layout: Layout) -> None:
@@ -140,7 +140,7 @@ def plan(
     warnings += policy.unused(spec, resolved.origins)
     if spec.workload == "megatron":
         warnings += megatron_rules.notes(spec.megatron_args)
-    warnings += endings.warnings(spec)
+    warnings += generation_end.warnings(spec)
     kept = exit_actions.retention_warning(
         spec.workload, spec.save_retention, spec.checkpoint_fallbacks
     )

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.manifest import Manifest
-from nvrx_appliance.settings import endings
+from nvrx_appliance.node.identity import Node
+from nvrx_appliance.settings import generation_end
 
 # Transformer Engine leaves SMs free for communication kernels (the reference deployment's value).
 TE_SM_MARGIN = "16"
@@ -20,7 +20,7 @@ TE_SM_MARGIN = "16"
 # signal to every worker's process group and waits --term-timeout for them; any other
 # signal kills ft_launcher outright and orphans its workers, which run in their own
 # sessions. USR1/USR2 are added so the signals we forward end the workers through
-# ft_launcher. Not the save signal (settings/endings.py): the supervisor sends it to the
+# ft_launcher. Not the save signal (settings/generation_end.py): the supervisor sends it to the
 # workers, and ft_launcher, left to its default for it, ignores a stray one rather than
 # shut down past its exit barrier (time_limit.py).
 LAUNCHER_SIGNALS = ",".join(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
@@ -34,7 +34,7 @@ def contract(manifest: Manifest) -> dict[str, str]:
         "NVRX_APPLIANCE_CHECKPOINT_DIR": str(layout.checkpoints),
         "NVRX_APPLIANCE_TRACKER": str(layout.tracker),
         "NVRX_APPLIANCE_TRAINING_DONE": str(layout.training_done),
-        "NVRX_APPLIANCE_SAVE_SIGNAL": endings.SAVE_SIGNAL.name,
+        "NVRX_APPLIANCE_SAVE_SIGNAL": generation_end.SAVE_SIGNAL.name,
         "NVRX_APPLIANCE_SAVE_INTERVAL": str(spec.save_interval),
         "NVRX_APPLIANCE_PROGRESS_LOG": str(layout.progress_log),
         "NVRX_APPLIANCE_MODE": spec.mode,

@@ -20,7 +20,7 @@ from nvrx_appliance.observe.exclusions import Applied, Exclusion, Record
 from nvrx_appliance.observe.slurm_output import AcctRow
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle, Task
-from nvrx_appliance.settings.endings import slurm_seconds
+from nvrx_appliance.settings.generation_end import slurm_seconds
 
 IMAGE_FILE, REGISTRY, BARE_METAL = "image file", "registry image", "bare metal"
 

@@ -23,9 +23,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from nvrx_appliance.checkpoints.checkpoint_dir import LOAD_FAILED_MARK
 from nvrx_appliance.settings import exit_actions
 
-LOAD_FAILED_MARK = "NVRX_APPLIANCE_LOAD_FAILED"
 _CONTRACT = re.compile(LOAD_FAILED_MARK + r"\s+iteration=(\d+)")
 # print_rank_0(f' loading {dist_infix}checkpoint from {load_dir} at iteration {iteration}')
 _MEGATRON_LOADING = re.compile(r"\bloading (?:distributed )?checkpoint from \S+ at iteration (\d+)")

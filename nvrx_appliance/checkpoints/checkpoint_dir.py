@@ -13,6 +13,9 @@ import re
 from collections.abc import Iterable
 
 _ITER = re.compile(r"^iter_(\d{7,})$")
+# The workload contract's line for "the checkpoint I was told to resume from cannot be
+# loaded" (docs/workload-contract.md), followed by `iteration=N`; the rank's guard reads it.
+LOAD_FAILED_MARK = "NVRX_APPLIANCE_LOAD_FAILED"
 
 
 def iteration_dir(iteration: int) -> str:

@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance import files
-from nvrx_appliance.entrypoints import control
-from nvrx_appliance.entrypoints.node import Node
 from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.node import control
+from nvrx_appliance.node.identity import Node
 
 MARKER_BYTES = 64 << 10
 # NVRx waits this long for the site's service (NodeHealthCheck's request timeout).
@@ -64,43 +64,43 @@ class Identity:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Answer:
     healthy: bool
     why: str  # for the log: why it left, or why a marker was ignored; "" when nothing to say
 
 
-def judge(text: str | None, me: Identity) -> Verdict:
+def judge(text: str | None, me: Identity) -> Answer:
     """Is this node fit to join the next rendezvous, by its task's marker?"""
     if not text:
-        return Verdict(True, "")  # not polled yet
+        return Answer(True, "")  # not polled yet
     fields = control.decode_fields(text)
     theirs = fields.get("generation", "")
     if not control.same_generation(theirs, me.generation):
-        return Verdict(True, f"ignored a drain marker of generation {theirs!r}, not this one")
+        return Answer(True, f"ignored a drain marker of generation {theirs!r}, not this one")
     if fields.get("task") != str(me.task) or fields.get("job_id") != me.job_id:
-        return Verdict(
+        return Answer(
             True,
             f"ignored a drain marker of task {fields.get('task')} job {fields.get('job_id')}: "
             f"another allocation than task {me.task} job {me.job_id}",
         )
     if me.node not in fields.get("nodes", "").split():
-        return Verdict(True, f"ignored a drain marker that does not name this node ({me.node})")
+        return Answer(True, f"ignored a drain marker that does not name this node ({me.node})")
     drained = fields.get("drained", "").split()
     if not drained:
-        return Verdict(True, "")
-    return Verdict(
+        return Answer(True, "")
+    return Answer(
         False,
         f"Slurm has drained {' '.join(drained)} of task {me.task} "
         f"({fields.get('reason') or 'no reason given'}); {me.node} leaves at this rendezvous",
     )
 
 
-def answer(verdict: Verdict) -> dict[str, Any]:
+def answer(found: Answer) -> dict[str, Any]:
     """The JSON NVRx reads from a health check's output: fail_count > 0 is unhealthy,
     and failed_checks is what its log says."""
-    if verdict.healthy:
+    if found.healthy:
         return {"fail_count": 0, "failed_checks": []}
-    return {"fail_count": 1, "failed_checks": [f"slurm drain: {verdict.why}"]}
+    return {"fail_count": 1, "failed_checks": [f"slurm drain: {found.why}"]}
 
 
 def site_target(endpoint: str) -> str | None:
@@ -152,16 +152,16 @@ class DrainCheck:
         self._said: set[str] = set()
         self._lock = threading.Lock()
 
-    def check(self) -> Verdict:
+    def check(self) -> Answer:
         text, problem = read_marker(self.marker, self.uid)
         if problem:
             self._say_once(problem)
-        verdict = judge(text, self.me)
-        if verdict.healthy and verdict.why:
-            self._say_once(verdict.why)
-        elif not verdict.healthy:
-            self.log(verdict.why)
-        return verdict
+        found = judge(text, self.me)
+        if found.healthy and found.why:
+            self._say_once(found.why)
+        elif not found.healthy:
+            self.log(found.why)
+        return found
 
     def _say_once(self, message: str) -> None:
         with self._lock:
@@ -172,12 +172,12 @@ class DrainCheck:
     def RunHealthCheck(self, request, context):
         from nvidia_resiliency_ext.shared_utils.proto import nvhcd_pb2
 
-        verdict = self.check()
-        if verdict.healthy and self.site is not None:
+        found = self.check()
+        if found.healthy and self.site is not None:
             site = self._ask_site(request)
             if site is not None:
                 return site
-        output = json.dumps(answer(verdict))
+        output = json.dumps(answer(found))
         return nvhcd_pb2.HealthCheckResponse(success=True, exit_code=0, output=output)
 
     def _ask_site(self, request):

@@ -1,7 +1,7 @@
 """The control directory on the shared file system: create, check, publish, observe.
 
 The thin adapter under gate.py. Whether task 0 is alive is judged from how long its
-lease's stat has gone unchanged, by this node's own clock (leasewatch.py): no clock is
+lease's stat has gone unchanged, by this node's own clock (lease_watch.py): no clock is
 compared with another, or with the file system's.
 """
 
@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from nvrx_appliance.entrypoints import control, gate, leasewatch
 from nvrx_appliance.files import make_private_dirs, write_atomic
 from nvrx_appliance.layout import ControlFiles
+from nvrx_appliance.node import control, gate, lease_watch
 
 
 class ControlDirError(Exception):
@@ -93,12 +93,12 @@ class LeaseWatch:
         self,
         directory: Path,
         generation: str,
-        clock: Callable[[], float] = leasewatch.peer_clock,
+        clock: Callable[[], float] = lease_watch.peer_clock,
     ):
         self.path = ControlFiles(directory).lease
         self.generation = generation
         self.clock = clock
-        self._track = leasewatch.Track()
+        self._track = lease_watch.Track()
         self._ours: int | None = None  # the inode found to be this generation's lease
 
     def look(self) -> float | None:
@@ -107,7 +107,7 @@ class LeaseWatch:
         before = self.clock()  # before the stat: a stall then only shortens the figure
         try:
             st = os.stat(self.path)
-            stamp: leasewatch.Stamp | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
+            stamp: lease_watch.Stamp | None = (st.st_ino, st.st_mtime_ns, st.st_ctime_ns)
         except FileNotFoundError:
             stamp = None
         after = self.clock()
@@ -116,7 +116,7 @@ class LeaseWatch:
                 stamp = None
             else:
                 self._ours = stamp[0]
-        self._track, unchanged = leasewatch.observe(self._track, stamp, before, after)
+        self._track, unchanged = lease_watch.observe(self._track, stamp, before, after)
         return unchanged
 
 
@@ -225,7 +225,7 @@ class LeaseKeeper:
     Never removed: a peer that saw no lease would take task 0 for not started yet and
     wait without a timeout. A lease that stops changing is what tells peers task 0 died.
     The keeper also knows how long ago its last successful refresh began, by task 0's
-    own clocks (leasewatch.elapsed: a suspend counts), so that task 0 can stop itself
+    own clocks (lease_watch.elapsed: a suspend counts), so that task 0 can stop itself
     in time when the refreshes fail (lease.py).
     """
 
@@ -236,22 +236,22 @@ class LeaseKeeper:
         self.warn = warn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="task0-lease", daemon=True)
-        self._refreshed = leasewatch.task0_reading()
+        self._refreshed = lease_watch.task0_reading()
 
     def start(self) -> None:
-        began = leasewatch.task0_reading()
+        began = lease_watch.task0_reading()
         write_atomic(self.path, json.dumps(self.holder, sort_keys=True) + "\n", 0o600)
         self._refreshed = began
         self._thread.start()
 
     def unrefreshed_for(self) -> float:
-        return leasewatch.elapsed(self._refreshed, leasewatch.task0_reading())
+        return lease_watch.elapsed(self._refreshed, lease_watch.task0_reading())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             # Taken before the call: the lease changes at or after this moment, so the
             # self-fence deadline counts from no later than the change a peer sees.
-            began = leasewatch.task0_reading()
+            began = lease_watch.task0_reading()
             try:
                 os.utime(self.path, None)
             except OSError as exc:

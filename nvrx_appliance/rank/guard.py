@@ -48,12 +48,13 @@ from pathlib import Path
 
 from nvrx_appliance import files
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints import fallback, workload_exit
 from nvrx_appliance.observe import run_files
+from nvrx_appliance.rank import workload_exit
 from nvrx_appliance.settings import exit_actions
 
-MODULE = "nvrx_appliance.entrypoints.guard"
+MODULE = "nvrx_appliance.rank.guard"
 TAIL_LINES = 200  # what is kept of the workload's output, per stream
 LOAD_LINES = 20  # and of its lines about loading a checkpoint
 MAX_PARTIAL = 8192  # a line longer than this is judged in pieces

@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from nvrx_appliance.entrypoints.workloads import checkpoint_dir
+from nvrx_appliance.checkpoints import checkpoint_dir
 from nvrx_appliance.files import make_private_dirs, read_text
 from nvrx_appliance.layout import TRACKER_FILE, TRAINING_DONE_FILE
 from nvrx_appliance.manifest import write_atomic

@@ -6,11 +6,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvrx_appliance.chain import job_control
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import slurmcli
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES
 from nvrx_appliance.observe.workdir import Unreadable, load_manifest
-from nvrx_appliance.slurm import job_control
 
 # A generation whose tasks are completing is ending already: scancel can do nothing
 # more to it (it answers "Invalid job id specified"), so it is left to end.

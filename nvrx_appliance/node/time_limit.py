@@ -1,4 +1,4 @@
-"""The time-limit notice and the save signal, on one node (settings/endings.py has the
+"""The time-limit notice and the save signal, on one node (settings/generation_end.py has the
 design).
 
 The notice is a control file: a batch shell that Slurm's --signal reached writes it, or
@@ -12,7 +12,7 @@ skips its exit barrier, the wait of every agent for the others at the end of a r
 ft_launcher that left that way leaves its peers waiting for it there (300 s, past any
 time limit), each blocked inside the store's wait, where a signal cannot reach its
 Python handler. Workers that end 0 on their own instead look to torch elastic like a
-finished run: every agent reaches the barrier and ends 0 (entrypoints/env.py leaves the
+finished run: every agent reaches the barrier and ends 0 (node/env.py leaves the
 save signal out of ft_launcher's handled signals, so a stray one is ignored there).
 
 Only when it can land: a process that has not installed a handler ignores SIGURG, so a
@@ -30,9 +30,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.entrypoints import control, controldir, guard
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.layout import ControlFiles
+from nvrx_appliance.node import control, controldir
+from nvrx_appliance.rank import guard
 
 try:  # an NVRx dependency, so present wherever ft_launcher is
     import psutil

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from nvrx_appliance.chain.sources import ACCOUNTED_SINCE, generation_ids, view_of
+from nvrx_appliance.chain.status import ChainView, Headline, action_words, slurm_answered
 from nvrx_appliance.goodput import gather
 from nvrx_appliance.goodput.account import account
 from nvrx_appliance.layout import Layout
@@ -24,8 +26,6 @@ from nvrx_appliance.observe import workdir
 from nvrx_appliance.observe.slurm_output import CHAINS, AcctRow, ParseError
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
 from nvrx_appliance.observe.types import PENDING_STATES, RUNNING_STATES, Task
-from nvrx_appliance.slurm.sources import ACCOUNTED_SINCE, generation_ids, view_of
-from nvrx_appliance.slurm.status import ChainView, Headline, action_words, slurm_answered
 
 
 @dataclass(frozen=True)
