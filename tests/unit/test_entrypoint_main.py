@@ -22,7 +22,16 @@ import pytest
 from nvrx_appliance import exitcodes, manifest
 from nvrx_appliance.layout import ControlFiles
 from nvrx_appliance.lease import POLL_S
-from nvrx_appliance.node import control, controldir, detect, launch, lifecycle, time_limit
+from nvrx_appliance.node import (
+    control,
+    controldir,
+    detect,
+    launch,
+    lifecycle,
+    looks,
+    rendezvous,
+    time_limit,
+)
 from nvrx_appliance.node.identity import Node
 from nvrx_appliance.node.supervise import Save
 from tests.unit import entrypoint_support as support
@@ -483,13 +492,13 @@ def test_task_0_writes_the_notice_at_its_exit_duration_counted_from_its_own_star
     assert deadline == started + 60
     node = Node("700", 0, 0, "700", "node1")
     lease_watch = controldir.LeaseWatch(directory, token)
-    check = lifecycle.watch(
+    check = looks.watch(
         m, node, directory, lease_watch, is_task0=True, period=0.0, exit_at=started - 1
     )
     verdict = check()
     assert isinstance(verdict, Save) and "exit duration of 1 min" in verdict.reason
     assert time_limit.noticed(directory, token) == verdict.reason  # every node sees it
-    later = lifecycle.watch(m, node, directory, lease_watch, is_task0=False, period=0.0)
+    later = looks.watch(m, node, directory, lease_watch, is_task0=False, period=0.0)
     assert isinstance(later(), Save)
     assert lifecycle.exit_deadline(manifest.load(write_manifest(tmp_path / "b")), 0) is None
 
@@ -508,14 +517,14 @@ def test_task_0_closes_the_generation_the_moment_its_ft_launcher_decides_to_leav
     log.write_text("2026-12-03 07:34:01,126 " + decided.format("node2"))
     lease_watch = controldir.LeaseWatch(directory, token)
     node = Node("700", 0, 0, "700", "node1")
-    check = lifecycle.watch(m, node, directory, lease_watch, is_task0=True, period=0.0)
+    check = looks.watch(m, node, directory, lease_watch, is_task0=True, period=0.0)
     assert check() is None and not controldir.closed(directory, token)
     with log.open("a") as out:
         out.write("2026-12-03 07:34:02,129 " + decided.format("node1"))
     # Closed for every peer at once; task 0's own ft_launcher is left to end with its code.
     assert check() is None and controldir.closed(directory, token)
     assert check() is None
-    peer = lifecycle.watch(
+    peer = looks.watch(
         m, Node("700", 1, 0, "701", "node2"), directory, lease_watch, is_task0=False, period=0.0
     )
     verdict = peer()
@@ -532,15 +541,15 @@ def test_a_watcher_reads_the_verdict_and_the_notice_at_most_every_two_seconds(
     directory.mkdir(parents=True, mode=0o700)
     token = f"{support.CHAIN}/700/"
     clock = [1000.0]
-    monkeypatch.setattr(lifecycle.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(looks.time, "monotonic", lambda: clock[0])
     reads = []
     real = controldir.workload_verdict
     monkeypatch.setattr(
         controldir, "workload_verdict", lambda d, t: reads.append(clock[0]) or real(d, t)
     )
-    check = lifecycle.watch(
+    check = looks.watch(
         m, Node("700", 1, 0, "701", "node2"), directory, controldir.LeaseWatch(directory, token),
-        is_task0=False, period=lifecycle.WATCH_POLL_S,
+        is_task0=False, period=looks.WATCH_POLL_S,
     )  # fmt: skip
     for _ in range(12):  # six seconds of looks, twice a second
         assert check() is None
@@ -632,10 +641,10 @@ def test_task_0_sets_aside_a_control_dir_another_run_left_under_a_reused_job_id(
         path.write_text("{}\n")
 
     # A peer never touches it: only task 0 knows that it has not published yet.
-    lifecycle.make_dirs(m, Node("700", 3, 0, "703", "peer"))
+    rendezvous.make_dirs(m, Node("700", 3, 0, "703", "peer"))
     assert ControlFiles(old).closed.exists()
 
-    directory = lifecycle.make_dirs(m, Node("700", 0, 0, "700", "task0"))
+    directory = rendezvous.make_dirs(m, Node("700", 0, 0, "700", "task0"))
     assert directory == old and list(directory.iterdir()) == []
     [aside] = old.parent.glob("control.stale.*")
     assert sorted(p.name for p in aside.iterdir()) == sorted(
@@ -648,7 +657,7 @@ def test_a_peer_at_the_gate_only_reads_the_control_directory(tmp_path, monkeypat
     # setattr a second per node). It now judges the lease by its own clock.
     m = manifest.load(write_manifest(tmp_path))
     peer = Node("700", 1, 0, "701", "node2")
-    directory = lifecycle.make_dirs(m, peer)
+    directory = rendezvous.make_dirs(m, peer)
     token = control.generation(support.CHAIN, "700")
     keeper = controldir.LeaseKeeper(directory, 60, holder={"generation": token}, warn=print)
     keeper.start()
@@ -659,10 +668,10 @@ def test_a_peer_at_the_gate_only_reads_the_control_directory(tmp_path, monkeypat
         if len(seen) == 3:
             controldir.publish(directory, support.record(array_job_id="700", generation=token))
 
-    monkeypatch.setattr(lifecycle.time, "sleep", pause)
+    monkeypatch.setattr(rendezvous.time, "sleep", pause)
     fabric = detect.Fabric(cluster_uuid=None, reason="none")
     try:
-        joined = lifecycle.gate_loop(m, peer, fabric, directory, token)
+        joined = rendezvous.gate_loop(m, peer, fabric, directory, token)
     finally:
         keeper.stop()
     assert joined.host == "node1" and len(seen) == 3
@@ -677,6 +686,6 @@ def test_task_0_publishes_whatever_the_tracker_holds(tmp_path, text):
     m = manifest.load(write_manifest(tmp_path))
     m.layout.checkpoints.mkdir(parents=True)
     m.layout.tracker.write_text(text)
-    assert lifecycle.checkpoint_start(m) is None
+    assert rendezvous.checkpoint_start(m) is None
     m.layout.tracker.write_text("40\n")
-    assert lifecycle.checkpoint_start(m) == 40
+    assert rendezvous.checkpoint_start(m) == 40

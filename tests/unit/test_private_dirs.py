@@ -18,7 +18,7 @@ import pytest
 
 from nvrx_appliance import manifest
 from nvrx_appliance.chain import render, submit
-from nvrx_appliance.node import lifecycle
+from nvrx_appliance.node import rendezvous
 from nvrx_appliance.node.identity import Node
 from nvrx_appliance.settings.chain import ChainSpec
 from tests.unit import test_teardown as generation
@@ -55,8 +55,8 @@ def test_submit_and_the_entrypoint_create_every_directory_0700_under_umask_002(t
     )
     with umask(0o002):
         submit.write(plan)
-        lifecycle.make_dirs(m, Node("700", 0, 0, "700", "task0"))
-        lifecycle.make_dirs(m, Node("700", 2, 0, "702", "node3"))
+        rendezvous.make_dirs(m, Node("700", 0, 0, "700", "task0"))
+        rendezvous.make_dirs(m, Node("700", 2, 0, "702", "node3"))
     created = dirs_under(tmp_path / "runs")
     wanted = {"gpt/nvrx/700/control", "gpt/nvrx/700/cycle_infos", "gpt/checkpoints", "gpt/logs"}
     assert wanted <= set(created)

@@ -1,0 +1,162 @@
+"""What a node reads of the control directory while its ft_launcher runs: task 0 the
+closed flag (and its own ft_launcher's end), the watchers the closed flag and task 0's
+lease twice a second, every other node the same once per backstop period (lease.py);
+then, at most every SLOW_LOOK_S, the workload's verdict and the time-limit notice. A
+watcher whose ft_launcher ended on its own lingers until it knows whether task 0 lives.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nvrx_appliance import exitcodes, lease
+from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.node import (
+    controldir,
+    gate,
+    launch,
+    launcher_end,
+    rendezvous,
+    time_limit,
+)
+from nvrx_appliance.node.gate import Leave
+from nvrx_appliance.node.identity import Node
+from nvrx_appliance.node.preflight import (
+    say,
+)
+from nvrx_appliance.node.supervise import Decision, Save
+
+RUN_POLL_S = lease.POLL_S
+
+
+WATCH_POLL_S = lease.WATCH_POLL_S  # a watcher, while ft_launcher runs
+
+
+# The workload's verdict and the time-limit notice are read at most this often: a second
+# or two matters to neither (the guard holds its rank's place meanwhile, the margin is
+# minutes), and reading them on every look of a watcher was two thirds of its file
+# system calls (bench row 7: 7.6 calls/s against 3.6 before the verdict was read).
+SLOW_LOOK_S = 2.0
+
+
+def watch(
+    manifest: run_manifest.Manifest,
+    node: Node,
+    directory: Path,
+    lease_watch: controldir.LeaseWatch,
+    *,
+    is_task0: bool,
+    period: float,
+    exit_at: float | None = None,
+):
+    """The supervisor's look at the control directory (file system calls: it runs where
+    a hang cannot keep task 0 from fencing itself), at most once per `period`: task 0
+    reads the closed flag, any other node the closed flag and the lease (a node that
+    looks rarely judges the lease from those sparse looks); then the time-limit notice.
+    `exit_at`: task 0's monotonic deadline for the exit duration, at which it writes
+    that notice."""
+    spec = manifest.spec
+    token = lease_watch.generation
+    due = time.monotonic()
+    # Task 0 closes the generation the moment its ft_launcher decides to end it
+    # (launcher_end.py), and from then on leaves that ft_launcher to end on its own.
+    ending = (
+        launcher_end.EndWatch(launch.nvrx_logfile(manifest, node.array_job_id), node.hostname)
+        if is_task0
+        else None
+    )
+
+    slow_due = due
+
+    def check() -> Decision:
+        nonlocal due, slow_due
+        now = time.monotonic()
+        if now < due:
+            return None
+        due = now + period
+        if ending is not None:
+            if ending.decided is None and (why := ending.look()):
+                say(f"{node.label}: {why}; closing the generation now")
+                rendezvous.announce_end(directory, token, why)
+            if ending.decided is not None:
+                return None
+        verdict = gate.while_running(
+            closed=controldir.closed(directory, token),
+            lease_age=None if is_task0 else lease_watch.look(),
+            watch_lease=not is_task0,
+            stale_after=spec.lease_stale_after,
+        )
+        if verdict is not None and verdict.fence:
+            rendezvous.fence(node, directory, token, verdict.message)
+        if verdict is not None:
+            return verdict
+        if now < slow_due:
+            return None
+        slow_due = now + max(period, SLOW_LOOK_S)
+        given = controldir.workload_verdict(directory, token)
+        if given is not None:
+            return Leave(
+                exitcodes.WORKLOAD_VERDICT,
+                f"the workload's verdict ({given.get('action')}): {given.get('words')}; "
+                "stopping ft_launcher",
+                over=True,
+            )
+        reason = time_limit.noticed(directory, token)
+        if reason is None and exit_at is not None and now >= exit_at:
+            reason = f"exit duration of {spec.exit_duration_min} min since task 0 started reached"
+            time_limit.write_notice(directory, token, reason)
+        return Save(reason) if reason is not None else None
+
+    return check
+
+
+def linger(
+    manifest: run_manifest.Manifest,
+    node: Node,
+    directory: Path,
+    lease_watch: controldir.LeaseWatch,
+) -> None:
+    """A watcher whose ft_launcher ended on its own with a failure, unasked: the usual
+    cause is task 0's store gone with task 0, and if the watchers all left now, nobody
+    would fence it. So it stays, reading as before, until task 0 shows it lives (its
+    lease changes), the closed flag appears, or the lease has gone unchanged past the
+    threshold (it fences): the threshold and two polls at most."""
+    spec, token = manifest.spec, lease_watch.generation
+    say(f"{node.label}: ft_launcher ended on its own; making sure task 0 lives before "
+        f"leaving (up to {spec.lease_stale_after + 2 * WATCH_POLL_S:.0f} s)")  # fmt: skip
+    deadline = time.monotonic() + spec.lease_stale_after + 2 * WATCH_POLL_S
+    try:
+        lease_watch.look()  # a change seen only now may be task 0's last refresh
+        while time.monotonic() < deadline:
+            time.sleep(WATCH_POLL_S)
+            closed = controldir.closed(directory, token)
+            unchanged = lease_watch.look()
+            if unchanged is None or (unchanged == 0.0 and not closed):
+                return  # task 0 refreshed its lease since: it lives
+            verdict = gate.while_running(
+                closed=closed,
+                lease_age=unchanged,
+                watch_lease=True,
+                stale_after=spec.lease_stale_after,
+            )
+            if verdict is not None:
+                say(f"{node.label}: {verdict.message}")
+                if verdict.fence:
+                    rendezvous.fence(node, directory, token, verdict.message)
+                rendezvous.relay(node, directory, token, verdict.message)
+                return
+    except OSError as exc:
+        say(f"{node.label}: could not read {directory} ({exc}); leaving")
+
+
+def look_period(
+    manifest: run_manifest.Manifest, node: Node, *, is_task0: bool, active_tasks: int
+) -> float:
+    """Seconds between two looks at the control directory while ft_launcher runs."""
+    spec = manifest.spec
+    if is_task0:
+        return RUN_POLL_S
+    if lease.watches(node.task_id, node.node_id, spec.lease_watchers):
+        return WATCH_POLL_S
+    return lease.backstop_period(active_tasks * spec.nodes_per_task)
