@@ -1,7 +1,8 @@
 """What a node reads of the control directory while its ft_launcher runs: task 0 the
 closed flag (and its own ft_launcher's end), the watchers the closed flag and task 0's
 lease twice a second, every other node the same once per backstop period (lease.py);
-then, at most every SLOW_LOOK_S, the workload's verdict and the time-limit notice. A
+then, at most every SLOW_LOOK_S, the workload's verdict and the time-limit notice (and
+task 0 a hang verdict that asks for a hand-off, rank/stacks.py). A
 watcher whose ft_launcher ended on its own lingers until it knows whether task 0 lives.
 """
 
@@ -26,6 +27,7 @@ from nvrx_appliance.node.preflight import (
     say,
 )
 from nvrx_appliance.node.supervise import Decision, Save
+from nvrx_appliance.rank import stacks
 
 RUN_POLL_S = lease.POLL_S
 
@@ -68,6 +70,9 @@ def watch(
     )
 
     slow_due = due
+    # A hang verdict without a free hot spare ends the generation (docs/hangs.md).
+    sampled = is_task0 and spec.stack_sampling > 0
+    hangs = manifest.layout.hangs(node.array_job_id) if sampled else None
 
     def check() -> Decision:
         nonlocal due, slow_due
@@ -94,6 +99,10 @@ def watch(
         if now < slow_due:
             return None
         slow_due = now + max(period, SLOW_LOOK_S)
+        ended = ending is None or ending.decided is not None
+        if hangs is not None and not ended and (why := stacks.hand_off_wanted(hangs, token)):
+            say(f"{node.label}: {why}; closing the generation now")
+            rendezvous.announce_end(directory, token, why)
         given = controldir.workload_verdict(directory, token)
         if given is not None:
             return Leave(

@@ -51,7 +51,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.observe import run_files
-from nvrx_appliance.rank import workload_exit
+from nvrx_appliance.rank import stacks, workload_exit
 from nvrx_appliance.settings import exit_actions
 
 MODULE = "nvrx_appliance.rank.guard"
@@ -152,7 +152,11 @@ class Guard:
             os.close(out_w)
             os.close(err_w)
         tees = (_Tee(out_r, sys.stdout.fileno()), _Tee(err_r, sys.stderr.fileno()))
+        # Its stack, sampled; when NVRx's timeout kills it, the cycle's hang is judged.
+        stack_watch = stacks.watch(self.args.generation, child.pid, say)
         code = _wait(child)
+        if stack_watch is not None:
+            stack_watch.after_exit(code, stopping=self.stopping.is_set())
         for tee in tees:
             tee.thread.join(DRAIN_S)
         if self.stopping.is_set():
