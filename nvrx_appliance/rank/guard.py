@@ -40,7 +40,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -276,20 +275,7 @@ def _wait(child: subprocess.Popen) -> int:
             time.sleep(0.01)
 
 
-def _create(path: Path, data: dict) -> bool:
-    """Write `path` whole and only if it does not exist (a hard link of a complete file):
-    True for the one writer that created it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(data, sort_keys=True) + "\n")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        os.unlink(tmp)
+_create = files.create_once
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -35,7 +35,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -327,22 +326,6 @@ def free_hot_spares(hot_spare_nodes: int, cycles: list[tuple[set[str], set[str]]
     return max(len(cycles[-1][1]), hot_spare_nodes - len(used))
 
 
-def create_once(path: Path, data: dict[str, Any]) -> bool:
-    """Write `path` whole, owner-only, only if it does not exist: True for the one writer
-    that created it (a hard link of a complete file, as the guard's verdict)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(data, sort_keys=True) + "\n")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        os.unlink(tmp)
-
-
 class StackWatch:
     """What the guard runs beside one workload: the sampler, and the judgement when
     NVRx's timeout kills the workload."""
@@ -394,7 +377,7 @@ class StackWatch:
             "words": words,
         }
         with contextlib.suppress(OSError):
-            if create_once(self.hangs / withdrawn_name(self.node), data):
+            if files.create_once(self.hangs / withdrawn_name(self.node), data):
                 self.say(words)
 
     def after_exit(self, code: int, *, stopping: bool) -> None:
@@ -430,7 +413,7 @@ class StackWatch:
             judgement, samples, generation=self.generation, cycle=self.cycle,
             judged_by={"node": self.node, "rank": str(self.rank)}, hand_off=hand_off,
         )  # fmt: skip
-        if not create_once(self.hangs / f"cycle{self.cycle}.json", record):
+        if not files.create_once(self.hangs / f"cycle{self.cycle}.json", record):
             return
         self.say(judgement.words + (
             "; no free hot spare: the generation hands off" if hand_off else ""
@@ -438,7 +421,7 @@ class StackWatch:
         for node in judgement.nodes:
             marker = {"generation": self.generation, "cycle": self.cycle, "words": judgement.words,
                       "record": f"cycle{self.cycle}.json", "hand_off": hand_off}  # fmt: skip
-            create_once(self.hangs / hung_name(node), marker)
+            files.create_once(self.hangs / hung_name(node), marker)
 
 
 def watch(generation: str, pid: int, say: Callable[[str], None]) -> StackWatch | None:
