@@ -494,7 +494,7 @@ def remember_nodes(
             record=args.exclusions, launcher_log=args.launcher_log,
             drained=this.get("drained", []), fenced_task0=fenced_task0,
             spec=_load_manifest(args.run_json).get("spec", {}), chain=this["chain"],
-            array_job_id=args.array_job_id, log=_log, exits=exits,
+            array_job_id=args.array_job_id, log=_log, exits=exits, hangs=args.hangs,
         )  # fmt: skip
     except Exception as exc:
         _log(f"ERROR: judging this generation's nodes failed: {exc}")
@@ -642,7 +642,7 @@ PATHS = {"ledger": "ledger", "tracker": "tracker", "training_done": "training_do
          "chain_marker": "marker", "exclusions": "exclusions", "submitted": "submitted",
          "launcher_log": "launcher_log", "drain_poll": "drain_poll", "fence": "fence_claim",
          "relay": "relay_claim", "no_restart": "no_restart", "time_limit": "time_limit",
-         "verdict": "verdict", "workload_exits": "exits_dir"}  # fmt: skip
+         "verdict": "verdict", "workload_exits": "exits_dir", "hangs": "hangs"}  # fmt: skip
 
 
 def generation_paths(paths: Any, array_job_id: str) -> Dict[str, str]:
