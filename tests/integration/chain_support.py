@@ -44,6 +44,19 @@ def processes(is_program, *in_environ: bytes) -> list[int]:
     return sorted(pids)
 
 
+WORKER = [b"-u", b"-m", b"nvrx_appliance.workloads.cpu"]
+
+
+def worker_pids(work: Path, node: str) -> list[int]:
+    """This chain's cpu trainer ranks on `node`, from /proc: the trainer is their program
+    (ft_launcher's own command line names it too, further on), their command line names
+    the chain's work dir, their environment the node Slurm started them on."""
+    return processes(
+        lambda argv: argv[1:4] == WORKER and any(str(work).encode() in a for a in argv),
+        f"SLURMD_NODENAME={node}".encode(),
+    )
+
+
 def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 

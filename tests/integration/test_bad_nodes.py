@@ -31,7 +31,6 @@ from .chain_support import (
     CLI,
     cli,
     logs_on_failure,
-    processes,
     progress,
     ran,
     submit,
@@ -40,6 +39,7 @@ from .chain_support import (
     wait_event,
     wait_idle,
     wait_ledger,
+    worker_pids,
 )
 from .conftest import Cluster
 
@@ -77,21 +77,8 @@ def _cycle_nodes(work: Path, array_job_id: str, cycle: int) -> tuple[set[str], s
     return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))
 
 
-WORKER = [b"-u", b"-m", b"nvrx_appliance.workloads.cpu"]
-
-
-def _worker_pids(work: Path, node: str) -> list[int]:
-    """This chain's cpu trainer ranks on `node`, from /proc: the trainer is their program
-    (ft_launcher's own command line names it too, further on), their command line names
-    the chain's work dir, their environment the node Slurm started them on."""
-    return processes(
-        lambda argv: argv[1:4] == WORKER and any(str(work).encode() in a for a in argv),
-        f"SLURMD_NODENAME={node}".encode(),
-    )
-
-
 def _kill_a_rank(cluster: Cluster, work: Path, node: str) -> None:
-    pids = cluster.wait_until(lambda: _worker_pids(work, node), 60, f"a rank on {node}", 0.5)
+    pids = cluster.wait_until(lambda: worker_pids(work, node), 60, f"a rank on {node}", 0.5)
     os.kill(pids[0], signal.SIGKILL)
 
 

@@ -1,0 +1,195 @@
+"""A node that hangs (issue 38), on the real cluster: real ft_launcher 0.7.0 ends the
+hung cycle at its step timeout (SIGCONT then SIGKILL to each workload), each rank's
+guard has sampled its stack with the real py-spy, the hang rule names the node, the
+entrypoint's health check takes it out of the next rendezvous and the hot spare trains.
+
+The sick node is made from outside, as a user meets one: every worker on it is frozen
+(SIGSTOP) a few seconds into each cycle, once that cycle trains: no error, no exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+
+import pytest
+
+from nvrx_appliance.observe.run_files import cycle_info
+from nvrx_appliance.observe.slurm_output import expand_nodelist
+
+from .chain_support import (
+    cli,
+    logs_on_failure,
+    progress,
+    submit,
+    unique,
+    wait_event,
+    wait_idle,
+    wait_in,
+    worker_pids,
+)
+from .conftest import Cluster
+
+pytestmark = [pytest.mark.cluster]
+
+CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
+STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
+FREEZE_AFTER_S = 3.0  # into a cycle's training, its workers on the sick node stop
+
+
+class Freezer:
+    """Freezes every worker on the given nodes FREEZE_AFTER_S after the cycle it runs in
+    has logged its first step: each cycle anew, until stopped; thaws what it froze."""
+
+    def __init__(self, work: Path, nodes: set[str]):
+        self.work, self.nodes = work, nodes
+        self.frozen: dict[int, float] = {}  # pid -> when
+        self.seen: dict[int, float] = {}  # pid -> when it was first seen
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.done.wait(0.5):
+            trained = {
+                (e.get("slurm_array_job_id"), e.get("cycle")): e["time"]
+                for e in reversed(progress(self.work)) if e["event"] == "step"
+            }  # fmt: skip
+            if not trained:
+                continue
+            since = max(trained.values())  # the latest cycle's first step
+            for node in self.nodes:
+                for pid in worker_pids(self.work, node):
+                    seen = self.seen.setdefault(pid, time.time())
+                    # A worker starts well before its cycle's first step (torch imports).
+                    if pid not in self.frozen and seen <= since <= time.time() - FREEZE_AFTER_S:
+                        self._signal(pid, signal.SIGSTOP)
+                        self.frozen[pid] = time.time()
+
+    @staticmethod
+    def _signal(pid: int, signum: int) -> None:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signum)
+
+    def first(self) -> float:
+        return Cluster.wait_until(
+            lambda: min(self.frozen.values(), default=None), CYCLE_S, "a frozen worker", 0.5
+        )
+
+    def stop(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+        for pid in self.frozen:
+            self._signal(pid, signal.SIGCONT)
+
+
+@contextmanager
+def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, str]]:
+    work, name = cluster.workdir(label), unique(label)
+    [gen] = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0", "--depth", "1",
+                   "--train-iters", "100000", *flags)  # fmt: skip
+    try:
+        yield work, name, gen
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=120)
+
+
+def _cycle_nodes(work: Path, gen: str, cycle: int) -> tuple[set[str], set[str]]:
+    path = work / "nvrx" / gen / "cycle_infos" / f"cycle_info.{gen}.0.{cycle}"
+    info = cycle_info(path.read_text())
+    assert info is not None, logs_on_failure(work)
+    return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))
+
+
+def _started(work: Path, gen: str, cycle: int) -> dict:
+    return wait_event(
+        work,
+        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == gen
+        and e.get("cycle") == cycle,
+        CYCLE_S,
+        f"training of generation {gen} to start in cycle {cycle}",
+    )  # fmt: skip
+
+
+def _hang_record(work: Path, gen: str, cycle: int) -> dict:
+    path = work / "nvrx" / gen / "hangs" / f"cycle{cycle}.json"
+    return wait_in(
+        work, lambda: json.loads(path.read_text()) if path.exists() else None, CYCLE_S,
+        f"the hang record of cycle {cycle}",
+    )  # fmt: skip
+
+
+def _held(work: Path, gen: str, before: float) -> int:
+    """The checkpoint the run held when its workers froze."""
+    saved = [
+        e["iteration"] for e in progress(work)
+        if e["event"] == "checkpoint" and e.get("slurm_array_job_id") == gen and e["time"] <= before
+    ]  # fmt: skip
+    return max(saved, default=0)
+
+
+def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_at_the_hang(
+    cluster: Cluster,
+):
+    with _chain(cluster, "hang", "--train-tasks", "2", "--hot-spares", "1") as (work, name, gen):
+        _started(work, gen, 0)
+        active, _ = _cycle_nodes(work, gen, 0)
+        task0 = _node_of_task0(work, gen)
+        (sick,) = active - {task0}
+        freezer = Freezer(work, {sick})
+        freezer.thread.start()
+        try:
+            frozen_at = freezer.first()
+            held = _held(work, gen, frozen_at)
+            record = _hang_record(work, gen, 0)
+            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+            assert record["words"].startswith(f"{sick} hung in cycle 0: its 2 ranks stopped in `")
+            assert record["words"].endswith("while the 2 others waited in `all_reduce`")
+            assert not record["hand_off"]  # the hot spare is free
+            hangs = sorted(p.name for p in (work / "nvrx" / gen / "hangs").iterdir())
+            assert hangs == ["cycle0.json", f"hung.{sick}"]  # no other node blamed
+            # Training goes on past the checkpoint held at the hang, in the next cycle:
+            # one step timeout and one in-job restart.
+            moved = wait_event(
+                work,
+                lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == gen
+                and e["iteration"] > held,
+                STEP_TIMEOUT_S + CYCLE_S,
+                f"a checkpoint past iteration {held}",
+            )  # fmt: skip
+            assert moved["cycle"] == 1, logs_on_failure(work)
+            active, _ = _cycle_nodes(work, gen, 1)
+            assert sick not in active and task0 in active, logs_on_failure(work)
+            assert not (work / "chain.jsonl").exists()  # the chain did not end
+            status = cli(cluster, "status", name).stdout
+            assert f"{sick} hung in cycle 0" in status, status
+        finally:
+            freezer.stop()
+
+
+def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
+    with _chain(cluster, "hangall", "--train-tasks", "2", "--hot-spares", "0") as (work, _, gen):
+        _started(work, gen, 0)
+        active, _ = _cycle_nodes(work, gen, 0)
+        freezer = Freezer(work, active)
+        freezer.thread.start()
+        try:
+            record = _hang_record(work, gen, 0)
+        finally:
+            freezer.stop()
+        assert record["verdict"] == "none" and record["nodes"] == [], record
+        assert "every rank stopped in its own code" in record["words"]
+        assert len(record["stacks"]) == 4 and record["groups"]  # kept for a person
+        assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
+
+
+def _node_of_task0(work: Path, gen: str) -> str:
+    """Task 0's node, as its rendezvous record names it."""
+    record = json.loads((work / "nvrx" / gen / "control" / "rdzv.json").read_text())
+    return str(record["host"]).split(".", 1)[0]
