@@ -46,6 +46,7 @@ from nvrx_appliance.chain.status import ChainView
 from nvrx_appliance.goodput import gather
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import hangs as hang_record
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.slurm_output import ALLOCATIONS
 from nvrx_appliance.observe.slurmcli import Slurm
@@ -388,6 +389,20 @@ def logs(
     size = manifest["shape"].get("array_size")
     more = chainlogs.others(layout, job_name, generation, size if isinstance(size, int) else 1)
     return LogFile(generation, path, tuple(more))
+
+
+def hang_stacks(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
+    """Every hang record of the chain (or of the generation a job id names), its stacks
+    grouped, as lines for a person (docs/hangs.md); [] when no hang was judged."""
+    folder, generation = locate(target, work_dir=work_dir)
+    layout = Layout(folder)
+    ids = [generation] if generation is not None else chainlogs.generations(layout)
+    lines: list[str] = []
+    for array_job_id, found in workdir.hangs(layout, ids).items():
+        for hang in found:
+            path = layout.hangs(array_job_id) / f"cycle{hang.cycle}.json"
+            lines += [f"==> generation {array_job_id}, {path} <==", *hang_record.grouped(hang)]
+    return lines
 
 
 def follow_logs(

@@ -42,6 +42,12 @@ COLLECTIVES = frozenset(
     }
 )  # fmt: skip
 DISTRIBUTED_FILES = ("torch/distributed/",)
+# A native frame of these waits on a collective of PyTorch's c10d (py-spy --native, taken
+# of a blocked rank), and what a person calls it.
+NATIVE_WAITS = ("c10d::", "gloo::", "ncclGroupEnd", "ProcessGroupNCCL")
+NATIVE_NAMES = {"Reducer::finalize_backward": "all_reduce"}  # DDP's gradient reduction
+# Library code a stopped rank may stand in; its words name the workload's frame instead.
+LIBRARY_FILES = ("torch/", "numpy/", "<frozen ", "threading.py")
 # Frames that say a checkpoint, the data or the file system holds the rank: a stall
 # there is every rank's (the shared file system), never evidence against one node.
 CHECKPOINT_MARKS = ("checkpoint", "dist_checkpointing", "serialization.py")
@@ -72,6 +78,7 @@ class RankStack:
     still_since: float  # since when the stack has been this one (epoch seconds)
     domain: str = ""  # the node's NVLink domain in segment mode; "" otherwise
     state: str = ""  # the process's state letter when sampled (R, S, D, T, ...)
+    native: tuple[str, ...] = ()  # its native frames while it stood still, innermost first
 
 
 @dataclass(frozen=True)
@@ -107,12 +114,23 @@ def _is_distributed(frame: Frame) -> bool:
 
 def collective(stack: RankStack) -> Frame | None:
     """The torch.distributed collective this rank waits in (the outermost such frame:
-    the call the workload made), or None."""
+    the call the workload made), or, where the wait is in C++ (DDP's gradient all-reduce
+    inside backward), the c10d frame its native stack waits in; None if neither."""
     found = None
     for frame in stack.frames:
         if _short(frame.name) in COLLECTIVES and _is_distributed(frame):
             found = frame
-    return found
+    if found is not None:
+        return found
+    for name in stack.native:
+        if any(mark in name for mark in NATIVE_WAITS):
+            return Frame(NATIVE_NAMES.get(_native_short(name), _native_short(name)), "(native)")
+    return None
+
+
+def _native_short(name: str) -> str:
+    """`c10d::Reducer::finalize_backward()` -> `Reducer::finalize_backward`."""
+    return name.split("(", 1)[0].removeprefix("c10d::")
 
 
 def io_frame(stack: RankStack) -> Frame | None:
@@ -128,7 +146,11 @@ def io_frame(stack: RankStack) -> Frame | None:
 
 
 def own_frame(stack: RankStack) -> Frame | None:
-    """Where a rank outside any collective stands: its innermost frame."""
+    """Where a rank outside any collective stands, in the workload's own code: its
+    innermost frame outside PyTorch and the interpreter (else its innermost)."""
+    for frame in stack.frames:
+        if not frame.file.startswith(LIBRARY_FILES):
+            return frame
     return stack.frames[0] if stack.frames else None
 
 

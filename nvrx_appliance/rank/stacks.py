@@ -60,6 +60,9 @@ NVRX_CHECK_INTERVAL_S = 5.0
 # The node's NVLink domain in segment mode, as the entrypoint tells the workload.
 DOMAIN_ENV = "NVRX_APPLIANCE_NVLINK_DOMAIN"
 CYCLE_INFO_BYTES = 64 << 10
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A rank that used less than this share of one core between two alike samples is blocked.
+QUIET_SHARE = 0.1
 MAX_CYCLE_INFOS = 1000
 
 
@@ -105,6 +108,7 @@ def rank_stack(sample: dict[str, Any]) -> hang_rule.RankStack:
         still_since=float(sample["still_since"]),
         domain=str(sample.get("domain", "")),
         state=str(sample.get("state", "")),
+        native=tuple(str(n) for n in sample.get("native") or ()),
     )
 
 
@@ -223,11 +227,12 @@ class Sampler:
             if self.on_sample is not None:
                 self.on_sample(sample)
 
-    def take(self) -> dict[str, Any] | None:
+    def dump(self, *how: str) -> list[dict[str, Any]] | None:
+        """The main thread's frames by one py-spy dump; None when it could not read them."""
         assert self.binary is not None
         try:
             done = subprocess.run(
-                [self.binary, "dump", "--nonblocking", "--json", "--pid", str(self.pid)],
+                [self.binary, "dump", *how, "--json", "--pid", str(self.pid)],
                 capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False,
             )  # fmt: skip
         except (OSError, subprocess.TimeoutExpired):
@@ -235,25 +240,46 @@ class Sampler:
         if done.returncode != 0 or self.stop.is_set():
             return None  # the workload ended meanwhile: its last stack stands
         try:
-            frames = main_thread_frames(json.loads(done.stdout), self.pid)
+            return main_thread_frames(json.loads(done.stdout), self.pid)
         except ValueError:
             return None
+
+    def take(self) -> dict[str, Any] | None:
+        frames = self.dump("--nonblocking")
         if frames is None:
             return None
         state, ticks = proc_state(self.pid)
         now = time.time()
-        same = self.last is not None and self.last["frames"] == frames
-        return {
+        last = self.last if self.last is not None and self.last["frames"] == frames else None
+        sample = {
             **self.who,
             "version": RECORD_VERSION,
             "pid": self.pid,
             "time": now_iso(),
             "epoch": now,
             "frames": frames,
-            "still_since": self.last["still_since"] if same and self.last else now,
+            "still_since": last["still_since"] if last else now,
             "state": state,
             "cpu_ticks": ticks,
+            "native": last.get("native", []) if last else [],
+            "native_at": last.get("native_at") if last else None,
         }
+        if last is not None and self.blocked(last, sample):
+            # A rank that waits in C++ (DDP's gradient all-reduce runs inside backward)
+            # shows only its Python caller: its native frames say what it waits for.
+            # Blocking mode pauses the rank for ~0.5 s, so only a blocked one, once.
+            native = self.dump("--native")
+            if native is not None:
+                sample["native"] = [f["name"] for f in native][:MAX_FRAMES]
+                sample["native_at"] = now
+        return sample
+
+    def blocked(self, last: dict[str, Any], sample: dict[str, Any]) -> bool:
+        """The same stack as last time, asleep (not stopped: a stopped rank cannot be read
+        natively), hardly any CPU since, and no native frames of this stillness yet."""
+        quiet = (sample["cpu_ticks"] - last["cpu_ticks"]) <= QUIET_SHARE * self.period * CLOCK_TICKS
+        asleep = sample["state"] in ("S", "D")
+        return asleep and quiet and not sample["native"]
 
     def close(self) -> None:
         self.stop.set()

@@ -28,6 +28,27 @@ FROZEN = (
     Frame("run", "nvrx_appliance/workloads/trainer.py", 85),
     Frame("<module>", "nvrx_appliance/workloads/cpu.py", 148),
 )
+# A rank of the built-in trainer (DDP) waiting for its peer: gloo's all-reduce of the
+# gradients runs inside backward, so only its native frames (py-spy --native of the
+# blocked rank) say what it waits for.
+DDP_WAITING = (
+    Frame("_engine_run_backward", "torch/autograd/graph.py", 979),
+    Frame("backward", "torch/autograd/__init__.py", 395),
+    Frame("Tensor.backward", "torch/_tensor.py", 623),
+    Frame("_train_step", "nvrx_appliance/workloads/trainer.py", 229),
+)
+DDP_NATIVE = (
+    "0x7f107daa3f16",
+    "pthread_cond_wait",
+    "std::condition_variable::wait",
+    "c10d::Reducer::finalize_backward",
+    "torch::autograd::GraphTask::exec_post_processing",
+)
+FROZEN_IN_TORCH = (
+    Frame("Linear.forward", "torch/nn/modules/linear.py", 134),
+    Frame("Module._call_impl", "torch/nn/modules/module.py", 1789),
+    *FROZEN,
+)
 SAVING = (
     Frame("barrier", "torch/distributed/distributed_c10d.py", 4821),
     Frame("_exception_logger.<locals>.wrapper", "torch/distributed/c10d_logger.py", 83),
@@ -140,3 +161,16 @@ def test_fewer_waiting_than_outliers_names_no_node():
     nodes = ["node1", "node2", "node2", "node2"]
     stacks = [stack(0, "node1", WAITING)] + [stack(r, n, FROZEN) for r, n in enumerate(nodes) if r]
     assert not judge(stacks).verdict
+
+
+def test_a_rank_waiting_in_ddps_gradient_all_reduce_counts_as_waiting_by_its_native_frames():
+    waiting = RankStack(0, "node1", DDP_WAITING, NOW - 1, NOW - 60, native=DDP_NATIVE)
+    found = judge([waiting, stack(1, "node2", FROZEN_IN_TORCH)])
+    assert found.nodes == ("node2",)
+    # The frozen rank's words name the workload's own frame, not PyTorch's.
+    assert found.words == (
+        "node2 hung in cycle 2: its 1 rank stopped in `_train_step` while the 1 other "
+        "waited in `all_reduce`"
+    )
+    without_native = RankStack(0, "node1", DDP_WAITING, NOW - 1, NOW - 60)
+    assert not judge([without_native, stack(1, "node2", FROZEN)]).verdict
