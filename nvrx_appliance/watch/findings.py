@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.types import (
     COMPLETED,
     Checkpoint,
@@ -39,7 +40,8 @@ CHECKPOINT = "checkpoint"  # the checkpoint-iteration tracker file
 LEDGER = "ledger"  # <work>/chain.jsonl
 MARKER = "marker"  # <work>/chain.active
 EXCLUSIONS = "exclusions"  # <work>/exclusions.jsonl: nodes kept out of the queued generations
-SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS)
+HANGS = "hangs"  # <work>/nvrx/<array>/hangs/: the newest generation's hang records
+SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, HANGS)
 
 OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
@@ -91,6 +93,7 @@ class Snapshot:
     ledger: tuple[LedgerEntry, ...] = ()
     chain_marker: bool = False
     excluded: frozenset[str] = frozenset()  # nodes the exclusion record keeps out now
+    hangs: tuple[Hang, ...] = ()  # the newest generation's hang records (docs/hangs.md)
 
     def has(self, *sources: str) -> bool:
         return all(
