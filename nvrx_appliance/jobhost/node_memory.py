@@ -345,10 +345,11 @@ HANG_MARKER_BYTES = 64 << 10
 MAX_HANG_MARKERS = 1000
 
 
-def hung_nodes(hangs: str, chain: str, array_job_id: str) -> List[Dict[str, str]]:
+def hung_nodes(hangs: str, chain: str, array_job_id: str) -> List[Dict[str, Any]]:
     """The nodes this generation's hang verdicts named and still stand (rank/stacks.py's
     `hung.<node>` markers, less the `withdrawn.<node>` ones): node, words, the record's
-    path. Nothing from a marker of another run under a reused array job id."""
+    path, whether it handed the generation off. Nothing from a marker of another run
+    under a reused array job id."""
     if not hangs:
         return []
     try:
@@ -369,7 +370,8 @@ def hung_nodes(hangs: str, chain: str, array_job_id: str) -> List[Dict[str, str]
         if str(marker.get("generation", "")).split("/")[:2] != [chain, array_job_id]:
             continue
         found.append({"node": node, "words": str(marker.get("words", "")),
-                      "stacks": os.path.join(hangs, str(marker.get("record", "")))})  # fmt: skip
+                      "stacks": os.path.join(hangs, str(marker.get("record", ""))),
+                      "hand_off": bool(marker.get("hand_off"))})  # fmt: skip
     return found
 
 
