@@ -53,6 +53,10 @@ from nvrx_appliance.rank import hang_rule
 RECORD_VERSION = 1
 PYSPY_TIMEOUT_S = 10.0  # a dump takes ~8 ms; one that takes this long is given up
 SAMPLE_BYTES = 256 << 10  # a sample file read back (deep stacks are a few kB)
+# A guard that did not judge its cycle waits this long for the judging one's record; a
+# judgement reads one small file per rank (milliseconds for thousands).
+JUDGE_WAIT_S = 10.0
+JUDGE_POLL_S = 0.1
 MAX_FRAMES = 64  # innermost frames kept per stack
 KILLED = 128 + 9  # the code a guard sees for a workload that SIGKILL ended
 # NVRx's rank monitor looks every workload_check_interval (config.py: 5 s by default).
@@ -418,9 +422,20 @@ class StackWatch:
             self.say(f"could not judge the hang of cycle {self.cycle}: {exc}")
 
     def judge(self) -> None:
+        """One guard of the cycle judges (it claims the cycle first); the others wait for
+        its record, so that the named nodes are marked before any of them exits: a node's
+        ft_launcher asks the health check only once its workers are gone."""
         files.make_private_dirs(self.hangs)
-        if (self.hangs / f"cycle{self.cycle}.json").exists():
-            return  # another rank judged this cycle
+        path = self.hangs / f"cycle{self.cycle}.json"
+        claim = {"generation": self.generation, "node": self.node, "rank": self.rank}
+        if files.create_once(self.hangs / f".cycle{self.cycle}.claim", claim):
+            self.judge_first(path)
+            return
+        deadline = time.monotonic() + JUDGE_WAIT_S
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(JUDGE_POLL_S)
+
+    def judge_first(self, path: Path) -> None:
         samples = [
             s for s in read_samples(self.samples)
             if s.get("generation") == self.generation and s.get("cycle") == self.cycle
@@ -439,15 +454,22 @@ class StackWatch:
             judgement, samples, generation=self.generation, cycle=self.cycle,
             judged_by={"node": self.node, "rank": str(self.rank)}, hand_off=hand_off,
         )  # fmt: skip
-        if not files.create_once(self.hangs / f"cycle{self.cycle}.json", record):
-            return
+        for node in judgement.nodes:  # the markers first: the record says they are there
+            files.create_once(self.hangs / hung_name(node), marker_of(record))
+        files.create_once(path, record)
         self.say(judgement.words + (
             "; no free hot spare: the generation hands off" if hand_off else ""
         ))  # fmt: skip
-        for node in judgement.nodes:
-            marker = {"generation": self.generation, "cycle": self.cycle, "words": judgement.words,
-                      "record": f"cycle{self.cycle}.json", "hand_off": hand_off}  # fmt: skip
-            files.create_once(self.hangs / hung_name(node), marker)
+
+
+def marker_of(record: dict[str, Any]) -> dict[str, Any]:
+    """What a named node's marker says: its generation and cycle, the verdict's words,
+    the record it came from, whether the generation hands off."""
+    return {
+        "generation": record.get("generation"), "cycle": record.get("cycle"),
+        "words": record.get("words"), "record": f"cycle{record.get('cycle')}.json",
+        "hand_off": bool(record.get("hand_off")),
+    }  # fmt: skip
 
 
 def watch(generation: str, pid: int, say: Callable[[str], None]) -> StackWatch | None:
