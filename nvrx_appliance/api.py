@@ -391,6 +391,20 @@ def logs(
     return LogFile(generation, path, tuple(more))
 
 
+def hang_verdicts(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
+    """Each hang of the chain judged, in words (docs/hangs.md): "generation 41: node3 hung
+    in cycle 2: ...; kept out of the next rendezvous ..."; [] when none was."""
+    folder, _ = locate(target, work_dir=work_dir)
+    layout = Layout(folder)
+    exclude_for = int(workdir.load_manifest(folder)["spec"].get("exclude_for", 0))
+    found = workdir.hangs(layout, chainlogs.generations(layout))
+    return [
+        f"generation {array_job_id}: {hang_record.sentence(hang, exclude_for)}"
+        for array_job_id, hangs in found.items()
+        for hang in hangs
+    ]
+
+
 def hang_stacks(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
     """Every hang record of the chain (or of the generation a job id names), its stacks
     grouped, as lines for a person (docs/hangs.md); [] when no hang was judged."""
