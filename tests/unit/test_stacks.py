@@ -1,0 +1,56 @@
+"""The guard's stack files, pure parts and the small readers: py-spy's JSON read, a
+sample as the rule sees it, the free hot spares, and the hand-off task 0 looks for."""
+
+from __future__ import annotations
+
+import json
+
+from nvrx_appliance.rank import stacks
+
+DUMP = [
+    {"pid": 7, "os_thread_id": 9, "frames": [{"name": "gloo_thread", "filename": "/x.py", "line": 1}]},
+    {
+        "pid": 7,
+        "os_thread_id": 7,
+        "frames": [
+            {"name": "all_reduce", "filename": "/venv/torch/distributed/distributed_c10d.py",
+             "short_filename": "torch/distributed/distributed_c10d.py", "line": 3252},
+            {"name": "_train_step", "short_filename": "nvrx_appliance/workloads/trainer.py",
+             "line": 233},
+        ],
+    },
+]  # fmt: skip
+
+
+def test_the_main_thread_is_read_from_py_spys_json_by_its_thread_id():
+    frames = stacks.main_thread_frames(DUMP, 7)
+    assert frames == [
+        {"name": "all_reduce", "file": "torch/distributed/distributed_c10d.py", "line": 3252},
+        {"name": "_train_step", "file": "nvrx_appliance/workloads/trainer.py", "line": 233},
+    ]
+    assert stacks.main_thread_frames(DUMP, 8) is None
+    assert stacks.main_thread_frames({"not": "a dump"}, 7) is None
+
+
+def test_free_hot_spares_count_the_spares_already_used_since_cycle_0():
+    first = ({"node1", "node2"}, set())
+    assert stacks.free_hot_spares(1, [first]) == 1
+    assert stacks.free_hot_spares(1, [first, ({"node1", "node3"}, set())]) == 0  # node3 came in
+    assert stacks.free_hot_spares(0, [first, ({"node1", "node2"}, {"node4"})]) == 1  # listed
+    assert stacks.free_hot_spares(2, []) == 2
+
+
+def test_task_0_hands_off_only_for_a_standing_verdict_of_its_generation_that_asks(tmp_path):
+    gen = "chain-1/41/2026-12-04T10:00:00"
+    assert stacks.hand_off_wanted(tmp_path / "none", gen) is None
+    words = "node3 hung in cycle 2: its 2 ranks stopped in `_train_step` while 4 others waited"
+    (tmp_path / "hung.node3").write_text(json.dumps({"generation": gen, "words": words}))
+    assert stacks.hand_off_wanted(tmp_path, gen) is None  # a hot spare takes its place
+    marker = {"generation": gen, "words": words, "hand_off": True}
+    (tmp_path / "hung.node3").write_text(json.dumps(marker))
+    assert stacks.hand_off_wanted(tmp_path, gen) == (
+        f"{words}; no free hot spare, so the generation hands off"
+    )
+    assert stacks.hand_off_wanted(tmp_path, "chain-1/40/2026-12-04T09:00:00") is None
+    (tmp_path / "withdrawn.node3").write_text("{}")
+    assert stacks.hand_off_wanted(tmp_path, gen) is None
