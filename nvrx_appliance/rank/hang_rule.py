@@ -10,7 +10,9 @@ picture is clear (docs/hangs.md says it in words):
 2. no rank is in a checkpoint save or load, the data loader or a file-system call:
    those stall every rank alike when the shared file system does, and which node is
    slow cannot be told from the stacks;
-3. some ranks wait in a collective and the others (the outliers) are not in one;
+3. some ranks wait in a collective and the others (the outliers) are not in one; a
+   stopped rank (state T), or one in an uninterruptible call (D), never waits, whatever
+   its frame;
 4. the outliers are all on one node (in segment mode: one NVLink domain, whose
    outlier nodes are named), and ranks on at least one other node wait;
 5. at least as many ranks wait as are outliers (two nodes with a rank each: the one
@@ -46,6 +48,9 @@ DISTRIBUTED_FILES = ("torch/distributed/",)
 # of a blocked rank), and what a person calls it.
 NATIVE_WAITS = ("c10d::", "gloo::", "ncclGroupEnd", "ProcessGroupNCCL")
 NATIVE_NAMES = {"Reducer::finalize_backward": "all_reduce"}  # DDP's gradient reduction
+# /proc states of a rank that cannot be waiting for its peers: stopped, traced, or in an
+# uninterruptible call (a gloo or NCCL wait sleeps in S, or spins in R).
+NOT_WAITING_STATES = frozenset({"T", "t", "D"})
 # Library code a stopped rank may stand in; its words name the workload's frame instead.
 LIBRARY_FILES = ("torch/", "numpy/", "<frozen ", "threading.py")
 # Frames that say a checkpoint, the data or the file system holds the rank: a stall
@@ -128,6 +133,13 @@ def collective(stack: RankStack) -> Frame | None:
     return None
 
 
+def waits_in(stack: RankStack) -> Frame | None:
+    """The collective a rank waits in; never for a rank that is stopped (state T) or in
+    an uninterruptible call (D, as in a driver call): whatever its frame, such a rank
+    holds the others, it does not wait for them."""
+    return None if stack.state in NOT_WAITING_STATES else collective(stack)
+
+
 def _native_short(name: str) -> str:
     """`c10d::Reducer::finalize_backward()` -> `Reducer::finalize_backward`."""
     return name.split("(", 1)[0].removeprefix("c10d::")
@@ -158,7 +170,7 @@ def groups(stacks: Sequence[RankStack]) -> tuple[Group, ...]:
     """The stacks grouped by where they stand (waiting groups first, then by size)."""
     keyed: dict[tuple[str, bool], list[RankStack]] = {}
     for stack in stacks:
-        waiting_in = collective(stack)
+        waiting_in = waits_in(stack)
         here = waiting_in or own_frame(stack)
         key = (here.name if here else "(no Python frame)", waiting_in is not None)
         keyed.setdefault(key, []).append(stack)
@@ -212,8 +224,8 @@ def judge(
                 "checkpoint, the data or the file system held the ranks, which is no one "
                 "node's to answer for"
             )
-    waiting = [s for s in stacks if collective(s) is not None]
-    outliers = [s for s in stacks if collective(s) is None]
+    waiting = [s for s in stacks if waits_in(s) is not None]
+    outliers = [s for s in stacks if waits_in(s) is None]
     if not waiting:
         return none("no rank waited in a collective: every rank stopped in its own code")
     if not outliers:
@@ -254,7 +266,7 @@ def hung_words(
     """ "node3 hung in cycle 2: its 2 ranks stopped in `train_step` while the 4 others
     waited in `all_reduce`"."""
     stopped = sorted({f.name for s in outliers if (f := own_frame(s)) is not None})
-    waits = sorted({f.name for s in waiting if (f := collective(s)) is not None})
+    waits = sorted({f.name for s in waiting if (f := waits_in(s)) is not None})
     its = "its" if len(culprits) == 1 else "their"
     return (
         f"{' and '.join(culprits)} hung in cycle {cycle}: {its} {_ranks(len(outliers))} "

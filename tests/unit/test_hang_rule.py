@@ -174,3 +174,20 @@ def test_a_rank_waiting_in_ddps_gradient_all_reduce_counts_as_waiting_by_its_nat
     )
     without_native = RankStack(0, "node1", DDP_WAITING, NOW - 1, NOW - 60)
     assert not judge([without_native, stack(1, "node2", FROZEN)]).verdict
+
+
+def test_a_stopped_rank_inside_a_collective_frame_does_not_count_as_waiting():
+    # Every rank frozen at once: node1's two happened to be inside all_reduce's frame.
+    stacks = [
+        RankStack(r, f"node{r // 2 + 1}", WAITING if r < 2 else FROZEN, NOW - 1, NOW - 60,
+                  state="T")
+        for r in range(4)
+    ]  # fmt: skip
+    found = judge(stacks)
+    assert not found.verdict and "every rank stopped in its own code" in found.words
+
+
+def test_a_rank_in_an_uninterruptible_call_is_an_outlier():
+    stacks = three_nodes()
+    stacks[4] = RankStack(4, "node3", WAITING, NOW - 1, NOW - 60, state="D")
+    assert judge(stacks).nodes == ("node3",)
