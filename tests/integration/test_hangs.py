@@ -92,7 +92,7 @@ class Freezer:
 def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, str]]:
     work, name = cluster.workdir(label), unique(label)
     [gen] = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0", "--depth", "1",
-                   "--train-iters", "100000", *flags)  # fmt: skip
+                   "--train-samples", "10000000", *flags)  # fmt: skip
     try:
         yield work, name, gen
     finally:
