@@ -50,24 +50,19 @@ class Freezer:
     def __init__(self, work: Path, nodes: set[str]):
         self.work, self.nodes = work, nodes
         self.frozen: dict[int, float] = {}  # pid -> when
-        self.seen: dict[int, float] = {}  # pid -> when it was first seen
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self.done.wait(0.5):
             trained = {
-                (e.get("slurm_array_job_id"), e.get("cycle")): e["time"]
+                (str(e.get("slurm_array_job_id")), str(e.get("cycle"))): e["time"]
                 for e in reversed(progress(self.work)) if e["event"] == "step"
             }  # fmt: skip
-            if not trained:
-                continue
-            since = max(trained.values())  # the latest cycle's first step
             for node in self.nodes:
                 for pid in worker_pids(self.work, node):
-                    seen = self.seen.setdefault(pid, time.time())
-                    # A worker starts well before its cycle's first step (torch imports).
-                    if pid not in self.frozen and seen <= since <= time.time() - FREEZE_AFTER_S:
+                    since = trained.get(_cycle_of(pid))  # its cycle's first step
+                    if pid not in self.frozen and since and time.time() - since >= FREEZE_AFTER_S:
                         self._signal(pid, signal.SIGSTOP)
                         self.frozen[pid] = time.time()
 
@@ -86,6 +81,16 @@ class Freezer:
         self.thread.join(5)
         for pid in self.frozen:
             self._signal(pid, signal.SIGCONT)
+
+
+def _cycle_of(pid: int) -> tuple[str, str]:
+    """(array job id, NVRx cycle) a worker runs in, from its environment."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return "", ""
+    found = dict(e.decode(errors="replace").partition("=")[::2] for e in environ if b"=" in e)
+    return found.get("SLURM_ARRAY_JOB_ID", ""), found.get("TORCHELASTIC_RESTART_COUNT", "")
 
 
 @contextmanager
