@@ -20,13 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from nvrx_appliance.observe.run_files import cycle_info
-from nvrx_appliance.observe.slurm_output import expand_nodelist
-
 from .chain_support import (
     cli,
+    cycle_nodes,
     logs_on_failure,
     progress,
+    started_in_cycle,
     submit,
     unique,
     wait_event,
@@ -105,23 +104,6 @@ def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, st
         wait_idle(cluster, name, timeout=120)
 
 
-def _cycle_nodes(work: Path, gen: str, cycle: int) -> tuple[set[str], set[str]]:
-    path = work / "nvrx" / gen / "cycle_infos" / f"cycle_info.{gen}.0.{cycle}"
-    info = cycle_info(path.read_text())
-    assert info is not None, logs_on_failure(work)
-    return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))
-
-
-def _started(work: Path, gen: str, cycle: int) -> dict:
-    return wait_event(
-        work,
-        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == gen
-        and e.get("cycle") == cycle,
-        CYCLE_S,
-        f"training of generation {gen} to start in cycle {cycle}",
-    )  # fmt: skip
-
-
 def _hang_record(work: Path, gen: str, cycle: int) -> dict:
     path = work / "nvrx" / gen / "hangs" / f"cycle{cycle}.json"
     return wait_in(
@@ -143,8 +125,8 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
     cluster: Cluster,
 ):
     with _chain(cluster, "hang", "--train-tasks", "2", "--hot-spares", "1") as (work, name, gen):
-        _started(work, gen, 0)
-        active, _ = _cycle_nodes(work, gen, 0)
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        active, _ = cycle_nodes(work, gen, 0)
         task0 = _node_of_task0(work, gen)
         (sick,) = active - {task0}
         freezer = Freezer(work, {sick})
@@ -169,7 +151,7 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
                 f"a checkpoint past iteration {held}",
             )  # fmt: skip
             assert moved["cycle"] == 1, logs_on_failure(work)
-            active, _ = _cycle_nodes(work, gen, 1)
+            active, _ = cycle_nodes(work, gen, 1)
             assert sick not in active and task0 in active, logs_on_failure(work)
             assert not (work / "chain.jsonl").exists()  # the chain did not end
             status = cli(cluster, "status", name).stdout
@@ -180,8 +162,8 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
 
 def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
     with _chain(cluster, "hangall", "--train-tasks", "2", "--hot-spares", "0") as (work, _, gen):
-        _started(work, gen, 0)
-        active, _ = _cycle_nodes(work, gen, 0)
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        active, _ = cycle_nodes(work, gen, 0)
         freezer = Freezer(work, active)
         freezer.thread.start()
         try:
