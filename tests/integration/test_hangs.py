@@ -139,7 +139,7 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             assert record["words"].startswith(f"{sick} hung in cycle 0: its 2 ranks stopped in `")
             assert record["words"].endswith("while the 2 others waited in `all_reduce`")
             assert not record["hand_off"]  # the hot spare is free
-            hangs = sorted(p.name for p in (work / "nvrx" / gen / "hangs").iterdir())
+            hangs = sorted(p.name for p in (work / "nvrx" / gen / "hangs").glob("[!.]*"))
             assert hangs == ["cycle0.json", f"hung.{sick}"]  # no other node blamed
             # Training goes on past the checkpoint held at the hang, in the next cycle:
             # one step timeout and one in-job restart.
