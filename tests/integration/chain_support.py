@@ -14,6 +14,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.devcluster import sick_node
 from nvrx_appliance.devcluster.poll import Timeout, wait_until
 from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.slurm_output import expand_nodelist
@@ -46,17 +47,9 @@ def processes(is_program, *in_environ: bytes) -> list[int]:
     return sorted(pids)
 
 
-WORKER = [b"-u", b"-m", b"nvrx_appliance.workloads.cpu"]
-
-
 def worker_pids(work: Path, node: str) -> list[int]:
-    """This chain's cpu trainer ranks on `node`, from /proc: the trainer is their program
-    (ft_launcher's own command line names it too, further on), their command line names
-    the chain's work dir, their environment the node Slurm started them on."""
-    return processes(
-        lambda argv: argv[1:4] == WORKER and any(str(work).encode() in a for a in argv),
-        f"SLURMD_NODENAME={node}".encode(),
-    )
+    """This chain's cpu trainer ranks on `node` (devcluster/sick_node.py finds them)."""
+    return sick_node.workers(work, node)
 
 
 def unique(name: str) -> str:

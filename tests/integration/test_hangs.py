@@ -10,15 +10,13 @@ The sick node is made from outside, as a user meets one: every worker on it is f
 from __future__ import annotations
 
 import json
-import os
-import signal
-import threading
-import time
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from nvrx_appliance.devcluster.sick_node import Freezer
 
 from .chain_support import (
     cli,
@@ -31,7 +29,6 @@ from .chain_support import (
     wait_event,
     wait_idle,
     wait_in,
-    worker_pids,
 )
 from .conftest import Cluster
 
@@ -39,57 +36,6 @@ pytestmark = [pytest.mark.cluster]
 
 CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
 STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
-FREEZE_AFTER_S = 3.0  # into a cycle's training, its workers on the sick node stop
-
-
-class Freezer:
-    """Freezes every worker on the given nodes FREEZE_AFTER_S after the cycle it runs in
-    has logged its first step: each cycle anew, until stopped; thaws what it froze."""
-
-    def __init__(self, work: Path, nodes: set[str]):
-        self.work, self.nodes = work, nodes
-        self.frozen: dict[int, float] = {}  # pid -> when
-        self.done = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self.done.wait(0.5):
-            trained = {
-                (str(e.get("slurm_array_job_id")), str(e.get("cycle"))): e["time"]
-                for e in reversed(progress(self.work)) if e["event"] == "step"
-            }  # fmt: skip
-            for node in self.nodes:
-                for pid in worker_pids(self.work, node):
-                    since = trained.get(_cycle_of(pid))  # its cycle's first step
-                    if pid not in self.frozen and since and time.time() - since >= FREEZE_AFTER_S:
-                        self._signal(pid, signal.SIGSTOP)
-                        self.frozen[pid] = time.time()
-
-    @staticmethod
-    def _signal(pid: int, signum: int) -> None:
-        with suppress(ProcessLookupError):
-            os.kill(pid, signum)
-
-    def first(self) -> float:
-        return Cluster.wait_until(
-            lambda: min(self.frozen.values(), default=None), CYCLE_S, "a frozen worker", 0.5
-        )
-
-    def stop(self) -> None:
-        self.done.set()
-        self.thread.join(5)
-        for pid in self.frozen:
-            self._signal(pid, signal.SIGCONT)
-
-
-def _cycle_of(pid: int) -> tuple[str, str]:
-    """(array job id, NVRx cycle) a worker runs in, from its environment."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:
-        return "", ""
-    found = dict(e.decode(errors="replace").partition("=")[::2] for e in environ if b"=" in e)
-    return found.get("SLURM_ARRAY_JOB_ID", ""), found.get("TORCHELASTIC_RESTART_COUNT", "")
 
 
 @contextmanager
@@ -129,10 +75,8 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
         active, _ = cycle_nodes(work, gen, 0)
         task0 = _node_of_task0(work, gen)
         (sick,) = active - {task0}
-        freezer = Freezer(work, {sick})
-        freezer.thread.start()
-        try:
-            frozen_at = freezer.first()
+        with Freezer(work, {sick}) as freezer:
+            frozen_at = Cluster.wait_until(freezer.first, CYCLE_S, "a frozen worker", 0.5)
             held = _held(work, gen, frozen_at)
             record = _hang_record(work, gen, 0)
             assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
@@ -156,20 +100,16 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             assert not (work / "chain.jsonl").exists()  # the chain did not end
             status = cli(cluster, "status", name).stdout
             assert f"{sick} hung in cycle 0" in status, status
-        finally:
-            freezer.stop()
+            stacks = cli(cluster, "logs", name, "--stacks").stdout
+            assert f"on {sick} stood in `" in stacks and "waited in `all_reduce`" in stacks, stacks
 
 
 def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
     with _chain(cluster, "hangall", "--train-tasks", "2", "--hot-spares", "0") as (work, _, gen):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
-        freezer = Freezer(work, active)
-        freezer.thread.start()
-        try:
+        with Freezer(work, active):
             record = _hang_record(work, gen, 0)
-        finally:
-            freezer.stop()
         assert record["verdict"] == "none" and record["nodes"] == [], record
         assert "every rank stopped in its own code" in record["words"]
         assert len(record["stacks"]) == 4 and record["groups"]  # kept for a person
