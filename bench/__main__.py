@@ -36,6 +36,7 @@ from bench import (
     seeds,
     segment,
     segsilent,
+    sick_node,
     sigkill,
     spare,
     stack_sampling,
@@ -50,7 +51,7 @@ SCENARIOS = {
     m.NAME: m
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
-        completion, healthcheck, segment, segsilent, scale, watcher, stack_sampling,
+        completion, healthcheck, segment, segsilent, scale, sick_node, watcher, stack_sampling,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME}

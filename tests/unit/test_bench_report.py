@@ -87,6 +87,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "segment",
         "segsilent",
         "scale",
+        "sicknode",
         "watcher",
         "stacks",
     ]
