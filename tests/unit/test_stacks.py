@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 
+from nvrx_appliance import manifest
 from nvrx_appliance.rank import stacks
+from nvrx_appliance.settings.chain import ChainSpec
 
 DUMP = [
     {"pid": 7, "os_thread_id": 9, "frames": [{"name": "gloo_thread", "filename": "/x.py", "line": 1}]},
@@ -54,3 +56,25 @@ def test_task_0_hands_off_only_for_a_standing_verdict_of_its_generation_that_ask
     assert stacks.hand_off_wanted(tmp_path, "chain-1/40/2026-12-04T09:00:00") is None
     (tmp_path / "withdrawn.node3").write_text("{}")
     assert stacks.hand_off_wanted(tmp_path, gen) is None
+
+
+def _watch(tmp_path, monkeypatch) -> stacks.StackWatch:
+    for name, value in (("RANK", "3"), ("WORLD_SIZE", "4"), ("SLURMD_NODENAME", "node3"),
+                        ("TORCHELASTIC_RESTART_COUNT", "2")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    m = manifest.build(ChainSpec(work_dir=str(tmp_path), workload="cpu"), created="c", user="u")
+    return stacks.StackWatch(m, "c/41/t", pid=1, say=lambda _: None)
+
+
+def test_a_verdict_is_withdrawn_when_a_rank_of_the_named_node_moves_again(tmp_path, monkeypatch):
+    watch = _watch(tmp_path, monkeypatch)
+    hangs = tmp_path / "nvrx" / "41" / "hangs"
+    hangs.mkdir(parents=True)
+    judged = [{"name": "_train_step", "file": "trainer.py", "line": 226}]
+    record = {"generation": "c/41/t", "cycle": 2, "stacks": [{"rank": 3, "frames": judged}]}
+    (hangs / "cycle2.json").write_text(json.dumps(record))
+    (hangs / "hung.node3").write_text(json.dumps({"generation": "c/41/t"}))
+    watch._moved_since_verdict({"frames": judged})  # still where the judgement saw it
+    assert not (hangs / "withdrawn.node3").exists()
+    watch._moved_since_verdict({"frames": [{"name": "_train", "file": "trainer.py", "line": 9}]})
+    assert (hangs / "withdrawn.node3").exists()
