@@ -41,8 +41,11 @@ STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
 @contextmanager
 def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, str]]:
     work, name = cluster.workdir(label), unique(label)
+    # Checkpoints every 50 iterations (about 8 s here), not the demo's 5: a rank frozen in
+    # the middle of a save makes the others wait in the save's barrier, and a save in the
+    # stacks is rightly no verdict (docs/hangs.md); the freeze comes before the first one.
     [gen] = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0", "--depth", "1",
-                   "--train-samples", "10000000", *flags)  # fmt: skip
+                   "--train-samples", "10000000", "--save-interval", "50", *flags)  # fmt: skip
     try:
         yield work, name, gen
     finally:
@@ -111,7 +114,10 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         with Freezer(work, active):
             record = _hang_record(work, gen, 0)
         assert record["verdict"] == "none" and record["nodes"] == [], record
-        assert "every rank stopped in its own code" in record["words"]
+        assert record["words"] == (
+            "no verdict in cycle 0: no rank waited in a collective: every rank stopped in its "
+            "own code"
+        )
         assert len(record["stacks"]) == 4 and record["groups"]  # kept for a person
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
 
