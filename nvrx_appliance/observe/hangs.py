@@ -70,14 +70,15 @@ def _span(seconds: int) -> str:
 
 def grouped(hang: Hang) -> list[str]:
     """The record's stacks, grouped, as lines for a person (`logs --stacks`)."""
-    lines = [f"cycle {hang.cycle}: {hang.words}"]
+    lines = [hang.words]
     for group in hang.record.get("groups") or []:
         if not isinstance(group, dict):
             continue
-        ranks = ", ".join(str(r) for r in group.get("ranks") or [])
+        ranks = [str(r) for r in group.get("ranks") or []]
         nodes = ", ".join(str(n) for n in group.get("nodes") or [])
         how = "waited in" if group.get("waiting") else "stood in"
-        lines.append(f"  ranks {ranks} on {nodes} {how} `{group.get('where')}`:")
+        who = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(ranks)}"
+        lines.append(f"  {who} on {nodes} {how} `{group.get('where')}`:")
         for frame in group.get("frames") or []:
             if isinstance(frame, dict):
                 lines.append(f"      {frame.get('name')} ({frame.get('file')}:{frame.get('line')})")
