@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 
 from nvrx_appliance import manifest
+from nvrx_appliance.observe import hangs
 from nvrx_appliance.rank import stacks
+from nvrx_appliance.rank.hang_rule import Frame, RankStack, judge
 from nvrx_appliance.settings.chain import ChainSpec
 
 DUMP = [
@@ -78,3 +80,28 @@ def test_a_verdict_is_withdrawn_when_a_rank_of_the_named_node_moves_again(tmp_pa
     assert not (hangs / "withdrawn.node3").exists()
     watch._moved_since_verdict({"frames": [{"name": "_train", "file": "trainer.py", "line": 9}]})
     assert (hangs / "withdrawn.node3").exists()
+
+
+def test_a_hang_record_reads_back_grouped_for_a_person():
+    waiting = (Frame("all_reduce", "torch/distributed/distributed_c10d.py", 3252),
+               Frame("_train_step", "nvrx_appliance/workloads/trainer.py", 233))  # fmt: skip
+    frozen = (Frame("_train_step", "nvrx_appliance/workloads/trainer.py", 226),)
+    ranks = [RankStack(0, "node1", waiting, 99.0, 0.0), RankStack(1, "node2", frozen, 99.0, 0.0)]
+    found = judge(ranks, world_size=2, cycle=1, now=100.0, fresh_s=15, still_s=10)
+    record = stacks.record_of(found, [], generation="c/41/t", cycle=1, judged_by={},
+                              hand_off=False)  # fmt: skip
+    hang = hangs.parse(json.dumps(record), withdrawn=set())
+    assert hang is not None and hang.standing == ("node2",)
+    assert hangs.grouped(hang) == [
+        "node2 hung in cycle 1: its 1 rank stopped in `_train_step` while the 1 other waited "
+        "in `all_reduce`",
+        "  rank 0 on node1 waited in `all_reduce`:",
+        "      all_reduce (torch/distributed/distributed_c10d.py:3252)",
+        "      _train_step (nvrx_appliance/workloads/trainer.py:233)",
+        "  rank 1 on node2 stood in `_train_step`:",
+        "      _train_step (nvrx_appliance/workloads/trainer.py:226)",
+    ]
+    assert hangs.sentence(hang, 86400).endswith(
+        "; kept out of the next rendezvous (a hot spare takes its place) and of this chain's "
+        "generations for 24 h"
+    )
