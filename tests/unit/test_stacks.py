@@ -9,7 +9,7 @@ from nvrx_appliance import manifest
 from nvrx_appliance.observe import hangs
 from nvrx_appliance.rank import stacks
 from nvrx_appliance.rank.hang_rule import Frame, RankStack, judge
-from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.chain import ChainSpec, check
 
 DUMP = [
     {"pid": 7, "os_thread_id": 9, "frames": [{"name": "gloo_thread", "filename": "/x.py", "line": 1}]},
@@ -105,3 +105,10 @@ def test_a_hang_record_reads_back_grouped_for_a_person():
         "; kept out of the next rendezvous (a hot spare takes its place) and of this chain's "
         "generations for 24 h"
     )
+
+
+def test_a_sampling_period_too_long_for_the_step_timeout_is_refused_naming_the_fix():
+    [problem] = check(ChainSpec(work_dir="/w", workload="cpu", stack_sampling=20, step_timeout=30))
+    assert problem.option == "--stack-sampling"
+    assert "use at most 10 s, or 0 to turn sampling off" in problem.message
+    assert not check(ChainSpec(work_dir="/w", workload="cpu", stack_sampling=0, step_timeout=30))
