@@ -41,11 +41,13 @@ STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
 @contextmanager
 def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, str]]:
     work, name = cluster.workdir(label), unique(label)
-    # Checkpoints every 50 iterations (about 8 s here), not the demo's 5: a rank frozen in
-    # the middle of a save makes the others wait in the save's barrier, and a save in the
-    # stacks is rightly no verdict (docs/hangs.md); the freeze comes before the first one.
+    # Ten steps a second and a checkpoint every 50, not the demo's every 5: a rank frozen
+    # in the middle of a save makes the others wait in the save's barrier, and a save in
+    # the stacks is rightly no verdict (docs/hangs.md). The freeze, 3 s into the cycle's
+    # training, comes about 2 s before its first save.
     [gen] = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0", "--depth", "1",
-                   "--train-samples", "10000000", "--save-interval", "50", *flags)  # fmt: skip
+                   "--train-samples", "10000000", "--save-interval", "50",
+                   "--cpu-step-pause", "0.1", *flags)  # fmt: skip
     try:
         yield work, name, gen
     finally:
