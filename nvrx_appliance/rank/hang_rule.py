@@ -127,10 +127,15 @@ def collective(stack: RankStack) -> Frame | None:
             found = frame
     if found is not None:
         return found
-    for name in stack.native:
-        if any(mark in name for mark in NATIVE_WAITS):
-            return Frame(NATIVE_NAMES.get(_native_short(name), _native_short(name)), "(native)")
-    return None
+    waits = [_native_short(n) for n in stack.native if any(mark in n for mark in NATIVE_WAITS)]
+    if not waits:
+        return None
+    # The frame that says which collective: the generic Work::wait sits under DDP's
+    # Reducer::finalize_backward (its gradient all-reduce) or c10d::broadcast_coalesced
+    # (its buffers' broadcast); else the innermost wait.
+    named = next((NATIVE_NAMES[n] for n in waits if n in NATIVE_NAMES), None)
+    which = next((n for n in waits if not n.lower().endswith("wait")), None)
+    return Frame(named or which or waits[0], "(native)")
 
 
 def waits_in(stack: RankStack) -> Frame | None:

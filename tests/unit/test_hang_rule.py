@@ -41,6 +41,7 @@ DDP_NATIVE = (
     "0x7f107daa3f16",
     "pthread_cond_wait",
     "std::condition_variable::wait",
+    "c10d::Work::wait",
     "c10d::Reducer::finalize_backward",
     "torch::autograd::GraphTask::exec_post_processing",
 )
@@ -191,3 +192,16 @@ def test_a_rank_in_an_uninterruptible_call_is_an_outlier():
     stacks = three_nodes()
     stacks[4] = RankStack(4, "node3", WAITING, NOW - 1, NOW - 60, state="D")
     assert judge(stacks).nodes == ("node3",)
+
+
+def test_a_rank_waiting_in_ddps_buffer_broadcast_is_named_by_its_collective():
+    # DDP's _sync_buffers (torch/nn/parallel) before forward: only native frames show it.
+    frames = (
+        Frame("DistributedDataParallel._distributed_broadcast_coalesced",
+              "torch/nn/parallel/distributed.py", 1),
+        Frame("_train_step", "nvrx_appliance/workloads/trainer.py", 220),
+    )  # fmt: skip
+    native = ("pthread_cond_wait", "c10d::Work::wait", "c10d::broadcast_coalesced")
+    waiting = RankStack(0, "node1", frames, NOW - 1, NOW - 60, native=native)
+    found = judge([waiting, stack(1, "node2", FROZEN)])
+    assert found.words.endswith("while the 1 other waited in `broadcast_coalesced`")
