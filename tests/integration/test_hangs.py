@@ -112,8 +112,8 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             status = cli(cluster, "status", name).stdout
             assert f"{sick} hung in cycle 0" in status, status
             stacks = cli(cluster, "logs", name, "--stacks").stdout
-            assert f"ranks 2, 3 on {sick} stood in `" in stacks, stacks
-            assert re.search(r"ranks 0, 1 on \w+ waited in `", stacks), stacks
+            assert re.search(rf"ranks \d+, \d+ on {sick} stood in `", stacks), stacks
+            assert re.search(rf"ranks \d+, \d+ on {task0} waited in `", stacks), stacks
 
 
 def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
