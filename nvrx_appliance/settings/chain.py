@@ -36,34 +36,91 @@ FAULT_TYPES = ("exception", "exit", "hang")
 MAX_CPU_STEP_PAUSE_S = 10.0
 
 
-def _opt(default: Any, help: str, env: str | None = None, **extra: Any) -> Any:
-    """A ChainSpec field with its CLI help and the reference deployment's NVRX_* environment name."""
-    meta = {"help": help, "env": env, **extra}
+def _opt(
+    default: Any,
+    help: str,
+    env: str | None = None,
+    *,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    unit: str = "",
+    choices: tuple[str, ...] | None = None,
+    pattern: tuple[re.Pattern[str], str] | None = None,
+    hint: str = "",
+    **extra: Any,
+) -> Any:
+    """A ChainSpec field with its CLI help, the reference deployment's NVRX_* environment
+    name, and what a value of it alone may be (field_problem() judges it): numeric bounds
+    (with the unit the message names), a set of choices, or a pattern with what to write
+    instead; `hint` follows the message. An empty default makes empty a valid choice or
+    pattern (unset: the default decides)."""
+    meta = {
+        "help": help,
+        "env": env,
+        "minimum": minimum,
+        "maximum": maximum,
+        "unit": unit,
+        "choices": choices,
+        "pattern": pattern,
+        "hint": hint,
+        **extra,
+    }
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
+# Used with fullmatch: `$` would let a trailing newline through. ASCII digits only:
+# str.isdigit and \d accept "²", which int() then refuses with a traceback.
+_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+_TIME = re.compile(r"([0-9]+-)?[0-9]{1,2}(:[0-9]{2}){0,2}|[0-9]+")
+_MEM = re.compile(r"[0-9]+[KMGT]?")
+_GPU_FAILURE = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
+_COUNT = re.compile(r"[0-9]+")
+SECONDS = "seconds"
+
+
 @dataclass(frozen=True)
 class ChainSpec:
     # --- shape -----------------------------------------------------------------------
-    train_tasks: int = _opt(2, "Array tasks that train (the minimum world).", "NVRX_TRAIN_TASKS")
+    train_tasks: int = _opt(
+        2,
+        "Array tasks that train (the minimum world).",
+        "NVRX_TRAIN_TASKS",
+        minimum=1,
+        hint="set --train-tasks 1 or more",
+    )
     hot_spares: int = _opt(
-        1, "Tasks admitted with the active set and kept warm by NVRx.", "NVRX_HOT_SPARES"
+        1,
+        "Tasks admitted with the active set and kept warm by NVRx.",
+        "NVRX_HOT_SPARES",
+        minimum=0,
+        hint="use 0 for none",
     )
     cold_spares: int = _opt(
         0,
         "Tasks left pending behind the array throttle; admitted as others end.",
         "NVRX_COLD_SPARES",
+        minimum=0,
+        hint="use 0 for none",
     )
-    nodes_per_task: int = _opt(1, "Nodes per array task.", "NVRX_NODES_PER_TASK")
-    gpus_per_node: int = _opt(8, "GPUs (and so worker processes) per node.", "NVRX_GPUS_PER_NODE")
-    depth: int = _opt(3, "Generations queued in the chain (K).", "NVRX_CHAIN_DEPTH")
+    nodes_per_task: int = _opt(1, "Nodes per array task.", "NVRX_NODES_PER_TASK", minimum=1)
+    gpus_per_node: int = _opt(
+        8, "GPUs (and so worker processes) per node.", "NVRX_GPUS_PER_NODE", minimum=1
+    )
+    depth: int = _opt(3, "Generations queued in the chain (K).", "NVRX_CHAIN_DEPTH", minimum=1)
     job_name: str = _opt(
-        "nvrx-chain", "Slurm job name shared by every generation.", "NVRX_JOB_NAME"
+        "nvrx-chain",
+        "Slurm job name shared by every generation.",
+        "NVRX_JOB_NAME",
+        pattern=(_JOB_NAME, "is not a usable Slurm job name; use letters, digits, '.', '_', '-'"),
     )
     time_limit: str = _opt(
-        "01:00:00", "Wall time of one generation.", "NVRX_TIME_LIMIT", flag="--time"
+        "01:00:00",
+        "Wall time of one generation.",
+        "NVRX_TIME_LIMIT",
+        flag="--time",
+        pattern=(_TIME, "is not a Slurm time; use e.g. 01:00:00 or 1-00:00:00"),
     )
     time_limit_margin: str = _opt(
         "auto",
@@ -76,7 +133,10 @@ class ChainSpec:
     # The reference asks for the whole node: under DefMemPerCPU a task would otherwise
     # get a small default limit, and the out-of-memory killer ends a healthy rank.
     mem: str = _opt(
-        "0", "sbatch --mem per node (0: all of it; empty: the cluster default).", "NVRX_MEM"
+        "0",
+        "sbatch --mem per node (0: all of it; empty: the cluster default).",
+        "NVRX_MEM",
+        pattern=(_MEM, "is not a Slurm memory size; use e.g. 0 (all), 200G or 512000M"),
     )
     # --- where and how it runs ---------------------------------------------------------
     work_dir: str = _opt("", "Shared work directory, same path on every node.", "NVRX_WORK_DIR")
@@ -90,7 +150,10 @@ class ChainSpec:
         "NVRX_CONTAINER_MOUNTS",
     )
     runtime: str = _opt(
-        "", "pyxis, apptainer or bare (default: pyxis with an image, else bare).", "NVRX_RUNTIME"
+        "",
+        "pyxis, apptainer or bare (default: pyxis with an image, else bare).",
+        "NVRX_RUNTIME",
+        choices=RUNTIMES,
     )
     python: str = _opt(
         "",
@@ -107,17 +170,20 @@ class ChainSpec:
         "train",
         "train (no injected faults), or a demo: no-restart or handoff (they inject faults).",
         "NVRX_MODE",
+        choices=MODES,
     )
     workload: str = _opt(
         "megatron",
         "megatron (pretrain_gpt.py), script (your own PyTorch script), or cpu (built-in trainer).",
         "NVRX_WORKLOAD",
+        choices=WORKLOADS,
     )
     profile: str = _opt(
         "",
         "Megatron preset: small or 8b (demo models on mock data), or none (only your "
         "--megatron-args). Empty: none when --megatron-args is given, else small.",
         "NVRX_MODEL_PROFILE",
+        choices=PROFILES,
     )
     # _opt gives list settings a default_factory, which RUF009 cannot see.
     megatron_args: list[str] = _opt(  # noqa: RUF009
@@ -139,42 +205,60 @@ class ChainSpec:
     # The shape's sizes: 0 takes what your --megatron-args say (settings/megatron/parallel.py),
     # else the default; a setting and a line of your arguments that disagree are refused.
     micro_batch: int = _opt(
-        0, "Micro batch size per rank (0: your --micro-batch-size, else 1).", "NVRX_MICRO_BATCH"
+        0,
+        "Micro batch size per rank (0: your --micro-batch-size, else 1).",
+        "NVRX_MICRO_BATCH",
+        minimum=0,
     )
     global_batch: int = _opt(
         0,
         "Global batch size (0: your --global-batch-size, else micro batch x data-parallel size).",
         "NVRX_GLOBAL_BATCH",
+        minimum=0,
     )
     tensor_parallel: int = _opt(
-        0, "Tensor-parallel size (0: your --tensor-model-parallel-size, else 1).", "NVRX_TP"
+        0,
+        "Tensor-parallel size (0: your --tensor-model-parallel-size, else 1).",
+        "NVRX_TP",
+        minimum=0,
     )
     pipeline_parallel: int = _opt(
-        0, "Pipeline-parallel size (0: your --pipeline-model-parallel-size, else 1).", "NVRX_PP"
+        0,
+        "Pipeline-parallel size (0: your --pipeline-model-parallel-size, else 1).",
+        "NVRX_PP",
+        minimum=0,
     )
     context_parallel: int = _opt(
-        0, "Context-parallel size (0: your --context-parallel-size, else 1).", "NVRX_CP"
+        0, "Context-parallel size (0: your --context-parallel-size, else 1).", "NVRX_CP", minimum=0
     )
     expert_parallel: int = _opt(
-        0, "Expert-parallel size (0: your --expert-model-parallel-size, else 1).", "NVRX_EP"
+        0,
+        "Expert-parallel size (0: your --expert-model-parallel-size, else 1).",
+        "NVRX_EP",
+        minimum=0,
     )
     expert_tensor_parallel: int = _opt(
         0,
         "Expert tensor-parallel size (0: your --expert-tensor-parallel-size, else the "
         "tensor-parallel size).",
         "NVRX_ETP",
+        minimum=0,
     )
     virtual_pipeline: int = _opt(
         0,
         "Virtual pipeline stages per pipeline rank (0: as your arguments say, else none).",
         "NVRX_VP",
+        minimum=0,
     )
-    save_interval: int = _opt(20, "Iterations between checkpoints.", "NVRX_SAVE_INTERVAL")
+    save_interval: int = _opt(
+        20, "Iterations between checkpoints.", "NVRX_SAVE_INTERVAL", minimum=1
+    )
     save_retention: int = _opt(
         2,
         "Newest complete checkpoints kept; older ones are removed, never the tracked one or "
         "one being written (0 keeps all).",
         "NVRX_SAVE_RETENTION",
+        minimum=0,
     )
     async_save: bool = _opt(
         True,
@@ -182,45 +266,80 @@ class ChainSpec:
         "a persistent worker); --no-async-save saves synchronously.",
         "NVRX_ASYNC_SAVE",
     )
-    train_samples: int = _opt(0, "Samples to train (0: the mode's default).", "NVRX_TRAIN_SAMPLES")
+    train_samples: int = _opt(
+        0, "Samples to train (0: the mode's default).", "NVRX_TRAIN_SAMPLES", minimum=0
+    )
     cpu_step_pause: float = _opt(
         0.0,
         "--workload cpu: seconds each training step sleeps (0: none), so that many nodes "
         "of the local cluster share a few cores without contending.",
         "NVRX_CPU_STEP_PAUSE",
+        minimum=0.0,
+        maximum=MAX_CPU_STEP_PAUSE_S,
+        unit=SECONDS,
     )
     exit_duration_min: int = _opt(
         0,
         "Minutes after task 0 starts a generation at which it saves and ends, however "
         "many in-job restarts happened (0: off).",
         "NVRX_EXIT_DURATION",
+        minimum=0,
     )
     # --- NVRx ft_launcher ----------------------------------------------------------------
-    setup_timeout: int = _opt(600, "Section timeout (s): setup.", "NVRX_SETUP_TIMEOUT")
-    step_timeout: int = _opt(180, "Section timeout (s): training step.", "NVRX_STEP_TIMEOUT")
+    setup_timeout: int = _opt(
+        600, "Section timeout (s): setup.", "NVRX_SETUP_TIMEOUT", minimum=1, unit=SECONDS
+    )
+    step_timeout: int = _opt(
+        180, "Section timeout (s): training step.", "NVRX_STEP_TIMEOUT", minimum=1, unit=SECONDS
+    )
     checkpointing_timeout: int = _opt(
-        600, "Section timeout (s): checkpointing.", "NVRX_CHECKPOINTING_TIMEOUT"
+        600,
+        "Section timeout (s): checkpointing.",
+        "NVRX_CHECKPOINTING_TIMEOUT",
+        minimum=1,
+        unit=SECONDS,
     )
     out_of_section_timeout: int = _opt(
-        600, "Timeout (s) outside any section.", "NVRX_OUT_OF_SECTION_TIMEOUT"
+        600,
+        "Timeout (s) outside any section.",
+        "NVRX_OUT_OF_SECTION_TIMEOUT",
+        minimum=1,
+        unit=SECONDS,
     )
-    max_restarts: int = _opt(8, "In-job restarts per generation.", "NVRX_MAX_RESTARTS")
+    max_restarts: int = _opt(8, "In-job restarts per generation.", "NVRX_MAX_RESTARTS", minimum=0)
     max_no_progress_cycles: int = _opt(
         3,
         "Cycles without checkpoint progress before NVRx exits 93 (0: progress tracking "
         "off; the no-restart demo uses 1).",
         "NVRX_MAX_NO_PROGRESS_CYCLES",
+        minimum=0,
+        hint="0 turns NVRx's progress tracking off",
     )
-    join_timeout: int = _opt(600, "Rendezvous join timeout (s).", "NVRX_JOIN_TIMEOUT")
+    join_timeout: int = _opt(
+        600, "Rendezvous join timeout (s).", "NVRX_JOIN_TIMEOUT", minimum=1, unit=SECONDS
+    )
     store_connect_wait: int = _opt(
-        300, "Seconds a node keeps dialing the TCP store.", "NVRX_STORE_CONNECT_WAIT"
+        300,
+        "Seconds a node keeps dialing the TCP store.",
+        "NVRX_STORE_CONNECT_WAIT",
+        minimum=1,
+        unit=SECONDS,
     )
     rdzv_host_wait: int = _opt(
         300,
         "Seconds a peer waits for task 0's record once task 0 has started.",
         "NVRX_RDZV_HOST_WAIT",
+        minimum=1,
+        unit=SECONDS,
     )
-    rdzv_port: int = _opt(29500, "Rendezvous (TCP store) port on task 0.", "NVRX_RDZV_PORT")
+    rdzv_port: int = _opt(
+        29500,
+        "Rendezvous (TCP store) port on task 0.",
+        "NVRX_RDZV_PORT",
+        minimum=1,
+        maximum=65535,
+        hint="a TCP port",
+    )
     lease_stale_after: int = _opt(
         # Rides out a 40 s stall of the shared file system (GPFS's failure detection is
         # 35 s by default) before a live task 0 stops itself; a dead one is replaced about
@@ -237,11 +356,13 @@ class ChainSpec:
         "Peers (node 0 of array tasks 1..N) that read task 0's lease twice a second; the "
         "other nodes read it rarely and learn of the generation's end from Slurm.",
         "NVRX_LEASE_WATCHERS",
+        minimum=1,
     )
     closed_flag_grace: int = _opt(
         3,
         "Seconds between TERM and KILL when the closed flag stops ft_launcher.",
         "NVRX_CLOSED_GRACE",
+        minimum=0,
     )
     segment: str = _opt(
         "auto", "auto, off, or N (minimum nodes per NVLink domain).", "NVRX_SEGMENT"
@@ -251,7 +372,7 @@ class ChainSpec:
     )
     log_debug: bool = _opt(False, "NVRx debug logging.", "NVRX_LOG_DEBUG")
     gpus_per_numa: int = _opt(
-        0, "Ranks per NUMA node for numactl binding (0: off).", "NVRX_GPUS_PER_NUMA"
+        0, "Ranks per NUMA node for numactl binding (0: off).", "NVRX_GPUS_PER_NUMA", minimum=0
     )
     # --- fault injection -----------------------------------------------------------------
     fault_inject: bool = _opt(
@@ -263,7 +384,7 @@ class ChainSpec:
         "1", "Global ranks a workload fault may hit (comma list).", "NVRX_FAULT_RANKS"
     )
     fault_delay: float = _opt(
-        60.0, "Seconds after training starts before the fault.", "NVRX_FAULT_DELAY"
+        60.0, "Seconds after training starts before the fault.", "NVRX_FAULT_DELAY", minimum=0.0
     )
     fault_types: str = _opt(
         "exception", "Fault kinds: exception, exit, hang (comma list).", "NVRX_FAULT_TYPES"
@@ -272,12 +393,14 @@ class ChainSpec:
         None,
         "NVRX_INJECT_GPU_FAILURE schedule 'cycle:infra_rank,..' (unset: the mode's default, empty: off).",
         "NVRX_INJECT_GPU_FAILURE",
+        pattern=(_GPU_FAILURE, "use 'cycle:infra_rank[,cycle:infra_rank..]', e.g. 1:0,2:0"),
     )
     # --- the chain's own guards ------------------------------------------------------------
     burn_guard: int = _opt(
         2,
         "Cancel the chain after N consecutive generations that never trained (0: off).",
         "NVRX_BURN_GUARD",
+        minimum=0,
     )
     # --- bad nodes (drain awareness, and memory across generations) -----------------------
     # Minutes by default, as the reference's drain poller: a drain is not urgent (a drained
@@ -288,12 +411,14 @@ class ChainSpec:
         "Seconds between task 0's polls of Slurm for drained nodes; a drained node leaves "
         "at the next rendezvous (0: off).",
         "NVRX_DRAIN_POLL_INTERVAL",
+        minimum=0,
     )
     exclude_after_failures: int = _opt(
         3,
         "Rank failures of one node in one generation that keep it out of the queued "
         "generations (0: never for rank failures).",
         "NVRX_EXCLUDE_AFTER_FAILURES",
+        minimum=0,
     )
     # --- the training's own verdicts (settings/exit_actions.py) -------------------------
     # None: the workload's table (Megatron's 16 and 17; none for a script).
@@ -311,6 +436,7 @@ class ChainSpec:
         "Checkpoints a chain may set aside because they cannot be loaded, resuming from "
         "the one before each time (0: none; the chain stops at the first).",
         "NVRX_CHECKPOINT_FALLBACKS",
+        minimum=0,
     )
     # A day: long enough to keep a black-hole node out of a chain's next generations,
     # short enough that a node an administrator repaired comes back without anyone's help.
@@ -319,6 +445,7 @@ class ChainSpec:
         "Seconds a bad node stays excluded from the chain's queued generations (0: no "
         "memory across generations).",
         "NVRX_EXCLUDE_FOR",
+        minimum=0,
     )
     # Five seconds: a dump costs about 8 ms of one core (docs/hangs.md), 0.16 % of a core
     # per rank, and a hang is seen in three alike samples well within any step timeout.
@@ -327,6 +454,7 @@ class ChainSpec:
         "Seconds between two samples of each rank's stack (py-spy), from which a hang names "
         "the node the others wait on (0: off; no hang names a node).",
         "NVRX_STACK_SAMPLING",
+        minimum=0,
     )
 
 
@@ -422,15 +550,6 @@ def flag(name: str) -> str:
     return meta.get("flag") or "--" + name.replace("_", "-")
 
 
-# Used with fullmatch: `$` would let a trailing newline through. ASCII digits only:
-# str.isdigit and \d accept "²", which int() then refuses with a traceback.
-_JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
-_TIME = re.compile(r"([0-9]+-)?[0-9]{1,2}(:[0-9]{2}){0,2}|[0-9]+")
-_MEM = re.compile(r"[0-9]+[KMGT]?")
-_GPU_FAILURE = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
-_COUNT = re.compile(r"[0-9]+")
-
-
 def is_count(text: str) -> bool:
     return bool(_COUNT.fullmatch(text))
 
@@ -446,7 +565,7 @@ def control_character(text: str) -> str | None:
 
 def parse_mounts(text: str) -> list[tuple[str, str, bool]]:
     """Container mounts in pyxis's syntax, SRC[:DST[:ro|rw]][,..] (Apptainer's --bind and
-    the stand-in read it the same way) -> (src, dst, read_only). Raises ValueError
+    the stand-in read it the same way, minimum=1, unit=SECONDS) -> (src, dst, read_only). Raises ValueError
     naming the entry: pyxis and Apptainer would split a bad one some other way."""
     mounts = []
     for item in text.split(",") if text else []:
@@ -512,14 +631,49 @@ def effective_runtime(spec: ChainSpec) -> str:
     return "pyxis" if spec.image else "bare"
 
 
+def field_problem(name: str, value: Any) -> str | None:
+    """What is wrong with one setting's value by its own declaration (bounds, choices,
+    pattern), or None. The rules that relate several settings are check()'s."""
+    meta = _FIELDS[name].metadata
+    empty_ok = _FIELDS[name].default in ("", None)
+    hint = f"; {meta['hint']}" if meta.get("hint") else ""
+    if isinstance(value, str) or value is None:
+        if value in ("", None) and empty_ok:
+            return None
+        choices, pattern = meta.get("choices"), meta.get("pattern")
+        if choices is not None and value not in choices:
+            label = name.replace("_", " ")
+            return f"unknown {label} {value!r}; choose one of {', '.join(choices)}{hint}"
+        if pattern is not None and not pattern[0].fullmatch(value or ""):
+            return f"{value!r} {pattern[1]}{hint}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    low, high, unit = meta.get("minimum"), meta.get("maximum"), meta.get("unit", "")
+    units = f" {unit}" if unit else ""
+    if low is not None and high is not None and not low <= value <= high:
+        return f"must be between {low:g} and {high:g}{units} (got {value}){hint}"
+    if low is not None and value < low:
+        if low == 0:
+            rule = "cannot be negative"
+        elif low == 1 and unit:
+            rule = f"must be a positive number of {unit}"
+        else:
+            rule = f"must be at least {low:g}"
+        return f"{rule} (got {value}){hint}"
+    return None
+
+
 def check(spec: ChainSpec) -> list[Problem]:
-    """Everything that can be judged from the spec alone (no file system, no Slurm)."""
+    """Everything that can be judged from the spec alone (no file system, no Slurm):
+    each setting by its declaration, then the rules that relate several."""
     problems: list[Problem] = []
 
     def bad(name: str, message: str) -> None:
         problems.append(Problem(flag(name), message))
 
-    for name, value in to_dict(spec).items():
+    values = to_dict(spec)
+    for name, value in values.items():
         texts = value if isinstance(value, list) else [value]
         found = next((c for t in texts if isinstance(t, str) and (c := control_character(t))), None)
         if found:
@@ -527,54 +681,10 @@ def check(spec: ChainSpec) -> list[Problem]:
     if problems:
         return problems  # the checks below would only say the same about those values
 
-    if spec.train_tasks < 1:
-        bad(
-            "train_tasks",
-            f"must be at least 1 (got {spec.train_tasks}); set --train-tasks 1 or more",
-        )
-    for name in ("hot_spares", "cold_spares"):
-        if getattr(spec, name) < 0:
-            bad(name, f"cannot be negative (got {getattr(spec, name)}); use 0 for none")
-    for name in (
-        "nodes_per_task",
-        "gpus_per_node",
-        "lease_watchers",
-        "depth",
-        "save_interval",
-    ):
-        if getattr(spec, name) < 1:
-            bad(name, f"must be at least 1 (got {getattr(spec, name)})")
-    for name in (
-        "setup_timeout",
-        "step_timeout",
-        "checkpointing_timeout",
-        "out_of_section_timeout",
-        "join_timeout",
-        "store_connect_wait",
-        "rdzv_host_wait",
-        "lease_stale_after",
-    ):
-        if getattr(spec, name) <= 0:
-            bad(name, f"must be a positive number of seconds (got {getattr(spec, name)})")
-    for name in (
-        "micro_batch",
-        "global_batch",
-        *PARALLEL_SETTINGS,
-        "save_retention",
-        "train_samples",
-        "exit_duration_min",
-        "max_restarts",
-        "burn_guard",
-        "gpus_per_numa",
-        "closed_flag_grace",
-        "drain_poll_interval",
-        "exclude_after_failures",
-        "exclude_for",
-        "checkpoint_fallbacks",
-        "stack_sampling",
-    ):
-        if getattr(spec, name) < 0:
-            bad(name, f"cannot be negative (got {getattr(spec, name)})")
+    for name, value in values.items():
+        message = field_problem(name, value)
+        if message:
+            bad(name, message)
     if spec.stack_sampling > 0 and 3 * spec.stack_sampling > spec.step_timeout:
         bad(
             "stack_sampling",
@@ -586,25 +696,6 @@ def check(spec: ChainSpec) -> list[Problem]:
         margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)
         if margins:
             bad("lease_stale_after", margins)
-    if spec.max_no_progress_cycles < 0:
-        # NVRx also reads -1 as off; one spelling here, its documented one.
-        bad("max_no_progress_cycles", "cannot be negative; 0 turns NVRx's progress tracking off")
-    if not 1 <= spec.rdzv_port <= 65535:
-        bad("rdzv_port", f"must be a TCP port 1-65535 (got {spec.rdzv_port})")
-    if not _JOB_NAME.fullmatch(spec.job_name):
-        bad(
-            "job_name",
-            f"{spec.job_name!r} is not a usable Slurm job name; use letters, digits, '.', '_', '-'",
-        )
-    if not _TIME.fullmatch(spec.time_limit):
-        bad(
-            "time_limit",
-            f"{spec.time_limit!r} is not a Slurm time; use e.g. 01:00:00 or 1-00:00:00",
-        )
-    if spec.mem and not _MEM.fullmatch(spec.mem):
-        bad("mem", f"{spec.mem!r} is not a Slurm memory size; use e.g. 0 (all), 200G or 512000M")
-    if spec.runtime and spec.runtime not in RUNTIMES:
-        bad("runtime", f"unknown runtime {spec.runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if effective_runtime(spec) in CONTAINER_RUNTIMES and not spec.image:
         bad(
             "image",
@@ -613,12 +704,6 @@ def check(spec: ChainSpec) -> list[Problem]:
     mounts_problem = _mounts_problem(spec)
     if mounts_problem:
         problems.append(mounts_problem)
-    if spec.mode not in MODES:
-        bad("mode", f"unknown mode {spec.mode!r}; choose one of {', '.join(MODES)}")
-    if spec.workload not in WORKLOADS:
-        bad("workload", f"unknown workload {spec.workload!r}; choose one of {', '.join(WORKLOADS)}")
-    if spec.profile and spec.profile not in PROFILES:
-        bad("profile", f"unknown profile {spec.profile!r}; choose one of {', '.join(PROFILES)}")
     problems += _workload_problems(spec)
     if spec.workload_exits is not None:
         try:
@@ -635,15 +720,6 @@ def check(spec: ChainSpec) -> list[Problem]:
     ranks = [r for r in spec.fault_ranks.split(",") if r]
     if faults_active(spec) and (not ranks or not all(map(is_count, ranks))):
         bad("fault_ranks", f"{spec.fault_ranks!r}: use a comma list of global rank numbers")
-    if spec.fault_delay < 0:
-        bad("fault_delay", "cannot be negative")
-    if not 0 <= spec.cpu_step_pause <= MAX_CPU_STEP_PAUSE_S:
-        bad("cpu_step_pause", f"must be between 0 and {MAX_CPU_STEP_PAUSE_S:g} seconds")
-    if spec.gpu_failure and not _GPU_FAILURE.fullmatch(spec.gpu_failure):
-        bad(
-            "gpu_failure",
-            f"{spec.gpu_failure!r}: use 'cycle:infra_rank[,cycle:infra_rank..]', e.g. 1:0,2:0",
-        )
 
     if problems:
         return problems  # the arithmetic below assumes sane numbers

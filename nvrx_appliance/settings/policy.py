@@ -11,8 +11,10 @@ workload they are in. Pure.
 from __future__ import annotations
 
 import json
+import types
+import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +26,28 @@ from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, faults_active, 
 HANDOFF_GPU_FAILURE = "1:0,2:0"
 
 
+# A count in the policy: run.json's reader refuses a negative one.
+_COUNT = {"minimum": 0}
+
+
 @dataclass(frozen=True)
 class Policy:
     progress_file: str  # the iteration file NVRx's progress tracker watches
     # True when progress_file is a file that never moves, which task 0 seeds once: the
     # first fault then scores as "no progress" and ft_launcher exits 93 (no-restart demo).
     progress_frozen: bool
-    max_no_progress_cycles: int  # ft_launcher's --ft-max-no-progress-cycles
+    # ft_launcher's --ft-max-no-progress-cycles
+    max_no_progress_cycles: int = field(metadata=_COUNT)
     faults_active: bool  # the workload injects its faults (demo modes, when asked)
     gpu_failure: str | None  # NVRX_INJECT_GPU_FAILURE; None leaves it unset
     # Task 0's entrypoint keeps this many newest complete checkpoints (0: it removes
     # none). Megatron has no keep-N of its own; the cpu trainer and scripts prune theirs.
-    checkpoints_kept: int
+    checkpoints_kept: int = field(metadata=_COUNT)
     # What a worker's exit code means to the chain (settings/exit_actions.py), code as
     # text (JSON's keys) -> action; the workload guard reads it on every rank.
     exit_actions: dict[str, str]
     # Checkpoints the chain may set aside as unloadable (checkpoints/fallback.py).
-    checkpoint_fallbacks: int
+    checkpoint_fallbacks: int = field(metadata=_COUNT)
 
 
 def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
@@ -75,33 +82,35 @@ def _gpu_failure(spec: ChainSpec) -> str | None:
     return spec.gpu_failure or None
 
 
-_TYPES: dict[str, tuple[type, ...]] = {
-    "progress_file": (str,),
-    "progress_frozen": (bool,),
-    "max_no_progress_cycles": (int,),
-    "faults_active": (bool,),
-    "gpu_failure": (str, type(None)),
-    "checkpoints_kept": (int,),
-    "exit_actions": (dict,),
-    "checkpoint_fallbacks": (int,),
-}
+def _types() -> dict[str, tuple[type, ...]]:
+    """Each field's types as run.json holds them, read off the declaration above: a
+    union's members, else the plain type (dict for dict[str, str])."""
+
+    def plain(hint: Any) -> type:
+        return typing.get_origin(hint) or hint
+
+    found = {}
+    for f in fields(Policy):
+        hint = typing.get_type_hints(Policy)[f.name]
+        union = isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union
+        found[f.name] = tuple(map(plain, typing.get_args(hint))) if union else (plain(hint),)
+    return found
 
 
 def from_dict(data: Any) -> Policy:
     """A policy as run.json holds it. Raises ValueError naming the first bad field."""
-    if not isinstance(data, dict) or set(data) != set(_TYPES):
-        raise ValueError(f"policy must be an object with exactly {', '.join(sorted(_TYPES))}")
-    for name, types in _TYPES.items():
+    types_of = _types()
+    if not isinstance(data, dict) or set(data) != set(types_of):
+        raise ValueError(f"policy must be an object with exactly {', '.join(sorted(types_of))}")
+    for name, allowed in types_of.items():
         value = data[name]
         # bool is an int to isinstance: a count must not be true or false.
-        if not isinstance(value, types) or (bool not in types and isinstance(value, bool)):
+        if not isinstance(value, allowed) or (bool not in allowed and isinstance(value, bool)):
             raise ValueError(f"policy field {name!r} has the wrong type ({value!r})")
-    if data["max_no_progress_cycles"] < 0:
-        raise ValueError("policy field 'max_no_progress_cycles' cannot be negative")
-    if data["checkpoints_kept"] < 0:
-        raise ValueError("policy field 'checkpoints_kept' cannot be negative")
-    if data["checkpoint_fallbacks"] < 0:
-        raise ValueError("policy field 'checkpoint_fallbacks' cannot be negative")
+    for f in fields(Policy):
+        low = f.metadata.get("minimum")
+        if low is not None and data[f.name] < low:
+            raise ValueError(f"policy field {f.name!r} cannot be negative")
     try:
         table = exit_actions.parse(
             ",".join(f"{code}={action}" for code, action in data["exit_actions"].items())

@@ -125,7 +125,10 @@ def test_a_negative_no_progress_count_is_refused_naming_zero(tmp_path):
     args = ["submit", "--work-dir", str(tmp_path), "--max-no-progress-cycles", "-1", "--dry-run"]
     result = CliRunner().invoke(cli, args, env={"SLURM_CONF": "/none"})
     assert result.exit_code == 2
-    assert "--max-no-progress-cycles: cannot be negative; 0 turns NVRx's progress" in result.stderr
+    assert (
+        "--max-no-progress-cycles: cannot be negative (got -1); 0 turns NVRx's progress"
+        in result.stderr
+    )
 
 
 def test_the_no_restart_demo_says_it_drops_the_users_no_progress_count(tmp_path):
