@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 from nvrx_appliance import manifest
+from nvrx_appliance.jobhost import node_memory
+from nvrx_appliance.node.health_check import Identity, judge_hang
 from nvrx_appliance.observe import hangs
 from nvrx_appliance.rank import stacks
 from nvrx_appliance.rank.hang_rule import Frame, RankStack, judge
@@ -112,3 +114,17 @@ def test_a_sampling_period_too_long_for_the_step_timeout_is_refused_naming_the_f
     assert problem.option == "--stack-sampling"
     assert "use at most 10 s, or 0 to turn sampling off" in problem.message
     assert not check(ChainSpec(work_dir="/w", workload="cpu", stack_sampling=0, step_timeout=30))
+
+
+def test_the_hung_marker_the_guard_writes_is_the_one_node_memory_and_the_health_check_read(
+    tmp_path,
+):
+    record = {"generation": "c/41/t", "cycle": 2, "words": "node3 hung in cycle 2: ...",
+              "hand_off": True}  # fmt: skip
+    (tmp_path / "hung.node3").write_text(json.dumps(stacks.marker_of(record)))
+    [found] = node_memory.hung_nodes(str(tmp_path), "c", "41")
+    assert found == {"node": "node3", "words": "node3 hung in cycle 2: ...",
+                     "stacks": str(tmp_path / "cycle2.json"), "hand_off": True}  # fmt: skip
+    me = Identity(generation="c/41/t", task=1, job_id="42", node="node3")
+    assert not judge_hang((tmp_path / "hung.node3").read_text(), False, me).healthy
+    assert stacks.hand_off_wanted(tmp_path, "c/41/t") is not None
