@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance.devcluster.sick_node import Freezer
+from nvrx_appliance.observe.workdir import json_lines
 
 from .chain_support import (
     cli,
@@ -30,6 +31,7 @@ from .chain_support import (
     wait_event,
     wait_idle,
     wait_in,
+    wait_ledger,
 )
 from .conftest import Cluster
 
@@ -40,17 +42,17 @@ STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
 
 
 @contextmanager
-def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, str]]:
+def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, list[str]]]:
     work, name = cluster.workdir(label), unique(label)
     # Ten steps a second and a checkpoint every 50, not the demo's every 5: a rank frozen
     # in the middle of a save makes the others wait in the save's barrier, and a save in
     # the stacks is rightly no verdict (docs/hangs.md). The freeze, 3 s into the cycle's
     # training, comes about 2 s before its first save.
-    [gen] = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0", "--depth", "1",
-                   "--train-samples", "10000000", "--save-interval", "50",
-                   "--cpu-step-pause", "0.1", *flags)  # fmt: skip
+    generations = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0",
+                         "--train-samples", "10000000", "--save-interval", "50",
+                         "--cpu-step-pause", "0.1", *flags)  # fmt: skip
     try:
-        yield work, name, gen
+        yield work, name, generations
     finally:
         cli(cluster, "cancel", name)
         wait_idle(cluster, name, timeout=120)
@@ -76,7 +78,8 @@ def _held(work: Path, gen: str, before: float) -> int:
 def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_at_the_hang(
     cluster: Cluster,
 ):
-    with _chain(cluster, "hang", "--train-tasks", "2", "--hot-spares", "1") as (work, name, gen):
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--depth", "1")
+    with _chain(cluster, "hang", *flags) as (work, name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
         task0 = _node_of_task0(work, gen)
@@ -116,8 +119,33 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             assert re.search(rf"ranks \d+, \d+ on {task0} waited in `", stacks), stacks
 
 
+def test_without_a_free_hot_spare_the_hung_node_is_handed_off_and_the_next_generation_runs_without_it(
+    cluster: Cluster,
+):
+    flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "2")
+    with _chain(cluster, "hangoff", *flags) as (work, _name, [first, second]):
+        started_in_cycle(work, first, 0, CYCLE_S)
+        active, _ = cycle_nodes(work, first, 0)
+        (sick,) = active - {_node_of_task0(work, first)}
+        with Freezer(work, {sick}):
+            record = _hang_record(work, first, 0)
+            assert record["nodes"] == [sick] and record["hand_off"], record["words"]
+            [entry] = wait_ledger(work, 1, CYCLE_S)
+            assert "no hot spare was free, so the generation handed off" in entry["reason"]
+            assert [h["node"] for h in entry["hung"]] == [sick]
+            started_in_cycle(work, second, 0, CYCLE_S)
+        assert sick not in cycle_nodes(work, second, 0)[0], logs_on_failure(work)
+        kept = [e for e in json_lines(work / "exclusions.jsonl") if e.get("node") == sick]
+        assert kept and kept[-1]["evidence"] == "hung", kept
+        wait_event(
+            work, lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == second,
+            CYCLE_S, "the next generation to checkpoint",
+        )  # fmt: skip
+
+
 def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
-    with _chain(cluster, "hangall", "--train-tasks", "2", "--hot-spares", "0") as (work, _, gen):
+    flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "1")
+    with _chain(cluster, "hangall", *flags) as (work, _, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
         with Freezer(work, active):
