@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.checkpoints import fallback
+from nvrx_appliance.checkpoints import fallback, tracked_record
 from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir, tracker_text
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.rank import workload_exit
@@ -116,11 +116,15 @@ def test_each_workload_has_its_table_and_a_script_chooses_its_own():
 # --- the fall-back ------------------------------------------------------------------------
 
 
-def _checkpoints(root: Path, iterations, tracked) -> Path:
+def _checkpoints(root: Path, iterations, tracked, *, torn=()) -> Path:
+    """Checkpoints the tracker named in turn (the tracked record says so), and `torn`
+    ones it never named."""
     ckpt = root / "checkpoints"
-    for i in iterations:
+    for i in (*iterations, *torn):
         (ckpt / iteration_dir(i)).mkdir(parents=True)
         (ckpt / iteration_dir(i) / "shard").write_text("x")
+    for i in iterations:
+        tracked_record.append(ckpt / tracked_record.FILE, tracked_record.TRACKED, i)
     (ckpt / "latest_checkpointed_iteration.txt").write_text(tracker_text(tracked))
     return ckpt
 
