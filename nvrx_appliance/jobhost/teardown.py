@@ -250,9 +250,9 @@ def verdict_iteration(verdict: Dict[str, Any], accounts: List[Dict[str, Any]]) -
     if verdict.get("iteration") is not None:
         return verdict.get("iteration")
     named = [
-        a.get("iteration") for a in accounts
+        a["iteration"] for a in accounts
         if a.get("code") == verdict.get("code") and isinstance(a.get("iteration"), int)
-    ]  # fmt: skip
+    ]  # type: List[int]  # fmt: skip
     return max(named) if named else None
 
 
