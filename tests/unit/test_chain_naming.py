@@ -193,6 +193,11 @@ def test_the_watcher_finds_a_chain_by_name_as_every_command_does(slurm, tmp_path
     # A name means the chain's newest generation; a job id, itself.
     assert watch_cli._chain(options) == (second, "gpt", str(work))
     assert watch_cli._chain({**options, "job_id": first}) == (first, "gpt", str(work))
+    # A chain the appliance did not submit (no run.json where Slurm ran it: the reference
+    # deployment's own sbatch): its Slurm work dir is no appliance work dir, and the
+    # watcher finds its files from its batch script.
+    slurm.add("900", "reference-chain", str(tmp_path), "RUNNING")
+    assert watch_cli._chain({**options, "job_id": "900"}) == ("900", "reference-chain", "")
     typo = subprocess.run([str(Path(CLI).parent / "nvrx-watch"), "gtp", "--dry-run"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert typo.returncode == 2 and "near names: gpt" in typo.stderr, typo.stderr
