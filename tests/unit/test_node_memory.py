@@ -315,6 +315,7 @@ def test_clear_reads_the_newest_part_of_a_long_record_as_apply_does(tmp_path):
     node_memory.clear(record=str(record), nodes=["node7"], chain="chain-1", reason="the test's",
                       log=said.append)  # fmt: skip
     assert said == ["node7 no longer kept out: the test's"]
-    assert '"until"' in record.read_text().splitlines()[-1] and "cleared: the test's" in (
-        record.read_text().splitlines()[-1]
+    assert (
+        '"until"' in record.read_text().splitlines()[-1]
+        and "cleared: the test's" in (record.read_text().splitlines()[-1])
     )
