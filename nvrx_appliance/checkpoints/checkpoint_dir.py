@@ -29,6 +29,26 @@ def checkpoint_name(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def directory_problem(path: str, *, mode: int, owner: int, uid: int, is_dir: bool) -> str | None:
+    """Why the checkpoint directory must not be trusted, or None. Pure. Whoever can write
+    into it can plant an iter_ checkpoint (torch loads it with pickle: code run as the
+    job's user) that a fall-back would point the tracker at, or rewrite the tracker."""
+    if not is_dir:
+        return f"checkpoint directory {path} is not a directory"
+    if owner != uid:
+        return (
+            f"checkpoint directory {path} is owned by uid {owner}, not by this job's user "
+            f"(uid {uid}); give the chain a work dir of its own (--work-dir)"
+        )
+    if mode & 0o022:
+        return (
+            f"checkpoint directory {path} is group- or world-writable (mode "
+            f"{mode & 0o777:04o}): another user could plant a checkpoint there; run "
+            f"chmod go-w {path}"
+        )
+    return None
+
+
 def iteration_dir(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 

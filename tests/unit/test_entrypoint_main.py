@@ -118,6 +118,22 @@ def test_a_run_json_others_can_write_is_refused_before_anything_is_created(tmp_p
     assert not (run_json.parent / "nvrx").exists()
 
 
+def test_a_checkpoint_directory_others_can_write_is_refused_saying_how_to_fix_it(tmp_path):
+    # A member of the group could plant an iter_ that a fall-back would point the
+    # tracker at (issue 40).
+    run_json = write_manifest(tmp_path)
+    checkpoints = manifest.load(run_json).layout.checkpoints
+    checkpoints.mkdir(mode=0o775)
+    checkpoints.chmod(0o775)
+    result = entrypoint("--manifest", str(run_json), env=srun_stand_in())
+    assert result.returncode == exitcodes.RECORD_REFUSED, result.stderr
+    assert f"checkpoint directory {checkpoints} is group- or world-writable (mode 0775)" in (
+        result.stderr
+    )
+    assert f"chmod go-w {checkpoints}" in result.stderr
+    assert not control_dir(run_json).joinpath("rdzv.json").exists()  # nothing published
+
+
 @pytest.mark.parametrize(
     ("edit", "why"),
     [
