@@ -172,18 +172,13 @@ def repeated_failure(exits: List[Dict[str, Any]]) -> str:
     (code, iteration), times = max(counts.items(), key=lambda item: item[1])
     if times < 2:
         return ""
-    meaning = next(
-        (
-            str(e.get("meaning", ""))
-            for e in exits
-            if (e.get("code"), e.get("iteration")) == (code, iteration)
-        ),
-        "",
-    )
+    first = next(e for e in exits if (e.get("code"), e.get("iteration")) == (code, iteration))
+    meaning, line = str(first.get("meaning") or ""), str(first.get("line") or "")
     where = f" at iteration {iteration}" if iteration is not None else ""
-    return "failed {} times{} with exit {}{}".format(
-        times, where, code, ": " + meaning if meaning else ""
-    )
+    return "failed {} times{} with exit {}{}{}".format(
+        times, where, code, ": " + meaning if meaning else "",
+        " (its log: {!r})".format(line) if line else "",
+    )  # fmt: skip
 
 
 def judge_verdict(
