@@ -23,7 +23,7 @@ workload exits it asks workload_exit.judge what the exit means:
   the file and stops its ft_launcher; task 0's teardown acts on it.
 - anything else: exit with the workload's code, as without the guard.
 
-Each cycle's first failure is recorded (Layout.workload_exits) for the teardown's
+Each cycle's first failure is recorded (Layout.exit_records) for the teardown's
 account ("failed 4 times at iteration 60 with exit 1") and for node memory, which must
 never blame a node for the workload. The exit code is always the workload's own: the
 guard adds no code of its own (93 is never one).

@@ -8,8 +8,8 @@ Three things are told apart:
   setting a good checkpoint aside for that would lose training): the workload contract's
   line `NVRX_APPLIANCE_LOAD_FAILED iteration=N` (docs/workload-contract.md; the built-in
   trainer prints it), Megatron's own "could not load the checkpoint" (its legacy format,
-  which then exits 0), or a checkpoint read error after Megatron's "loading ...
-  checkpoint from DIR at iteration N" and before its "successfully loaded checkpoint";
+  which then exits 0), or, on rank 0 only, a checkpoint read error inside its loading
+  window (load_failure says which lines open and close it);
 - a verdict: an exit code the table maps to resume-elsewhere or stop-chain;
 - anything else: an ordinary failure, which NVRx restarts in place.
 
