@@ -177,7 +177,7 @@ def repeated_failure(exits: List[Dict[str, Any]]) -> str:
     where = f" at iteration {iteration}" if iteration is not None else ""
     return "failed {} times{} with exit {}{}{}".format(
         times, where, code, ": " + meaning if meaning else "",
-        " (its log: {!r})".format(line) if line else "",
+        f" (its log: {line!r})" if line else "",
     )  # fmt: skip
 
 
@@ -212,7 +212,8 @@ def judge_verdict(
             "the workload asked again to be resumed elsewhere{} after generation {} already "
             "ran it on other nodes ({}; this time on {}): the data, not a GPU; stopping the "
             "chain{}{}".format(
-                _where(verdict if verdict.get("iteration") is not None else before[-1]["verdict"]),
+                _where(verdict if verdict.get("iteration") is not None else before[-1]["verdict"])
+                or " at checkpoint {}".format(this.get("checkpoint_iteration")),
                 before[-1].get("array_job_id"),
                 ", ".join(before[-1]["verdict"].get("nodes") or []) or "nodes unknown",
                 ", ".join(verdict.get("nodes") or []) or "nodes unknown", quoted, keep,
@@ -464,7 +465,14 @@ def workload_account(
         if NODE_NAME.match(name):
             nodes.append(name)
     if verdict is not None:
-        accounts = [a for a in (verdict_of(t, chain, args.array_job_id) for t in texts) if a]
+        # The guard of the verdict's first worker that named its iteration wrote this.
+        named = os.path.join(exits, "verdict_iteration.json") if exits else ""
+        extra = []  # type: List[str]
+        if named and os.path.isfile(named) and not hostlib.untrusted(named, uid):
+            extra.append(_read(named, CONTROL_BYTES))
+        accounts = [
+            a for a in (verdict_of(t, chain, args.array_job_id) for t in texts + extra) if a
+        ]  # fmt: skip
         verdict = dict(verdict, iteration=verdict_iteration(verdict, accounts), nodes=sorted(nodes))
     return verdict, parse_exits(texts, chain, args.array_job_id), sorted(nodes)
 

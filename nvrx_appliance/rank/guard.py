@@ -68,6 +68,7 @@ _LOAD_FAILED_MARK = workload_exit.LOAD_FAILED_MARK.encode()
 # cancelled by the relay within seconds of that. This only bounds a supervisor gone.
 HOLD_S = 300.0
 DRAIN_S = 5.0  # after the workload exits, for what its children still write
+VERDICT_ITERATION = "verdict_iteration.json"  # in the exit records
 
 
 def argv(control: Path, exits: Path, generation: str, workload: Sequence[str]) -> list[str]:
@@ -262,6 +263,11 @@ class Guard:
                 # next generation off them.
                 (exits / "verdict_nodes").mkdir(mode=0o700, exist_ok=True)
                 (exits / "verdict_nodes" / node).touch(mode=0o600)
+                if seen.iteration is not None:
+                    # The verdict's iteration, from the first of its workers that named
+                    # one: Megatron names it on one rank, and the verdict file is
+                    # another's as often as not (the teardown reads both).
+                    _create(exits / VERDICT_ITERATION, self.account(seen, action, words))
 
     def give_verdict(self, seen: workload_exit.Exit, action: str, words: str) -> None:
         path = Path(self.args.control) / "verdict"

@@ -56,6 +56,10 @@ def test_a_16_comes_back_at_one_iteration_whichever_rank_wrote_the_verdict_first
     assert again == teardown.STOPPED_BY_WORKLOAD
     assert "at iteration 60 after generation 6" in reason
     assert "(node1; this time on node2)" in reason  # the nodes of both runs
+    # Neither names one: the checkpoint both ended at says where.
+    unnamed = {**before, "verdict": {"code": 16, "iteration": None, "nodes": ["node1"]}}
+    _, said = teardown.decide(78, [unnamed], _entry(checkpoint_iteration=60), 2, verdict=blind)
+    assert "at checkpoint 60 after generation 6" in said
     # Trained on past that checkpoint: another question, resumed elsewhere again.
     moved, _ = teardown.decide(78, [before], _entry(checkpoint_iteration=80), 2, verdict=blind)
     assert moved == teardown.RESUME_ELSEWHERE

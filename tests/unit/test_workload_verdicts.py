@@ -215,6 +215,9 @@ def test_a_verdict_is_written_and_the_worker_holds_until_ft_launcher_stops_it(tm
     assert "iteration       60/" in out  # the workload's output passes through unchanged
     exits = list(Layout(tmp_path).exit_records(42).glob("cycle0.*.json"))
     assert len(exits) == 1 and json.loads(exits[0].read_text())["code"] == 17
+    # Its iteration, for the teardown, whichever worker wrote the verdict file.
+    named = Layout(tmp_path).exit_records(42) / "verdict_iteration.json"
+    assert json.loads(named.read_text())["iteration"] == 60
 
 
 def test_an_ordinary_failure_passes_through_and_is_recorded(tmp_path):
