@@ -55,6 +55,9 @@ class GenerationView:
     time_left_s: float | None = None  # to the time limit, while it runs
     pending_reason: str = ""  # squeue's %r for a task 0 not started yet
     drained: tuple[str, ...] = ()  # its nodes Slurm drained (ledger: the drain poller's)
+    # Cancelled before any of its tasks started (sacct), and by whom where Slurm says.
+    never_ran: bool = False
+    cancelled_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,17 @@ def _clock(
     elapsed = (ended if ended is not None else now) - started
     left = None if ended is not None or limit_s is None else max(limit_s - elapsed, 0.0)
     return started, elapsed, left
+
+
+def _never_ran(array_job_id: str, acct: Sequence[AcctRow] | None) -> bool:
+    """Every task of the generation cancelled before it started (sacct)."""
+    rows = [r for r in acct or () if r.array_job_id == array_job_id]
+    return bool(rows) and all(r.state == "CANCELLED" and not r.start for r in rows)
+
+
+def _cancelled_by(array_job_id: str, acct: Sequence[AcctRow] | None) -> str:
+    rows = [r for r in acct or () if r.array_job_id == array_job_id and r.cancelled_by]
+    return rows[0].cancelled_by if rows else ""
 
 
 def _state(tasks: dict[int, str]) -> str:
@@ -397,8 +411,15 @@ def _ended(
         # its reason say what happened.
         text = f"ended: {action_words(action)}{of}" + (f": {reason}" if reason else "")
         return Headline("ended", action, text, f"nvrx-appliance logs {name}")
-    if not chain_marker:
-        text = f"ended: cancelled, checkpoint iteration {at}"
+    never = [g for g in generations if g.never_ran]
+    if never or not chain_marker:
+        # `cancel` removes the chain marker; a plain `scancel -n NAME` leaves it, and only
+        # Slurm tells: generations cancelled before they ever ran.
+        who = next((g.cancelled_by for g in never if g.cancelled_by), "")
+        text = f"ended: cancelled{f' by {who}' if who else ''}, checkpoint iteration {at}"
+        if never:
+            ids = ", ".join(g.array_job_id for g in never)
+            text += f"; {len(never)} generation(s) never ran ({ids})"
         return Headline("ended", "cancelled", text, resubmit)
     text = (
         f"ended: exhausted, every generation queued has run and none is left; "
@@ -458,6 +479,8 @@ def assemble(
                 time_left_s=left,
                 pending_reason=_pending_reason(array_job_id, queue),
                 drained=tuple(str(n) for n in entry.get("drained") or ()),
+                never_ran=not entry and _never_ran(array_job_id, acct),
+                cancelled_by=_cancelled_by(array_job_id, acct),
             )
         )
     completed_at = _completed_at(by_array.values())
