@@ -123,6 +123,9 @@ class Costs:
     save: Step
     load: Step
     queue_wait: float = 0.0
+    # A chain's own median interruption cost, detection to training again, used whole for
+    # an in-job restart in place of the steps (the account does not split it).
+    restart_whole: Step | None = None
 
     def s(self, name: str) -> float:
         return self.steps[name].seconds
@@ -178,10 +181,14 @@ def measured(
 def in_job_restart(costs: Costs, detect: str) -> dict[str, float]:
     """A rank's crash, a hang or a node death with a spare at hand: NVRx restarts the
     workers inside the generation. Categories of goodput.account."""
-    parts = {"in_job_restarts": costs.s("nvrx_waits") + costs.s("worker_start") + costs.load.seconds}
+    if costs.restart_whole is not None:
+        parts = {"in_job_restarts": costs.restart_whole.seconds}
+    else:
+        restart = costs.s("nvrx_waits") + costs.s("worker_start") + costs.load.seconds
+        parts = {"in_job_restarts": restart}
     if detect == "detect_hang":
         parts["hangs_until_detected"] = costs.s(detect)
-    else:
+    elif costs.restart_whole is None:
         parts["in_job_restarts"] += costs.s(detect)
     return parts
 

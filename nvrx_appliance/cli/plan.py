@@ -1,0 +1,158 @@
+"""`nvrx-appliance plan`: the effective training time a run of this shape can expect,
+the settings that maximise it, and the seeds' design beside it; a thin face of api.plan."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import click
+
+from nvrx_appliance import api, jsondoc
+from nvrx_appliance.cli.fail import fail
+from nvrx_appliance.cli.target import METAVAR, not_readable, unreachable
+from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan import rates as published
+from nvrx_appliance.plan import request as asked
+from nvrx_appliance.plan import view
+from nvrx_appliance.plan.simulate import Settings
+from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.endings import slurm_seconds
+
+PREFIX = "nvrx-appliance plan"
+RATE_HELP = "per 1,000 node-days of the training nodes  [default: Llama 3's: docs/plan.md]"
+_DEFAULTS = asked.Request()
+_SPEC = ChainSpec()
+
+
+def _cost(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
+    out = {}
+    for value in values:
+        name, _, seconds = value.partition("=")
+        try:
+            out[name.strip()] = float(seconds)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r}: give NAME=SECONDS, e.g. detect_node_death=300; names: "
+                f"{', '.join(priced.STEPS)}"
+            ) from None
+    return out
+
+
+def _time(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    seconds = slurm_seconds(value)
+    if seconds is None:
+        raise click.BadParameter(
+            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day) or 04:00:00"
+        )
+    return float(seconds)
+
+
+@click.command("plan")
+@click.option("--nodes", type=int, default=_DEFAULTS.nodes, show_default=True,
+              help="Nodes that train (spares come on top).")
+@click.option("--gpus-per-node", type=int, default=_SPEC.gpus_per_node, show_default=True)
+@click.option("--nodes-per-task", type=int, default=_SPEC.nodes_per_task, show_default=True,
+              help="Nodes per array task: a spare is one task.")
+@click.option("--segment", type=int, default=0, show_default=True,
+              help="NVLink domain's nodes in segment mode (0: off).")
+@click.option("--days", type=float, default=_DEFAULTS.days, show_default=True,
+              help="The run's wall time.")
+@click.option("--time", "time_limit", default="1-00:00:00", show_default=True, callback=_time,
+              help="One generation's Slurm time limit (your cluster's most).")
+@click.option("--node-death", type=float, help=f"Node deaths {RATE_HELP}")
+@click.option("--rank-crash", type=float, help=f"Rank crashes (the node lives) {RATE_HELP}")
+@click.option("--hang", type=float, help=f"Hangs {RATE_HELP}")
+@click.option("--task0-loss", type=float,
+              help="Losses of task 0 beyond node deaths on its nodes, per 1,000 node-days of "
+              "its nodes  [default: 0]")
+@click.option("--unloadable", type=float, default=0.0, show_default=True,
+              help="Share of checkpoint loads that fail (0.01: one in a hundred).")
+@click.option("--from-chain", metavar=METAVAR,
+              help="Take the failure rates, the save's and the restart's cost from this "
+              "chain's history (report's account) instead.")
+@click.option("--work-dir", help="The --from-chain chain's work dir (without Slurm).")
+@click.option("--checkpoint-gb", type=float,
+              help="The whole checkpoint, GB  [default: 4 GB per GPU, Llama 3's largest]")
+@click.option("--storage-gbps", type=float, default=asked.STORAGE_GBPS, show_default=True,
+              help="Storage write and read rate, GB/s (Llama 3's: 2,000 sustained).")
+@click.option("--save-seconds", type=float,
+              help="Seconds a save blocks training (an async save's), instead of size / rate.")
+@click.option("--queue-wait", type=float, default=0.0, show_default=True,
+              help="Seconds a generation waits for nodes after the last (0: a reservation).")
+@click.option("--response-minutes", type=float, default=60.0, show_default=True,
+              help="A person's answer to a stopped chain (assumed).")
+@click.option("--storage-stall", type=float, default=asked.STORAGE_STALL_S, show_default=True,
+              help="The longest shared-file-system stall task 0's lease must ride out, s.")
+@click.option("--save-minutes", type=float, default=30.0, show_default=True,
+              help="Today's save interval, minutes of training.")
+@click.option("--hot-spares", type=int, default=_SPEC.hot_spares, show_default=True,
+              help="Today's hot spares.")
+@click.option("--cold-spares", type=int, default=_SPEC.cold_spares, show_default=True,
+              help="Today's cold spares.")
+@click.option("--lease-stale-after", type=float, default=_SPEC.lease_stale_after,
+              show_default=True, help="Today's lease, s.")
+@click.option("--depth", type=int, default=_SPEC.depth, show_default=True,
+              help="Today's chain depth.")
+@click.option("--step-seconds", type=float,
+              help="A training step's seconds: the save interval in iterations too.")
+@click.option("--cost", "costs", multiple=True, callback=_cost, metavar="NAME=SECONDS",
+              help=f"Your own figure for a step ({', '.join(priced.STEPS)}); repeatable.")
+@click.option("--seeds", type=int, default=_DEFAULTS.seeds, show_default=True,
+              help="Simulated runs averaged.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plan_command(**o) -> None:
+    """Plan a run at scale: its effective training time (ETTR), by cause.
+
+    Simulates the run (seeded, discrete events) with the appliance's recovery costs
+    from the committed benchmarks (docs/benchmarks.md), shows the closed form beside it,
+    the save interval, spares, lease and depth that maximise it and what each is worth,
+    and the seeds' design at the same settings. docs/plan.md has the assumptions.
+    """
+    given = [f"--{k.replace('_', '-')}" for k in ("node_death", "rank_crash", "hang",
+                                                    "task0_loss") if o[k] is not None]  # fmt: skip
+    if given and (o["from_chain"] or o["work_dir"]):
+        fail(f"{given[0]} and --from-chain contradict each other: the chain's history gives "
+             "the rates; drop one of them", prefix=PREFIX)  # fmt: skip
+    defaults = published.Rates()
+    rates = replace(
+        defaults,
+        **{k: o[k] for k in ("node_death", "rank_crash", "hang", "task0_loss") if o[k] is not None},
+        unloadable=o["unloadable"],
+        source=defaults.source if not given else "given on the command line",
+    )
+    request = asked.Request(
+        nodes=o["nodes"],
+        gpus_per_node=o["gpus_per_node"],
+        nodes_per_task=o["nodes_per_task"],
+        segment=o["segment"],
+        days=o["days"],
+        time_limit_s=o["time_limit"],
+        rates=rates,
+        checkpoint_gb=o["checkpoint_gb"],
+        storage_gbps=o["storage_gbps"],
+        save_s=o["save_seconds"],
+        queue_wait_s=o["queue_wait"],
+        response_s=o["response_minutes"] * 60.0,
+        storage_stall_s=o["storage_stall"],
+        today=Settings(o["save_minutes"] * 60.0, o["hot_spares"], o["cold_spares"],
+                       o["lease_stale_after"], o["depth"]),  # fmt: skip
+        grace_s=float(_SPEC.closed_flag_grace),
+        step_s=o["step_seconds"],
+        overrides=o["costs"],
+        seeds=o["seeds"],
+    )
+    try:
+        plan = api.plan(request, from_chain=o["from_chain"], work_dir=o["work_dir"])
+    except api.SettingsError as exc:
+        for problem in exc.problems[:-1]:
+            click.echo(f"{PREFIX}: {problem}", err=True)
+        fail(exc.problems[-1], prefix=PREFIX)
+    except api.ChainNotFound as exc:
+        fail(not_readable(exc, o["from_chain"] or o["work_dir"]), prefix=PREFIX)
+    except api.SlurmUnreachable as exc:
+        unreachable(PREFIX, str(exc), "pass the chain's --work-dir to read its files")
+    if o["as_json"]:
+        click.echo(jsondoc.dumps("plan", view.to_json(plan)))
+        return
+    for line in view.lines(plan, o["step_seconds"]):
+        click.echo(line)
