@@ -16,7 +16,7 @@ from nvrx_appliance.plan import request as asked
 from nvrx_appliance.plan import view
 from nvrx_appliance.plan.simulate import Settings
 from nvrx_appliance.settings.chain import ChainSpec
-from nvrx_appliance.settings.endings import slurm_seconds
+from nvrx_appliance.settings.generation_end import slurm_seconds
 
 PREFIX = "nvrx-appliance plan"
 RATE_HELP = "per 1,000 node-days of the training nodes  [default: Llama 3's: docs/plan.md]"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from nvrx_appliance.goodput import interval
+from nvrx_appliance.goodput import save_interval as interval
 from nvrx_appliance.goodput.account import IDLE_SPARES, Account
 
 

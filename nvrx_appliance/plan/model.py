@@ -2,7 +2,7 @@
 maximise the run's effective training time. Pure.
 
 Closed forms (exact only in the cases docs/plan.md names, shown as a check):
-- the save interval: the renewal model `report` uses (goodput/interval.py): segments of
+- the save interval: the renewal model `report` uses (goodput/save_interval.py): segments of
   tau seconds closed by a save of C, Poisson interruptions at rate lambda, each costing
   R; its optimum solves (1 - x) e^x = e^(-lambda C), Young's sqrt(2 C / lambda) to first
   order;
@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, replace
 
 from nvrx_appliance import lease
-from nvrx_appliance.goodput import interval
+from nvrx_appliance.goodput import save_interval as interval
 from nvrx_appliance.plan import costs as priced
 from nvrx_appliance.plan.simulate import (
     APPLIANCE,
