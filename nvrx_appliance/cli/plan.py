@@ -3,7 +3,9 @@ the settings that maximise it, and the seeds' design beside it; a thin face of a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import click
 
@@ -47,58 +49,77 @@ def _time(ctx: click.Context, param: click.Parameter, value: str) -> float:
     return float(seconds)
 
 
+# (flag, type, default, help): the options with a default; click shows it.
+WITH_DEFAULTS = (
+    ("--nodes", int, _DEFAULTS.nodes, "Nodes that train (spares come on top)."),
+    ("--gpus-per-node", int, _SPEC.gpus_per_node, "GPUs (and ranks) per node."),
+    ("--nodes-per-task", int, _SPEC.nodes_per_task, "Nodes per array task: a spare is one task."),
+    ("--segment", int, 0, "NVLink domain's nodes in segment mode (0: off)."),
+    ("--days", float, _DEFAULTS.days, "The run's wall time."),
+    ("--unloadable", float, 0.0, "Share of checkpoint loads that fail (0.01: one in 100)."),
+    ("--storage-gbps", float, asked.STORAGE_GBPS,
+     "Storage write and read rate, GB/s (Llama 3's: 2,000 sustained)."),
+    ("--queue-wait", float, 0.0,
+     "Seconds a generation waits for nodes after the last (0: a reservation)."),
+    ("--response-minutes", float, 60.0, "A person's answer to a stopped chain (assumed)."),
+    ("--storage-stall", float, asked.STORAGE_STALL_S,
+     "The longest shared-file-system stall task 0's lease must ride out, s."),
+    ("--save-minutes", float, 30.0, "Today's save interval, minutes of training."),
+    ("--hot-spares", int, _SPEC.hot_spares, "Today's hot spares."),
+    ("--cold-spares", int, _SPEC.cold_spares, "Today's cold spares."),
+    ("--lease-stale-after", float, _SPEC.lease_stale_after, "Today's lease, s."),
+    ("--depth", int, _SPEC.depth, "Today's chain depth."),
+    ("--seeds", int, _DEFAULTS.seeds, "Simulated runs averaged."),
+)  # fmt: skip
+# (flag, help): the options that are None unless given.
+WITHOUT = (
+    ("--node-death", f"Node deaths {RATE_HELP}"),
+    ("--rank-crash", f"Rank crashes (the node lives) {RATE_HELP}"),
+    ("--hang", f"Hangs {RATE_HELP}"),
+    ("--task0-loss", "Losses of task 0 beyond node deaths on its nodes, per 1,000 node-days "
+     "of its nodes  [default: 0]"),
+    ("--checkpoint-gb", "The whole checkpoint, GB  [default: 4 GB per GPU, Llama 3's largest]"),
+    ("--save-seconds", "Seconds a save blocks training (an async save's), not size / rate."),
+    ("--step-seconds", "A training step's seconds: the save interval in iterations too."),
+)  # fmt: skip
+
+
+def _options(command: Callable[..., Any]) -> Callable[..., Any]:
+    # Applied from the last: --help lists the shape first, then the rates and the rest.
+    for name, text in reversed(WITHOUT):
+        command = click.option(name, type=float, help=text)(command)
+    for name, kind, default, text in reversed(WITH_DEFAULTS):
+        command = click.option(name, type=kind, default=default, show_default=True, help=text)(
+            command
+        )
+    return command
+
+
 @click.command("plan")
-@click.option("--nodes", type=int, default=_DEFAULTS.nodes, show_default=True,
-              help="Nodes that train (spares come on top).")
-@click.option("--gpus-per-node", type=int, default=_SPEC.gpus_per_node, show_default=True)
-@click.option("--nodes-per-task", type=int, default=_SPEC.nodes_per_task, show_default=True,
-              help="Nodes per array task: a spare is one task.")
-@click.option("--segment", type=int, default=0, show_default=True,
-              help="NVLink domain's nodes in segment mode (0: off).")
-@click.option("--days", type=float, default=_DEFAULTS.days, show_default=True,
-              help="The run's wall time.")
-@click.option("--time", "time_limit", default="1-00:00:00", show_default=True, callback=_time,
-              help="One generation's Slurm time limit (your cluster's most).")
-@click.option("--node-death", type=float, help=f"Node deaths {RATE_HELP}")
-@click.option("--rank-crash", type=float, help=f"Rank crashes (the node lives) {RATE_HELP}")
-@click.option("--hang", type=float, help=f"Hangs {RATE_HELP}")
-@click.option("--task0-loss", type=float,
-              help="Losses of task 0 beyond node deaths on its nodes, per 1,000 node-days of "
-              "its nodes  [default: 0]")
-@click.option("--unloadable", type=float, default=0.0, show_default=True,
-              help="Share of checkpoint loads that fail (0.01: one in a hundred).")
-@click.option("--from-chain", metavar=METAVAR,
-              help="Take the failure rates, the save's and the restart's cost from this "
-              "chain's history (report's account) instead.")
+@_options
+@click.option(
+    "--time",
+    "time_limit",
+    default="1-00:00:00",
+    show_default=True,
+    callback=_time,
+    help="One generation's Slurm time limit (your cluster's most).",
+)
+@click.option(
+    "--from-chain",
+    metavar=METAVAR,
+    help="Take the failure rates, the save's and the restart's cost from this "
+    "chain's history (report's account) instead.",
+)
 @click.option("--work-dir", help="The --from-chain chain's work dir (without Slurm).")
-@click.option("--checkpoint-gb", type=float,
-              help="The whole checkpoint, GB  [default: 4 GB per GPU, Llama 3's largest]")
-@click.option("--storage-gbps", type=float, default=asked.STORAGE_GBPS, show_default=True,
-              help="Storage write and read rate, GB/s (Llama 3's: 2,000 sustained).")
-@click.option("--save-seconds", type=float,
-              help="Seconds a save blocks training (an async save's), instead of size / rate.")
-@click.option("--queue-wait", type=float, default=0.0, show_default=True,
-              help="Seconds a generation waits for nodes after the last (0: a reservation).")
-@click.option("--response-minutes", type=float, default=60.0, show_default=True,
-              help="A person's answer to a stopped chain (assumed).")
-@click.option("--storage-stall", type=float, default=asked.STORAGE_STALL_S, show_default=True,
-              help="The longest shared-file-system stall task 0's lease must ride out, s.")
-@click.option("--save-minutes", type=float, default=30.0, show_default=True,
-              help="Today's save interval, minutes of training.")
-@click.option("--hot-spares", type=int, default=_SPEC.hot_spares, show_default=True,
-              help="Today's hot spares.")
-@click.option("--cold-spares", type=int, default=_SPEC.cold_spares, show_default=True,
-              help="Today's cold spares.")
-@click.option("--lease-stale-after", type=float, default=_SPEC.lease_stale_after,
-              show_default=True, help="Today's lease, s.")
-@click.option("--depth", type=int, default=_SPEC.depth, show_default=True,
-              help="Today's chain depth.")
-@click.option("--step-seconds", type=float,
-              help="A training step's seconds: the save interval in iterations too.")
-@click.option("--cost", "costs", multiple=True, callback=_cost, metavar="NAME=SECONDS",
-              help=f"Your own figure for a step ({', '.join(priced.STEPS)}); repeatable.")
-@click.option("--seeds", type=int, default=_DEFAULTS.seeds, show_default=True,
-              help="Simulated runs averaged.")
+@click.option(
+    "--cost",
+    "costs",
+    multiple=True,
+    callback=_cost,
+    metavar="NAME=SECONDS",
+    help=f"Your own figure for a step ({', '.join(priced.STEPS)}); repeatable.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(**o) -> None:
     """Plan a run at scale: its effective training time (ETTR), by cause.
@@ -108,11 +129,17 @@ def plan_command(**o) -> None:
     the save interval, spares, lease and depth that maximise it and what each is worth,
     and the seeds' design at the same settings. docs/plan.md has the assumptions.
     """
-    given = [f"--{k.replace('_', '-')}" for k in ("node_death", "rank_crash", "hang",
-                                                    "task0_loss") if o[k] is not None]  # fmt: skip
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in ("node_death", "rank_crash", "hang", "task0_loss")
+        if o[k] is not None
+    ]
     if given and (o["from_chain"] or o["work_dir"]):
-        fail(f"{given[0]} and --from-chain contradict each other: the chain's history gives "
-             "the rates; drop one of them", prefix=PREFIX)  # fmt: skip
+        fail(
+            f"{given[0]} and --from-chain contradict each other: the chain's history gives "
+            "the rates; drop one of them",
+            prefix=PREFIX,
+        )
     defaults = published.Rates()
     rates = replace(
         defaults,
@@ -134,8 +161,13 @@ def plan_command(**o) -> None:
         queue_wait_s=o["queue_wait"],
         response_s=o["response_minutes"] * 60.0,
         storage_stall_s=o["storage_stall"],
-        today=Settings(o["save_minutes"] * 60.0, o["hot_spares"], o["cold_spares"],
-                       o["lease_stale_after"], o["depth"]),  # fmt: skip
+        today=Settings(
+            o["save_minutes"] * 60.0,
+            o["hot_spares"],
+            o["cold_spares"],
+            o["lease_stale_after"],
+            o["depth"],
+        ),
         grace_s=float(_SPEC.closed_flag_grace),
         step_s=o["step_seconds"],
         overrides=o["costs"],

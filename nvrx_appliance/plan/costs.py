@@ -87,8 +87,7 @@ MEASURED = {
     "dying_path": (
         4.32,
         f"{BENCH}, row 2d: NVRx's decision -> the generation's last task ends",
-        "flat: NVRx's 3 s store-host wait and the teardown (5.6-8.3 s over 4-16 nodes, "
-        "busy cores)",
+        "flat: NVRx's 3 s store-host wait and the teardown (5.6-8.3 s over 4-16 nodes, busy cores)",
     ),
     "scheduler": (
         0.535,

@@ -219,9 +219,13 @@ def plan(
         ("save interval (s)", "save_interval_s", "the renewal model's optimum"),
         ("hot spares", "hot_spares", "the most goodput of the allocation (idle spares count)"),
         ("cold spares", "cold_spares", f"spares run out in under {RISK:.0%} of generations"),
-        ("lease (s)", "lease_s", f"the shortest that rides out a {storage_stall_s:g} s storage stall"),
+        (
+            "lease (s)",
+            "lease_s",
+            f"the shortest that rides out a {storage_stall_s:g} s storage stall",
+        ),
         ("depth", "depth", f"the run needs no resubmit with {1 - RISK:.0%} chance"),
-    ):  # fmt: skip
+    ):
         was, now = getattr(today, field), getattr(best, field)
         worth = 0.0
         if was != now:

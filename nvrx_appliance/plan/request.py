@@ -36,7 +36,8 @@ class Request:
     queue_wait_s: float = 0.0
     response_s: float = 3600.0
     storage_stall_s: float = STORAGE_STALL_S
-    today: Settings = Settings(1800.0, 1, 0, 45.0, 3)
+    # Today's settings: the appliance's defaults (settings/chain.py), a 30-minute interval.
+    today: Settings = field(default_factory=lambda: Settings(1800.0, 1, 0, 45.0, 3))
     grace_s: float = 3.0
     step_s: float | None = None
     overrides: dict[str, float] = field(default_factory=dict)
@@ -54,15 +55,17 @@ def problems(request: Request) -> list[str]:
     r, t = request, request.today
     need(r.nodes >= 1, "--nodes", "the nodes that train, at least 1 (e.g. --nodes 2048)")
     need(r.gpus_per_node >= 1, "--gpus-per-node", "at least 1 (8 on an HGX node)")
-    need(1 <= r.nodes_per_task <= r.nodes, "--nodes-per-task",
-         f"between 1 and --nodes ({r.nodes})")  # fmt: skip
+    need(1 <= r.nodes_per_task <= r.nodes, "--nodes-per-task", f"between 1 and --nodes ({r.nodes})")
     need(r.segment >= 0, "--segment", "0 (off) or the nodes of one NVLink domain")
     need(0 < r.days <= 3650, "--days", "the run's length in days, above 0 (e.g. --days 90)")
     need(r.time_limit_s > 0, "--time", "a Slurm time limit above 0 (e.g. --time 1-00:00:00)")
     for name in ("node_death", "rank_crash", "hang", "task0_loss"):
         value = getattr(r.rates, name)
-        need(value >= 0 and math.isfinite(value), f"--{name.replace('_', '-')}",
-             "interruptions per 1,000 node-days, 0 or more")  # fmt: skip
+        need(
+            value >= 0 and math.isfinite(value),
+            f"--{name.replace('_', '-')}",
+            "interruptions per 1,000 node-days, 0 or more",
+        )
     need(0 <= r.rates.unloadable < 1, "--unloadable", "a share of loads, from 0 up to below 1")
     need(r.checkpoint_gb is None or r.checkpoint_gb >= 0, "--checkpoint-gb", "0 or more GB")
     need(r.storage_gbps > 0, "--storage-gbps", "the storage's write and read rate, above 0 GB/s")
@@ -78,8 +81,11 @@ def problems(request: Request) -> list[str]:
     need(r.step_s is None or r.step_s > 0, "--step-seconds", "a training step's seconds, above 0")
     need(1 <= r.seeds <= MOST_SEEDS, "--seeds", f"between 1 and {MOST_SEEDS}")
     for name, seconds in r.overrides.items():
-        need(name in priced.STEPS, "--cost",
-             f"{name!r} is no step; choose from {', '.join(priced.STEPS)}")  # fmt: skip
+        need(
+            name in priced.STEPS,
+            "--cost",
+            f"{name!r} is no step; choose from {', '.join(priced.STEPS)}",
+        )
         need(seconds >= 0, "--cost", f"{name}: 0 or more seconds")
     return out
 
@@ -95,13 +101,15 @@ def with_history(request: Request, history: ChainHistory) -> Request:
         unloadable=request.rates.unloadable,
         source=history.source,
     )
-    return replace(request, rates=rates, save_s=history.save_s if request.save_s is None
-                   else request.save_s)  # fmt: skip
+    return replace(
+        request, rates=rates, save_s=history.save_s if request.save_s is None else request.save_s
+    )
 
 
 def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
-    shape = priced.Shape(request.nodes, request.gpus_per_node, request.nodes_per_task,
-                         request.segment)  # fmt: skip
+    shape = priced.Shape(
+        request.nodes, request.gpus_per_node, request.nodes_per_task, request.segment
+    )
     checkpoint = request.checkpoint_gb
     if checkpoint is None:
         checkpoint = CHECKPOINT_GB_PER_GPU * shape.gpus

@@ -44,8 +44,7 @@ class Design:
 
 
 APPLIANCE = Design("the appliance", fences_task0=True, saves_at_time_limit=True, falls_back=True)
-SEEDS = Design("the seeds' design", fences_task0=False, saves_at_time_limit=False,
-               falls_back=False)  # fmt: skip
+SEEDS = Design("the seeds' design", fences_task0=False, saves_at_time_limit=False, falls_back=False)
 
 
 @dataclass(frozen=True)
@@ -107,6 +106,7 @@ class _Run:
         self.saving: float | None = None  # seconds into a save under way
         self.pending: list[tuple[str, float]] = []  # the recovery still to go, in order
         self.admissions: list[float] = []
+        self.chain_used = 0  # generations of the current chain, of its depth
         self.next_failure = self._draw()
         c = scenario.costs
         self.admit_s = c.s("scheduler") + c.s("start_gate")
@@ -290,8 +290,14 @@ class _Run:
         self._begin_generation([(STOPPED, self.sc.response_s), *parts])
 
 
-ORDER = ("hangs_until_detected", "in_job_restarts", "checkpoint_saves", "hand_offs",
-         QUEUE_WAIT, "start_up")  # fmt: skip
+ORDER = (
+    "hangs_until_detected",
+    "in_job_restarts",
+    "checkpoint_saves",
+    "hand_offs",
+    QUEUE_WAIT,
+    "start_up",
+)
 
 
 def _ordered(parts: dict[str, float]) -> list[tuple[str, float]]:

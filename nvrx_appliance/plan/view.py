@@ -100,9 +100,12 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     apply = f"--save-interval {max(1, round(tau / step_s))}" if step_s else None
     out.append(
         f"  save interval: Young's first order {_minutes(plan.young_interval_s)}; "
-        + (f"apply it: {apply} (iterations of {step_s:g} s)" if apply
-           else "pass --step-seconds to have it in iterations for submit's --save-interval")
-    )  # fmt: skip
+        + (
+            f"apply it: {apply} (iterations of {step_s:g} s)"
+            if apply
+            else "pass --step-seconds to have it in iterations for submit's --save-interval"
+        )
+    )
     out.append(
         f"  submit with: --hot-spares {rec.hot_spares} --cold-spares {rec.cold_spares} "
         f"--lease-stale-after {rec.lease_s:.0f} --depth {rec.depth}"
@@ -186,7 +189,10 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "spares_out_closed_form": plan.spares_out_closed_form,
         },
         "appliance_today": _summary(plan.appliance_today, horizon),
-        "seeds_design": {**_summary(plan.seeds, horizon), "closed_form_ettr": plan.seeds_closed_form},
+        "seeds_design": {
+            **_summary(plan.seeds, horizon),
+            "closed_form_ettr": plan.seeds_closed_form,
+        },
         "today": _settings(plan.today),
         "recommended": _settings(plan.recommended),
         "young_interval_seconds": plan.young_interval_s,
