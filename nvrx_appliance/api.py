@@ -367,6 +367,10 @@ def plan(
     history = None
     if from_chain is not None or work_dir is not None:
         account = report(from_chain, work_dir=work_dir, slurm=slurm)
+        if account.allocation_node_s is None:
+            raise SlurmUnreachable(
+                f"chain {account.job_name}: {'; '.join(account.blind) or 'no accounting'}"
+            )
         history = plan_history.read(account, request.nodes_per_task)
         if not history.training_node_days:
             raise SettingsError(
