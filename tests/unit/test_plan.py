@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from nvrx_appliance.cli.main import cli
 from nvrx_appliance.goodput import save_interval
-from nvrx_appliance.plan import costs, model, rates, request
+from nvrx_appliance.goodput.account import account
+from nvrx_appliance.plan import costs, history, model, rates, request
 from nvrx_appliance.plan.simulate import (
     APPLIANCE,
     SEEDS,
@@ -22,6 +23,7 @@ from nvrx_appliance.plan.simulate import (
     run_seeds,
     simulate,
 )
+from tests.unit.test_goodput_interval import SAVE_COST, T0, recorded_chain, statistics_median
 
 DAY = 86400.0
 FREE = {name: 0.0 for name in costs.STEPS}  # every recovery step costs nothing
@@ -233,3 +235,25 @@ def test_bad_input_names_the_option_and_the_fix(args, said):
 
 def test_request_defaults_are_valid():
     assert request.problems(request.Request()) == []
+
+
+# --- a chain's history -------------------------------------------------------------------------
+
+
+def test_a_chains_history_gives_its_rates_and_costs_and_the_plan_uses_them():
+    gaps = [20.0, 30.0, 25.0, 40.0, 35.0, 22.0]
+    inputs = recorded_chain([17, 23, 9, 31, 14, 26], gaps)
+    seen = history.read(account(inputs), nodes_per_task=1)
+    stop = inputs.allocations[0].end - T0
+    assert seen.in_job_restarts == 6 and seen.hand_offs == 0
+    assert seen.rank_crash == pytest.approx(6 * 1000 / (2 * stop / DAY))
+    assert seen.save_s == pytest.approx(SAVE_COST)
+    assert seen.restart_s == pytest.approx(statistics_median(gaps))
+    assert "6 in-job restart(s) (counted as rank crashes)" in seen.source
+    asked = request.with_history(request.Request(nodes=2, days=1.0), seen)
+    run = request.scenario(asked, seen)
+    assert run.rates.rank_crash == seen.rank_crash and run.rates.node_death == 0.0
+    assert run.costs.save.seconds == pytest.approx(SAVE_COST)
+    assert costs.in_job_restart(run.costs, "detect_crash") == {
+        "in_job_restarts": pytest.approx(statistics_median(gaps))
+    }
