@@ -31,6 +31,8 @@ from nvrx_appliance.plan.simulate import (
 
 # A setting is recommended where the chance of what it guards against is below this.
 RISK = 0.01
+# A save that costs nothing is best taken at every step; the simulation needs a segment.
+SHORTEST_INTERVAL_S = 1.0
 # Hot spares tried: each one is a task of idle nodes for the whole run.
 MOST_HOT_SPARES = 4
 
@@ -202,6 +204,7 @@ def plan(
     tau = best_interval(scenario)
     if math.isinf(tau):
         tau = today.save_interval_s  # no interruptions: nothing to trade a save against
+    tau = max(tau, SHORTEST_INTERVAL_S)
     best = replace(
         today,
         save_interval_s=tau,
@@ -217,7 +220,7 @@ def plan(
     choices = []
     for name, field, why in (
         ("save interval (s)", "save_interval_s", "the renewal model's optimum"),
-        ("hot spares", "hot_spares", "the most goodput of the allocation (idle spares count)"),
+        ("hot spares", "hot_spares", "the most goodput of the allocation, idle spares counted"),
         ("cold spares", "cold_spares", f"spares run out in under {RISK:.0%} of generations"),
         (
             "lease (s)",

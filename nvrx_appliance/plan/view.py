@@ -131,6 +131,12 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     for name, step in c.steps.items():
         note = f" [{step.extrapolated}]" if step.extrapolated else ""
         out.append(f"  {name:<17} {step.seconds:8.2f} s  {step.source}; {step.growth}{note}")
+    if c.restart_whole is not None:
+        whole = c.restart_whole
+        out.append(
+            f"  {'in-job restart':<17} {whole.seconds:8.2f} s  {whole.source}; {whole.growth} "
+            "(used whole, in place of the steps above)"
+        )
     if c.queue_wait:
         out.append(f"  {'queue wait':<17} {c.queue_wait:8.2f} s  given (--queue-wait)")
     return out
@@ -219,6 +225,11 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "save": {"seconds": sc.costs.save.seconds, "source": sc.costs.save.source},
             "load": {"seconds": sc.costs.load.seconds, "source": sc.costs.load.source},
             "queue_wait": {"seconds": sc.costs.queue_wait},
+            "in_job_restart_whole": (
+                {"seconds": sc.costs.restart_whole.seconds, "source": sc.costs.restart_whole.source}
+                if sc.costs.restart_whole is not None
+                else None
+            ),
         },
         "response_seconds": sc.response_s,
         "storage_stall_seconds": plan.storage_stall_s,
