@@ -1,5 +1,5 @@
-"""The run, played second by second of simulated time: a discrete-event simulation,
-seeded, that a three-month run of 65,536 GPUs passes through in well under a second.
+"""The run, event by event: a discrete-event simulation, seeded, that a three-month
+run of 65,536 GPUs passes through in a few hundredths of a second.
 Pure: the random source is its own `random.Random(seed)`.
 
 What happens (docs/plan.md): training runs in segments of `save_interval_s` of work,
