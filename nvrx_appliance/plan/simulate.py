@@ -30,6 +30,7 @@ DAY = 86400.0
 # generations, and a chain stopped until a person acts.
 QUEUE_WAIT = "queue_wait"
 STOPPED = "waiting_for_a_person"
+NO_NODES = (QUEUE_WAIT, STOPPED)
 
 
 @dataclass(frozen=True)
@@ -188,6 +189,9 @@ class _Run:
     def play(self) -> Outcome:
         horizon = self.sc.horizon_s
         while self.t < horizon:
+            if self.pending and self.pending[0][0] in NO_NODES:
+                self._without_nodes(horizon)
+                continue
             stop = min(self.next_failure, self.gen_end, horizon, *self.admissions[:1])
             self._recover(stop)
             if not self.pending:
@@ -198,12 +202,24 @@ class _Run:
                 self.admissions.pop(0)
                 self.hot += 1
             elif self.t >= self.next_failure:
-                self._failure()
+                # Between a generation's end and the queue's: nothing trains or waits to.
+                if not any(category in NO_NODES for category, _ in self.pending):
+                    self._failure()
                 self.next_failure = self._draw()
             elif self.t >= self.gen_end:
                 self._time_limit()
         self.out.seconds["not_yet_saved"] += self.work
         return self.out
+
+    def _without_nodes(self, horizon: float) -> None:
+        """A wait with no node held (the queue, a stopped chain): nothing can fail in it,
+        so the next interruption is drawn from its end (the process is memoryless)."""
+        category, left = self.pending.pop(0)
+        spent = min(left, horizon - self.t)
+        self.out.seconds[category] += spent
+        self.t += spent
+        if self.next_failure < self.t:
+            self.next_failure = self._draw()
 
     def _time_limit(self) -> None:
         c = self.sc.costs

@@ -271,3 +271,11 @@ def test_at_llama3s_shape_the_appliance_trains_over_90_percent_as_meta_published
     assert sum(found.appliance.interruptions.get(k, 0) for k in rates.RATE_FIELDS) == pytest.approx(
         419, rel=0.1
     )
+
+
+def test_nothing_fails_while_no_node_is_held():
+    # A 2 h queue wait before each generation and a crash an hour: every wait is whole.
+    run = scenario(per_day={"rank_crash": 24.0}, days=10.0, time_limit=DAY)
+    run = replace(run, costs=replace(run.costs, queue_wait=7200.0))
+    outcome = simulate(run, TODAY, APPLIANCE, seed=3)
+    assert outcome.seconds["queue_wait"] == pytest.approx(7200.0 * (outcome.generations - 1))
