@@ -15,16 +15,14 @@ breakdowns in the notes.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
 from bench import chains
-from bench.harness import Harness
+from bench.harness import BenchError, Harness
 from bench.report import Metric, Result
-from nvrx_appliance import api
-from nvrx_appliance.goodput.account import CATEGORIES
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.plan.simulate import Settings
 
 NAME = "plan"
 TITLE = "11 plan against a chain"
@@ -63,37 +61,42 @@ def _crash_chain(h: Harness, seed: int) -> tuple[str, int]:
     return str(work), landed
 
 
+def _json(h: Harness, *args: str) -> dict:
+    """A command's --json answer, run as a person runs it (the cluster's SLURM_CONF)."""
+    done = h.appliance(*args, "--json")
+    if done.returncode != 0:
+        raise BenchError(f"nvrx-appliance {args[0]} exited {done.returncode}: {done.stderr}")
+    return json.loads(done.stdout)
+
+
 def one(h: Harness, seed: int) -> dict:
     work, landed = _crash_chain(h, seed)
-    account = api.report(None, work_dir=work)
-    step_s = account.step_s or STEP_PAUSE_S
-    request = api.PlanRequest(
-        nodes=chains.TRAIN_TASKS,
-        gpus_per_node=chains.WORKERS_PER_NODE,
-        days=account.wall_s / 86400.0,
-        time_limit_s=1800.0,
-        today=Settings(SAVE_INTERVAL * step_s, chains.HOT_SPARES, chains.COLD_SPARES, 10.0, 1),
-        seeds=50,
-    )
-    plan = api.plan(request, work_dir=work)
-    predicted = plan.allocation_goodput(plan.appliance_today, plan.today)
-    measured = account.goodput_ratio or 0.0
-    total = account.allocation_node_s or 1.0
-    horizon = plan.scenario.horizon_s
+    report = _json(h, "report", "--work-dir", work)
+    step_s = report["step_seconds"] or STEP_PAUSE_S
+    plan = _json(
+        h, "plan", "--work-dir", work,
+        "--nodes", str(chains.TRAIN_TASKS), "--gpus-per-node", str(chains.WORKERS_PER_NODE),
+        "--days", repr(report["wall_seconds"] / 86400.0), "--time", "00:30:00",
+        "--save-minutes", repr(SAVE_INTERVAL * step_s / 60.0),
+        "--hot-spares", str(chains.HOT_SPARES), "--cold-spares", str(chains.COLD_SPARES),
+        "--lease-stale-after", "10", "--depth", "1", "--seeds", "50",
+    )  # fmt: skip
+    # Goodput of the allocation at today's settings: the hot spare's node trains never.
+    nodes = chains.TRAIN_TASKS
+    predicted = plan["appliance_today"]["ettr"] * nodes / (nodes + chains.HOT_SPARES)
+    measured = report["goodput_ratio"] or 0.0
     return {
         "crashes": landed,
-        "wall_s": account.wall_s,
+        "wall_s": report["wall_seconds"],
         "measured": measured,
         "predicted": predicted,
         "difference": predicted - measured,
         "miss": abs(predicted - measured),
-        "measured_breakdown": {k: account.categories[k] / total for k in CATEGORIES},
-        "predicted_breakdown": {k: v / horizon for k, v in plan.appliance_today.seconds.items()},
-        "rank_crash_per_1000_node_days": plan.scenario.rates.rank_crash,
-        "restart_s": plan.scenario.costs.restart_whole.seconds
-        if plan.scenario.costs.restart_whole
-        else None,
-        "save_s": plan.scenario.costs.save.seconds,
+        "measured_breakdown": {c["name"]: c["share"] for c in report["categories"]},
+        "predicted_breakdown": plan["appliance_today"]["breakdown"],
+        "rank_crash_per_1000_node_days": plan["rates_per_1000_node_days"]["rank_crash"],
+        "restart_s": (plan["costs"]["in_job_restart_whole"] or {}).get("seconds"),
+        "save_s": plan["costs"]["save"]["seconds"],
     }
 
 
@@ -105,8 +108,14 @@ def collect(h: Harness, repeat: int, result: Result) -> None:
         result.notes.append(
             f"seed {seed}: {sample['crashes']} crashes in {sample['wall_s']:.0f} s; report "
             f"{sample['measured']:.3f}, plan {sample['predicted']:.3f} ({verdict} "
-            f"{TOLERANCE:.2f}); restart {sample['restart_s']}, save {sample['save_s']:.3f} s"
+            f"{TOLERANCE:.2f}); restart {sample['restart_s']}, save {sample['save_s']:.3f} s; "
+            f"report {_shares(sample['measured_breakdown'])}; plan "
+            f"{_shares(sample['predicted_breakdown'])}"
         )
+
+
+def _shares(breakdown: dict) -> str:
+    return ", ".join(f"{k} {v:.3f}" for k, v in breakdown.items() if v and v >= 0.001)
 
 
 def finish(result: Result, floor: float | None) -> None:
