@@ -122,7 +122,7 @@ class Costs:
     save: Step
     load: Step
     queue_wait: float = 0.0
-    # A chain's own median interruption cost, detection to training again, used whole for
+    # A chain's own mean interruption cost, detection to training again, used whole for
     # an in-job restart in place of the steps (the account does not split it).
     restart_whole: Step | None = None
 

@@ -2,7 +2,8 @@
 goodput account `report` builds. Pure.
 
 What the account can tell: in-job restarts (cycles after a generation's first) and the
-generations a failure ended (task 0 lost, a node failure ended them). What it cannot:
+generations a failure ended that a successor took over from (task 0 lost, a node
+failure); the last generation's end is the chain's own, whatever its exit said. What it cannot:
 whether an in-job restart followed a rank's crash or a node's death (either is one more
 cycle), so they are counted as rank crashes and said to be; hangs show as their own
 category of time, not as a count.
@@ -25,7 +26,8 @@ class ChainHistory:
     training_node_days: float
     task0_node_days: float
     save_s: float | None
-    restart_s: float | None  # median of every measured interruption's cost
+    # Means, not medians: the ETTR is an expectation, and a few slow restarts count.
+    restart_s: float | None  # mean of every measured interruption's cost
     restarts_measured: int
     step_s: float | None
     nodes: int
@@ -55,7 +57,11 @@ class ChainHistory:
 def read(account: Account, nodes_per_task: int) -> ChainHistory:
     """The counts and costs of a chain, from its account."""
     count, costs = interval.history(account)
-    hand_offs = sum(1 for g in account.generations if g.interrupted)
+    # A hand-off is a generation a failure ended and a successor took over from; the
+    # last generation's end is the chain's (a cancel reads as a failed task 0's exit).
+    ended = [g.interrupted for g in account.generations]
+    hand_offs = sum(ended[:-1])
+    count -= sum(ended[-1:])
     trained = (account.allocation_node_s or 0.0) - account.categories.get(IDLE_SPARES, 0.0)
     saves = [s.ended - s.began for w in account.work for s in w.saves if s.ended >= s.began]
     rec = interval.recommend(account)
@@ -65,8 +71,8 @@ def read(account: Account, nodes_per_task: int) -> ChainHistory:
         hand_offs=hand_offs,
         training_node_days=max(0.0, trained) / 86400.0,
         task0_node_days=account.wall_s * nodes_per_task / 86400.0,
-        save_s=statistics.median(saves) if saves else None,
-        restart_s=statistics.median(costs) if costs else None,
+        save_s=statistics.fmean(saves) if saves else None,
+        restart_s=statistics.fmean(costs) if costs else None,
         restarts_measured=len(costs),
         step_s=account.step_s,
         nodes=rec.nodes,

@@ -126,7 +126,7 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
             costs,
             restart_whole=priced.Step(
                 history.restart_s,
-                f"chain {history.name}: median of {history.restarts_measured} interruption(s)",
+                f"chain {history.name}: mean of {history.restarts_measured} interruption(s)",
                 "as measured on that chain's size",
             ),
         )

@@ -23,7 +23,8 @@ from nvrx_appliance.plan.simulate import (
     run_seeds,
     simulate,
 )
-from tests.unit.test_goodput_interval import SAVE_COST, T0, recorded_chain, statistics_median
+from tests.unit.test_goodput import alloc, chain_inputs
+from tests.unit.test_goodput_interval import SAVE_COST, T0, recorded_chain
 
 DAY = 86400.0
 FREE = {name: 0.0 for name in costs.STEPS}  # every recovery step costs nothing
@@ -248,14 +249,14 @@ def test_a_chains_history_gives_its_rates_and_costs_and_the_plan_uses_them():
     assert seen.in_job_restarts == 6 and seen.hand_offs == 0
     assert seen.rank_crash == pytest.approx(6 * 1000 / (2 * stop / DAY))
     assert seen.save_s == pytest.approx(SAVE_COST)
-    assert seen.restart_s == pytest.approx(statistics_median(gaps))
+    assert seen.restart_s == pytest.approx(sum(gaps) / len(gaps))
     assert "6 in-job restart(s) (counted as rank crashes)" in seen.source
     asked = request.with_history(request.Request(nodes=2, days=1.0), seen)
     run = request.scenario(asked, seen)
     assert run.rates.rank_crash == seen.rank_crash and run.rates.node_death == 0.0
     assert run.costs.save.seconds == pytest.approx(SAVE_COST)
     assert costs.in_job_restart(run.costs, "detect_crash") == {
-        "in_job_restarts": pytest.approx(statistics_median(gaps))
+        "in_job_restarts": pytest.approx(sum(gaps) / len(gaps))
     }
 
 
@@ -279,3 +280,20 @@ def test_nothing_fails_while_no_node_is_held():
     run = replace(run, costs=replace(run.costs, queue_wait=7200.0))
     outcome = simulate(run, TODAY, APPLIANCE, seed=3)
     assert outcome.seconds["queue_wait"] == pytest.approx(7200.0 * (outcome.generations - 1))
+
+
+def test_a_generation_a_failure_ended_is_a_task0_loss_and_the_chains_own_end_is_not():
+    # Generation 10 was fenced (task 0 lost) and 11 took over: a hand-off.
+    inputs = chain_inputs()
+    assert history.read(account(inputs), nodes_per_task=1).hand_offs == 1
+    # The chain cancelled while 11 trained: its task 0 exits 143, which reads as a failure,
+    # but it ends the chain and hands nothing off.
+    cancelled = replace(
+        inputs,
+        allocations=(*inputs.allocations[:3], alloc("11", 0, "node2", 102, 200, "CANCELLED")),
+        ledger=[*inputs.ledger, {"array_job_id": "11", "exit_code": 143}],
+    )
+    ended = account(cancelled)
+    assert ended.generations[-1].interrupted
+    seen = history.read(ended, nodes_per_task=1)
+    assert seen.hand_offs == 1 and seen.in_job_restarts == 1
