@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -381,13 +381,14 @@ def plan(
     bad = plan_request.problems(request)
     if bad:
         raise SettingsError(bad)
-    return plan_model.plan(
+    found = plan_model.plan(
         plan_request.scenario(request, history),
         request.today,
         seeds=request.seeds,
         grace=request.grace_s,
         storage_stall_s=request.storage_stall_s,
     )
+    return replace(found, step_s=request.step_s)
 
 
 def cancel(target: Target | None, *, work_dir: str | Path | None = None) -> Cancelled:

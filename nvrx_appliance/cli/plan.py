@@ -186,5 +186,5 @@ def plan_command(**o) -> None:
     if o["as_json"]:
         click.echo(jsondoc.dumps("plan", view.to_json(plan)))
         return
-    for line in view.lines(plan, o["step_seconds"]):
+    for line in view.lines(plan, plan.step_s):
         click.echo(line)

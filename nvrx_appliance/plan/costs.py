@@ -144,6 +144,7 @@ def measured(
     save_s: float | None = None,
     overrides: dict[str, float] | None = None,
     queue_wait: float = 0.0,
+    save_source: str = "given (--save-seconds)",
 ) -> Costs:
     """The committed figures at this shape; `overrides` (a person's own figures or a
     chain's) replace a step and say so."""
@@ -166,7 +167,7 @@ def measured(
         steps[name] = Step(seconds, "given", "as given")
     transfer = checkpoint_gb / storage_gbps
     save = (
-        Step(save_s, "given (--save-seconds)", "as given")
+        Step(save_s, save_source, "as given")
         if save_s is not None
         else Step(transfer, "--checkpoint-gb / --storage-gbps", "grows with the checkpoint")
     )

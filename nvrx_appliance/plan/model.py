@@ -179,6 +179,7 @@ class Plan:
     spares_out_closed_form: float
     choices: tuple[Choice, ...]
     storage_stall_s: float
+    step_s: float | None = None  # a training step, for the interval in iterations
 
     def allocation_goodput(self, summary: Summary, settings: Settings) -> float:
         """ETTR over the whole allocation: hot spares hold nodes that never train."""

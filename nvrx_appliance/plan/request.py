@@ -91,7 +91,7 @@ def problems(request: Request) -> list[str]:
 
 
 def with_history(request: Request, history: ChainHistory) -> Request:
-    """The chain's rates and save cost in place of the defaults; its shape is the
+    """The chain's rates, save cost and step in place of the defaults; its shape is the
     request's (the run being planned)."""
     rates = Rates(
         node_death=0.0,
@@ -102,7 +102,10 @@ def with_history(request: Request, history: ChainHistory) -> Request:
         source=history.source,
     )
     return replace(
-        request, rates=rates, save_s=history.save_s if request.save_s is None else request.save_s
+        request,
+        rates=rates,
+        save_s=history.save_s if request.save_s is None else request.save_s,
+        step_s=history.step_s if request.step_s is None else request.step_s,
     )
 
 
@@ -120,6 +123,11 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
         save_s=request.save_s,
         overrides=request.overrides,
         queue_wait=request.queue_wait_s,
+        save_source=(
+            f"chain {history.name}: mean of its saves"
+            if history is not None and request.save_s == history.save_s
+            else "given (--save-seconds)"
+        ),
     )
     if history is not None and history.restart_s is not None:
         costs = replace(

@@ -26,6 +26,8 @@ CLASS_LABELS = {
 def _minutes(seconds: float) -> str:
     if math.isinf(seconds):
         return "never"
+    if seconds < 10:
+        return f"{seconds:.2f} s"
     if seconds < 120:
         return f"{seconds:.1f} s"
     if seconds < 2 * 3600:
@@ -55,7 +57,8 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     horizon = sc.horizon_s
     r, c = sc.rates, sc.costs
     out = [
-        f"Plan for {shape.gpus:,} GPUs ({shape.nodes:,} nodes x {shape.gpus_per_node}, "
+        f"Plan for {shape.gpus:,} GPUs ({shape.nodes:,} node{'s' if shape.nodes != 1 else ''} "
+        f"x {shape.gpus_per_node}, "
         f"{shape.nodes_per_task} node(s) per task"
         + (f", segment {shape.segment}" if shape.segment else "")
         + f"), {horizon / 86400:.0f} days, generations of {_minutes(sc.time_limit_s)}",
