@@ -29,6 +29,7 @@ from bench import (
     liveness,
     machine,
     norestart,
+    plan,
     readme,
     report,
     restart,
@@ -49,7 +50,7 @@ SCENARIOS = {
     m.NAME: m
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
-        completion, healthcheck, segment, segsilent, scale, watcher,
+        completion, healthcheck, segment, segsilent, scale, watcher, plan,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME}

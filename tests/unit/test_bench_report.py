@@ -88,6 +88,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "segsilent",
         "scale",
         "watcher",
+        "plan",
     ]
     assert parse_args([]).chosen == everything
 
