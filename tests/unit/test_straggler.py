@@ -1,0 +1,144 @@
+"""The slow-node rule (goodput/straggler.py) and the evidence it reads: the cpu trainer's
+own step times in the progress log, Megatron's straggler report lines."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nvrx_appliance.goodput import straggler
+from nvrx_appliance.observe.training_log import (
+    CycleWork,
+    OwnSteps,
+    ProgressRecord,
+    from_megatron_log,
+)
+
+HEALTHY = {"node1": 0.100, "node2": 0.104, "node3": 0.097, "node4": 0.101}
+
+
+def cycle(*intervals: dict[str, float], steps: int = 10) -> CycleWork:
+    """A cycle whose logged intervals (of `steps` steps each) hold these own step times."""
+    own = [OwnSteps(1000.0 + i, (i + 1) * steps, steps, dict(s)) for i, s in enumerate(intervals)]
+    return CycleWork("42", 0, "progress log", own_steps=own)
+
+
+def slow(node: str, factor: float, base: dict[str, float] = HEALTHY) -> dict[str, float]:
+    return {**base, node: base[node] * factor}
+
+
+def test_a_node_persistently_slower_than_its_peers_is_named_with_its_slowdown():
+    work = cycle(*[slow("node3", 1.6)] * 12)
+    [found] = straggler.judge(work)
+    assert found.node == "node3"
+    assert found.slowdown == pytest.approx(1.6 * 0.097 / 0.101, rel=0.01)
+    assert found.steps == 120
+    assert "node3 is a straggler in cycle 0 of generation 42" in found.words
+    assert "1.54x over the last 120 steps" in found.words
+
+
+def test_what_a_straggler_cost_is_its_excess_over_its_peers_times_the_steps():
+    work = cycle(*[{"node1": 0.1, "node2": 0.1, "node3": 0.3}] * 12)
+    [found] = straggler.judge(work)
+    assert found.lost_s == pytest.approx(120 * 0.2)
+    assert "the run has lost 24 s waiting for it" in found.words
+
+
+def test_one_slow_step_names_nobody():
+    # One step of 5 s in an interval of ten: that interval's mean is 0.6 s, six times
+    # its peers', but only in one part of the window.
+    intervals = [HEALTHY] * 12
+    intervals[7] = slow("node2", 6.0)
+    assert straggler.judge(cycle(*intervals)) == []
+
+
+def test_a_slow_spell_that_passed_names_nobody():
+    intervals = [slow("node1", 2.0)] * 5 + [HEALTHY] * 7
+    assert straggler.judge(cycle(*intervals)) == []
+
+
+def test_jitter_between_healthy_nodes_names_nobody():
+    swings = [0.8, 1.3, 1.1, 0.7, 1.5, 1.0, 0.9, 1.25, 1.4, 0.85, 1.2, 0.95]
+    intervals = [slow("node2", f) for f in swings]
+    assert straggler.judge(cycle(*intervals)) == []
+
+
+def test_too_few_steps_to_judge_names_nobody():
+    assert straggler.judge(cycle(*[slow("node3", 3.0)] * 11)) == []
+
+
+def test_a_single_node_has_no_peers_and_is_never_a_straggler():
+    assert straggler.judge(cycle(*[{"node1": 5.0}] * 20)) == []
+
+
+def test_the_verdict_is_about_the_recent_past_a_recovered_node_is_let_go():
+    intervals = [slow("node4", 2.0)] * 30 + [HEALTHY] * 12
+    assert straggler.judge(cycle(*intervals)) == []
+
+
+def test_the_slowest_of_two_stragglers_comes_first():
+    both = {**slow("node1", 1.5), "node4": 0.101 * 2.5}
+    assert [s.node for s in straggler.judge(cycle(*[both] * 12))] == ["node4", "node1"]
+
+
+def test_replacing_pays_only_when_the_cost_to_the_generations_end_exceeds_a_restart():
+    [found] = straggler.judge(cycle(*[{"node1": 0.1, "node2": 0.1, "node3": 0.3}] * 12))
+    replace, why = straggler.worth_replacing(found, steps_left=1000, restart_s=60.0)
+    assert replace and why.startswith("replaced: it costs 200 s until the generation ends")
+    keep, why = straggler.worth_replacing(found, steps_left=100, restart_s=60.0)
+    assert not keep and "no more than a restart of this chain (60 s)" in why
+    keep, why = straggler.worth_replacing(found, steps_left=10**6, restart_s=None)
+    assert not keep and "restart cost is not measured yet" in why
+
+
+def test_the_trainers_step_events_carry_each_nodes_own_step_time():
+    record = ProgressRecord()
+    for i in range(12):
+        record.feed(
+            {"event": "step", "slurm_array_job_id": "42", "cycle": 1, "iteration": 10 * (i + 1),
+             "time": 1000.0 + i, "own_step_s": {"node1": 0.1, "node2": 0.25}, "own_steps": 10}
+        )  # fmt: skip
+    work = record.record()[("42", 1)]
+    assert work.own_steps[0] == OwnSteps(1000.0, 10, 10, {"node1": 0.1, "node2": 0.25})
+    [found] = straggler.judge(work)
+    assert (found.node, found.cycle, round(found.slowdown, 2)) == ("node2", 1, 2.5)
+
+
+def test_a_step_event_without_own_step_times_is_still_a_step():
+    record = ProgressRecord()
+    event = {"event": "step", "slurm_array_job_id": "42", "iteration": 10, "time": 1.0}
+    record.feed(json.loads(json.dumps(event)))
+    work = record.record()[("42", 0)]
+    assert work.steps == [(1.0, 10)] and work.own_steps == []
+
+
+def megatron_lines(slowest: int, ms: float, reports: int) -> list[str]:
+    lines = []
+    for r in range(reports):
+        stamp = f"2026-12-01 10:{r // 60:02d}:{r % 60:02d}"
+        lines.append(
+            f" [{stamp}] iteration {20 * (r + 1):8d}/    1000 | consumed samples: 1 | "
+            "elapsed time per iteration (ms): 812.3 |"
+        )
+        lines.append(
+            f"INFO:megatron.core.utils:[{stamp}] | MnRtt/Rnk: 400.00ms/0 | "
+            f"MxRtt/Rnk: {ms:.2f}ms/{slowest} | MnPwr/Rnk: 601796W/8 | MxPwr/Rnk: 683801W/1 | "
+            "MnEtpt/Rnk: 296.02TF/0 | MxEtpt/Rnk: 297.32TF/8"
+        )
+    return lines
+
+
+def test_megatrons_straggler_report_names_a_rank_and_nobody_acts_on_it():
+    work = from_megatron_log(megatron_lines(slowest=5, ms=800.0, reports=7), "42", 0)
+    assert work is not None and work.own_steps_by_rank
+    assert work.own_steps[1] == OwnSteps(
+        work.own_steps[1].time, 40, 20, {"rank 0": 0.4, "rank 5": 0.8}
+    )
+    [found] = straggler.judge(work)
+    assert found.node == "rank 5" and found.slowdown == pytest.approx(2.0)
+    assert "rank 5 (Megatron's report names ranks, not nodes) is a straggler" in found.words
+    assert straggler.worth_replacing(found, 10**6, 1.0) == (
+        False,
+        "the evidence names a rank, not a node: kept",
+    )
