@@ -47,6 +47,7 @@ class Straggler:
     steps: int  # steps in the window
     lost_s: float  # the cycle's wall seconds spent waiting for it, all of it
     at: float  # the end of the window judged (the last logged interval)
+    nodes: int = 0  # the nodes that trained (and waited) in the window
     by_rank: bool = False  # the evidence names a rank, not a node: nobody acts on it
 
     @property
@@ -141,10 +142,19 @@ def judge(work: CycleWork) -> list[Straggler]:
                 steps=sum(i.steps for i in window),
                 lost_s=_lost(work.own_steps, node),
                 at=window[-1].time,
+                nodes=len(whole),
                 by_rank=work.own_steps_by_rank,
             )
         )
     return sorted(found, key=lambda s: -s.slowdown)
+
+
+def cost_words(found: Straggler) -> str:
+    """What it cost the allocation: every node that trained waited with the run."""
+    lost = f"the run lost {found.lost_s:.0f} s waiting for it"
+    if found.by_rank:
+        return lost
+    return f"{lost} ({found.lost_s * found.nodes:.0f} node-seconds on its {found.nodes} nodes)"
 
 
 def in_chain(work: Sequence[CycleWork]) -> list[Straggler]:

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from nvrx_appliance.chain import status
 from nvrx_appliance.goodput import straggler
 from nvrx_appliance.observe.training_log import (
     CycleWork,
@@ -142,3 +143,48 @@ def test_megatrons_straggler_report_names_a_rank_and_nobody_acts_on_it():
         False,
         "the evidence names a rank, not a node: kept",
     )
+
+
+def test_status_names_the_running_generations_straggler_and_forgets_an_ended_ones():
+    from tests.unit import test_status as st
+
+    def view(generation: str):
+        work = cycle(*[{"node2": 0.1, "node3": 0.3}] * 12)
+        work.generation = generation
+        return status.assemble(
+            manifest=st.MANIFEST, queue=st.slurm_output.squeue_tasks(st.SQUEUE),
+            acct=st.slurm_output.sacct_rows(st.SACCT), ledger=st.LEDGER, cycles={},
+            checkpoint_now=60, chain_marker=True, now=st.parse_time(st.NOW),
+            stragglers=straggler.judge(work),
+        )  # fmt: skip
+
+    text = st._rendered(view("4250"))
+    assert (
+        "straggler: node3 is a straggler in cycle 0 of generation 4250: its own step takes "
+        "300 ms against 100 ms on its peers (3.00x over the last 120 steps); the run has "
+        "lost 24 s waiting for it"
+    ) in " ".join(text.split())
+    assert view("4242").stragglers == ()
+
+
+def test_report_says_what_a_straggler_cost_in_wall_time_and_node_seconds():
+    from nvrx_appliance.goodput import summary
+    from nvrx_appliance.goodput.account import account
+    from nvrx_appliance.observe.training_log import from_progress_log
+    from tests.unit.test_goodput import T0, chain_inputs
+
+    events = [
+        {"event": "start", "slurm_array_job_id": "11", "cycle": 0, "time": T0 + 115, "iteration": 0}
+    ] + [
+        {"event": "step", "slurm_array_job_id": "11", "cycle": 0, "time": T0 + 116 + i,
+         "iteration": 10 * (i + 1), "own_step_s": {"node1": 0.1, "node2": 0.4}, "own_steps": 10}
+        for i in range(12)
+    ]  # fmt: skip
+    result = account(chain_inputs(work=from_progress_log(events)))
+    text = "\n".join(summary.lines(result))
+    assert (
+        "straggler in generation 11, cycle 0: node2, 4.00x its peers' step; the run lost 36 s "
+        "waiting for it (72 node-seconds on its 2 nodes)"
+    ) in text
+    [found] = summary.to_json(result)["stragglers"]
+    assert (found["node"], found["lost_node_seconds"]) == ("node2", pytest.approx(72.0))
