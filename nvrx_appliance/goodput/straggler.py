@@ -17,6 +17,7 @@ and names nobody.
 
 from __future__ import annotations
 
+import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -162,28 +163,58 @@ def in_chain(work: Sequence[CycleWork]) -> list[Straggler]:
     return [s for w in work for s in judge(w)]
 
 
-def cost_ahead(straggler: Straggler, steps_left: int) -> float:
-    """What keeping it costs until the generation ends: its excess per step, times the
-    steps still to train."""
-    return max(0.0, straggler.own_s - straggler.peers_s) * max(0, steps_left)
+def cost_ahead(straggler: Straggler, seconds_left: float, steps_left: int | None) -> float:
+    """What keeping it costs until the generation ends: the share of the run's time spent
+    waiting for it, over the time left (and no more than its excess per step over the
+    steps left to train, when training ends first)."""
+    if straggler.own_s <= 0:
+        return 0.0
+    excess = max(0.0, straggler.own_s - straggler.peers_s)
+    ahead = max(0.0, seconds_left) * excess / straggler.own_s
+    return ahead if steps_left is None else min(ahead, excess * max(0, steps_left))
+
+
+def restart_cost(work: Sequence[CycleWork], current: CycleWork) -> tuple[float | None, str]:
+    """(seconds, how measured) a restart costs this chain: the median, over its in-job
+    restarts so far, of the time from a cycle's last sign of training to the next
+    cycle's first step; with none yet, the current cycle's own start-up (its workers'
+    launch to its first step), the part of a restart that is certain: a lower bound."""
+    by_generation: dict[str, list[CycleWork]] = {}
+    for w in work:
+        by_generation.setdefault(w.generation, []).append(w)
+    gaps = []
+    for cycles in by_generation.values():
+        cycles.sort(key=lambda w: w.cycle)
+        for before, after in itertools.pairwise(cycles):
+            if before.last_sign is not None and after.steps:
+                gaps.append(after.steps[0][0] - before.last_sign)
+    if gaps:
+        return statistics.median(gaps), f"the median of this chain's {len(gaps)} in-job restart(s)"
+    launched = next((at for _, at in current.setup), None)
+    if launched is None or not current.steps:
+        return None, "not measured yet"
+    return current.steps[0][0] - launched, "this cycle's own start-up (a lower bound)"
 
 
 def worth_replacing(
-    straggler: Straggler, steps_left: int, restart_s: float | None
+    straggler: Straggler,
+    seconds_left: float,
+    steps_left: int | None,
+    restart: tuple[float | None, str],
 ) -> tuple[bool, str]:
     """Replace it only when what it costs until the generation ends exceeds what a
     restart costs this chain (measured, never assumed); the reason, in words."""
     if straggler.by_rank:
         return False, "the evidence names a rank, not a node: kept"
-    ahead = cost_ahead(straggler, steps_left)
+    ahead = cost_ahead(straggler, seconds_left, steps_left)
+    restart_s, how = restart
     if restart_s is None:
         return False, (
             f"kept: it would cost {ahead:.0f} s more until the generation ends, but this "
             "chain's restart cost is not measured yet"
         )
-    verb = "replaced" if ahead > restart_s else "kept"
-    than = "more" if ahead > restart_s else "no more"
-    return ahead > restart_s, (
-        f"{verb}: it costs {ahead:.0f} s until the generation ends ({steps_left} steps), "
-        f"{than} than a restart of this chain ({restart_s:.0f} s)"
+    replace = ahead > restart_s
+    return replace, (
+        f"{'replaced' if replace else 'kept'}: it costs {ahead:.0f} s until the generation "
+        f"ends, {'more' if replace else 'no more'} than a restart ({restart_s:.0f} s, {how})"
     )

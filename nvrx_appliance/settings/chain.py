@@ -25,6 +25,7 @@ from nvrx_appliance.settings.megatron import rules as megatron_rules
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (docs/images.md).
 RUNTIMES = ("pyxis", "apptainer", "bare", "bwrap-standin")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "bwrap-standin")
+STRAGGLER_ACTIONS = ("report", "replace")
 # train is the default: a real run. The two demo modes switch the fault injectors on.
 MODES = ("train", "no-restart", "handoff")
 DEMO_MODES = ("no-restart", "handoff")
@@ -288,6 +289,15 @@ class ChainSpec:
         "Seconds between task 0's polls of Slurm for drained nodes; a drained node leaves "
         "at the next rendezvous (0: off).",
         "NVRX_DRAIN_POLL_INTERVAL",
+    )
+    # A slow node is always named (status, report, the watcher); replacing it costs a
+    # restart, so it is done only where the chain opted in (docs/stragglers.md).
+    straggler_action: str = _opt(
+        "report",
+        "What a persistently slow node (a straggler) gets: report (named only), or replace "
+        "(it leaves at the next checkpoint and a spare joins, when what it costs until the "
+        "generation ends exceeds the chain's measured restart cost).",
+        "NVRX_STRAGGLER_ACTION",
     )
     exclude_after_failures: int = _opt(
         3,
@@ -587,6 +597,11 @@ def check(spec: ChainSpec) -> list[Problem]:
         )
     if spec.mem and not _MEM.fullmatch(spec.mem):
         bad("mem", f"{spec.mem!r} is not a Slurm memory size; use e.g. 0 (all), 200G or 512000M")
+    if spec.straggler_action not in STRAGGLER_ACTIONS:
+        bad(
+            "straggler_action",
+            f"unknown action {spec.straggler_action!r}; choose one of {', '.join(STRAGGLER_ACTIONS)}",
+        )
     if spec.runtime and spec.runtime not in RUNTIMES:
         bad("runtime", f"unknown runtime {spec.runtime!r}; choose one of {', '.join(RUNTIMES)}")
     if effective_runtime(spec) in CONTAINER_RUNTIMES and not spec.image:

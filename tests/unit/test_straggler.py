@@ -85,12 +85,38 @@ def test_the_slowest_of_two_stragglers_comes_first():
 
 def test_replacing_pays_only_when_the_cost_to_the_generations_end_exceeds_a_restart():
     [found] = straggler.judge(cycle(*[{"node1": 0.1, "node2": 0.1, "node3": 0.3}] * 12))
-    replace, why = straggler.worth_replacing(found, steps_left=1000, restart_s=60.0)
-    assert replace and why.startswith("replaced: it costs 200 s until the generation ends")
-    keep, why = straggler.worth_replacing(found, steps_left=100, restart_s=60.0)
-    assert not keep and "no more than a restart of this chain (60 s)" in why
-    keep, why = straggler.worth_replacing(found, steps_left=10**6, restart_s=None)
+    measured = (60.0, "the median of this chain's 2 in-job restart(s)")
+    # Two thirds of its time the run waits for it: 300 s of the 450 s left.
+    replace, why = straggler.worth_replacing(found, 450.0, None, measured)
+    assert replace and why == (
+        "replaced: it costs 300 s until the generation ends, more than a restart (60 s, "
+        "the median of this chain's 2 in-job restart(s))"
+    )
+    keep, why = straggler.worth_replacing(found, 80.0, None, measured)
+    assert not keep and why.startswith("kept: it costs 53 s until the generation ends, no more")
+    # Training ends in 100 steps, long before the time limit: 20 s to lose, kept.
+    keep, _ = straggler.worth_replacing(found, 3600.0, 100, measured)
+    assert not keep
+    keep, why = straggler.worth_replacing(found, 3600.0, None, (None, "not measured yet"))
     assert not keep and "restart cost is not measured yet" in why
+
+
+def test_a_restart_costs_the_chains_measured_median_else_this_cycles_start_up():
+    def work(generation, number, setup_at, first_step, last_sign):
+        w = CycleWork(
+            generation, number, "progress log", setup=[("worker processes start", setup_at)]
+        )
+        w.steps, w.last_sign = [(first_step, 1)], last_sign
+        return w
+
+    first = work("7", 0, 100.0, 112.0, 300.0)
+    assert straggler.restart_cost([first], first) == (
+        12.0, "this cycle's own start-up (a lower bound)"
+    )  # fmt: skip
+    restarts = [first, work("7", 1, 305.0, 330.0, 500.0), work("7", 2, 505.0, 540.0, 600.0)]
+    assert straggler.restart_cost(restarts, restarts[-1]) == (
+        35.0, "the median of this chain's 2 in-job restart(s)"
+    )  # fmt: skip
 
 
 def test_the_trainers_step_events_carry_each_nodes_own_step_time():
@@ -139,7 +165,7 @@ def test_megatrons_straggler_report_names_a_rank_and_nobody_acts_on_it():
     [found] = straggler.judge(work)
     assert found.node == "rank 5" and found.slowdown == pytest.approx(2.0)
     assert "rank 5 (Megatron's report names ranks, not nodes) is a straggler" in found.words
-    assert straggler.worth_replacing(found, 10**6, 1.0) == (
+    assert straggler.worth_replacing(found, 10.0**6, None, (1.0, "")) == (
         False,
         "the evidence names a rank, not a node: kept",
     )
@@ -188,3 +214,32 @@ def test_report_says_what_a_straggler_cost_in_wall_time_and_node_seconds():
     ) in text
     [found] = summary.to_json(result)["stragglers"]
     assert (found["node"], found["lost_node_seconds"]) == ("node2", pytest.approx(72.0))
+
+
+def test_a_straggler_told_to_leave_fails_nvrxs_health_check_with_the_reason(tmp_path):
+    from nvidia_resiliency_ext.shared_utils.health_check import NodeHealthCheck
+
+    from nvrx_appliance.node import health_check, straggler_leave
+    from tests.unit.test_drain import GEN, ME
+
+    [found] = straggler.judge(cycle(*[{"node4": 0.1, "node5": 0.3}] * 12))
+    said: list[str] = []
+    check = health_check.DrainCheck(tmp_path / "task_3", ME, site_endpoint="", log=said.append)
+    check.leave = tmp_path / "leave.node5"
+    with health_check.serving(check) as socket:
+        assert socket is not None
+        nvrx = NodeHealthCheck(endpoint=socket)  # what ft_launcher builds from the flag
+        assert nvrx() is True  # nobody decided anything yet
+        for other in ("another generation", GEN):
+            node = "node5" if other != GEN else "node4"  # ...or about another node
+            text = straggler_leave.decision(other, node, 40, found, "replaced: it costs")
+            check.leave.write_text(text)
+            check.leave.chmod(0o600)
+            assert nvrx() is True
+        check.leave.write_text(straggler_leave.decision(GEN, "node5", 40, found, "replaced: x"))
+        check.leave.chmod(0o666)  # anyone could have written it: not trusted
+        assert nvrx() is True
+        check.leave.chmod(0o600)
+        assert nvrx() is False
+    assert said[-1].startswith("a straggler: node5 is a straggler in cycle 0 of generation 42")
+    assert said[-1].endswith("; replaced: x; node5 leaves")
