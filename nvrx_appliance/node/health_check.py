@@ -265,7 +265,7 @@ def endpoint(
 ) -> Iterator[str | None]:
     """The health check endpoint ft_launcher is to name while this node runs: the drain
     check's socket when the chain polls for drained nodes, else None (the spec's own)."""
-    replacing = manifest.spec.straggler_action == straggler_leave.REPLACE
+    replacing = straggler_leave.wanted(manifest)
     if manifest.spec.drain_poll_interval <= 0 and not replacing:
         yield None
         return

@@ -174,11 +174,14 @@ def run(manifest_path: Path | None) -> int:
         )
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     kept = retention_keeper(manifest) if keeper is not None else None
-    slow = straggler_leave.start(
-        manifest, array_job_id=node.array_job_id, generation=record.generation,
-        node=health_check.slurm_node(node), is_task0=keeper is not None, started=started,
-        workload=pre.workload, log=say,
-    )  # fmt: skip
+    slow = None
+    if straggler_leave.wanted(manifest):
+        slow = straggler_leave.StragglerLeave(
+            manifest, array_job_id=node.array_job_id, generation=record.generation,
+            node=health_check.slurm_node(node), is_task0=keeper is not None, started=started,
+            workload=pre.workload, log=say,
+        )  # fmt: skip
+        slow.start()
     lease_watch = controldir.LeaseWatch(directory, record.generation)
     stop_signals: list[int] = []
     try:

@@ -202,23 +202,5 @@ class StragglerLeave(threading.Thread):
             self.log(message)
 
 
-def start(
-    manifest: Manifest,
-    *,
-    array_job_id: str,
-    generation: str,
-    node: str,
-    is_task0: bool,
-    started: float,
-    workload: Sequence[str],
-    log: Callable[[str], None],
-) -> StragglerLeave | None:
-    """The watch, running, under `--straggler-action replace`; None otherwise."""
-    if manifest.spec.straggler_action != REPLACE:
-        return None
-    watch = StragglerLeave(
-        manifest, array_job_id=array_job_id, generation=generation, node=node,
-        is_task0=is_task0, started=started, workload=workload, log=log,
-    )  # fmt: skip
-    watch.start()
-    return watch
+def wanted(manifest: Manifest) -> bool:
+    return manifest.spec.straggler_action == REPLACE

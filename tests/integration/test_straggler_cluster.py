@@ -67,24 +67,37 @@ def _status(cluster: Cluster, name: str) -> str:
     return " ".join(done.stdout.split())  # rich may fold a long line at any width
 
 
-def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
-    cluster: Cluster, tmp_path: Path
-):
+def _started(work: Path, gen: str, cycle: int) -> dict:
+    return wait_event(
+        work,
+        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == gen
+        and e.get("cycle") == cycle,
+        START_S,
+        f"training to start in cycle {cycle}",
+    )  # fmt: skip
+
+
+def _train(cluster: Cluster, *flags: str) -> tuple[Path, str, str, str, str]:
+    """A two-node train chain, training: (work dir, name, generation, task 0's node, the
+    other training node)."""
     work = cluster.workdir("straggler")
     name = unique("straggler")
     [gen] = submit(
-        cluster, work, name,
-        "--mode", "train", "--train-tasks", "2", "--hot-spares", "0", "--cold-spares", "0",
-        "--depth", "1",
+        cluster, work, name, "--mode", "train", "--train-tasks", "2", "--cold-spares", "0",
+        "--depth", "1", *flags,
     )  # fmt: skip
+    _started(work, gen, 0)
+    task0 = _node(cluster, gen, 0)
+    active, _ = _cycle_nodes(work, gen, 0)
+    (other,) = active - {task0}
+    return work, name, gen, task0, other
+
+
+def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
+    cluster: Cluster, tmp_path: Path
+):
+    work, name, gen, task0, slow = _train(cluster, "--hot-spares", "0")
     try:
-        wait_event(
-            work, lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == gen,
-            START_S, "training to start",
-        )  # fmt: skip
-        task0 = _node(cluster, gen, 0)
-        active, _ = _cycle_nodes(work, gen, 0)
-        (slow,) = active - {task0}
         with paused_share(work, slow):
             text = cluster.wait_until(
                 lambda: (lambda t: t if f"straggler: {slow} is a straggler" in t else None)(
@@ -105,6 +118,37 @@ def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
         assert f"{task0} is a straggler" not in found.stderr
         steps = [e for e in progress(work) if e["event"] == "step" and "own_step_s" in e]
         assert {slow, task0} <= set(steps[-1]["own_step_s"]), logs_on_failure(work)
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)
+
+
+def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_trains(
+    cluster: Cluster,
+):
+    work, name, gen, task0, slow = _train(
+        cluster, "--hot-spares", "1", "--straggler-action", "replace"
+    )
+    try:
+        with paused_share(work, slow):
+            resumed = _started(work, gen, 1)
+        active, _ = _cycle_nodes(work, gen, 1)
+        assert task0 in active and slow not in active and len(active) == 2, logs_on_failure(work)
+        (spare,) = active - {task0}
+        leave = work / "nvrx" / gen / "stragglers" / f"leave.{slow}"
+        decided = dict(line.split("=", 1) for line in leave.read_text().splitlines())
+        # It left at a checkpoint: the next cycle resumed from one after the decision.
+        assert resumed["iteration"] > int(decided["iteration"]), decided
+        assert decided["words"].startswith(f"{slow} is a straggler in cycle 0"), decided
+        assert decided["why"].startswith("replaced: it costs"), decided
+        launcher_log = (work / "nvrx" / gen / "logs" / "ft_launcher.log").read_text()
+        assert f"a straggler: {slow} is a straggler" in launcher_log + "".join(
+            p.read_text() for p in (work / "logs").glob("slurm-*.out")
+        )
+        wait_event(
+            work, lambda e: e["event"] == "step" and e.get("cycle") == 1
+            and spare in e.get("own_step_s", {}), START_S, f"the spare {spare} to train",
+        )  # fmt: skip
     finally:
         cli(cluster, "cancel", name)
         wait_idle(cluster, name, timeout=90)
