@@ -15,6 +15,7 @@ bench/results/).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -55,12 +56,16 @@ def _pause(agent: subprocess.Popen, share: float, done: threading.Event) -> None
             ranks = [c.pid for c in psutil.Process(agent.pid).children()]
         except psutil.Error:
             return
-        for pid in ranks:
-            os.kill(pid, signal.SIGSTOP)
+        _signal(ranks, signal.SIGSTOP)
         done.wait(share * PERIOD_S)
-        for pid in ranks:
-            os.kill(pid, signal.SIGCONT)
+        _signal(ranks, signal.SIGCONT)
         done.wait((1 - share) * PERIOD_S)
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # the rank ended since it was listed
+            os.kill(pid, signum)
 
 
 def run_once(share: float, port: int) -> dict:
