@@ -38,8 +38,13 @@ def node_name() -> str:
 
 
 class OwnStepClock:
-    def __init__(self, nodes_of_ranks: list[str]) -> None:
+    def __init__(self, nodes_of_ranks: list[str], *, on_gpu: bool = False) -> None:
         self.nodes = nodes_of_ranks  # index: rank
+        # On a GPU the hook runs when the CPU has queued a bucket's kernels, not when the
+        # GPU has run them: its clock would time the launches and name nobody (or the
+        # wrong rank). Nothing is logged there; Megatron's --log-straggler (CUDA events)
+        # is the GPU's evidence (docs/stragglers.md).
+        self.on_gpu = on_gpu
         self._started = 0.0
         self._ready: float | None = None  # the last gradient bucket handed over, this step
         self._steps: list[dict[str, float]] = []  # node -> its slowest rank's seconds
@@ -66,7 +71,7 @@ class OwnStepClock:
     def drain(self) -> dict[str, Any]:
         """The step event's fields for the steps since the last one; empty when none."""
         steps, self._steps = self._steps, []
-        if not steps:
+        if not steps or self.on_gpu:
             return {}
         nodes = sorted({n for step in steps for n in step})
         return {

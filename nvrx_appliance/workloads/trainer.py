@@ -133,7 +133,7 @@ def _build(
     ddp = DistributedDataParallel(
         model, device_ids=[me.local] if device.type == "cuda" else None, broadcast_buffers=False
     )
-    clock = OwnStepClock(_nodes_of_ranks(me))
+    clock = OwnStepClock(_nodes_of_ranks(me), on_gpu=device.type == "cuda")
     clock.watch(ddp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     log = _progress_log(args.progress_log if me.rank == 0 else None, me)
