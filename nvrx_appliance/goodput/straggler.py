@@ -49,6 +49,7 @@ class Straggler:
     lost_s: float  # the cycle's wall seconds spent waiting for it, all of it
     at: float  # the end of the window judged (the last logged interval)
     nodes: int = 0  # the nodes that trained (and waited) in the window
+    wall_step_s: float = 0.0  # the run's wall time per step in the window (0: unknown)
     by_rank: bool = False  # the evidence names a rank, not a node: nobody acts on it
 
     @property
@@ -119,6 +120,12 @@ def _lost(intervals: Sequence[OwnSteps], node: str) -> float:
     return max(0.0, lost)
 
 
+def _wall_step(window: list[OwnSteps]) -> float:
+    """The run's wall seconds per step over the window (from its first interval's end)."""
+    steps = sum(i.steps for i in window[1:])
+    return (window[-1].time - window[0].time) / steps if steps else 0.0
+
+
 def judge(work: CycleWork) -> list[Straggler]:
     """The stragglers of one cycle in its last window, slowest first."""
     window = _window(work.own_steps)
@@ -144,6 +151,7 @@ def judge(work: CycleWork) -> list[Straggler]:
                 lost_s=_lost(work.own_steps, node),
                 at=window[-1].time,
                 nodes=len(whole),
+                wall_step_s=_wall_step(window),
                 by_rank=work.own_steps_by_rank,
             )
         )
@@ -164,14 +172,15 @@ def in_chain(work: Sequence[CycleWork]) -> list[Straggler]:
 
 
 def cost_ahead(straggler: Straggler, seconds_left: float, steps_left: int | None) -> float:
-    """What keeping it costs until the generation ends: the share of the run's time spent
-    waiting for it, over the time left (and no more than its excess per step over the
-    steps left to train, when training ends first)."""
-    if straggler.own_s <= 0:
+    """What keeping it costs until the generation ends: its excess per step (the measure
+    of what the run lost so far, too) times the steps the time left holds at the run's
+    wall pace, or the steps left to train when training ends first."""
+    if straggler.wall_step_s <= 0:
         return 0.0
-    excess = max(0.0, straggler.own_s - straggler.peers_s)
-    ahead = max(0.0, seconds_left) * excess / straggler.own_s
-    return ahead if steps_left is None else min(ahead, excess * max(0, steps_left))
+    steps = max(0.0, seconds_left) / straggler.wall_step_s
+    if steps_left is not None:
+        steps = min(steps, max(0, steps_left))
+    return max(0.0, straggler.own_s - straggler.peers_s) * steps
 
 
 def restart_cost(work: Sequence[CycleWork], current: CycleWork) -> tuple[float | None, str]:

@@ -21,7 +21,9 @@ HEALTHY = {"node1": 0.100, "node2": 0.104, "node3": 0.097, "node4": 0.101}
 
 def cycle(*intervals: dict[str, float], steps: int = 10) -> CycleWork:
     """A cycle whose logged intervals (of `steps` steps each) hold these own step times."""
-    own = [OwnSteps(1000.0 + i, (i + 1) * steps, steps, dict(s)) for i, s in enumerate(intervals)]
+    own = [
+        OwnSteps(1000.0 + 5.0 * i, (i + 1) * steps, steps, dict(s)) for i, s in enumerate(intervals)
+    ]
     return CycleWork("42", 0, "progress log", own_steps=own)
 
 
@@ -86,14 +88,16 @@ def test_the_slowest_of_two_stragglers_comes_first():
 def test_replacing_pays_only_when_the_cost_to_the_generations_end_exceeds_a_restart():
     [found] = straggler.judge(cycle(*[{"node1": 0.1, "node2": 0.1, "node3": 0.3}] * 12))
     measured = (60.0, "the median of this chain's 2 in-job restart(s)")
-    # Two thirds of its time the run waits for it: 300 s of the 450 s left.
+    # Intervals of 10 steps logged 5 s apart: 0.5 s a step. 450 s left hold 900 steps,
+    # each 0.2 s longer than it need be: 180 s.
+    assert found.wall_step_s == pytest.approx(0.5)
     replace, why = straggler.worth_replacing(found, 450.0, None, measured)
     assert replace and why == (
-        "replaced: it costs 300 s until the generation ends, more than a restart (60 s, "
+        "replaced: it costs 180 s until the generation ends, more than a restart (60 s, "
         "the median of this chain's 2 in-job restart(s))"
     )
-    keep, why = straggler.worth_replacing(found, 80.0, None, measured)
-    assert not keep and why.startswith("kept: it costs 53 s until the generation ends, no more")
+    keep, why = straggler.worth_replacing(found, 100.0, None, measured)
+    assert not keep and why.startswith("kept: it costs 40 s until the generation ends, no more")
     # Training ends in 100 steps, long before the time limit: 20 s to lose, kept.
     keep, _ = straggler.worth_replacing(found, 3600.0, 100, measured)
     assert not keep
