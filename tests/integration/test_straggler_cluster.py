@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -99,7 +98,6 @@ def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
 ):
     work, name, gen, task0, slow = _train(cluster, "--hot-spares", "0")
     try:
-        began = time.monotonic()
         with paused_share(work, slow):
             text = cluster.wait_until(
                 lambda: (lambda t: t if f"straggler: {slow} is a straggler" in t else None)(
@@ -109,7 +107,6 @@ def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
                 f"status to name {slow} a straggler",
                 2.0,
             )
-            print(f"named by status {time.monotonic() - began:.0f} s after the pause began")
             found = watch(cluster, tmp_path, "--work-dir", str(work))
         assert f"in cycle 0 of generation {gen}: its own step takes" in text
         slowdown = float(text.split(f"{slow} is a straggler")[1].split("x over the last")[0]
@@ -129,14 +126,14 @@ def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
 def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_trains(
     cluster: Cluster,
 ):
+    # A longer time limit than the quick settings' 10 min: replacing pays by what the
+    # straggler would cost until the generation ends, which the time left bounds.
     work, name, gen, task0, slow = _train(
-        cluster, "--hot-spares", "1", "--straggler-action", "replace"
+        cluster, "--hot-spares", "1", "--straggler-action", "replace", "--time-limit", "00:30:00"
     )
     try:
-        began = time.monotonic()
         with paused_share(work, slow):
             resumed = _started(work, gen, 1)
-        print(f"cycle 1 trained {time.monotonic() - began:.0f} s after the pause began")
         active, _ = _cycle_nodes(work, gen, 1)
         assert task0 in active and slow not in active and len(active) == 2, logs_on_failure(work)
         (spare,) = active - {task0}
@@ -150,7 +147,6 @@ def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_tr
         assert f"a straggler: {slow} is a straggler" in launcher_log + "".join(
             p.read_text() for p in (work / "logs").glob("slurm-*.out")
         )
-        print("decided:", decided)
         wait_event(
             work, lambda e: e["event"] == "step" and e.get("cycle") == 1
             and spare in e.get("own_step_s", {}), START_S, f"the spare {spare} to train",
