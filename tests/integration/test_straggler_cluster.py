@@ -129,7 +129,7 @@ def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_tr
     # A longer time limit than the quick settings' 10 min: replacing pays by what the
     # straggler would cost until the generation ends, which the time left bounds.
     work, name, gen, task0, slow = _train(
-        cluster, "--hot-spares", "1", "--straggler-action", "replace", "--time-limit", "00:30:00"
+        cluster, "--hot-spares", "1", "--straggler-action", "replace", "--time", "00:30:00"
     )
     try:
         with paused_share(work, slow):
