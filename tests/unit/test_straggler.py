@@ -247,3 +247,79 @@ def test_a_straggler_told_to_leave_fails_nvrxs_health_check_with_the_reason(tmp_
         assert nvrx() is False
     assert said[-1].startswith("a straggler: node5 is a straggler in cycle 0 of generation 42")
     assert said[-1].endswith("; replaced: x; node5 leaves")
+
+
+def _replace_chain(work_dir, time_limit: str = "01:00:00"):
+    from nvrx_appliance import manifest
+    from nvrx_appliance.settings.chain import ChainSpec
+
+    spec = ChainSpec(
+        work_dir=str(work_dir), workload="cpu", train_tasks=2, hot_spares=1, mode="train",
+        straggler_action="replace", time_limit=time_limit,
+    )  # fmt: skip
+    m = manifest.build(spec, created="2026-01-01T00:00:00Z", user="test")
+    manifest.save(m)
+    events = [
+        {"event": "start", "slurm_array_job_id": "7", "cycle": 0, "time": 1000.0,
+         "iteration": 0, "setup": {"launched": 988.0}},
+    ] + [
+        {"event": "step", "slurm_array_job_id": "7", "cycle": 0, "time": 1001.0 + i,
+         "iteration": 10 * (i + 1), "own_step_s": {"node1": 0.02, "node2": 0.05}, "own_steps": 10}
+        for i in range(12)
+    ]  # fmt: skip
+    m.layout.logs.mkdir(parents=True, exist_ok=True)
+    m.layout.progress_log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    return m
+
+
+def _judge(m, node: str) -> tuple[list[str], object]:
+    import time
+
+    from nvrx_appliance.node.straggler_leave import StragglerLeave
+
+    said: list[str] = []
+    judge = StragglerLeave(
+        m, array_job_id="7", generation=GEN_7, node=node, is_task0=True,
+        started=time.monotonic(), workload=[], log=said.append,
+    )  # fmt: skip
+    judge._judge()
+    return said, judge
+
+
+GEN_7 = "2026-01-01T00:00:00Z/7/2026-01-01T00:00:00"
+
+
+def test_task_0_decides_that_a_straggler_leaves_once_and_writes_why(tmp_path):
+    m = _replace_chain(tmp_path)
+    said, judge = _judge(m, "node1")
+    leave = m.layout.straggler_leave("7", "node2")
+    fields = dict(line.split("=", 1) for line in leave.read_text().splitlines())
+    assert (fields["generation"], fields["node"], fields["iteration"]) == (GEN_7, "node2", "0")
+    # 3,600 s left at 0.1 s a step: 36,000 steps, each 30 ms longer than it need be.
+    assert fields["why"] == (
+        "replaced: it costs 1080 s until the generation ends, more than a restart "
+        "(13 s, this cycle's own start-up (a lower bound))"
+    )
+    assert oct(leave.stat().st_mode & 0o777) == "0o600"
+    assert (
+        said[-1]
+        == "node2 leaves after the next checkpoint (after iteration 0); a spare takes its place"
+    )
+    judge._judge()
+    assert len([s for s in said if "leaves after" in s]) == 1  # decided once
+
+
+def test_a_straggler_on_task_0s_own_node_or_not_worth_a_restart_is_kept(tmp_path):
+    said, _ = _judge(_replace_chain(tmp_path / "own"), "node2")
+    assert said == [
+        "node2 is a straggler in cycle 0 of generation 7: its own step takes 50 ms against "
+        "20 ms on its peers (2.50x over the last 120 steps); the run has lost 4 s waiting for "
+        "it; task 0's own node is not replaced in-job (that would end the generation)"
+    ]
+    m = _replace_chain(tmp_path / "short", time_limit="00:00:30")
+    said, _ = _judge(m, "node1")
+    assert said[0].endswith(
+        "; kept: it costs 9 s until the generation ends, no more than a restart (13 s, this "
+        "cycle's own start-up (a lower bound))"
+    )
+    assert not m.layout.straggler_leave("7", "node2").exists()
