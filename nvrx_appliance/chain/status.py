@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nvrx_appliance.goodput.straggler import Straggler
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
 from nvrx_appliance.observe.exclusions import Applied, Exclusion, Record
@@ -122,6 +123,8 @@ class ChainView:
     # The exclusion record: nodes kept out of the queued generations, and its last use.
     excluded: tuple[Exclusion, ...] = ()
     applied: Applied | None = None
+    # The running generation's slow nodes, slowest first (goodput/straggler.py).
+    stragglers: tuple[Straggler, ...] = ()
     headline: Headline = field(default_factory=lambda: Headline("unknown", "", "", ""))
 
     @property
@@ -441,6 +444,7 @@ def assemble(
     blind: Sequence[str] = (),
     now: float = 0.0,
     exclusions: Record | None = None,
+    stragglers: Sequence[Straggler] = (),
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
     limit_s = slurm_seconds(str(spec.get("time_limit", "")))
@@ -515,4 +519,11 @@ def assemble(
         excluded=exclusions.active if exclusions else (),
         applied=exclusions.applied if exclusions else None,
         headline=lead,
-    )
+        # A verdict is about the generation that trains now; one that ended is history
+        # (report tells what it cost).
+        stragglers=tuple(
+            s for s in stragglers if any(
+                g.array_job_id == s.generation and g.state == "running" for g in generations
+            )
+        ),
+    )  # fmt: skip

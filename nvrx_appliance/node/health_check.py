@@ -44,7 +44,7 @@ from typing import Any
 
 from nvrx_appliance import files
 from nvrx_appliance.manifest import Manifest
-from nvrx_appliance.node import control
+from nvrx_appliance.node import control, straggler_leave
 from nvrx_appliance.node.identity import Node
 
 MARKER_BYTES = 64 << 10
@@ -67,6 +67,7 @@ class Identity:
 class Answer:
     healthy: bool
     why: str  # for the log: why it left, or why a marker was ignored; "" when nothing to say
+    check: str = "slurm drain"  # which check failed, as NVRx's log names it
 
 
 def judge(text: str | None, me: Identity) -> Answer:
@@ -100,7 +101,7 @@ def answer(found: Answer) -> dict[str, Any]:
     and failed_checks is what its log says."""
     if found.healthy:
         return {"fail_count": 0, "failed_checks": []}
-    return {"fail_count": 1, "failed_checks": [f"slurm drain: {found.why}"]}
+    return {"fail_count": 1, "failed_checks": [f"{found.check}: {found.why}"]}
 
 
 def site_target(endpoint: str) -> str | None:
@@ -151,8 +152,14 @@ class DrainCheck:
         self.uid = os.geteuid() if uid is None else uid
         self._said: set[str] = set()
         self._lock = threading.Lock()
+        self.leave: Path | None = None  # a straggler's decision to leave (straggler_leave.py)
 
     def check(self) -> Answer:
+        if self.leave is not None:
+            text = straggler_leave.read_decision(self.leave, self.uid)
+            if why := straggler_leave.leaving(text, self.me.generation, self.me.node):
+                self.log(why)
+                return Answer(False, why, check="straggler")
         text, problem = read_marker(self.marker, self.uid)
         if problem:
             self._say_once(problem)
@@ -246,24 +253,28 @@ def dry_run_endpoint(manifest: Manifest) -> str | None:
     return DRY_RUN_SOCKET if manifest.spec.drain_poll_interval > 0 else None
 
 
+def slurm_node(node: Node) -> str:
+    """Slurm's name for the node, which sinfo and squeue print; the host name only where
+    Slurm did not say (a NodeName may differ from the NodeHostname)."""
+    return os.environ.get("SLURMD_NODENAME") or node.hostname
+
+
 @contextmanager
 def endpoint(
     manifest: Manifest, node: Node, generation: str, log: Callable[[str], None]
 ) -> Iterator[str | None]:
     """The health check endpoint ft_launcher is to name while this node runs: the drain
     check's socket when the chain polls for drained nodes, else None (the spec's own)."""
-    if manifest.spec.drain_poll_interval <= 0:
+    replacing = straggler_leave.wanted(manifest)
+    if manifest.spec.drain_poll_interval <= 0 and not replacing:
         yield None
         return
     me = Identity(
-        generation=generation,
-        task=node.task_id,
-        job_id=node.job_id,
-        # Slurm's name for the node, which sinfo and squeue print; the host name only
-        # where Slurm did not say (a NodeName may differ from the NodeHostname).
-        node=os.environ.get("SLURMD_NODENAME") or node.hostname,
+        generation=generation, task=node.task_id, job_id=node.job_id, node=slurm_node(node)
     )
     marker = manifest.layout.drain_marker(node.array_job_id, node.task_id)
     check = DrainCheck(marker, me, site_endpoint=manifest.spec.health_check_endpoint, log=log)
+    if replacing:
+        check.leave = manifest.layout.straggler_leave(node.array_job_id, me.node)
     with serving(check) as socket:
         yield socket

@@ -44,6 +44,7 @@ from nvrx_appliance.node import (
     looks,
     node_probe,
     rendezvous,
+    straggler_leave,
     time_limit,
 )
 from nvrx_appliance.node.identity import Node, NodeError, array_throttle, from_env, term_drain
@@ -173,6 +174,14 @@ def run(manifest_path: Path | None) -> int:
         )
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     kept = retention_keeper(manifest) if keeper is not None else None
+    slow = None
+    if straggler_leave.wanted(manifest):
+        slow = straggler_leave.StragglerLeave(
+            manifest, array_job_id=node.array_job_id, generation=record.generation,
+            node=health_check.slurm_node(node), is_task0=keeper is not None, started=started,
+            workload=pre.workload, log=say,
+        )  # fmt: skip
+        slow.start()
     lease_watch = controldir.LeaseWatch(directory, record.generation)
     stop_signals: list[int] = []
     try:
@@ -186,6 +195,8 @@ def run(manifest_path: Path | None) -> int:
             keeper.stop()
         if kept is not None:
             kept.stop()
+        if slow is not None:
+            slow.stop()
     if keeper is not None:
         mark_megatron_done(manifest)
     if outcome.stopped is not None and outcome.stopped.over:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from nvrx_appliance.goodput.straggler import Straggler
 from nvrx_appliance.observe.types import (
     COMPLETED,
     Checkpoint,
@@ -39,7 +40,9 @@ CHECKPOINT = "checkpoint"  # the checkpoint-iteration tracker file
 LEDGER = "ledger"  # <work>/chain.jsonl
 MARKER = "marker"  # <work>/chain.active
 EXCLUSIONS = "exclusions"  # <work>/exclusions.jsonl: nodes kept out of the queued generations
-SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS)
+# The training record: the progress log, or Megatron's lines in the per-cycle logs.
+TRAINING = "training"
+SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, TRAINING)
 
 OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
@@ -91,6 +94,8 @@ class Snapshot:
     ledger: tuple[LedgerEntry, ...] = ()
     chain_marker: bool = False
     excluded: frozenset[str] = frozenset()  # nodes the exclusion record keeps out now
+    # The newest cycle's stragglers, slowest first (goodput/straggler.py).
+    stragglers: tuple[Straggler, ...] = ()
 
     def has(self, *sources: str) -> bool:
         return all(
