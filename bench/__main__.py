@@ -29,6 +29,7 @@ from bench import (
     liveness,
     machine,
     norestart,
+    plan,
     readme,
     report,
     restart,
@@ -51,7 +52,8 @@ SCENARIOS = {
     m.NAME: m
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
-        completion, healthcheck, segment, segsilent, scale, sick_node, watcher, stack_sampling,
+        completion, healthcheck, segment, segsilent, scale, sick_node, watcher, plan,
+        stack_sampling,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME}

@@ -85,8 +85,8 @@ def collect(h: Harness, repeat: int, result: Result) -> None:
             seconds, texts = trace(list(pids), traces / str(window), WINDOW_S)
             for pid, text in texts.items():
                 counted = metadata.calls(text, control)
-                # Every look of any node but task 0 reads the closed flag once.
-                looks = metadata.naming(text, str(Layout(work).control_files(gen).closed))
+                # Every look lists the control directory once (node/looks.py).
+                looks = metadata.naming(text, control)
                 result.samples.append({
                     "window": window, "task": pids[pid][0], "node": pids[pid][1],
                     "role": role(*pids[pid]),

@@ -30,7 +30,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -50,6 +50,9 @@ from nvrx_appliance.observe import hangs as hang_record
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.slurm_output import ALLOCATIONS
 from nvrx_appliance.observe.slurmcli import Slurm
+from nvrx_appliance.plan import history as plan_history
+from nvrx_appliance.plan import model as plan_model
+from nvrx_appliance.plan import request as plan_request
 from nvrx_appliance.settings import extra as extra_args
 from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import ChainSpec, check, spec_fields
@@ -66,6 +69,8 @@ __all__ = [
     "Located",
     "LogFile",
     "LogMissing",
+    "Plan",
+    "PlanRequest",
     "Resolution",
     "RunManifestUnreadable",
     "SettingsError",
@@ -81,6 +86,7 @@ __all__ = [
     "follow_logs",
     "locate",
     "logs",
+    "plan",
     "prepare",
     "report",
     "resolve_settings",
@@ -340,6 +346,50 @@ def report(
         now=time.time(),
     )
     return account(inputs)
+
+
+# What `plan` is asked (nvrx_appliance/plan/request.py): the run's shape, its failure
+# rates, the checkpoint and today's settings.
+PlanRequest = plan_request.Request
+Plan = plan_model.Plan
+
+
+def plan(
+    request: PlanRequest,
+    *,
+    from_chain: Target | None = None,
+    work_dir: str | Path | None = None,
+    slurm: Slurm | None = None,
+) -> Plan:
+    """The ETTR a run of this shape can expect, the settings that maximise it and the
+    seeds' design beside it (docs/plan.md). With `from_chain` (or `work_dir`) that chain's
+    history gives the failure rates, the save cost and the in-job restart's cost.
+    Raises SettingsError (one line per bad value, naming its option) before anything runs."""
+    history = None
+    if from_chain is not None or work_dir is not None:
+        account = report(from_chain, work_dir=work_dir, slurm=slurm)
+        if account.allocation_node_s is None:
+            raise SlurmUnreachable(
+                f"chain {account.job_name}: {'; '.join(account.blind) or 'no accounting'}"
+            )
+        history = plan_history.read(account, request.nodes_per_task)
+        if not history.training_node_days:
+            raise SettingsError(
+                [f"--from-chain: chain {account.job_name} has trained no node time yet; "
+                 "plan it with published rates (drop --from-chain) or once it has run"]
+            )  # fmt: skip
+        request = plan_request.with_history(request, history)
+    bad = plan_request.problems(request)
+    if bad:
+        raise SettingsError(bad)
+    found = plan_model.plan(
+        plan_request.scenario(request, history),
+        request.today,
+        seeds=request.seeds,
+        grace=request.grace_s,
+        storage_stall_s=request.storage_stall_s,
+    )
+    return replace(found, step_s=request.step_s)
 
 
 def cancel(target: Target | None, *, work_dir: str | Path | None = None) -> Cancelled:

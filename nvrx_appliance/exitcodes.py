@@ -14,7 +14,7 @@ NVRX_NO_RESTART = 93
 # The entrypoint's own failures. Distinct, documented, and far from 93.
 MANIFEST_INVALID = 70  # run.json missing, unreadable, unknown version, inconsistent
 TASK0_GONE = 71  # closed flag present or task 0's lease went stale: generation is over
-RECORD_REFUSED = 72  # rendezvous record or control dir failed validation
+RECORD_REFUSED = 72  # rendezvous record, control dir or checkpoint dir failed validation
 SEGMENT_MISMATCH = 73  # this node disagrees with task 0's segment decision
 RECORD_TIMEOUT = 74  # task 0 started but never published its record in time
 LAUNCH_FAILED = 75  # ft_launcher could not be started at all
@@ -28,7 +28,8 @@ WORKLOAD_VERDICT = 78
 ENTRYPOINT_CODES = {
     MANIFEST_INVALID: "run manifest missing, unreadable, of an unknown version, or inconsistent",
     TASK0_GONE: "task 0 is gone (closed flag, or its liveness lease went stale)",
-    RECORD_REFUSED: "rendezvous record or control directory failed validation",
+    RECORD_REFUSED: "rendezvous record, control directory or checkpoint directory failed "
+    "validation",
     SEGMENT_MISMATCH: "this node disagrees with task 0's segment decision",
     RECORD_TIMEOUT: "task 0 started but did not publish its rendezvous record in time",
     LAUNCH_FAILED: "ft_launcher could not be started",

@@ -260,6 +260,12 @@ class Layout:
     def nvrx_logs(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "logs"
 
+    def straggler_leave(self, array_job_id: str | int, node: str) -> Path:
+        """Task 0's decision that a straggler leaves at the next checkpoint
+        (`--straggler-action replace`): key=value lines, owner-only; the node's own
+        entrypoint acts on it and its health check answer says so."""
+        return self.generation(array_job_id) / "stragglers" / f"leave.{node}"
+
     def exit_records(self, array_job_id: str | int) -> Path:
         """The first failed worker of each cycle, one JSON file per cycle (its guard's
         account: exit code, iteration, what it means), owner-only."""

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.chain.status import ChainView, assemble
+from nvrx_appliance.goodput import gather, straggler
+from nvrx_appliance.goodput.straggler import Straggler
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import workdir
 from nvrx_appliance.observe.slurm_output import AcctRow, ParseError
@@ -174,7 +176,21 @@ def read_chain(work_dir: Path, *, user: str, slurm: Slurm | None = None) -> Chai
         acct = _accounting(slurm, layout, manifest, user)
     except (SlurmUnavailable, ParseError) as exc:
         blind.append(f"sacct: {exc}")
-    return view_of(work_dir, manifest, queue, acct, blind, now=time.time())
+    cycles = workdir.cycles(layout, generation_ids(queue, acct, workdir.ledger(layout)))
+    return view_of(
+        work_dir, manifest, queue, acct, blind, now=time.time(), cycles=cycles,
+        stragglers=_stragglers(work_dir, cycles),
+    )  # fmt: skip
+
+
+def _stragglers(work_dir: Path, cycles: dict[str, list[Cycle]]) -> tuple[Straggler, ...]:
+    """The newest cycle's stragglers, from the training record (read whole: one chain)."""
+    try:
+        work = gather.training_record(work_dir, cycles, gather.LogMemo())
+    except (workdir.NotFound, OSError):
+        return ()
+    newest = max(work.values(), key=lambda w: w.last_sign or 0.0, default=None)
+    return tuple(straggler.judge(newest)) if newest is not None else ()
 
 
 def view_of(
@@ -187,6 +203,7 @@ def view_of(
     now: float,
     ledger: list[dict[str, Any]] | None = None,
     cycles: dict[str, list[Cycle]] | None = None,
+    stragglers: tuple[Straggler, ...] = (),
 ) -> ChainView:
     """The chain at a glance from what Slurm said (None: it did not) and its work dir.
     `ledger`, `cycles`: already read by the caller (the chain list, for the account too)."""
@@ -209,6 +226,7 @@ def view_of(
         now=now,
         exclusions=workdir.exclusions(layout),
         hangs=workdir.hangs(layout, ids),
+        stragglers=stragglers,
     )
 
 

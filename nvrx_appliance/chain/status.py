@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nvrx_appliance.goodput.straggler import Straggler
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
 from nvrx_appliance.observe.exclusions import Applied, Exclusion, Record
@@ -58,6 +59,9 @@ class GenerationView:
     pending_reason: str = ""  # squeue's %r for a task 0 not started yet
     drained: tuple[str, ...] = ()  # its nodes Slurm drained (ledger: the drain poller's)
     hangs: tuple[str, ...] = ()  # each hung cycle's judgement, in words (docs/hangs.md)
+    # Cancelled before any of its tasks started (sacct), and by whom where Slurm says.
+    never_ran: bool = False
+    cancelled_by: str = ""
 
 
 @dataclass(frozen=True)
@@ -122,6 +126,8 @@ class ChainView:
     # The exclusion record: nodes kept out of the queued generations, and its last use.
     excluded: tuple[Exclusion, ...] = ()
     applied: Applied | None = None
+    # The running generation's slow nodes, slowest first (goodput/straggler.py).
+    stragglers: tuple[Straggler, ...] = ()
     headline: Headline = field(default_factory=lambda: Headline("unknown", "", "", ""))
 
     @property
@@ -219,6 +225,17 @@ def _clock(
     elapsed = (ended if ended is not None else now) - started
     left = None if ended is not None or limit_s is None else max(limit_s - elapsed, 0.0)
     return started, elapsed, left
+
+
+def _never_ran(array_job_id: str, acct: Sequence[AcctRow] | None) -> bool:
+    """Every task of the generation cancelled before it started (sacct)."""
+    rows = [r for r in acct or () if r.array_job_id == array_job_id]
+    return bool(rows) and all(r.state == "CANCELLED" and not r.start for r in rows)
+
+
+def _cancelled_by(array_job_id: str, acct: Sequence[AcctRow] | None) -> str:
+    rows = [r for r in acct or () if r.array_job_id == array_job_id and r.cancelled_by]
+    return rows[0].cancelled_by if rows else ""
 
 
 def _state(tasks: dict[int, str]) -> str:
@@ -400,8 +417,15 @@ def _ended(
         # its reason say what happened.
         text = f"ended: {action_words(action)}{of}" + (f": {reason}" if reason else "")
         return Headline("ended", action, text, f"nvrx-appliance logs {name}")
-    if not chain_marker:
-        text = f"ended: cancelled, checkpoint iteration {at}"
+    never = [g for g in generations if g.never_ran]
+    if never or not chain_marker:
+        # `cancel` removes the chain marker; a plain `scancel -n NAME` leaves it, and only
+        # Slurm tells: generations cancelled before they ever ran.
+        who = next((g.cancelled_by for g in never if g.cancelled_by), "")
+        text = f"ended: cancelled{f' by {who}' if who else ''}, checkpoint iteration {at}"
+        if never:
+            ids = ", ".join(g.array_job_id for g in never)
+            text += f"; {len(never)} generation(s) never ran ({ids})"
         return Headline("ended", "cancelled", text, resubmit)
     text = (
         f"ended: exhausted, every generation queued has run and none is left; "
@@ -424,6 +448,7 @@ def assemble(
     now: float = 0.0,
     exclusions: Record | None = None,
     hangs: Mapping[str, Sequence[Hang]] | None = None,
+    stragglers: Sequence[Straggler] = (),
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
     limit_s = slurm_seconds(str(spec.get("time_limit", "")))
@@ -466,6 +491,8 @@ def assemble(
                     hang_words(h, int(spec.get("exclude_for", 0)))
                     for h in (hangs or {}).get(array_job_id, ())
                 ),
+                never_ran=not entry and _never_ran(array_job_id, acct),
+                cancelled_by=_cancelled_by(array_job_id, acct),
             )
         )
     completed_at = _completed_at(by_array.values())
@@ -500,4 +527,11 @@ def assemble(
         excluded=exclusions.active if exclusions else (),
         applied=exclusions.applied if exclusions else None,
         headline=lead,
-    )
+        # A verdict is about the generation that trains now; one that ended is history
+        # (report tells what it cost).
+        stragglers=tuple(
+            s for s in stragglers if any(
+                g.array_job_id == s.generation and g.state == "running" for g in generations
+            )
+        ),
+    )  # fmt: skip

@@ -18,6 +18,37 @@ _ITER = re.compile(r"^iter_(\d{7,})$")
 LOAD_FAILED_MARK = "NVRX_APPLIANCE_LOAD_FAILED"
 
 
+# Megatron's and the built-in trainer's iter_NNNNNNN directories, and a script's
+# checkpoint files of the same name with an extension (iter_0000040.pt).
+_CHECKPOINT = re.compile(r"^iter_(\d{7,})(\.[A-Za-z0-9]+)?$")
+
+
+def checkpoint_name(name: str) -> int | None:
+    """The iteration of a checkpoint's name, directory or file; None for anything else."""
+    match = _CHECKPOINT.match(name)
+    return int(match.group(1)) if match else None
+
+
+def directory_problem(path: str, *, mode: int, owner: int, uid: int, is_dir: bool) -> str | None:
+    """Why the checkpoint directory must not be trusted, or None. Pure. Whoever can write
+    into it can plant an iter_ checkpoint (torch loads it with pickle: code run as the
+    job's user) that a fall-back would point the tracker at, or rewrite the tracker."""
+    if not is_dir:
+        return f"checkpoint directory {path} is not a directory"
+    if owner != uid:
+        return (
+            f"checkpoint directory {path} is owned by uid {owner}, not by this job's user "
+            f"(uid {uid}); give the chain a work dir of its own (--work-dir)"
+        )
+    if mode & 0o022:
+        return (
+            f"checkpoint directory {path} is group- or world-writable (mode "
+            f"{mode & 0o777:04o}): another user could plant a checkpoint there; run "
+            f"chmod go-w {path}"
+        )
+    return None
+
+
 def iteration_dir(iteration: int) -> str:
     return f"iter_{iteration:07d}"
 
@@ -40,28 +71,33 @@ def tracker_text(iteration: int) -> str:
     return f"{iteration}\n"
 
 
-def expired(iterations: Iterable[int], latest: int, keep: int) -> list[int]:
-    """Checkpoints to delete once `latest` is tracked, keeping the newest `keep` (0: all).
+def expired(iterations: Iterable[int], latest: int, keep: int, complete: set[int]) -> list[int]:
+    """Checkpoints to delete once `latest` is tracked, keeping the newest `keep` (0: all)
+    of those once complete (retired() says which count).
 
     Anything newer than `latest` is from a timeline that was abandoned when training
     resumed from an older checkpoint, and goes too; `latest` itself never does.
     """
-    found = sorted(set(iterations))
-    abandoned = [i for i in found if i > latest]
-    kept_line = [i for i in found if i <= latest]
-    if keep <= 0:
-        return abandoned
-    old = [i for i in kept_line[:-keep] if i != latest] if len(kept_line) > keep else []
-    return sorted(old + abandoned)
+    abandoned = sorted(i for i in set(iterations) if i > latest)
+    return sorted(abandoned + retired(iterations, latest, keep, complete))
 
 
-def retired(iterations: Iterable[int], tracked: int, keep: int) -> list[int]:
-    """Checkpoints a keeper outside the workload may remove: those older than the tracked
-    one beyond the newest `keep` up to it (0: none). Never the tracked one, and never a
-    newer one, which may be a save still being written."""
+def retired(iterations: Iterable[int], tracked: int, keep: int, complete: set[int]) -> list[int]:
+    """Checkpoints a keeper outside the workload may remove (0: none). Never the tracked
+    one, and never a newer one, which may be a save still being written.
+
+    Only checkpoints once complete (`complete`: those the tracker once named, the
+    tracked record) count among the newest `keep` up to the tracked one; the older
+    complete ones retire. A directory the tracker never named (a save cut short: a
+    time-limit save killed by Slurm, a node that died) is neither kept nor counted: it
+    is left where it lies among those kept (it might be a complete save nobody saw
+    tracked), and removed once it is older than every one kept, when `keep` are."""
     if keep <= 0:
         return []
-    line = sorted(i for i in set(iterations) if i <= tracked)
-    if tracked not in line:
-        line.append(tracked)  # the tracked one always counts among those kept
-    return [i for i in line[:-keep] if i != tracked]
+    found = set(iterations)
+    good = sorted({i for i in found if i < tracked and i in complete} | {tracked})
+    kept = good[-keep:]
+    surplus = good[:-keep]
+    if len(kept) == keep:
+        surplus += [i for i in found if i < kept[0] and i not in complete]
+    return sorted(surplus)

@@ -4,58 +4,66 @@ A torn save or a storage fault leaves a tracked checkpoint that no restart can l
 NVRx only sees cycles that make no progress, and after --max-no-progress-cycles it
 exits 93: the chain ends with good checkpoints never tried. Here, the first worker whose
 guard finds evidence of a failed load (workload_exit.load_failure) does this, once for
-all of them, under a lock in the checkpoint directory:
+all of them, holding the fall-back lock of the checkpoint directory:
 
 1. the tracker still names the bad iteration (else another rank did it already);
-2. the bad checkpoint is renamed beside the others, out of the iter_ names
+2. the target is the newest earlier checkpoint that was once complete (the tracked
+   record, tracked_record.py: a torn iter_ directory the tracker never named is none),
+   still on disk, never one older than the chain started from (run.json's
+   checkpoint_start); the tracker is read again, then pointed at it by rename;
+3. only then is the bad checkpoint renamed beside the others, out of the iter_ names
    (`iter_0000035.unloadable-<time>`): never deleted, someone will want to look at it;
-3. the tracker is pointed, by rename, at the newest earlier checkpoint on disk, never
-   one older than the chain started from (run.json's checkpoint_start);
 4. a line goes to the fall-back record (Layout.fallbacks), which bounds how often a
-   chain does this (--checkpoint-fallbacks).
+   chain does this (--checkpoint-fallbacks), and one to the tracked record.
 
-The worker then exits as it would have, and the next cycle (or the next generation)
-loads the earlier checkpoint. Complete: every iter_ directory older than the tracked one
-was tracked once (retention.py says why for Megatron; the cpu trainer renames a
-checkpoint into its iter_ name only when complete), and the default retention keeps two.
+Every step leaves a state a restart can load: before 2 the old one, after it the
+earlier checkpoint (the bad directory, newer than the tracker, is what a save in
+progress looks like; Megatron writes over it). Any error of the file system (ENOSPC,
+EACCES, a lock that cannot be had) stops there and says so: the worker exits with its
+own code, and NVRx restarts it as without the fall-back.
+
+The lock is a file created exclusively (O_CREAT|O_EXCL) in the checkpoint directory,
+which excludes across nodes where flock does not (Lustre mounted localflock, NFS with
+local_lock); one left by a guard that died holding it is broken once it is older than
+anything holding it could take.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import re
+import socket
+import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import files
-from nvrx_appliance.checkpoints import checkpoint_dir
+from nvrx_appliance.checkpoints import checkpoint_dir, tracked_record
 from nvrx_appliance.clock import now_iso
+from nvrx_appliance.jobhost import hostlib
 from nvrx_appliance.layout import TRACKER_FILE
 from nvrx_appliance.observe import run_files
 
 LOCK_FILE = ".fallback.lock"
+# Holding the lock takes a few file system calls; one this old was left by a guard that
+# died holding it. Waiting for it is bounded by the same: a guard never hangs its rank.
+LOCK_STALE_S = 30.0
+LOCK_WAIT_S = 45.0
+LOCK_RETRY_S = 0.1
 # The fall-back record is a few lines per chain; more than this is not one.
 MAX_RECORD_BYTES = 1 << 20
 
 
-# Megatron's and the built-in trainer's iter_NNNNNNN directories, and a script's
-# checkpoint files of the same name with an extension (iter_0000040.pt).
-_CHECKPOINT = re.compile(r"^iter_(\d{7,})(\.[A-Za-z0-9]+)?$")
-
-
-def checkpoint_name(name: str) -> int | None:
-    match = _CHECKPOINT.match(name)
-    return int(match.group(1)) if match else None
-
-
 @dataclass(frozen=True)
 class Outcome:
-    fell_back_to: int | None  # the iteration the tracker names now; None: refused
+    fell_back_to: int | None  # the iteration the tracker names now; None: nothing done
     message: str  # what happened, in one line
+    # Past the chain's bound, at its floor, or nothing complete before it: no restart
+    # can help, the chain stops. False where nothing was done for want of knowing which
+    # checkpoint, or of a file system that let it: the worker is restarted as before.
+    stop: bool = False
 
 
 def earlier(found: Iterable[int], bad: int, floor: int | None) -> int | None:
@@ -75,14 +83,39 @@ def count(record_text: str, chain: str) -> int:
     return total
 
 
+class LockUnavailable(OSError):
+    """Another guard held the fall-back lock for longer than one can."""
+
+
 @contextlib.contextmanager
-def _locked(checkpoints: Path) -> Iterator[None]:
-    fd = os.open(checkpoints / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+def locked(checkpoints: Path) -> Iterator[None]:
+    """The fall-back lock. Raises LockUnavailable, or OSError when it cannot be made."""
+    path = checkpoints / LOCK_FILE
+    holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": now_iso()})
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            break
+        except FileExistsError:
+            _break_if_stale(path)
+            if time.monotonic() >= deadline:
+                raise LockUnavailable(f"{path} is held by another guard") from None
+            time.sleep(LOCK_RETRY_S)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):
+            os.write(fd, holder.encode() + b"\n")
+        os.close(fd)
         yield
     finally:
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _break_if_stale(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if time.time() - os.stat(path).st_mtime > LOCK_STALE_S:
+            os.unlink(path)
 
 
 def set_aside(
@@ -97,53 +130,100 @@ def set_aside(
     reason: str,
 ) -> Outcome:
     """Set the unloadable checkpoint `bad` aside and point the tracker at the one before,
-    unless the chain's bound or floor forbids it."""
+    unless the chain's bound or floor forbids it, or the file system does not let it:
+    never raises."""
     if bad is None:
         return Outcome(None, "which checkpoint failed to load is unknown: nothing set aside")
-    with _locked(checkpoints):
-        tracked = run_files.tracker_value(files.read_text(checkpoints / TRACKER_FILE, 64) or "")
-        if tracked != bad:
-            # Another rank's guard got here first (or the workload tried an untracked one).
-            return Outcome(tracked, f"the tracker already names iteration {tracked}")
-        done = count(files.read_text(record, MAX_RECORD_BYTES) or "", chain)
-        if done >= limit:
-            return Outcome(
-                None,
-                f"checkpoint {bad} cannot be loaded and this chain has set aside {done} "
-                f"already (--checkpoint-fallbacks {limit})",
-            )
-        names = {
-            n: name for name in os.listdir(checkpoints) if (n := checkpoint_name(name)) is not None
-        }
-        found = list(names)
-        to = earlier(found, bad, floor)
-        if to is None:
-            since = f" (the chain started from {floor})" if floor is not None else ""
-            return Outcome(
-                None,
-                f"checkpoint {bad} cannot be loaded and no complete checkpoint before it is "
-                f"on disk{since}",
-            )
-        name = names.get(bad, checkpoint_dir.iteration_dir(bad))
-        aside = f"{name}.unloadable-{now_iso().replace(':', '')}"
-        with contextlib.suppress(FileNotFoundError):  # a checkpoint missing whole is bad too
-            os.rename(checkpoints / name, checkpoints / aside)
-        files.write_atomic(checkpoints / TRACKER_FILE, checkpoint_dir.tracker_text(to))
-        entry = {"chain": chain, "from": bad, "to": to, "set_aside": aside,
-                 "time": now_iso(), "reason": reason, **who}  # fmt: skip
-        _append(record, entry)
+    try:
+        with locked(checkpoints):
+            plan = _plan(checkpoints, record, bad, chain=chain, limit=limit, floor=floor)
+            if isinstance(plan, Outcome):
+                return plan
+            return _fall_back(checkpoints, record, plan, chain=chain, who=who, reason=reason)
+    except OSError as exc:
         return Outcome(
-            to,
-            f"checkpoint {bad} cannot be loaded ({reason}); set aside as {aside}, resuming "
-            f"from checkpoint {to} ({done + 1} of {limit} fall-backs of this chain)",
+            None,
+            f"checkpoint {bad} could not be loaded ({reason}), but nothing was set aside: "
+            f"{exc}; the tracker is left as it was",
         )
 
 
-def _append(path: Path, entry: dict) -> None:
-    line = (json.dumps(entry, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+@dataclass(frozen=True)
+class _Plan:
+    bad: int
+    to: int  # the newest complete checkpoint before it
+    name: str  # the bad one's name in the directory
+    done: int  # fall-backs of this chain before this one
+    limit: int
+
+
+def _tracked(checkpoints: Path) -> int | None:
+    return run_files.tracker_value(files.read_text(checkpoints / TRACKER_FILE, 64) or "")
+
+
+def _plan(
+    checkpoints: Path, record: Path, bad: int, *, chain: str, limit: int, floor: int | None
+) -> _Plan | Outcome:
+    """What a fall-back from `bad` would do, or why none is done (under the lock)."""
+    tracked = _tracked(checkpoints)
+    if tracked != bad:
+        # Another rank's guard got here first (or the workload tried an untracked one).
+        return Outcome(tracked, f"the tracker already names iteration {tracked}")
+    done = count(files.read_text(record, MAX_RECORD_BYTES) or "", chain)
+    if done >= limit:
+        return Outcome(
+            None,
+            f"checkpoint {bad} cannot be loaded and this chain has set aside {done} "
+            f"already (--checkpoint-fallbacks {limit})",
+            stop=True,
+        )
+    names = {
+        n: name
+        for name in os.listdir(checkpoints)
+        if (n := checkpoint_dir.checkpoint_name(name)) is not None
+    }
+    complete = tracked_record.read(checkpoints / tracked_record.FILE)
+    to = earlier([n for n in names if n in complete], bad, floor)
+    if to is None:
+        since = f" (the chain started from {floor})" if floor is not None else ""
+        return Outcome(
+            None,
+            f"checkpoint {bad} cannot be loaded and no checkpoint before it that was ever "
+            f"complete (tracked) is on disk{since}",
+            stop=True,
+        )
+    return _Plan(bad, to, names.get(bad, checkpoint_dir.iteration_dir(bad)), done, limit)
+
+
+def _fall_back(
+    checkpoints: Path, record: Path, plan: _Plan, *, chain: str, who: dict[str, str], reason: str
+) -> Outcome:
+    """The tracker to the earlier checkpoint first, then the bad one aside: a state a
+    restart can load at every step."""
+    moved_on = _tracked(checkpoints)
+    if moved_on != plan.bad:  # a writer that holds no lock (the workload) moved it
+        return Outcome(moved_on, "the tracker moved meanwhile: nothing set aside")
+    files.write_atomic(checkpoints / TRACKER_FILE, checkpoint_dir.tracker_text(plan.to))
+    aside = f"{plan.name}.unloadable-{now_iso().replace(':', '')}"
+    moved = f"set aside as {aside}"
     try:
-        if os.write(fd, line) != len(line):
-            raise OSError(f"short write to {path}")
-    finally:
-        os.close(fd)
+        os.rename(checkpoints / plan.name, checkpoints / aside)
+    except FileNotFoundError:
+        moved = "missing whole"
+    except OSError as exc:
+        # The tracker names the earlier one already: a loadable state. The bad directory
+        # stays under its name, newer than the tracker, as a save in progress would.
+        moved = f"left in place ({exc})"
+    with contextlib.suppress(OSError):
+        tracked_record.append(checkpoints / tracked_record.FILE, tracked_record.SET_ASIDE, plan.bad)
+    entry = {"chain": chain, "from": plan.bad, "to": plan.to, "set_aside": aside,
+             "time": now_iso(), "reason": reason, **who}  # fmt: skip
+    try:
+        hostlib.append_lines(str(record), [entry])
+    except OSError as exc:
+        moved += f"; not written to {record.name} ({exc}): this one is not counted"
+    return Outcome(
+        plan.to,
+        f"checkpoint {plan.bad} cannot be loaded ({reason}); {moved}, resuming from checkpoint "
+        f"{plan.to} ({plan.done + 1} of {plan.limit} fall-backs of this chain)",
+    )

@@ -8,12 +8,15 @@ save go into iter_NNNNNNN/ first, in the background with --async-save, and only 
 every rank has finished does rank 0 rewrite latest_checkpointed_iteration.txt. So:
 
 - the tracked checkpoint is complete, and so is every older one it tracked before;
+  but an older directory it never tracked may be torn (a time-limit save cut short by
+  Slurm's KILL, a node that died, a save interval changed between generations): only
+  those the tracker once named count (the tracked record, which the keeper writes);
 - a directory newer than the tracked one may be a save in progress, or one a dead
   generation left half-written (Megatron writes over it when training gets there);
 - Megatron rewrites the tracker in place, so a reader can catch it empty.
 
 A sweep therefore removes only checkpoints older than the tracked one, beyond the
-newest N up to it (checkpoint_dir.retired), and nothing at all when the tracker does
+newest N once-tracked ones up to it (checkpoint_dir.retired), and nothing at all when the tracker does
 not read as an iteration (a tracker caught half-rewritten reads as a shorter, smaller
 number, which can only retire less). A removal first renames the directory out of the iter_
 names, so a sweep killed midway never leaves a half-deleted directory that looks like
@@ -22,6 +25,7 @@ a checkpoint; the next sweep finishes it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -29,21 +33,25 @@ from collections.abc import Callable
 from pathlib import Path
 
 from nvrx_appliance import files
-from nvrx_appliance.checkpoints import checkpoint_dir
+from nvrx_appliance.checkpoints import checkpoint_dir, tracked_record
 from nvrx_appliance.layout import TRACKER_FILE
 from nvrx_appliance.observe import run_files
 
-# How often task 0 looks at the tracker. A save at scale takes minutes; between two
-# looks at most one checkpoint more than N is on disk.
-SWEEP_PERIOD_S = 5.0
+# How often task 0 looks at the tracker (one stat): each iteration it names is written
+# to the tracked record (tracked_record.py), and a sweep follows. A save at scale takes
+# minutes; a look a second misses only a checkpoint superseded within the second.
+LOOK_PERIOD_S = 1.0
 _REMOVING = ".removing_"
 
 
 def sweep(checkpoints: Path, keep: int) -> list[int]:
-    """Remove what retention retires now; returns the iterations removed."""
+    """Record the tracked iteration, then remove what retention retires now (keep 0:
+    nothing); returns the iterations removed."""
+    record = checkpoints / tracked_record.FILE
     try:
         text = files.read_text(checkpoints / TRACKER_FILE, 64)
         names = os.listdir(checkpoints)
+        complete = tracked_record.read(record)
     except OSError:
         return []  # no tracker yet, or the file system is away: nothing to judge
     for name in names:
@@ -52,24 +60,37 @@ def sweep(checkpoints: Path, keep: int) -> list[int]:
     tracked = run_files.tracker_value(text) if text is not None else None
     if tracked is None:
         return []  # empty (being rewritten), or Megatron's "release"
+    if tracked not in complete:
+        # Only a tracker that names a checkpoint on disk: one caught half-rewritten
+        # ("3" of "30") names none.
+        if tracked not in {checkpoint_dir.checkpoint_name(name) for name in names}:
+            return []
+        try:
+            tracked_record.append(record, tracked_record.TRACKED, tracked)
+        except OSError:
+            return []  # what is complete cannot be written down: remove nothing
+        complete.add(tracked)
     found = {
         n: name for name in names if (n := checkpoint_dir.parse_iteration_dir(name)) is not None
     }
     removed = []
-    for iteration in checkpoint_dir.retired(found, tracked, keep):
+    for iteration in checkpoint_dir.retired(found, tracked, keep, complete):
         aside = checkpoints / (_REMOVING + found[iteration])
         try:
             os.rename(checkpoints / found[iteration], aside)
         except OSError:
             continue
+        with contextlib.suppress(OSError):
+            tracked_record.append(record, tracked_record.REMOVED, iteration)
         shutil.rmtree(aside, ignore_errors=True)
         removed.append(iteration)
     return removed
 
 
 class Keeper:
-    """Sweeps on a thread of its own, so a slow delete never holds task 0's
-    supervision; at start, then whenever the tracker has changed."""
+    """Watches the tracker on a thread of its own, so a slow delete never holds task 0's
+    supervision; at start, then whenever the tracker has changed, it records the
+    tracked iteration and sweeps (keep 0: records only)."""
 
     def __init__(self, checkpoints: Path, keep: int, log: Callable[[str], None]):
         self.checkpoints = checkpoints
@@ -83,7 +104,7 @@ class Keeper:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=SWEEP_PERIOD_S)
+        self._thread.join(timeout=LOOK_PERIOD_S * 5)
 
     def _tracker_stamp(self) -> tuple[int, int] | None:
         try:
@@ -102,5 +123,5 @@ class Keeper:
                     self.log(f"retention (newest {self.keep} kept): removed checkpoint(s) "
                              f"of iteration {', '.join(map(str, removed))}")  # fmt: skip
                 seen = stamp
-            if self._stop.wait(SWEEP_PERIOD_S):
+            if self._stop.wait(LOOK_PERIOD_S):
                 return

@@ -24,6 +24,10 @@ COMMANDS = {
         "nvrx_appliance.cli.report:report_command",
         "Show where a chain's allocation went (goodput).",
     ),
+    "plan": (
+        "nvrx_appliance.cli.plan:plan_command",
+        "Plan a run at scale: its effective training time and best settings.",
+    ),
     "cancel": (
         "nvrx_appliance.cli.chain:cancel_command",
         "Cancel every generation of a chain.",

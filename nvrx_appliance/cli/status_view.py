@@ -245,11 +245,17 @@ def render(view: ChainView) -> Group:
     parts += decision_lines(view)
     parts += drained_lines(view)
     parts += hang_lines(view)
+    parts += straggler_lines(view)
     if view.excluded:
         parts.append(exclusions_table(view))
     for source in view.blind:
         parts.append(Text(f"could not read {source}", style="yellow"))
     return Group(*parts)
+
+
+def straggler_lines(view: ChainView) -> list[Text]:
+    """A slow node the running generation waits for, in words (docs/stragglers.md)."""
+    return [Text(f"straggler: {s.words}", style="bold yellow") for s in view.stragglers]
 
 
 def _percent(ratio: float | None) -> str:

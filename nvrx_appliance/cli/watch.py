@@ -16,6 +16,7 @@ import click
 
 from nvrx_appliance import __version__, api
 from nvrx_appliance.cli import help as clihelp
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.watch import detectors, run_loop, target
 from nvrx_appliance.watch.config import (
     Thresholds,
@@ -312,7 +313,11 @@ def _chain(options: dict[str, Any]) -> tuple[str, str, str]:
         # Blind: the watcher's pass says so (and pages); a name is all there is to go on.
         return (given, name, work_dir) if given.isdigit() else ("", name or given, work_dir)
     job_id = given if given.isdigit() else found.generation or next(reversed(found.job_ids), "")
-    return job_id, name or found.job_name, work_dir or str(found.work_dir)
+    # Slurm's work dir is the chain's only when run.json is there: a chain the appliance
+    # did not submit (the reference deployment's own sbatch, while migrating) runs in a
+    # directory of its own, and the watcher must find its files from its batch script.
+    ours = Layout(found.work_dir).run_json.is_file()
+    return job_id, name or found.job_name, work_dir or (str(found.work_dir) if ours else "")
 
 
 def variables(command: click.Command) -> set[str]:

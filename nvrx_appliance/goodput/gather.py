@@ -183,6 +183,15 @@ def _generation_dirs(layout: Layout) -> set[str]:
         return set()
 
 
+def training_record(
+    work_dir: Path, cycles: Mapping[str, Sequence[Cycle]], memo: LogMemo
+) -> dict[Key, CycleWork]:
+    """The chain's training record alone (the watcher's straggler detector). Raises
+    workdir.NotFound for a work dir without a manifest."""
+    manifest = workdir.load_manifest(work_dir)
+    return _training_record(Layout(work_dir), manifest["spec"], cycles, memo)[0]
+
+
 def _training_record(
     layout: Layout, spec: dict[str, Any], cycles: Mapping[str, Sequence[Cycle]], memo: LogMemo
 ) -> tuple[dict[Key, CycleWork], str]:

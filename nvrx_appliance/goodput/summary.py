@@ -7,7 +7,7 @@ import math
 from typing import Any
 
 from nvrx_appliance.clock import iso_utc
-from nvrx_appliance.goodput import save_interval
+from nvrx_appliance.goodput import save_interval, straggler
 from nvrx_appliance.goodput.account import CATEGORIES, LOST, UNKNOWN, Account
 from nvrx_appliance.goodput.save_interval import Recommendation
 
@@ -97,6 +97,11 @@ def lines(account: Account) -> list[str]:
                 f"{lost.kept + 1}-{lost.last} ({lost.iterations}) after the checkpoint at "
                 f"{lost.kept}"
             )
+    for found in straggler.in_chain(account.work):
+        out.append(
+            f"    straggler in generation {found.generation}, cycle {found.cycle}: {found.who}, "
+            f"{found.slowdown:.2f}x its peers' step; {straggler.cost_words(found)}"
+        )
     return out + save_interval_lines(save_interval.recommend(account))
 
 
@@ -281,5 +286,19 @@ def to_json(account: Account) -> dict[str, Any]:
             for g in account.generations
         ],
         "save_interval": save_interval_json(save_interval.recommend(account)),
+        "stragglers": [
+            {
+                "generation": s.generation,
+                "cycle": s.cycle,
+                "node": s.node,
+                "by_rank": s.by_rank,
+                "slowdown": s.slowdown,
+                "own_step_seconds": s.own_s,
+                "peers_step_seconds": s.peers_s,
+                "lost_seconds": s.lost_s,
+                "lost_node_seconds": None if s.by_rank else s.lost_s * s.nodes,
+            }
+            for s in straggler.in_chain(account.work)
+        ],
         "blind": list(account.blind),
     }

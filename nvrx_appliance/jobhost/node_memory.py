@@ -336,6 +336,12 @@ def _read(path: str, limit: int = SMALL_FILE_BYTES, tail: bool = False) -> str:
     return hostlib.read_text(path, limit, tail) or ""
 
 
+def _record_entries(record: str) -> List[Dict[str, Any]]:
+    """The exclusion record's newest part: clear() and apply() judge the same entries
+    (on a long chain its head is long stale)."""
+    return parse_record(_read(record, RECORD_TAIL_BYTES, tail=True))
+
+
 def _append(path: str, entries: List[Dict[str, Any]]) -> None:
     """One write with O_APPEND: a concurrent writer (nvrx-watch) never splits a line."""
     hostlib.append_lines(path, entries, mode=0o600)
@@ -496,7 +502,7 @@ def clear(
     """Take back exclusions the workload, not the node, earned: `nodes` whatever kept
     them out, and (recurring) those kept out for failures at an iteration that has since
     failed on other nodes. Appended as an exclusion that ends now."""
-    entries = parse_record(_read(record))
+    entries = _record_entries(record)
     now = hostlib.record_time()
     wanted = {n for n in nodes}
     if recurring:
@@ -545,7 +551,7 @@ def apply(
     name = spec.get("job_name", "")
     if int(spec.get("exclude_for", 0)) <= 0 or not name or not user:
         return
-    entries = parse_record(_read(record, RECORD_TAIL_BYTES, tail=True))
+    entries = _record_entries(record)
     wanted = [str(e["node"]) for e in active(entries, hostlib.record_time())]
     ours_before = set()  # type: Set[str]
     for entry in entries:

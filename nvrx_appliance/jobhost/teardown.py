@@ -126,7 +126,7 @@ def decide(
             + "; cancelling every queued generation of the chain",
         )
     if verdict is not None:
-        return judge_verdict(verdict, history)
+        return judge_verdict(verdict, history, this)
     if done is not None:
         return (
             COMPLETED,
@@ -172,24 +172,22 @@ def repeated_failure(exits: List[Dict[str, Any]]) -> str:
     (code, iteration), times = max(counts.items(), key=lambda item: item[1])
     if times < 2:
         return ""
-    meaning = next(
-        (
-            str(e.get("meaning", ""))
-            for e in exits
-            if (e.get("code"), e.get("iteration")) == (code, iteration)
-        ),
-        "",
-    )
+    first = next(e for e in exits if (e.get("code"), e.get("iteration")) == (code, iteration))
+    meaning, line = str(first.get("meaning") or ""), str(first.get("line") or "")
     where = f" at iteration {iteration}" if iteration is not None else ""
-    return "failed {} times{} with exit {}{}".format(
-        times, where, code, ": " + meaning if meaning else ""
-    )
+    return "failed {} times{} with exit {}{}{}".format(
+        times, where, code, ": " + meaning if meaning else "",
+        f" (its log: {line!r})" if line else "",
+    )  # fmt: skip
 
 
-def judge_verdict(verdict: Dict[str, Any], history: List[Dict[str, Any]]) -> Tuple[str, str]:
+def judge_verdict(
+    verdict: Dict[str, Any], history: List[Dict[str, Any]], this: Dict[str, Any]
+) -> Tuple[str, str]:
     """(action, reason) for the workload's own verdict. resume-elsewhere is honoured once
     per iteration: the same verdict at the same iteration again, after a generation on
-    other nodes, is the data's, and the chain stops rather than loop."""
+    other nodes, is the data's, and the chain stops rather than loop (same_place says
+    when two are at the same iteration, whichever rank wrote them)."""
     words = str(verdict.get("words") or "the workload gave its verdict")
     line = str(verdict.get("line") or "")
     quoted = f" (its log: {line!r})" if line else ""
@@ -200,7 +198,7 @@ def judge_verdict(verdict: Dict[str, Any], history: List[Dict[str, Any]]) -> Tup
             if e.get("action") == RESUME_ELSEWHERE
             and isinstance(e.get("verdict"), dict)
             and e["verdict"].get("code") == verdict.get("code")
-            and e["verdict"].get("iteration") == verdict.get("iteration")
+            and same_place(e, verdict, this)
         ]  # fmt: skip
         if not before:
             return (
@@ -212,10 +210,13 @@ def judge_verdict(verdict: Dict[str, Any], history: List[Dict[str, Any]]) -> Tup
         return (
             STOPPED_BY_WORKLOAD,
             "the workload asked again to be resumed elsewhere{} after generation {} already "
-            "ran it on other nodes ({}): the data, not a GPU; stopping the chain{}{}".format(
-                _where(verdict), before[-1].get("array_job_id"),
+            "ran it on other nodes ({}; this time on {}): the data, not a GPU; stopping the "
+            "chain{}{}".format(
+                _where(verdict if verdict.get("iteration") is not None else before[-1]["verdict"])
+                or " at checkpoint {}".format(this.get("checkpoint_iteration")),
+                before[-1].get("array_job_id"),
                 ", ".join(before[-1]["verdict"].get("nodes") or []) or "nodes unknown",
-                quoted, keep,
+                ", ".join(verdict.get("nodes") or []) or "nodes unknown", quoted, keep,
             ),
         )  # fmt: skip
     return (
@@ -223,6 +224,32 @@ def judge_verdict(verdict: Dict[str, Any], history: List[Dict[str, Any]]) -> Tup
         f"the workload's verdict: {words}{quoted}; no restart on the same GPUs can change it, so the "
         f"chain stops{keep}",
     )
+
+
+def same_place(before: Dict[str, Any], verdict: Dict[str, Any], this: Dict[str, Any]) -> bool:
+    """Did an earlier generation's verdict (its ledger entry) come at the same iteration
+    as this one? By the iterations the verdicts name when both do; when either names
+    none (the rank that wrote it first printed no training line: Megatron prints them on
+    the last rank), by the checkpoint each generation ended at, which is where the next
+    one resumes: Megatron saves one before its first 16 and none before a 16 again, so
+    two 16s of one iteration leave the tracker at one checkpoint."""
+    theirs, ours = before["verdict"].get("iteration"), verdict.get("iteration")
+    if theirs is not None and ours is not None:
+        return bool(theirs == ours)
+    ended, now = before.get("checkpoint_iteration"), this.get("checkpoint_iteration")
+    return ended is not None and ended == now
+
+
+def verdict_iteration(verdict: Dict[str, Any], accounts: List[Dict[str, Any]]) -> Any:
+    """The verdict's iteration; when the rank that wrote it named none, the newest that
+    a guard of the same generation named with the same code (each node's account)."""
+    if verdict.get("iteration") is not None:
+        return verdict.get("iteration")
+    named = [
+        a["iteration"] for a in accounts
+        if a.get("code") == verdict.get("code") and isinstance(a.get("iteration"), int)
+    ]  # type: List[int]  # fmt: skip
+    return max(named) if named else None
 
 
 def verdict_of(text: str, chain: str, array_job_id: str) -> Optional[Dict[str, Any]]:
@@ -437,6 +464,16 @@ def workload_account(
     for name in _listdir(os.path.join(exits, "verdict_nodes"))[:MAX_EXIT_FILES]:
         if NODE_NAME.match(name):
             nodes.append(name)
+    if verdict is not None:
+        # The guard of the verdict's first worker that named its iteration wrote this.
+        named = os.path.join(exits, "verdict_iteration.json") if exits else ""
+        extra = []  # type: List[str]
+        if named and os.path.isfile(named) and not hostlib.untrusted(named, uid):
+            extra.append(_read(named, CONTROL_BYTES))
+        accounts = [
+            a for a in (verdict_of(t, chain, args.array_job_id) for t in texts + extra) if a
+        ]  # fmt: skip
+        verdict = dict(verdict, iteration=verdict_iteration(verdict, accounts), nodes=sorted(nodes))
     return verdict, parse_exits(texts, chain, args.array_job_id), sorted(nodes)
 
 

@@ -44,7 +44,7 @@ from typing import Any
 
 from nvrx_appliance import files
 from nvrx_appliance.manifest import Manifest
-from nvrx_appliance.node import control
+from nvrx_appliance.node import control, straggler_leave
 from nvrx_appliance.node.identity import Node
 
 MARKER_BYTES = 64 << 10
@@ -67,8 +67,7 @@ class Identity:
 class Answer:
     healthy: bool
     why: str  # for the log: why it left, or why a marker was ignored; "" when nothing to say
-    # Which check failed, first in NVRx's log line (node memory tells them apart by it).
-    check: str = "slurm drain"
+    check: str = "slurm drain"  # which check failed, as NVRx's log names it
 
 
 def judge(text: str | None, me: Identity) -> Answer:
@@ -175,12 +174,18 @@ class DrainCheck:
         self.uid = os.geteuid() if uid is None else uid
         self._said: set[str] = set()
         self._lock = threading.Lock()
+        self.leave: Path | None = None  # a straggler's decision to leave (straggler_leave.py)
 
     def check(self) -> Answer:
         hung = self.hang_check()
         if not hung.healthy:
             self.log(hung.why)
             return hung
+        if self.leave is not None:
+            text = straggler_leave.read_decision(self.leave, self.uid)
+            if why := straggler_leave.leaving(text, self.me.generation, self.me.node):
+                self.log(why)
+                return Answer(False, why, check="straggler")
         text, problem = read_marker(self.marker, self.uid)
         if problem:
             self._say_once(problem)
@@ -289,28 +294,33 @@ def serves(manifest: Manifest) -> bool:
     return manifest.spec.drain_poll_interval > 0 or manifest.spec.stack_sampling > 0
 
 
+def slurm_node(node: Node) -> str:
+    """Slurm's name for the node, which sinfo and squeue print; the host name only where
+    Slurm did not say (a NodeName may differ from the NodeHostname)."""
+    return os.environ.get("SLURMD_NODENAME") or node.hostname
+
+
 @contextmanager
 def endpoint(
     manifest: Manifest, node: Node, generation: str, log: Callable[[str], None]
 ) -> Iterator[str | None]:
     """The health check endpoint ft_launcher is to name while this node runs: the drain
-    check's socket when the chain polls for drained nodes or samples stacks (a hung node
-    leaves at the next rendezvous, docs/hangs.md), else None (the spec's own)."""
-    if not serves(manifest):
+    check's socket when the chain polls for drained nodes, samples stacks (a hung node
+    leaves at the next rendezvous, docs/hangs.md) or replaces stragglers, else None (the
+    spec's own)."""
+    replacing = straggler_leave.wanted(manifest)
+    if not serves(manifest) and not replacing:
         yield None
         return
     me = Identity(
-        generation=generation,
-        task=node.task_id,
-        job_id=node.job_id,
-        # Slurm's name for the node, which sinfo and squeue print; the host name only
-        # where Slurm did not say (a NodeName may differ from the NodeHostname).
-        node=os.environ.get("SLURMD_NODENAME") or node.hostname,
+        generation=generation, task=node.task_id, job_id=node.job_id, node=slurm_node(node)
     )
     marker = manifest.layout.drain_marker(node.array_job_id, node.task_id)
     hangs = manifest.layout.hangs(node.array_job_id) if manifest.spec.stack_sampling > 0 else None
     check = DrainCheck(
         marker, me, site_endpoint=manifest.spec.health_check_endpoint, log=log, hangs=hangs
     )
+    if replacing:
+        check.leave = manifest.layout.straggler_leave(node.array_job_id, me.node)
     with serving(check) as socket:
         yield socket

@@ -42,6 +42,7 @@ class EndWatch:
         self.log, self.host = log, host
         self._tail = workdir.Tail()
         self.decided: str | None = None  # why, once seen
+        self.code: int | None = None  # the exit code it said it would end with
 
     def look(self) -> str | None:
         """The decision, if the log has it now (once seen, always)."""
@@ -49,6 +50,7 @@ class EndWatch:
             for line in workdir.appended_lines(self.log, self._tail):
                 found = DECIDED.search(line)
                 if found and found["host"] == self.host:
+                    self.code = int(found["code"])
                     self.decided = (
                         f"task 0's ft_launcher decided to end the generation: its node failed "
                         f"NVRx's health check (exiting with code {found['code']} for replacement)"

@@ -44,6 +44,7 @@ from nvrx_appliance.node import (
     looks,
     node_probe,
     rendezvous,
+    straggler_leave,
     time_limit,
 )
 from nvrx_appliance.node.identity import Node, NodeError, array_throttle, from_env, term_drain
@@ -145,11 +146,11 @@ def supervise(
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
 
 
-def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper | None:
-    """Task 0 keeps the newest --save-retention checkpoints when the workload does not
-    (Megatron); started here, it runs as long as the generation does."""
-    if not manifest.policy.checkpoints_kept:
-        return None
+def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper:
+    """Task 0 writes down each iteration the tracker names (the tracked record, which
+    the fall-back and retention trust), for every workload, and keeps the newest
+    --save-retention checkpoints when the workload does not (Megatron); started here, it
+    runs as long as the generation does."""
     kept = retention.Keeper(manifest.layout.checkpoints, manifest.policy.checkpoints_kept, say)
     kept.start()
     return kept
@@ -176,6 +177,14 @@ def run(manifest_path: Path | None) -> int:
         )
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     kept = retention_keeper(manifest) if keeper is not None else None
+    slow = None
+    if straggler_leave.wanted(manifest):
+        slow = straggler_leave.StragglerLeave(
+            manifest, array_job_id=node.array_job_id, generation=record.generation,
+            node=health_check.slurm_node(node), is_task0=keeper is not None, started=started,
+            workload=pre.workload, log=say,
+        )  # fmt: skip
+        slow.start()
     lease_watch = controldir.LeaseWatch(directory, record.generation)
     stop_signals: list[int] = []
     try:
@@ -189,6 +198,8 @@ def run(manifest_path: Path | None) -> int:
             keeper.stop()
         if kept is not None:
             kept.stop()
+        if slow is not None:
+            slow.stop()
     if keeper is not None:
         mark_megatron_done(manifest)
     if outcome.stopped is not None and outcome.stopped.over:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import time
 from pathlib import Path
 
 from nvrx_appliance import exitcodes, files, lease
 from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.checkpoints import checkpoint_dir
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.node import (
     control,
@@ -58,6 +60,13 @@ def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
             layout.checkpoints,
         ):
             files.make_private_dirs(path)
+        seen = os.stat(layout.checkpoints)  # followed: it may be a link to the storage
+        problem = checkpoint_dir.directory_problem(
+            str(layout.checkpoints), mode=seen.st_mode, owner=seen.st_uid, uid=os.geteuid(),
+            is_dir=stat.S_ISDIR(seen.st_mode),
+        )  # fmt: skip
+        if problem:
+            raise Refused(exitcodes.RECORD_REFUSED, problem)
     except controldir.ControlDirError as exc:
         raise Refused(exitcodes.RECORD_REFUSED, str(exc)) from None
     except OSError as exc:

@@ -9,6 +9,7 @@ and lines are split at most len-1 times.
 from __future__ import annotations
 
 import posixpath
+import pwd
 import re
 from dataclasses import dataclass
 
@@ -136,6 +137,7 @@ class AcctRow:
     work_dir: str
     submit_line: str = ""
     submit: str = ""  # when Slurm accepted the job
+    cancelled_by: str = ""  # "CANCELLED by 1000" -> the user's name (or "uid 1000")
 
 
 # Every task of a chain since a time, for status and the benchmarks.
@@ -210,9 +212,22 @@ def sacct_rows(out: str, fields: tuple[str, ...] = CHAIN_ACCOUNTING) -> list[Acc
                 work_dir=row["WorkDir"],
                 submit_line=row["SubmitLine"],
                 submit=_time(row["Submit"]),
+                cancelled_by=cancelled_by(row["State"]),
             )
         )
     return rows
+
+
+def cancelled_by(state: str) -> str:
+    """Who cancelled the job, when sacct says ("CANCELLED by 1000"): the user's name on
+    this host, else the uid; "" when it does not say."""
+    words = state.split()
+    if len(words) != 3 or words[:2] != ["CANCELLED", "by"] or not words[2].isdigit():
+        return ""
+    try:
+        return f"{pwd.getpwuid(int(words[2])).pw_name} (uid {words[2]})"
+    except KeyError:
+        return f"uid {words[2]}"
 
 
 def expand_task_range(text: str) -> tuple[int, ...]:

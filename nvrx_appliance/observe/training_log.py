@@ -42,6 +42,19 @@ class Save:
     committed: float | None
 
 
+@dataclass(frozen=True)
+class OwnSteps:
+    """One logged interval's own step times: per node, the compute of a step without the
+    wait for its peers (workloads/own_step.py), the mean over the interval's `steps`.
+    From Megatron's straggler report the keys are ranks ("rank 3") and hold only the
+    slowest and the fastest."""
+
+    time: float
+    iteration: int
+    steps: int
+    seconds: dict[str, float]
+
+
 @dataclass
 class CycleWork:
     """The workload's record of one NVRx cycle of one generation."""
@@ -59,6 +72,8 @@ class CycleWork:
     saves: list[Save] = field(default_factory=list)
     faults: list[tuple[float, str]] = field(default_factory=list)  # (time, what)
     finished: float | None = None  # training reached its end (not a failure)
+    own_steps: list[OwnSteps] = field(default_factory=list)  # each node's own step time
+    own_steps_by_rank: bool = False  # own_steps name ranks (Megatron's report), not nodes
     last_sign: float | None = None  # the last moment the workload showed life
 
     def seen(self, when: float) -> None:
@@ -142,6 +157,7 @@ def _copy(work: CycleWork) -> CycleWork:
     return dataclasses.replace(
         work, setup=list(work.setup), steps=list(work.steps),
         step_seconds=list(work.step_seconds), saves=list(work.saves), faults=list(work.faults),
+        own_steps=list(work.own_steps),
     )  # fmt: skip
 
 
@@ -157,6 +173,8 @@ def _progress_event(work: CycleWork, event: dict[str, Any], when: float) -> None
         work.setup.append((CHECKPOINT_LOAD, when))
     elif kind == "step" and iteration is not None:
         work.steps.append((when, iteration))
+        if (own := _own_steps(event, when, iteration)) is not None:
+            work.own_steps.append(own)
     elif kind == "checkpoint" and iteration is not None:
         seconds = _number(event.get("seconds")) or 0.0
         # The event is written once the tracker names the checkpoint: committed.
@@ -165,6 +183,15 @@ def _progress_event(work: CycleWork, event: dict[str, Any], when: float) -> None
         work.faults.append((when, f"{event.get('kind', 'a')} fault on rank {event.get('rank')}"))
     elif kind == "done":
         work.finished = when
+
+
+def _own_steps(event: dict[str, Any], when: float, iteration: int) -> OwnSteps | None:
+    """A step event's own step times (the cpu trainer's `own_step_s`, `own_steps`)."""
+    found, steps = event.get("own_step_s"), _iteration(event.get("own_steps"))
+    if not isinstance(found, dict) or steps is None or steps < 1:
+        return None
+    seconds = {str(node): value for node, s in found.items() if (value := _number(s)) and value > 0}
+    return OwnSteps(when, iteration, steps, seconds) if seconds else None
 
 
 def _step_seconds(work: CycleWork) -> list[float]:
@@ -201,6 +228,10 @@ _FAULT = re.compile(
     r"FAULT INJECTION: Rank (\d+) will inject fault (\S+) at "
     r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?)"
 )
+# StragglerDetector.report() (megatron/core/utils.py, `--log-straggler`), rank 0 every log
+# interval: "[2026-12-01 10:00:00] | MnRtt/Rnk: 3453.08ms/8 | MxRtt/Rnk: 3468.20ms/0 | ..."
+# (the forward step's time per iteration, the fastest and the slowest rank).
+_RTT = re.compile(_STAMP + r" \| MnRtt/Rnk: ([\d.]+)ms/(\d+) \| MxRtt/Rnk: ([\d.]+)ms/(\d+)")
 # What each print_datetime() mark before the first step closes.
 _MEGATRON_SETUP = {
     "after megatron is initialized": "initialize Megatron",
@@ -213,7 +244,7 @@ TRAINING_STARTS = "before the start of training step"
 TRAINING_DONE = "after training is done"
 # Cheap substrings a line must hold to be parsed at all: a week of Megatron output is
 # mostly other lines.
-_WORTH_PARSING = ("datetime:", "iteration", "FAULT INJECTION")
+_WORTH_PARSING = ("datetime:", "iteration", "FAULT INJECTION", "MnRtt/Rnk")
 
 
 def megatron_line(line: str) -> bool:
@@ -256,6 +287,8 @@ class MegatronRecord:
             iteration = int(found[2])
             start = self._began.get(iteration, at)
             work.saves.append(Save(iteration, start, self._async_ended.get(iteration, at), at))
+        elif (found := _RTT.search(line)) and (at := parse_time(found[1])) is not None:
+            self._rtt(at, found)
         elif found := _LOADED.search(line):
             self._loaded = int(found[1])
             return
@@ -267,6 +300,18 @@ class MegatronRecord:
             return
         self._any_line = True
         work.seen(at)
+
+    def _rtt(self, at: float, found: re.Match[str]) -> None:
+        """A straggler report: its interval's steps are the iterations since the last
+        one (the log interval), the iteration the last one logged."""
+        work = self._work
+        iteration = work.steps[-1][1] if work.steps else 0
+        since = work.own_steps[-1].iteration if work.own_steps else None
+        steps = iteration - since if since is not None else (work.log_interval or 1)
+        fastest, slowest = f"rank {found[3]}", f"rank {found[5]}"
+        seconds = {fastest: float(found[2]) / 1000.0, slowest: float(found[4]) / 1000.0}
+        work.own_steps.append(OwnSteps(at, iteration, max(1, steps), seconds))
+        work.own_steps_by_rank = True
 
     def record(self) -> CycleWork | None:
         """The record so far (a copy), or None while the log holds no Megatron line."""

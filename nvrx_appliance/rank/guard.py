@@ -23,7 +23,7 @@ workload exits it asks workload_exit.judge what the exit means:
   the file and stops its ft_launcher; task 0's teardown acts on it.
 - anything else: exit with the workload's code, as without the guard.
 
-Each cycle's first failure is recorded (Layout.workload_exits) for the teardown's
+Each cycle's first failure is recorded (Layout.exit_records) for the teardown's
 account ("failed 4 times at iteration 60 with exit 1") and for node memory, which must
 never blame a node for the workload. The exit code is always the workload's own: the
 guard adds no code of its own (93 is never one).
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import itertools
 import json
 import os
 import signal
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from nvrx_appliance import files
@@ -58,11 +59,15 @@ TAIL_LINES = 200  # what is kept of the workload's output, per stream
 LOAD_LINES = 20  # and of its lines about loading a checkpoint
 MAX_PARTIAL = 8192  # a line longer than this is judged in pieces
 CHUNK = 65536
+# The words a line about a checkpoint holds (workload_exit.is_load_line), as bytes.
+_CHECKPOINT_WORD = b"checkpoint"
+_LOAD_FAILED_MARK = workload_exit.LOAD_FAILED_MARK.encode()
 # After a verdict, how long the guard holds before exiting anyway. Task 0 reads the
 # control directory every second and stops everything; a node that looks rarely is
 # cancelled by the relay within seconds of that. This only bounds a supervisor gone.
 HOLD_S = 300.0
 DRAIN_S = 5.0  # after the workload exits, for what its children still write
+VERDICT_ITERATION = "verdict_iteration.json"  # in the exit records
 
 
 def argv(control: Path, exits: Path, generation: str, workload: Sequence[str]) -> list[str]:
@@ -78,12 +83,19 @@ def say(line: str) -> None:
 
 
 class _Tee:
-    """Copies one of the workload's streams to ours, unchanged, keeping its last lines."""
+    """Copies one of the workload's streams to ours, unchanged, keeping its last lines.
 
-    def __init__(self, source: int, target: int):
-        self.lines: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+    Every line of a rank passes here, so the common one costs what a substring test
+    costs: lines are kept as bytes (decoded only when the worker has exited), numbered
+    by a counter both streams share (the order in which they arrived, for the
+    judgement), and a line is asked whether it is about a checkpoint only when its chunk
+    names one."""
+
+    def __init__(self, source: int, target: int, order: Iterator[int]):
+        self.lines: collections.deque[tuple[bytes, int]] = collections.deque(maxlen=TAIL_LINES)
         # What the workload said about loading a checkpoint, however much follows it.
-        self.load_lines: collections.deque[str] = collections.deque(maxlen=LOAD_LINES)
+        self.load_lines: collections.deque[tuple[bytes, int]] = collections.deque(maxlen=LOAD_LINES)
+        self._order = order
         self._partial = b""
         self._source, self._target = source, target
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -94,19 +106,29 @@ class _Tee:
             _write_all(self._target, chunk)
             self._keep(chunk)
         if self._partial:
-            self.lines.append(self._partial.decode("utf-8", "replace"))
+            self.lines.extend(zip([self._partial], self._order, strict=False))
         os.close(self._source)
 
     def _keep(self, chunk: bytes) -> None:
-        *whole, self._partial = (self._partial + chunk).split(b"\n")
-        for raw in whole:
-            line = raw.decode("utf-8", "replace")
-            self.lines.append(line)
-            if workload_exit.is_load_line(line):
-                self.load_lines.append(line)
+        data = self._partial + chunk
+        *whole, self._partial = data.split(b"\n")
+        numbered = list(
+            zip(whole, self._order, strict=False)
+        )  # whole first: no number drawn in vain
+        self.lines.extend(numbered)
+        if _CHECKPOINT_WORD in data or _LOAD_FAILED_MARK in data:
+            for raw, n in numbered:
+                if workload_exit.is_load_line(raw.decode("utf-8", "replace")):
+                    self.load_lines.append((raw, n))
         if len(self._partial) > MAX_PARTIAL:
-            self.lines.append(self._partial.decode("utf-8", "replace"))
+            self.lines.extend(zip([self._partial], self._order, strict=False))
             self._partial = b""
+
+
+def said(tees: Sequence[_Tee]) -> list[str]:
+    """What the workload wrote that the tees kept, in the order it arrived, each once."""
+    kept = {n: raw for tee in tees for raw, n in (*tee.load_lines, *tee.lines)}
+    return [kept[n].decode("utf-8", "replace") for n in sorted(kept)]
 
 
 def _read(fd: int) -> bytes:
@@ -150,7 +172,11 @@ class Guard:
         finally:
             os.close(out_w)
             os.close(err_w)
-        tees = (_Tee(out_r, sys.stdout.fileno()), _Tee(err_r, sys.stderr.fileno()))
+        order = itertools.count()
+        tees = (
+            _Tee(out_r, sys.stdout.fileno(), order),
+            _Tee(err_r, sys.stderr.fileno(), order),
+        )
         # Its stack, sampled; when NVRx's timeout kills it, the cycle's hang is judged.
         stack_watch = stacks.watch(self.args.generation, child.pid, say)
         code = _wait(child)
@@ -160,8 +186,11 @@ class Guard:
             tee.thread.join(DRAIN_S)
         if self.stopping.is_set():
             return code
-        said = [line for tee in tees for line in (*tee.load_lines, *tee.lines)]
-        return self.judge(code, said)
+        try:
+            return self.judge(code, said(tees))
+        except Exception as exc:  # the exit code is always the workload's own
+            say(f"could not judge exit {code} ({exc!r}): it passes through as it is")
+            return code
 
     def judge(self, code: int, lines: list[str]) -> int:
         try:
@@ -171,7 +200,11 @@ class Guard:
                 say(f"cannot judge exit {code}: no run manifest ({exc})")
             return code
         spec, policy = manifest.spec, manifest.policy
-        seen = workload_exit.judge(code, policy.exit_actions, spec.workload, lines)
+        # Megatron prints its loading lines on global rank 0 only (workload_exit says why
+        # that rank decides); a worker outside torch elastic is its own rank 0.
+        rank0 = os.environ.get("RANK", "0") == "0"
+        seen = workload_exit.judge(code, policy.exit_actions, spec.workload, lines,
+                                   rank0=rank0, tracked=self.tracked_at_start)  # fmt: skip
         if seen is None:
             return code
         action = seen.action
@@ -191,8 +224,7 @@ class Guard:
                 who=self.who(), reason=failure.line,
             )  # fmt: skip
             say(outcome.message)
-            fell_back = outcome.fell_back_to is not None
-            action = exit_actions.RESTART if fell_back else exit_actions.STOP_CHAIN
+            action = exit_actions.STOP_CHAIN if outcome.stop else exit_actions.RESTART
             words = outcome.message
         self.record(seen, action, words)
         if action in (exit_actions.RESUME_ELSEWHERE, exit_actions.STOP_CHAIN):
@@ -234,6 +266,11 @@ class Guard:
                 # next generation off them.
                 (exits / "verdict_nodes").mkdir(mode=0o700, exist_ok=True)
                 (exits / "verdict_nodes" / node).touch(mode=0o600)
+                if seen.iteration is not None:
+                    # The verdict's iteration, from the first of its workers that named
+                    # one: Megatron names it on one rank, and the verdict file is
+                    # another's as often as not (the teardown reads both).
+                    _create(exits / VERDICT_ITERATION, self.account(seen, action, words))
 
     def give_verdict(self, seen: workload_exit.Exit, action: str, words: str) -> None:
         path = Path(self.args.control) / "verdict"

@@ -25,6 +25,7 @@ from nvrx_appliance.settings.megatron import rules as megatron_rules
 # without GPUs: it unpacks the same .sqsh and starts it with bubblewrap (docs/images.md).
 RUNTIMES = ("pyxis", "apptainer", "bare", "bwrap-standin")
 CONTAINER_RUNTIMES = ("pyxis", "apptainer", "bwrap-standin")
+STRAGGLER_ACTIONS = ("report", "replace")
 # train is the default: a real run. The two demo modes switch the fault injectors on.
 MODES = ("train", "no-restart", "handoff")
 DEMO_MODES = ("no-restart", "handoff")
@@ -412,6 +413,16 @@ class ChainSpec:
         "at the next rendezvous (0: off).",
         "NVRX_DRAIN_POLL_INTERVAL",
         minimum=0,
+    )
+    # A slow node is always named (status, report, the watcher); replacing it costs a
+    # restart, so it is done only where the chain opted in (docs/stragglers.md).
+    straggler_action: str = _opt(
+        "report",
+        "What a persistently slow node (a straggler) gets: report (named only), or replace "
+        "(it leaves at the next checkpoint and a spare joins, when what it costs until the "
+        "generation ends exceeds the chain's measured restart cost).",
+        "NVRX_STRAGGLER_ACTION",
+        choices=STRAGGLER_ACTIONS,
     )
     exclude_after_failures: int = _opt(
         3,

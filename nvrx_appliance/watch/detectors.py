@@ -40,6 +40,7 @@ from nvrx_appliance.watch.findings import (
     MARKER,
     RELEASE_SPARES,
     SLURM,
+    TRAINING,
     UNAVAILABLE,
     WARNING,
     Action,
@@ -53,7 +54,7 @@ DetectorFn = Callable[[Snapshot, Thresholds], list[Finding]]
 @dataclass(frozen=True, kw_only=True)
 class Detector:
     name: str
-    family: str  # "chain" or "restart"
+    family: str  # "chain", "restart", "training" or "watch"
     severity: str
     needs: tuple[str, ...]  # sources that must have been observed, or it is skipped
     fn: DetectorFn
@@ -558,6 +559,36 @@ def node_hung(snap: Snapshot, t: Thresholds) -> list[Finding]:
     ]
 
 
+def straggler(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """A node of the running generation is persistently slower than its peers, who wait for it at every step."""
+    findings = []
+    for found in snap.stragglers:
+        if snap.has(SLURM) and snap.generation(found.generation) is None:
+            continue  # that generation has ended: the verdict was about it
+        act = (
+            "Nobody acts on a rank: find its node from the launcher's log."
+            if found.by_rank
+            else "Look at the node (GPU clocks and temperature, its NIC, a neighbour's load); "
+            "under --straggler-action replace the chain replaces it at a checkpoint when "
+            "that pays; `nvrx-appliance status` names it too."
+        )
+        findings.append(
+            _finding(
+                snap,
+                "straggler",
+                found.node,
+                WARNING,
+                summary=found.words,
+                detail=(
+                    "In data-parallel training every rank waits for the slowest at each "
+                    "step's collective, so the whole run trains at this node's pace "
+                    f"(docs/stragglers.md). {act}"
+                ),
+            )
+        )
+    return findings
+
+
 def source_unavailable(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """A source could not be observed: its detectors were skipped and no heartbeat is sent."""
     return [
@@ -683,6 +714,14 @@ ALL: tuple[Detector, ...] = (
         severity=WARNING,
         needs=(HANGS,),
         fn=node_hung,
+    ),
+    Detector(
+        name="straggler",
+        family="training",
+        severity=WARNING,
+        needs=(TRAINING,),
+        uses=(SLURM,),
+        fn=straggler,
     ),
     Detector(
         name="source_unavailable",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from nvrx_appliance.goodput.straggler import Straggler
 from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.types import (
     COMPLETED,
@@ -41,7 +42,9 @@ LEDGER = "ledger"  # <work>/chain.jsonl
 MARKER = "marker"  # <work>/chain.active
 EXCLUSIONS = "exclusions"  # <work>/exclusions.jsonl: nodes kept out of the queued generations
 HANGS = "hangs"  # <work>/nvrx/<array>/hangs/: the newest generation's hang records
-SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, HANGS)
+# The training record: the progress log, or Megatron's lines in the per-cycle logs.
+TRAINING = "training"
+SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, HANGS, TRAINING)
 
 OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
@@ -94,6 +97,8 @@ class Snapshot:
     chain_marker: bool = False
     excluded: frozenset[str] = frozenset()  # nodes the exclusion record keeps out now
     hangs: tuple[Hang, ...] = ()  # the newest generation's hang records (docs/hangs.md)
+    # The newest cycle's stragglers, slowest first (goodput/straggler.py).
+    stragglers: tuple[Straggler, ...] = ()
 
     def has(self, *sources: str) -> bool:
         return all(

@@ -28,7 +28,7 @@ from nvrx_appliance import __version__
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.jsondoc import iso_utc
 from nvrx_appliance.watch import detectors
-from nvrx_appliance.watch.findings import NOT_CONFIGURED, OBSERVED, Finding, Snapshot
+from nvrx_appliance.watch.findings import NOT_CONFIGURED, OBSERVED, TRAINING, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes
 USER_AGENT = f"nvrx-watch/{__version__}"
@@ -356,6 +356,19 @@ def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
         "nvrx_watch_current_cycle",
         "Number of the newest NVRx cycle (NaN: none yet).",
         [({}, latest.number if latest else None)],
+    )
+    slowest = snap.stragglers[0] if snap.stragglers else None
+    measured = snap.has(TRAINING)
+    metric(
+        "nvrx_watch_straggler_slowdown",
+        "The slowest straggler's own step time over its peers' in the newest cycle "
+        "(0: none named; NaN: the training record not read). Its node is in the finding.",
+        [({}, slowest.slowdown if slowest else (0.0 if measured else None))],
+    )
+    metric(
+        "nvrx_watch_straggler_lost_seconds",
+        "Wall seconds the newest cycle has lost waiting for its slowest straggler (0: none).",
+        [({}, slowest.lost_s if slowest else (0.0 if measured else None))],
     )
     checkpoint = snap.checkpoint
     metric(

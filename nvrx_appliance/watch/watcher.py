@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from nvrx_appliance.clock import iso_utc
-from nvrx_appliance.goodput import gather
+from nvrx_appliance.goodput import gather, straggler
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import workdir
@@ -48,6 +48,7 @@ from nvrx_appliance.watch.findings import (
     NOT_CONFIGURED,
     OBSERVED,
     SLURM,
+    TRAINING,
     UNAVAILABLE,
     Finding,
     Run,
@@ -142,6 +143,7 @@ class Watcher:
         ledger, marker = self._work_dir_files(sources)
         excluded = self._excluded(sources, now)
         hangs = self._hangs(sources, cycles)
+        stragglers = self._stragglers(sources, cycles)
         return Snapshot(
             run=self.run,
             observed_at=now,
@@ -155,7 +157,29 @@ class Watcher:
             chain_marker=marker,
             excluded=excluded,
             hangs=hangs,
+            stragglers=stragglers,
         )
+
+    def _stragglers(self, sources: dict[str, SourceStatus], cycles: tuple) -> tuple:
+        """The newest cycle's stragglers, from the training record (read as it grows,
+        with the goodput gauges' memo)."""
+        if not self.run.work_dir:
+            sources[TRAINING] = SourceStatus(NOT_CONFIGURED, "no work dir known")
+            return ()
+        by_generation: dict[str, list[Cycle]] = {}
+        for cycle in cycles:
+            by_generation.setdefault(cycle.job_id, []).append(cycle)
+        try:
+            work = gather.training_record(Path(self.run.work_dir), by_generation, self._logs)
+        except NotFound as exc:
+            sources[TRAINING] = SourceStatus(NOT_CONFIGURED, str(exc))
+            return ()
+        except OSError as exc:
+            sources[TRAINING] = SourceStatus(UNAVAILABLE, f"the training record: {exc}")
+            return ()
+        sources[TRAINING] = SourceStatus(OBSERVED)
+        newest = max(work.values(), key=lambda w: w.last_sign or 0.0, default=None)
+        return tuple(straggler.judge(newest)) if newest is not None else ()
 
     def _slurm(self, sources: dict[str, SourceStatus]) -> tuple[tuple, tuple]:
         if self.blind:

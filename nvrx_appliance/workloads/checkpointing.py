@@ -22,7 +22,7 @@ from typing import Any
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from nvrx_appliance.checkpoints import checkpoint_dir
+from nvrx_appliance.checkpoints import checkpoint_dir, tracked_record
 from nvrx_appliance.files import make_private_dirs, read_text
 from nvrx_appliance.layout import TRACKER_FILE, TRAINING_DONE_FILE
 from nvrx_appliance.manifest import write_atomic
@@ -61,6 +61,9 @@ def save(save_dir: Path, iteration: int, state: dict[str, Any], keep: int) -> No
         os.replace(partial, final)
         _fsync_dir(save_dir)
         write_atomic(save_dir / TRACKER_FILE, checkpoint_dir.tracker_text(iteration))
+        # Complete and tracked: the tracked record says so (retention and the fall-back
+        # count no other checkpoint).
+        tracked_record.append(save_dir / tracked_record.FILE, tracked_record.TRACKED, iteration)
         _prune(save_dir, iteration, keep)
     dist.barrier()
 
@@ -78,8 +81,10 @@ def _prune(save_dir: Path, latest: int, keep: int) -> None:
             shutil.rmtree(entry, ignore_errors=True)
         elif (n := checkpoint_dir.parse_iteration_dir(entry.name)) is not None:
             found[n] = entry
-    for n in checkpoint_dir.expired(found, latest, keep):
+    record = save_dir / tracked_record.FILE
+    for n in checkpoint_dir.expired(found, latest, keep, tracked_record.read(record)):
         shutil.rmtree(found[n], ignore_errors=True)
+        tracked_record.append(record, tracked_record.REMOVED, n)
 
 
 def _fsync_dir(path: Path) -> None:

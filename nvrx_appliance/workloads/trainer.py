@@ -20,6 +20,7 @@ from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.nn.parallel import DistributedDataParallel
 
@@ -30,6 +31,7 @@ from nvrx_appliance.workloads.events import ProgressLog
 from nvrx_appliance.workloads.gpt import TinyGPT, loss_fn, mock_batch
 from nvrx_appliance.workloads.launchenv import Rank
 from nvrx_appliance.workloads.monitor import CHECKPOINTING, SETUP, STEP, Sections
+from nvrx_appliance.workloads.own_step import OwnStepClock, node_name
 from nvrx_appliance.workloads.save_request import SaveRequest
 
 
@@ -56,6 +58,7 @@ class Job:
     pos: Position
     sections: Sections
     log: ProgressLog
+    clock: OwnStepClock
 
 
 def run(
@@ -125,11 +128,26 @@ def _build(
         args.vocab_size, args.seq_length, args.hidden_size, args.num_layers,
         args.num_attention_heads,
     ).to(device)  # fmt: skip
-    ddp = DistributedDataParallel(model, device_ids=[me.local] if device.type == "cuda" else None)
+    # No buffer broadcast: the model's one buffer, its causal mask, is a constant every rank
+    # builds alike, and the broadcast would be a collective inside the forward pass, where
+    # a rank's own step time (own_step.py) must not wait for its peers.
+    ddp = DistributedDataParallel(
+        model, device_ids=[me.local] if device.type == "cuda" else None, broadcast_buffers=False
+    )
+    clock = OwnStepClock(_nodes_of_ranks(me), on_gpu=device.type == "cuda")
+    clock.watch(ddp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     log = _progress_log(args.progress_log if me.rank == 0 else None, me)
     setup["built"] = time.time()
-    return Job(args, me, device, model, ddp, optimizer, Position(), sections, log)
+    return Job(args, me, device, model, ddp, optimizer, Position(), sections, log, clock)
+
+
+def _nodes_of_ranks(me: Rank) -> list[str]:
+    """Each rank's node, by rank: one collective at the start, so that the step times
+    every rank measures can be told by node."""
+    nodes: list[str] = [""] * me.world
+    dist.all_gather_object(nodes, node_name())
+    return nodes
 
 
 def _progress_log(path: Path | None, me: Rank) -> ProgressLog:
@@ -147,9 +165,11 @@ def _resume(job: Job) -> None:
     state = _state(job)
     try:
         checkpointing.load(job.args.load, iteration, state)
-    except Exception:
+    except (Exception, CheckpointException):
         # The workload contract's line (docs/workload-contract.md): the guard sets this
-        # checkpoint aside and the next cycle resumes from the one before.
+        # checkpoint aside and the next cycle resumes from the one before. What
+        # torch.distributed.checkpoint raises on a torn shard derives from BaseException
+        # alone: named here, or the line is never printed.
         print(
             f"{checkpoint_dir.LOAD_FAILED_MARK} iteration={iteration}", file=sys.stderr, flush=True
         )
@@ -185,7 +205,8 @@ def _train(job: Job, kind: str | None, plan: faults.FaultPlan | None, save: Save
                 job.me,
                 f"iteration {pos.iteration}/{args.train_iters} | loss {loss:.4f} | {millis:.1f} ms",
             )
-            job.log.emit("step", iteration=pos.iteration, loss=round(loss, 5))
+            own = job.clock.drain()  # every rank: the steps since the last event
+            job.log.emit("step", iteration=pos.iteration, loss=round(loss, 5), **own)
         if args.step_pause:
             time.sleep(args.step_pause)  # outside the step section: an idle rank, not a slow one
         if args.save and args.save_interval and pos.iteration % args.save_interval == 0:
@@ -215,8 +236,10 @@ def _train_step(job: Job, asked: bool) -> tuple[float, bool]:
     args, me, pos = job.args, job.me, job.pos
     micro = args.micro_batch_size
     accumulation = args.global_batch_size // (micro * me.world)
+    job.clock.start()
     job.optimizer.zero_grad(set_to_none=True)
-    total = torch.zeros(2, device=job.device)  # [loss, ranks asked to save]
+    # [loss, ranks asked to save, each rank's own step time]
+    total = torch.zeros(2 + me.world, device=job.device)
     for m in range(accumulation):
         first = pos.consumed_samples + (m * me.world + me.rank) * micro
         inputs, labels = mock_batch(
@@ -228,9 +251,11 @@ def _train_step(job: Job, asked: bool) -> tuple[float, bool]:
             loss = loss_fn(logits, labels.to(job.device)) / accumulation
             loss.backward()
         total[0] += loss.detach()
+    total[2 + me.rank] = job.clock.own_seconds()
     job.optimizer.step()
     total[1] = float(asked)
     dist.all_reduce(total)
+    job.clock.record(total[2:].tolist())
     return float(total[0]) / me.world, bool(total[1] > 0)
 
 

@@ -41,7 +41,18 @@ def test_two_generations_that_never_train_stop_the_rest_of_the_chain(cluster: Cl
     assert entries[1]["action"] == "burn_guard"
     assert "2 consecutive generations ended without training" in entries[1]["reason"]
     for array_job_id in rest:
-        records = tasks(cluster, array_job_id)
-        assert {state(r) for r in records.values()} == {"CANCELLED"}
-        assert not any(ran(r) for r in records.values())
+        # squeue, the controller's live view, lists nothing of the chain (wait_idle): the
+        # burn guard left no generation queued. Accounting learns of a pending job's
+        # cancellation from the controller's queue to slurmdbd, a while later on a fresh
+        # machine (CI saw a later generation still PENDING in sacct here): read it until
+        # it has caught up.
+        records = cluster.wait_until(
+            lambda job=array_job_id: _all_cancelled(tasks(cluster, job)), 120,
+            f"accounting to record generation {array_job_id} cancelled", 1.0,
+        )  # fmt: skip
+        assert not any(ran(r) for r in records.values()), records
     assert not (work / "chain.active").exists()
+
+
+def _all_cancelled(records: dict[int, dict[str, str]]) -> dict[int, dict[str, str]] | None:
+    return records if records and {state(r) for r in records.values()} == {"CANCELLED"} else None

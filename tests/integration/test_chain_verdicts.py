@@ -206,3 +206,70 @@ def _rank_pid(work: Path) -> int:
     )
     assert found, "no rank 0 of the script found"
     return found[0]
+
+
+def test_a_data_error_on_another_rank_at_one_iteration_sets_no_checkpoint_aside(
+    cluster: Cluster,
+):
+    # Seen here before issue 40: rank 1's "EOFError: Ran out of input" (a truncated data
+    # shard) at iteration 45 in each cycle set the good checkpoint 40 aside twice (the
+    # tracker went 40 -> 30 -> 40 -> 30) and stopped the chain on "checkpoint 40 cannot
+    # be loaded". It is the workload's failure: NVRx restarts it until it gives up (93),
+    # and the chain's end says what the workload did.
+    work, name, _ = _script_chain(
+        cluster, "data-error",
+        "--iterations 100000\n--step-seconds 0.05\n--save-interval 10\n--data-error-at 45:1\n",
+        "--train-tasks", "1", "--hot-spares", "0", "--cold-spares", "0", "--depth", "2",
+        "--workload-exits", "",
+    )  # fmt: skip
+    seen: list[int] = []
+
+    def ended():
+        now = tracker(work)
+        if now is not None and (not seen or seen[-1] != now):
+            seen.append(now)
+        return ledger(work) or None
+
+    try:
+        [entry] = wait_until(ended, GENERATION_S, "the generation's end", 0.2)
+        wait_idle(cluster, name, timeout=90)
+    finally:
+        cli(cluster, "cancel", name)
+    assert seen and seen == sorted(seen) and seen[-1] == 40, seen  # never backwards
+    assert not (work / "checkpoints" / "fallbacks.jsonl").exists(), logs_on_failure(work)
+    assert not [p for p in (work / "checkpoints").iterdir() if ".unloadable-" in p.name]
+    assert entry["action"] == "cancelled_chain", logs_on_failure(work)
+    assert "NVRx decided not to restart after the workload failed" in entry["reason"]
+    assert "EOFError: Ran out of input" in entry["reason"], entry["reason"]
+    shown = cli(cluster, "status", name).stdout
+    assert "EOFError: Ran out of input" in shown.splitlines()[0], shown
+
+
+def test_a_16_that_comes_back_at_the_same_iteration_stops_the_chain_after_the_second_run(
+    cluster: Cluster,
+):
+    # Measured before issue 40: a 16 at iteration 60 each time ran three generations,
+    # because the second verdict was written by a rank that printed no iteration.
+    work, name, (first, second, third) = _script_chain(
+        cluster, "verdict16-again",
+        "--iterations 100000\n--step-seconds 0.05\n--save-interval 10\n--verdict-at 30:16\n"
+        "--verdict-again\n--verdict-quiet\n",
+        "--workload-exits", "16=resume-elsewhere", "--train-tasks", "1", "--hot-spares", "0",
+        "--cold-spares", "0", "--depth", "3",
+    )  # fmt: skip
+    try:
+        entries = wait_ledger(work, 2, timeout=2 * GENERATION_S)
+        wait_idle(cluster, name, timeout=90)
+    finally:
+        cli(cluster, "cancel", name)
+    elsewhere, stopped = entries[:2]
+    assert elsewhere["action"] == "resume_elsewhere", logs_on_failure(work)
+    assert stopped["action"] == "stopped_by_workload", logs_on_failure(work)
+    assert len(entries) == 2, entries  # no third run
+    one, two = (tasks(cluster, g)[0]["NodeList"] for g in (first, second))
+    assert one != two
+    assert f"ran it on other nodes ({one}; this time on {two})" in stopped["reason"]
+    # Where: the iteration a guard named, else the checkpoint both runs ended at.
+    assert re.search(r"at (iteration|checkpoint) 30 after", stopped["reason"]), stopped["reason"]
+    records = cluster.wait_until(lambda: tasks(cluster, third) or None, 60, third)
+    assert all(state(r) == "CANCELLED" and not ran(r) for r in records.values()), records

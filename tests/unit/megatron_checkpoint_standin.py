@@ -5,7 +5,8 @@ of a save, so that tests can watch what task 0's retention keeps. Not a test mod
 
     python megatron_checkpoint_standin.py EVIDENCE_FILE
 
-Cycle 0 saves iterations 10, 20, 30 and 40, then starts 50, writes half of its files
+Cycle 0 saves iterations 10, 20, 30 and 40 (each once task 0's keeper has written the
+one before into the tracked record: Megatron's saves are minutes apart), then starts 50, writes half of its files
 and SIGKILLs itself: a save killed midway. ft_launcher restarts it (an in-job restart);
 cycle 1 finds the tracker at 40 and iter_0000050 half-written, waits until retention
 has removed what it should (keep 2: iterations 10 and 20), records what it saw, then
@@ -43,6 +44,16 @@ def save_checkpoint(save: Path, iteration: int) -> None:
         tracker.write(str(iteration))
 
 
+def wait_until_recorded(save: Path, iteration: int) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline:
+        record = save / "tracked.jsonl"
+        if record.exists() and f'{{"tracked": {iteration}}}' in record.read_text():
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"the keeper never recorded iteration {iteration}")
+
+
 def wait_until_gone(save: Path, *iterations: int) -> bool:
     deadline = time.monotonic() + WAIT_S
     while time.monotonic() < deadline:
@@ -64,6 +75,7 @@ def main() -> int:
     if not tracker.exists():
         for iteration in (10, 20, 30, 40):
             save_checkpoint(save, iteration)
+            wait_until_recorded(save, iteration)
         write_files(save, 50, FILES[:2])
         os.kill(os.getpid(), signal.SIGKILL)  # a save killed midway
     seen: dict = {"resumed_from": int(tracker.read_text())}

@@ -24,6 +24,10 @@ LAYERS = {
     # The in-job side, by who runs it: the training program, the guard each rank runs
     # around it, and the entrypoint each node runs around ft_launcher.
     "workloads": 5,
+    # Planning a run before its first submit (ETTR at scale): a pure core over goodput's
+    # model; a chain's history reaches it through api.py. Beside the workloads, never
+    # importing them.
+    "plan": 5,
     "rank": 6,
     "node": 7,
     # The host side's adapters, side by side with the node's entrypoint.
@@ -37,7 +41,7 @@ LAYERS = {
 # What runs inside the job; nothing on the host side imports it (the nvrx-entrypoint
 # command line, cli/entrypoint.py, is its one door).
 IN_JOB = {"workloads", "rank", "node"}
-HOST = {"chain", "watch", "devcluster", "api", "workflows"}
+HOST = {"plan", "chain", "watch", "devcluster", "api", "workflows"}
 VOCABULARY = 0  # the other top-level modules: layout, files, clock, exitcodes, ...
 # Names that repeat on purpose, one role each (docs/architecture.md): a module of cli/
 # is the command line of what bears its name below (cli/qualify.py: workflows/qualify.py).

@@ -89,6 +89,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "scale",
         "sicknode",
         "watcher",
+        "plan",
         "stacks",
     ]
     assert parse_args([]).chosen == everything

@@ -193,6 +193,11 @@ def test_the_watcher_finds_a_chain_by_name_as_every_command_does(slurm, tmp_path
     # A name means the chain's newest generation; a job id, itself.
     assert watch_cli._chain(options) == (second, "gpt", str(work))
     assert watch_cli._chain({**options, "job_id": first}) == (first, "gpt", str(work))
+    # A chain the appliance did not submit (no run.json where Slurm ran it: the reference
+    # deployment's own sbatch): its Slurm work dir is no appliance work dir, and the
+    # watcher finds its files from its batch script.
+    slurm.add("900", "reference-chain", str(tmp_path), "RUNNING")
+    assert watch_cli._chain({**options, "job_id": "900"}) == ("900", "reference-chain", "")
     typo = subprocess.run([str(Path(CLI).parent / "nvrx-watch"), "gtp", "--dry-run"],
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert typo.returncode == 2 and "near names: gpt" in typo.stderr, typo.stderr
@@ -200,6 +205,27 @@ def test_the_watcher_finds_a_chain_by_name_as_every_command_does(slurm, tmp_path
 
 
 # ---- the line status opens with -----------------------------------------------------------
+
+
+def test_status_of_a_chain_cancelled_with_a_plain_scancel_says_so_and_what_never_ran(
+    slurm, tmp_path
+):
+    # `scancel -n NAME`, a common habit, leaves the chain marker: status said "exhausted,
+    # every generation queued has run" though two of three never ran (seen on 10 chains).
+    work, (one, two, three) = chain(slurm, tmp_path, "gpt", depth=3)
+    slurm.update(one, state="CANCELLED by 0", nodes=NODE, start="2026-12-03T06:00:00",
+                 end="2026-12-03T06:10:00", exit_code="0:15")  # fmt: skip
+    ledger(work, {"array_job_id": one, "action": "released_spares"})
+    for never in (two, three):
+        slurm.update(never, state="CANCELLED by 0")
+    shown = run("status", "gpt")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == (
+        f"ended: cancelled by root (uid 0), checkpoint iteration none yet; 2 generation(s) "
+        f"never ran ({two}, {three})"
+    )
+    lead = json.loads(run("status", "gpt", "--json").stdout)["headline"]
+    assert (lead["state"], lead["why"]) == ("ended", "cancelled")
 
 
 def test_status_of_an_exhausted_chain_says_it_ended_why_and_what_to_run(slurm, tmp_path):
@@ -272,10 +298,11 @@ def test_a_chain_that_went_on_after_an_unknown_action_and_ran_out_is_exhausted(s
 
 
 def test_a_cancelled_and_a_completed_chain_say_so(slurm, tmp_path):
-    work, (one, _) = chain(slurm, tmp_path, "demo")
+    work, (one, two) = chain(slurm, tmp_path, "demo")
     assert run("cancel", "demo").returncode == 0
     assert run("status", "demo", "--work-dir", str(work)).stdout.startswith(
-        "ended: cancelled, checkpoint iteration none yet\n"
+        f"ended: cancelled, checkpoint iteration none yet; 2 generation(s) never ran ({one}, "
+        f"{two})\n"
     )
     ledger(work, {"array_job_id": one, "action": "completed", "final_iteration": 500})
     lines = run("status", "--work-dir", str(work)).stdout.splitlines()

@@ -402,3 +402,19 @@ def test_bad_batch_is_refused_in_one_line_before_training():
     last = proc.stderr.strip().splitlines()[-1]
     assert "--global-batch-size 12" in last
     assert "multiple of 8" in last
+
+
+def test_a_torn_checkpoint_is_said_through_the_contract_line(tmp_path):
+    # torch.distributed.checkpoint's CheckpointException derives from BaseException
+    # alone: the trainer's line was never printed, and only a loose reading of its
+    # traceback by the guard set the checkpoint aside (issue 40 made that reading strict).
+    m = cpu_manifest(tmp_path / "torn", iterations=10, save_retention=0)
+    first = launch(m)
+    assert first.returncode == 0, first.output[-3000:]
+    shard = sorted((m.layout.checkpoints / iteration_dir(10)).glob("*.distcp"))[0]
+    with open(shard, "r+b") as fh:
+        fh.truncate(shard.stat().st_size // 2)
+    again = cpu_manifest(m.layout.work_dir, iterations=20, save_retention=0)
+    run = launch(again, timeout=240)  # each of its cycles fails on the same checkpoint
+    assert run.returncode != 0
+    assert "NVRX_APPLIANCE_LOAD_FAILED iteration=10" in run.output, run.output[-3000:]

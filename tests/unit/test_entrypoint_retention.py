@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import textwrap
 from pathlib import Path
 
 from nvrx_appliance import manifest
-from nvrx_appliance.checkpoints import retention
+from nvrx_appliance.checkpoints import retention, tracked_record
 from nvrx_appliance.checkpoints.checkpoint_dir import retired
 from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.layout import TRACKER_FILE
@@ -40,6 +41,12 @@ def track(save: Path, text: str) -> None:
     (save / TRACKER_FILE).write_text(text)
 
 
+def tracked_before(save: Path, *iterations: int) -> None:
+    """The tracker named these once (the keeper wrote them into the tracked record)."""
+    for iteration in iterations:
+        tracked_record.append(save / tracked_record.FILE, tracked_record.TRACKED, iteration)
+
+
 def kept(save: Path) -> list[str]:
     return sorted(p.name for p in save.iterdir() if p.name.startswith("iter_"))
 
@@ -47,21 +54,34 @@ def kept(save: Path) -> list[str]:
 # --- what retention retires (pure) ------------------------------------------------------
 
 
+ALL = {10, 20, 30, 40, 50}
+
+
 def test_the_newest_n_up_to_the_tracked_one_are_kept():
-    assert retired([10, 20, 30, 40], tracked=40, keep=2) == [10, 20]
-    assert retired([10, 20, 30, 40], tracked=40, keep=1) == [10, 20, 30]
+    assert retired([10, 20, 30, 40], tracked=40, keep=2, complete=ALL) == [10, 20]
+    assert retired([10, 20, 30, 40], tracked=40, keep=1, complete=ALL) == [10, 20, 30]
 
 
 def test_nothing_newer_than_the_tracked_one_is_retired_it_may_be_a_save_in_progress():
-    assert retired([10, 20, 30, 40, 50], tracked=30, keep=1) == [10, 20]
+    assert retired([10, 20, 30, 40, 50], tracked=30, keep=1, complete=ALL) == [10, 20]
 
 
 def test_the_tracked_one_counts_as_kept_even_when_its_directory_is_not_listed():
-    assert retired([10, 20], tracked=30, keep=2) == [10]
+    assert retired([10, 20], tracked=30, keep=2, complete=ALL) == [10]
 
 
 def test_retention_zero_retires_nothing():
-    assert retired([10, 20, 30], tracked=30, keep=0) == []
+    assert retired([10, 20, 30], tracked=30, keep=0, complete=ALL) == []
+
+
+def test_a_directory_the_tracker_never_named_is_not_kept_in_place_of_a_good_one():
+    # Reproduced (issue 40): 100 good, 137 torn (a time-limit save cut short, never
+    # tracked), the tracker at 200, two kept: retention removed 100 and kept 137.
+    assert retired([100, 137, 200], tracked=200, keep=2, complete={100, 200}) == []
+    # Once two good ones are kept newer than it, it goes like any older checkpoint.
+    assert retired([100, 137, 200, 300], tracked=300, keep=2, complete={100, 200, 300}) == [
+        100, 137,
+    ]  # fmt: skip
 
 
 # --- a sweep on a real directory ----------------------------------------------------------
@@ -71,6 +91,7 @@ def test_a_sweep_removes_the_older_ones_and_leaves_a_newer_half_written_save(tmp
     for iteration in (10, 20, 30):
         checkpoint(tmp_path, iteration)
     checkpoint(tmp_path, 40, files=1)  # being written: the tracker still names 30
+    tracked_before(tmp_path, 10, 20)
     track(tmp_path, "30")
     assert retention.sweep(tmp_path, keep=2) == [10]
     assert kept(tmp_path) == ["iter_0000020", "iter_0000030", "iter_0000040"]
@@ -106,6 +127,7 @@ def test_a_save_killed_midway_is_never_touched_and_the_next_one_retires_the_olde
     tracker moves, the oldest checkpoint goes."""
     for iteration in (10, 20, 30):
         checkpoint(tmp_path, iteration)
+    tracked_before(tmp_path, 10, 20)
     track(tmp_path, "30")
     writer = subprocess.Popen(
         [sys.executable, "-c", textwrap.dedent("""
@@ -189,4 +211,18 @@ def test_task_0_keeps_the_newest_n_of_a_megatron_run_across_a_save_killed_midway
     ]  # fmt: skip
     assert seen["thirty_removed"] is True
     assert kept(m.layout.checkpoints) == ["iter_0000040", "iter_0000050"]
-    assert "retention (newest 2 kept): removed checkpoint(s) of iteration 10, 20" in result.stderr
+    removed = re.findall(r"retention \(newest 2 kept\): removed checkpoint\(s\) of iteration ([\d, ]+)",
+                         result.stderr)  # fmt: skip
+    assert [int(n) for found in removed for n in found.split(", ")] == [10, 20, 30]
+
+
+def test_a_torn_directory_never_tracked_does_not_cost_the_last_good_fall_back(tmp_path):
+    # Seen on the cluster (issue 40): the tracked 10 and 15, a torn 13 never tracked,
+    # two kept. 10 went, and a fall-back from 15 then chose 13.
+    for iteration in (10, 13, 15):
+        checkpoint(tmp_path, iteration)
+    tracked_before(tmp_path, 10)
+    track(tmp_path, "15")
+    assert retention.sweep(tmp_path, keep=2) == []
+    assert kept(tmp_path) == ["iter_0000010", "iter_0000013", "iter_0000015"]
+    assert tracked_record.read(tmp_path / tracked_record.FILE) == {10, 15}  # 15 recorded now

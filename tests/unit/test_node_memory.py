@@ -355,3 +355,21 @@ def test_a_withdrawn_hang_verdict_is_not_remembered(tmp_path):
         log=print, hangs=str(hangs),
     )  # fmt: skip
     assert found == []
+
+
+def test_clear_reads_the_newest_part_of_a_long_record_as_apply_does(tmp_path):
+    # On a long chain the record passes the read bound: clear() read its first 4 MiB and
+    # worked from stale entries, apply() its last. Both read the newest now.
+    record = tmp_path / "exclusions.jsonl"
+    old = _line("node1", until="2000-01-01T00:00:00Z")
+    with record.open("w") as fh:
+        fh.write(old * (node_memory.RECORD_TAIL_BYTES // len(old) + 10))
+        fh.write(_line("node7"))  # the newest: node7 kept out now
+    said: list[str] = []
+    node_memory.clear(record=str(record), nodes=["node7"], chain="chain-1", reason="the test's",
+                      log=said.append)  # fmt: skip
+    assert said == ["node7 no longer kept out: the test's"]
+    assert (
+        '"until"' in record.read_text().splitlines()[-1]
+        and "cleared: the test's" in (record.read_text().splitlines()[-1])
+    )

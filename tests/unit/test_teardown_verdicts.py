@@ -38,12 +38,40 @@ def test_a_16_resumes_elsewhere_once_and_stops_when_it_comes_back_at_that_iterat
         78, [before], _entry(), 2, verdict=_verdict(16, "resume-elsewhere")
     )
     assert again == teardown.STOPPED_BY_WORKLOAD
-    assert "after generation 6 already ran it on other nodes (node1)" in reason
+    assert "after generation 6 already ran it on other nodes (node1; " in reason
     # At another iteration it is a new question: resumed elsewhere again.
     other, _ = teardown.decide(
         78, [before], _entry(), 2, verdict=_verdict(16, "resume-elsewhere", 80)
     )
     assert other == teardown.RESUME_ELSEWHERE
+
+
+def test_a_16_comes_back_at_one_iteration_whichever_rank_wrote_the_verdict_first():
+    # Measured on the cluster: the second 16 was written by a rank that printed no
+    # training line (no iteration), and the chain ran a third generation before stopping.
+    before = _entry(array_job_id="6", action=teardown.RESUME_ELSEWHERE, checkpoint_iteration=60,
+                    verdict={"code": 16, "iteration": 60, "nodes": ["node1"]})  # fmt: skip
+    blind = _verdict(16, "resume-elsewhere", None, nodes=["node2"])
+    again, reason = teardown.decide(78, [before], _entry(checkpoint_iteration=60), 2, verdict=blind)
+    assert again == teardown.STOPPED_BY_WORKLOAD
+    assert "at iteration 60 after generation 6" in reason
+    assert "(node1; this time on node2)" in reason  # the nodes of both runs
+    # Neither names one: the checkpoint both ended at says where.
+    unnamed = {**before, "verdict": {"code": 16, "iteration": None, "nodes": ["node1"]}}
+    _, said = teardown.decide(78, [unnamed], _entry(checkpoint_iteration=60), 2, verdict=blind)
+    assert "at checkpoint 60 after generation 6" in said
+    # Trained on past that checkpoint: another question, resumed elsewhere again.
+    moved, _ = teardown.decide(78, [before], _entry(checkpoint_iteration=80), 2, verdict=blind)
+    assert moved == teardown.RESUME_ELSEWHERE
+
+
+def test_the_verdicts_iteration_comes_from_any_guard_of_its_generation_that_named_it():
+    blind = _verdict(16, "resume-elsewhere", None)
+    accounts = [{"code": 16, "iteration": None}, {"code": 16, "iteration": 60},
+                {"code": 1, "iteration": 75}]  # fmt: skip
+    assert teardown.verdict_iteration(blind, accounts) == 60
+    assert teardown.verdict_iteration(_verdict(16, "resume-elsewhere", 59), accounts) == 59
+    assert teardown.verdict_iteration(blind, accounts[:1]) is None
 
 
 def test_93_after_the_workload_failed_the_same_way_says_what_the_workload_did():

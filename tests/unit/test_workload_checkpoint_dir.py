@@ -34,19 +34,18 @@ def test_tracker_round_trips_and_foreign_content_is_no_iteration():
 
 
 def test_retention_keeps_the_newest_n_up_to_the_tracked_one():
-    assert expired([10, 20, 30, 40], latest=40, keep=2) == [10, 20]
+    assert expired([10, 20, 30, 40], latest=40, keep=2, complete={10, 20, 30, 40}) == [10, 20]
 
 
 def test_retention_zero_keeps_every_checkpoint_of_the_timeline():
-    assert expired([10, 20, 30], latest=30, keep=0) == []
+    assert expired([10, 20, 30], latest=30, keep=0, complete={10, 20, 30}) == []
 
 
 def test_checkpoints_newer_than_the_tracker_belong_to_an_abandoned_timeline():
     # Resumed from 20 after a kill that left an untracked 30; now 25 is tracked.
-    assert expired([10, 20, 25, 30], latest=25, keep=0) == [30]
-    assert expired([10, 20, 25, 30], latest=25, keep=2) == [10, 30]
+    assert expired([10, 20, 25, 30], latest=25, keep=0, complete={10, 20, 25}) == [30]
+    assert expired([10, 20, 25, 30], latest=25, keep=2, complete={10, 20, 25}) == [10, 30]
 
 
 def test_the_tracked_checkpoint_is_never_expired():
-    assert 40 not in expired([40], latest=40, keep=1)
-    assert expired([40], latest=40, keep=1) == []
+    assert expired([40], latest=40, keep=1, complete={40}) == []

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.checkpoints import fallback
+from nvrx_appliance.checkpoints import fallback, tracked_record
 from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir, tracker_text
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.rank import workload_exit
@@ -116,11 +116,15 @@ def test_each_workload_has_its_table_and_a_script_chooses_its_own():
 # --- the fall-back ------------------------------------------------------------------------
 
 
-def _checkpoints(root: Path, iterations, tracked) -> Path:
+def _checkpoints(root: Path, iterations, tracked, *, torn=()) -> Path:
+    """Checkpoints the tracker named in turn (the tracked record says so), and `torn`
+    ones it never named."""
     ckpt = root / "checkpoints"
-    for i in iterations:
+    for i in (*iterations, *torn):
         (ckpt / iteration_dir(i)).mkdir(parents=True)
         (ckpt / iteration_dir(i) / "shard").write_text("x")
+    for i in iterations:
+        tracked_record.append(ckpt / tracked_record.FILE, tracked_record.TRACKED, i)
     (ckpt / "latest_checkpointed_iteration.txt").write_text(tracker_text(tracked))
     return ckpt
 
@@ -168,13 +172,13 @@ def _manifest(tmp_path: Path, **spec) -> Path:
 GENERATION = "2026-12-03T00:00:00Z/42/"
 
 
-def _guard(tmp_path: Path, workload: str, *, cycle: int = 0) -> subprocess.Popen:
+def _guard(tmp_path: Path, workload: str, *, cycle: int = 0, rank: int = 0) -> subprocess.Popen:
     control = Layout(tmp_path).control(42)
     control.mkdir(parents=True, exist_ok=True)
     script = tmp_path / f"workload{cycle}.py"
     script.write_text(textwrap.dedent(workload))
     env = {**os.environ, "NVRX_RUN_MANIFEST": str(_manifest(tmp_path)),
-           "TORCHELASTIC_RESTART_COUNT": str(cycle), "RANK": "0"}  # fmt: skip
+           "TORCHELASTIC_RESTART_COUNT": str(cycle), "RANK": str(rank)}  # fmt: skip
     argv = [sys.executable, "-m", "nvrx_appliance.rank.guard", "--control", str(control),
             "--exits", str(Layout(tmp_path).exit_records(42)), "--generation", GENERATION,
             "--", sys.executable, str(script)]  # fmt: skip
@@ -211,6 +215,9 @@ def test_a_verdict_is_written_and_the_worker_holds_until_ft_launcher_stops_it(tm
     assert "iteration       60/" in out  # the workload's output passes through unchanged
     exits = list(Layout(tmp_path).exit_records(42).glob("cycle0.*.json"))
     assert len(exits) == 1 and json.loads(exits[0].read_text())["code"] == 17
+    # Its iteration, for the teardown, whichever worker wrote the verdict file.
+    named = Layout(tmp_path).exit_records(42) / "verdict_iteration.json"
+    assert json.loads(named.read_text())["iteration"] == 60
 
 
 def test_an_ordinary_failure_passes_through_and_is_recorded(tmp_path):
@@ -305,3 +312,36 @@ def test_the_quoted_line_is_the_workloads_own_not_a_librarys_notice():
         ["Traceback (most recent call last):", "ValueError: bad batch", "cleanup done"],
     )
     assert crashed is not None and crashed.line == "ValueError: bad batch"
+
+
+def test_a_data_error_on_another_rank_passes_through_and_sets_nothing_aside(tmp_path):
+    # Reproduced with the guard (issue 40): rank 7's data loader raised "EOFError: Ran
+    # out of input" in three cycles; the guard set 200 aside, then 100, then stopped the
+    # chain. Rank 0 decides about loads; this is the workload's failure.
+    ckpt = _checkpoints(tmp_path, (100, 200), 200)
+    proc = _guard(tmp_path, """
+        import pickle, sys
+        pickle.loads(b"")  # a truncated data shard: EOFError: Ran out of input
+        """, rank=7)  # fmt: skip
+    assert proc.wait(timeout=60) == 1
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "200\n"
+    assert not (ckpt / "fallbacks.jsonl").exists()
+    [account] = Layout(tmp_path).exit_records(42).glob("cycle0.*.json")
+    written = json.loads(account.read_text())
+    assert (written["action"], written["load_failed"]) == ("restart", False)
+    assert written["line"] == "EOFError: Ran out of input"
+
+
+def test_rank_0s_read_error_inside_its_loading_window_falls_back_across_its_two_streams(tmp_path):
+    # The loading line on stdout, the read error on stderr: judged in arrival order.
+    ckpt = _checkpoints(tmp_path, (10, 15), 15)
+    proc = _guard(tmp_path, """
+        import sys, time
+        print(" loading distributed checkpoint from /w/checkpoints at iteration 15", flush=True)
+        time.sleep(1.0)  # the read itself: a torn shard fails a while after the line
+        print("RuntimeError: PytorchStreamReader failed reading zip archive: failed "
+              "finding central directory", file=sys.stderr, flush=True)
+        sys.exit(1)
+        """)  # fmt: skip
+    assert proc.wait(timeout=60) == 1
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text() == "10\n"

@@ -1,0 +1,190 @@
+"""`nvrx-appliance plan`: the effective training time a run of this shape can expect,
+the settings that maximise it, and the seeds' design beside it; a thin face of api.plan."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import click
+
+from nvrx_appliance import api, jsondoc
+from nvrx_appliance.cli.fail import fail
+from nvrx_appliance.cli.target import METAVAR, not_readable, unreachable
+from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan import rates as published
+from nvrx_appliance.plan import request as asked
+from nvrx_appliance.plan import view
+from nvrx_appliance.plan.simulate import Settings
+from nvrx_appliance.settings.chain import ChainSpec
+from nvrx_appliance.settings.generation_end import slurm_seconds
+
+PREFIX = "nvrx-appliance plan"
+RATE_HELP = "per 1,000 node-days of the training nodes  [default: Llama 3's: docs/plan.md]"
+_DEFAULTS = asked.Request()
+_SPEC = ChainSpec()
+
+
+def _cost(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict:
+    out = {}
+    for value in values:
+        name, _, seconds = value.partition("=")
+        try:
+            out[name.strip()] = float(seconds)
+        except ValueError:
+            raise click.BadParameter(
+                f"{value!r}: give NAME=SECONDS, e.g. detect_node_death=300; names: "
+                f"{', '.join(priced.STEPS)}"
+            ) from None
+    return out
+
+
+def _time(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    seconds = slurm_seconds(value)
+    if seconds is None:
+        raise click.BadParameter(
+            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day) or 04:00:00"
+        )
+    return float(seconds)
+
+
+# (flag, type, default, help): the options with a default; click shows it.
+WITH_DEFAULTS = (
+    ("--nodes", int, _DEFAULTS.nodes, "Nodes that train (spares come on top)."),
+    ("--gpus-per-node", int, _SPEC.gpus_per_node, "GPUs (and ranks) per node."),
+    ("--nodes-per-task", int, _SPEC.nodes_per_task, "Nodes per array task: a spare is one task."),
+    ("--segment", int, 0, "NVLink domain's nodes in segment mode (0: off)."),
+    ("--days", float, _DEFAULTS.days, "The run's wall time."),
+    ("--unloadable", float, 0.0, "Share of checkpoint loads that fail (0.01: one in 100)."),
+    ("--storage-gbps", float, asked.STORAGE_GBPS,
+     "Storage write and read rate, GB/s (Llama 3's: 2,000 sustained)."),
+    ("--queue-wait", float, 0.0,
+     "Seconds a generation waits for nodes after the last (0: a reservation)."),
+    ("--response-minutes", float, 60.0, "A person's answer to a stopped chain (assumed)."),
+    ("--storage-stall", float, asked.STORAGE_STALL_S,
+     "The longest shared-file-system stall task 0's lease must ride out, s."),
+    ("--save-minutes", float, 30.0, "Today's save interval, minutes of training."),
+    ("--hot-spares", int, _SPEC.hot_spares, "Today's hot spares."),
+    ("--cold-spares", int, _SPEC.cold_spares, "Today's cold spares."),
+    ("--lease-stale-after", float, _SPEC.lease_stale_after, "Today's lease, s."),
+    ("--depth", int, _SPEC.depth, "Today's chain depth."),
+    ("--seeds", int, _DEFAULTS.seeds, "Simulated runs averaged."),
+)  # fmt: skip
+# (flag, help): the options that are None unless given.
+WITHOUT = (
+    ("--node-death", f"Node deaths {RATE_HELP}"),
+    ("--rank-crash", f"Rank crashes (the node lives) {RATE_HELP}"),
+    ("--hang", f"Hangs {RATE_HELP}"),
+    ("--task0-loss", "Losses of task 0 beyond node deaths on its nodes, per 1,000 node-days "
+     "of its nodes  [default: 0]"),
+    ("--checkpoint-gb", "The whole checkpoint, GB  [default: 4 GB per GPU, Llama 3's largest]"),
+    ("--save-seconds", "Seconds a save blocks training (an async save's), not size / rate."),
+    ("--step-seconds", "A training step's seconds: the save interval in iterations too."),
+)  # fmt: skip
+
+
+def _options(command: Callable[..., Any]) -> Callable[..., Any]:
+    # Applied from the last: --help lists the shape first, then the rates and the rest.
+    for name, text in reversed(WITHOUT):
+        command = click.option(name, type=float, help=text)(command)
+    for name, kind, default, text in reversed(WITH_DEFAULTS):
+        command = click.option(name, type=kind, default=default, show_default=True, help=text)(
+            command
+        )
+    return command
+
+
+@click.command("plan")
+@_options
+@click.option(
+    "--time",
+    "time_limit",
+    default="1-00:00:00",
+    show_default=True,
+    callback=_time,
+    help="One generation's Slurm time limit (your cluster's most).",
+)
+@click.option(
+    "--from-chain",
+    metavar=METAVAR,
+    help="Take the failure rates, the save's and the restart's cost from this "
+    "chain's history (report's account) instead.",
+)
+@click.option("--work-dir", help="The --from-chain chain's work dir (without Slurm).")
+@click.option(
+    "--cost",
+    "costs",
+    multiple=True,
+    callback=_cost,
+    metavar="NAME=SECONDS",
+    help=f"Your own figure for a step ({', '.join(priced.STEPS)}); repeatable.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def plan_command(**o) -> None:
+    """Plan a run at scale: its effective training time (ETTR), by cause.
+
+    Simulates the run (seeded, discrete events) with the appliance's recovery costs
+    from the committed benchmarks (docs/benchmarks.md), shows the closed form beside it,
+    the save interval, spares, lease and depth that maximise it and what each is worth,
+    and the seeds' design at the same settings. docs/plan.md has the assumptions.
+    """
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in ("node_death", "rank_crash", "hang", "task0_loss")
+        if o[k] is not None
+    ]
+    if given and (o["from_chain"] or o["work_dir"]):
+        fail(
+            f"{given[0]} and --from-chain contradict each other: the chain's history gives "
+            "the rates; drop one of them",
+            prefix=PREFIX,
+        )
+    defaults = published.Rates()
+    rates = replace(
+        defaults,
+        **{k: o[k] for k in ("node_death", "rank_crash", "hang", "task0_loss") if o[k] is not None},
+        unloadable=o["unloadable"],
+        source=defaults.source if not given else "given on the command line",
+    )
+    request = asked.Request(
+        nodes=o["nodes"],
+        gpus_per_node=o["gpus_per_node"],
+        nodes_per_task=o["nodes_per_task"],
+        segment=o["segment"],
+        days=o["days"],
+        time_limit_s=o["time_limit"],
+        rates=rates,
+        checkpoint_gb=o["checkpoint_gb"],
+        storage_gbps=o["storage_gbps"],
+        save_s=o["save_seconds"],
+        queue_wait_s=o["queue_wait"],
+        response_s=o["response_minutes"] * 60.0,
+        storage_stall_s=o["storage_stall"],
+        today=Settings(
+            o["save_minutes"] * 60.0,
+            o["hot_spares"],
+            o["cold_spares"],
+            o["lease_stale_after"],
+            o["depth"],
+        ),
+        grace_s=float(_SPEC.closed_flag_grace),
+        step_s=o["step_seconds"],
+        overrides=o["costs"],
+        seeds=o["seeds"],
+    )
+    try:
+        plan = api.plan(request, from_chain=o["from_chain"], work_dir=o["work_dir"])
+    except api.SettingsError as exc:
+        for problem in exc.problems[:-1]:
+            click.echo(f"{PREFIX}: {problem}", err=True)
+        fail(exc.problems[-1], prefix=PREFIX)
+    except api.ChainNotFound as exc:
+        fail(not_readable(exc, o["from_chain"] or o["work_dir"]), prefix=PREFIX)
+    except api.SlurmUnreachable as exc:
+        unreachable(PREFIX, str(exc), "pass the chain's --work-dir to read its files")
+    if o["as_json"]:
+        click.echo(jsondoc.dumps("plan", view.to_json(plan)))
+        return
+    for line in view.lines(plan, plan.step_s):
+        click.echo(line)

@@ -1,0 +1,206 @@
+"""`--straggler-action replace`: a slow node leaves at the next checkpoint and a spare
+joins, when that pays (docs/stragglers.md).
+
+Task 0's entrypoint judges: every LOOK_S it reads the generation's training record (the
+progress log, as it grows), and when the newest cycle has a straggler whose cost until
+the generation ends exceeds the chain's measured restart cost (goodput/straggler.py), it
+writes the decision for that node (Layout.straggler_leave: key=value lines naming the
+generation, the node, the checkpoint iteration when it decided, the words), once.
+
+The named node's own entrypoint acts: once the tracker names a checkpoint after that
+iteration (so the restart loses no training), it ends its own ranks (SIGKILL, as
+NVRx's own timeout does); NVRx restarts the cycle, and before the rendezvous this node's
+health check answer (health_check.py) says it leaves, so its ft_launcher exits and a hot
+spare takes its place, exactly as for a drained node. Task 0's own node is never asked
+to leave this way: that would end the generation; it is named and reported only.
+
+Megatron's straggler report names ranks, not nodes: nothing here acts on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import stat
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from nvrx_appliance import files
+from nvrx_appliance.clock import now_iso
+from nvrx_appliance.files import make_private_dirs, write_atomic
+from nvrx_appliance.goodput import gather, straggler
+from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.node import control, time_limit
+from nvrx_appliance.observe import workdir
+from nvrx_appliance.settings.generation_end import slurm_seconds
+
+try:  # an NVRx dependency, so present wherever ft_launcher is
+    import psutil
+except ImportError:  # pragma: no cover - degraded: no rank is found, none is ended
+    psutil = None  # type: ignore[assignment]
+
+REPLACE = "replace"
+# A straggler's verdict needs 120 steps; a look every 10 s costs a read of what the
+# progress log gained and is soon enough for a decision worth minutes.
+LOOK_S = 10.0
+DECISION_BYTES = 16 << 10
+
+
+def decision(generation: str, node: str, iteration: int | None, found: straggler.Straggler,
+             why: str) -> str:  # fmt: skip
+    return control.encode_fields(
+        {
+            "generation": generation,
+            "node": node,
+            "iteration": iteration if iteration is not None else 0,
+            "cycle": found.cycle,
+            "slowdown": f"{found.slowdown:.2f}",
+            "words": found.words,
+            "why": why,
+            "time": now_iso(),
+        }
+    )
+
+
+def leaving(text: str | None, generation: str, node: str) -> str | None:
+    """Why this node leaves at this rendezvous (for the health check answer), or None
+    when the decision is absent, of another generation, or about another node."""
+    if not text:
+        return None
+    fields = control.decode_fields(text)
+    if not control.same_generation(fields.get("generation", ""), generation):
+        return None
+    if fields.get("node") != node:
+        return None
+    return f"a straggler: {fields.get('words', '')}; {fields.get('why', '')}; {node} leaves"
+
+
+def read_decision(path: Path, uid: int | None = None) -> str | None:
+    """The decision's text when this job's user wrote it (a file nobody else could have
+    written); None otherwise."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    owner = os.geteuid() if uid is None else uid
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != owner or st.st_mode & 0o022:
+        return None
+    with contextlib.suppress(OSError):
+        return files.read_text(path, DECISION_BYTES)
+    return None
+
+
+class StragglerLeave(threading.Thread):
+    """The judge (task 0) and the leaver (any other node) of one generation."""
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        array_job_id: str,
+        generation: str,
+        node: str,
+        is_task0: bool,
+        started: float,
+        workload: Sequence[str],
+        log: Callable[[str], None],
+    ) -> None:
+        super().__init__(name="straggler-leave", daemon=True)
+        self.layout = manifest.layout
+        self.array_job_id, self.generation, self.node = array_job_id, generation, node
+        self.is_task0, self.workload, self.log = is_task0, list(workload), log
+        limit = slurm_seconds(str(manifest.spec.time_limit))
+        self.ends_at = started + limit if limit else None  # monotonic
+        self._memo = gather.LogMemo()
+        self._said: set[str] = set()
+        self._decided: set[str] = set()
+        self._ended = False
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        while not self._stop.wait(LOOK_S):
+            try:
+                if self.is_task0:
+                    self._judge()
+                else:
+                    self._leave_if_told()
+            except Exception as exc:  # a look that fails must never end the node
+                self._say_once("error", f"straggler look failed: {exc}")
+
+    # --- task 0 -----------------------------------------------------------------------
+
+    def _judge(self) -> None:
+        work = gather.training_record(self.layout.work_dir, {}, self._memo)
+        mine = [w for (g, _), w in work.items() if g == self.array_job_id]
+        if not mine or self.ends_at is None:
+            return
+        current = max(mine, key=lambda w: w.cycle)
+        restart = straggler.restart_cost(list(work.values()), current)
+        for found in straggler.judge(current):
+            if found.node in self._decided or found.by_rank:
+                continue
+            if found.node == self.node:
+                self._say_once(f"{found.node}:own", f"{found.words}; task 0's own node is not "
+                               "replaced in-job (that would end the generation)")  # fmt: skip
+                continue
+            seconds_left = self.ends_at - time.monotonic()
+            replace, why = straggler.worth_replacing(found, seconds_left, None, restart)
+            self._say_once(f"{found.node}:{replace}", f"{found.words}; {why}")
+            if replace:
+                self._decide(found, why)
+
+    def _decide(self, found: straggler.Straggler, why: str) -> None:
+        path = self.layout.straggler_leave(self.array_job_id, found.node)
+        make_private_dirs(path.parent)
+        iteration = workdir.checkpoint_iteration(self.layout)
+        write_atomic(path, decision(self.generation, found.node, iteration, found, why), 0o600)
+        self._decided.add(found.node)
+        self.log(f"{found.node} leaves after the next checkpoint (after iteration "
+                 f"{iteration or 0}); a spare takes its place")  # fmt: skip
+
+    # --- the straggler's own node -------------------------------------------------------
+
+    def _leave_if_told(self) -> None:
+        if self._ended:
+            return
+        text = read_decision(self.layout.straggler_leave(self.array_job_id, self.node))
+        if leaving(text, self.generation, self.node) is None or text is None:
+            return
+        after = int(control.decode_fields(text).get("iteration") or 0)
+        now = workdir.checkpoint_iteration(self.layout)
+        if now is None or now <= after:
+            return  # until the next checkpoint: a restart then loses no training
+        ended = self._end_ranks()
+        self._ended = True
+        self.log(f"{self.node} is a straggler told to leave; the checkpoint at iteration "
+                 f"{now} is kept: ended its {ended} rank(s), it leaves at this rendezvous")  # fmt: skip
+
+    def _end_ranks(self) -> int:
+        if psutil is None:
+            return 0
+        ended = 0
+        for child in psutil.Process().children():
+            with contextlib.suppress(psutil.Error):
+                if not any(a.endswith("ft_launcher") for a in child.cmdline()[:2]):
+                    continue
+                for _target, worker in time_limit.workers(child.pid, self.workload):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(worker, signal.SIGKILL)
+                        ended += 1
+        return ended
+
+    def _say_once(self, key: str, message: str) -> None:
+        """Once per node and outcome: the verdict is looked at every LOOK_S."""
+        if key not in self._said:
+            self._said.add(key)
+            self.log(message)
+
+
+def wanted(manifest: Manifest) -> bool:
+    return manifest.spec.straggler_action == REPLACE

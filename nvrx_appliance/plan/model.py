@@ -1,0 +1,254 @@
+"""The closed forms beside the simulation, and the search for the settings that
+maximise the run's effective training time. Pure.
+
+Closed forms (exact only in the cases docs/plan.md names, shown as a check):
+- the save interval: the renewal model `report` uses (goodput/save_interval.py): segments of
+  tau seconds closed by a save of C, Poisson interruptions at rate lambda, each costing
+  R; its optimum solves (1 - x) e^x = e^(-lambda C), Young's sqrt(2 C / lambda) to first
+  order;
+- the spares: the node deaths outside task 0 in one generation are Poisson; the spares
+  run out when more of them come than hot and cold spares together.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from nvrx_appliance import lease
+from nvrx_appliance.goodput import save_interval as interval
+from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan.simulate import (
+    APPLIANCE,
+    SEEDS,
+    Design,
+    Scenario,
+    Settings,
+    Summary,
+    per_second,
+    run_seeds,
+)
+
+# A setting is recommended where the chance of what it guards against is below this.
+RISK = 0.01
+# A save that costs nothing is best taken at every step; the simulation needs a segment.
+SHORTEST_INTERVAL_S = 1.0
+# Hot spares tried: each one is a task of idle nodes for the whole run.
+MOST_HOT_SPARES = 4
+
+
+def interrupting_rate(scenario: Scenario) -> float:
+    """Interruptions per second of wall time, every class together."""
+    return sum(per_second(scenario).values())
+
+
+def _task0_share(scenario: Scenario) -> float:
+    shape = scenario.shape
+    return min(shape.nodes_per_task, shape.nodes) / shape.nodes
+
+
+def mean_recovery(scenario: Scenario, settings: Settings, design: Design) -> float:
+    """The rate-weighted mean seconds from an interruption to training again, a spare
+    at hand (the closed form's R)."""
+    rates, c = per_second(scenario), scenario.costs
+    total = sum(rates.values())
+    if not total:
+        return 0.0
+    task0 = settings.lease_s if design.fences_task0 else c.s("store_wait")
+    hand_off = sum(priced.hand_off(c, task0).values())
+    share = _task0_share(scenario)
+    death = (1 - share) * sum(priced.in_job_restart(c, "detect_node_death").values())
+    cost = {
+        "node_death": death + share * hand_off,
+        "rank_crash": sum(priced.in_job_restart(c, "detect_crash").values()),
+        "hang": sum(priced.in_job_restart(c, "detect_hang").values()),
+        "task0_loss": hand_off,
+    }
+    return sum(rates[k] * cost[k] for k in rates) / total
+
+
+def closed_form(scenario: Scenario, settings: Settings, design: Design) -> float:
+    """The renewal model's ETTR, with each generation's end priced on top."""
+    lam = interrupting_rate(scenario)
+    tau, save = settings.save_interval_s, scenario.costs.save.seconds
+    if math.isinf(tau):
+        kept = 0.0 if lam else 1.0
+    else:
+        kept = interval.expected_goodput(tau, save, mean_recovery(scenario, settings, design), lam)
+    limit = scenario.time_limit_s
+    if math.isinf(limit):
+        return kept
+    if design.saves_at_time_limit:
+        boundary = sum(priced.boundary_appliance(scenario.costs).values())
+        return kept * limit / (limit + boundary)
+    boundary = sum(priced.boundary_seeds(scenario.costs).values())
+    lost = min(tau, limit) / 2 * kept  # on average half a segment's work, killed at the limit
+    return kept * (limit - lost) / (limit + boundary) if limit > lost else 0.0
+
+
+def best_interval(scenario: Scenario) -> float:
+    return interval.optimal_tau(scenario.costs.save.seconds, interrupting_rate(scenario))
+
+
+def young_interval(scenario: Scenario) -> float:
+    return interval.young_tau(scenario.costs.save.seconds, interrupting_rate(scenario))
+
+
+def _poisson_tail(k: int, mean: float) -> float:
+    """P(N > k) for N ~ Poisson(mean)."""
+    if mean <= 0:
+        return 0.0
+    term, cdf = math.exp(-mean), 0.0
+    for i in range(k + 1):
+        cdf += term
+        term *= mean / (i + 1)
+    return max(0.0, 1.0 - cdf)
+
+
+def spare_deaths_per_generation(scenario: Scenario) -> float:
+    """Node deaths outside task 0 in one generation (its wall time)."""
+    rate = per_second(scenario)["node_death"] * (1 - _task0_share(scenario))
+    limit = scenario.time_limit_s if not math.isinf(scenario.time_limit_s) else scenario.horizon_s
+    return rate * limit
+
+
+def spares_out_chance(scenario: Scenario, settings: Settings) -> float:
+    """The chance that one generation sees more node deaths than it has spares."""
+    spares = settings.hot_spares + settings.cold_spares
+    return _poisson_tail(spares, spare_deaths_per_generation(scenario))
+
+
+def cold_spares_for(scenario: Scenario, hot: int) -> int:
+    """The fewest cold spares that keep the chance of running out below RISK."""
+    mean = spare_deaths_per_generation(scenario)
+    cold = 0
+    while _poisson_tail(hot + cold, mean) > RISK:
+        cold += 1
+    return cold
+
+
+def shortest_lease(storage_stall_s: float, grace: float) -> int:
+    """The shortest lease a live task 0 rides out a `storage_stall_s` stall of the shared
+    file system with (it stops itself only after that long), nesting with the grace."""
+    stale = lease.shortest(grace)
+    while lease.self_fence_after(stale, grace) < storage_stall_s or lease.problem(stale, grace):
+        stale += 1
+    return stale
+
+
+def depth_for(scenario: Scenario, settings: Settings, design: Design) -> int:
+    """Generations the run uses, at the 1 - RISK quantile: the time limits, plus the
+    hand-offs (task 0's losses, spares run out), which are Poisson."""
+    horizon, limit = scenario.horizon_s, scenario.time_limit_s
+    boundaries = 0 if math.isinf(limit) else math.ceil(horizon / limit)
+    rates = per_second(scenario)
+    ends = rates["task0_loss"] + rates["node_death"] * _task0_share(scenario)
+    mean = ends * horizon + spares_out_chance(scenario, settings) * max(boundaries, 1)
+    extra = 0
+    while _poisson_tail(extra, mean) > RISK:
+        extra += 1
+    return boundaries + extra + 1
+
+
+# --- the search ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One setting: today's value, the recommended one, and what the change is worth
+    (ETTR points, the others at their recommended values)."""
+
+    setting: str
+    today: float
+    recommended: float
+    worth: float
+    why: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    scenario: Scenario
+    today: Settings
+    recommended: Settings
+    appliance: Summary  # at the recommended settings
+    appliance_today: Summary
+    seeds: Summary  # the seeds' design at the recommended settings (its lease: none)
+    closed_form: float  # the renewal model at the recommended settings
+    seeds_closed_form: float
+    young_interval_s: float
+    spares_out_closed_form: float
+    choices: tuple[Choice, ...]
+    storage_stall_s: float
+    step_s: float | None = None  # a training step, for the interval in iterations
+
+    def allocation_goodput(self, summary: Summary, settings: Settings) -> float:
+        """ETTR over the whole allocation: hot spares hold nodes that never train."""
+        nodes = self.scenario.shape.nodes
+        spare_nodes = settings.hot_spares * self.scenario.shape.nodes_per_task
+        return summary.ettr * nodes / (nodes + spare_nodes)
+
+
+def _goodput(scenario: Scenario, settings: Settings, summary: Summary) -> float:
+    nodes = scenario.shape.nodes
+    return summary.ettr * nodes / (nodes + settings.hot_spares * scenario.shape.nodes_per_task)
+
+
+def plan(
+    scenario: Scenario, today: Settings, *, seeds: int, grace: float, storage_stall_s: float
+) -> Plan:
+    """Each setting in turn at the value that maximises the allocation's goodput, then
+    what each change from today is worth with the others recommended."""
+
+    def run(settings: Settings, design: Design = APPLIANCE) -> Summary:
+        return run_seeds(scenario, settings, design, seeds)
+
+    tau = best_interval(scenario)
+    if math.isinf(tau):
+        tau = today.save_interval_s  # no interruptions: nothing to trade a save against
+    tau = max(tau, SHORTEST_INTERVAL_S)
+    best = replace(
+        today,
+        save_interval_s=tau,
+        lease_s=float(shortest_lease(storage_stall_s, grace)),
+    )
+    by_hot = {}
+    for hot in range(MOST_HOT_SPARES + 1):
+        settings = replace(best, hot_spares=hot, cold_spares=cold_spares_for(scenario, hot))
+        by_hot[hot] = (_goodput(scenario, settings, run(settings)), settings)
+    best = max(by_hot.values(), key=lambda pair: pair[0])[1]
+    best = replace(best, depth=depth_for(scenario, best, APPLIANCE))
+    appliance = run(best)
+    choices = []
+    for name, field, why in (
+        ("save interval (s)", "save_interval_s", "the renewal model's optimum"),
+        ("hot spares", "hot_spares", "the most goodput of the allocation, idle spares counted"),
+        ("cold spares", "cold_spares", f"spares run out in under {RISK:.0%} of generations"),
+        (
+            "lease (s)",
+            "lease_s",
+            f"the shortest that rides out a {storage_stall_s:g} s storage stall",
+        ),
+        ("depth", "depth", f"the run needs no resubmit with {1 - RISK:.0%} chance"),
+    ):
+        was, now = getattr(today, field), getattr(best, field)
+        worth = 0.0
+        if was != now:
+            other = run(replace(best, **{field: was}))
+            worth = _goodput(scenario, best, appliance) - _goodput(
+                scenario, replace(best, **{field: was}), other
+            )
+        choices.append(Choice(name, float(was), float(now), worth, why))
+    return Plan(
+        scenario=scenario,
+        today=today,
+        recommended=best,
+        appliance=appliance,
+        appliance_today=run(today),
+        seeds=run(best, SEEDS),
+        closed_form=closed_form(scenario, best, APPLIANCE),
+        seeds_closed_form=closed_form(scenario, best, SEEDS),
+        young_interval_s=young_interval(scenario),
+        spares_out_closed_form=spares_out_chance(scenario, best),
+        choices=tuple(choices),
+        storage_stall_s=storage_stall_s,
+    )

@@ -1,0 +1,148 @@
+"""What a person asks `plan` for, checked before anything runs, and the scenario it
+makes. Pure: a problem names the option and the fix."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan.history import ChainHistory
+from nvrx_appliance.plan.rates import Rates
+from nvrx_appliance.plan.simulate import Scenario, Settings
+
+# Llama 3's largest per-GPU checkpoint state (arXiv 2407.21783: 1 MB to 4 GB per GPU)
+# and its storage's sustained throughput (Tectonic, 2 TB/s): the default checkpoint.
+CHECKPOINT_GB_PER_GPU = 4.0
+STORAGE_GBPS = 2000.0
+# GPFS's failure detection is 35 s by default: the stall a live task 0 must ride out
+# (settings/chain.py, lease_stale_after's reason).
+STORAGE_STALL_S = 40.0
+MOST_SEEDS = 1000
+
+
+@dataclass(frozen=True)
+class Request:
+    nodes: int = 2048
+    gpus_per_node: int = 8
+    nodes_per_task: int = 1
+    segment: int = 0
+    days: float = 90.0
+    time_limit_s: float = 24 * 3600.0
+    rates: Rates = field(default_factory=Rates)
+    checkpoint_gb: float | None = None  # None: CHECKPOINT_GB_PER_GPU per GPU
+    storage_gbps: float = STORAGE_GBPS
+    save_s: float | None = None
+    queue_wait_s: float = 0.0
+    response_s: float = 3600.0
+    storage_stall_s: float = STORAGE_STALL_S
+    # Today's settings: the appliance's defaults (settings/chain.py), a 30-minute interval.
+    today: Settings = field(default_factory=lambda: Settings(1800.0, 1, 0, 45.0, 3))
+    grace_s: float = 3.0
+    step_s: float | None = None
+    overrides: dict[str, float] = field(default_factory=dict)
+    seeds: int = 10
+
+
+def problems(request: Request) -> list[str]:
+    """Every bad value, each with the option that holds it and what to pass instead."""
+    out = []
+
+    def need(ok: bool, option: str, fix: str) -> None:
+        if not ok:
+            out.append(f"{option}: {fix}")
+
+    r, t = request, request.today
+    need(r.nodes >= 1, "--nodes", "the nodes that train, at least 1 (e.g. --nodes 2048)")
+    need(r.gpus_per_node >= 1, "--gpus-per-node", "at least 1 (8 on an HGX node)")
+    need(1 <= r.nodes_per_task <= r.nodes, "--nodes-per-task", f"between 1 and --nodes ({r.nodes})")
+    need(r.segment >= 0, "--segment", "0 (off) or the nodes of one NVLink domain")
+    need(0 < r.days <= 3650, "--days", "the run's length in days, above 0 (e.g. --days 90)")
+    need(r.time_limit_s > 0, "--time", "a Slurm time limit above 0 (e.g. --time 1-00:00:00)")
+    for name in ("node_death", "rank_crash", "hang", "task0_loss"):
+        value = getattr(r.rates, name)
+        need(
+            value >= 0 and math.isfinite(value),
+            f"--{name.replace('_', '-')}",
+            "interruptions per 1,000 node-days, 0 or more",
+        )
+    need(0 <= r.rates.unloadable < 1, "--unloadable", "a share of loads, from 0 up to below 1")
+    need(r.checkpoint_gb is None or r.checkpoint_gb >= 0, "--checkpoint-gb", "0 or more GB")
+    need(r.storage_gbps > 0, "--storage-gbps", "the storage's write and read rate, above 0 GB/s")
+    need(r.save_s is None or r.save_s >= 0, "--save-seconds", "0 or more seconds")
+    need(r.queue_wait_s >= 0, "--queue-wait", "0 or more seconds")
+    need(r.response_s >= 0, "--response-minutes", "0 or more minutes")
+    need(r.storage_stall_s >= 0, "--storage-stall", "0 or more seconds")
+    need(t.save_interval_s > 0, "--save-minutes", "today's save interval, above 0 minutes")
+    need(t.hot_spares >= 0, "--hot-spares", "0 or more tasks")
+    need(t.cold_spares >= 0, "--cold-spares", "0 or more tasks")
+    need(t.lease_s > 0, "--lease-stale-after", "today's lease, above 0 seconds")
+    need(t.depth >= 1, "--depth", "at least 1 generation")
+    need(r.step_s is None or r.step_s > 0, "--step-seconds", "a training step's seconds, above 0")
+    need(1 <= r.seeds <= MOST_SEEDS, "--seeds", f"between 1 and {MOST_SEEDS}")
+    for name, seconds in r.overrides.items():
+        need(
+            name in priced.STEPS,
+            "--cost",
+            f"{name!r} is no step; choose from {', '.join(priced.STEPS)}",
+        )
+        need(seconds >= 0, "--cost", f"{name}: 0 or more seconds")
+    return out
+
+
+def with_history(request: Request, history: ChainHistory) -> Request:
+    """The chain's rates, save cost and step in place of the defaults; its shape is the
+    request's (the run being planned)."""
+    rates = Rates(
+        node_death=0.0,
+        rank_crash=history.rank_crash,
+        hang=0.0,
+        task0_loss=history.task0_loss,
+        unloadable=request.rates.unloadable,
+        source=history.source,
+    )
+    return replace(
+        request,
+        rates=rates,
+        save_s=history.save_s if request.save_s is None else request.save_s,
+        step_s=history.step_s if request.step_s is None else request.step_s,
+    )
+
+
+def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
+    shape = priced.Shape(
+        request.nodes, request.gpus_per_node, request.nodes_per_task, request.segment
+    )
+    checkpoint = request.checkpoint_gb
+    if checkpoint is None:
+        checkpoint = CHECKPOINT_GB_PER_GPU * shape.gpus
+    costs = priced.measured(
+        shape,
+        checkpoint_gb=checkpoint,
+        storage_gbps=request.storage_gbps,
+        save_s=request.save_s,
+        overrides=request.overrides,
+        queue_wait=request.queue_wait_s,
+        save_source=(
+            f"chain {history.name}: mean of its saves"
+            if history is not None and request.save_s == history.save_s
+            else "given (--save-seconds)"
+        ),
+    )
+    if history is not None and history.restart_s is not None:
+        costs = replace(
+            costs,
+            restart_whole=priced.Step(
+                history.restart_s,
+                f"chain {history.name}: mean of {history.restarts_measured} interruption(s)",
+                "as measured on that chain's size",
+            ),
+        )
+    return Scenario(
+        shape=shape,
+        rates=request.rates,
+        costs=costs,
+        time_limit_s=request.time_limit_s,
+        horizon_s=request.days * 86400.0,
+        response_s=request.response_s,
+    )

@@ -1,0 +1,156 @@
+"""A slow node on the real cluster (issue 38, a straggler): real ft_launcher 0.7.0, the cpu
+trainer on two nodes, and one node's ranks paused most of the time from outside
+(SIGSTOP and SIGCONT in turn, as a throttled GPU or a busy neighbour slows a node
+without a fault). `status` names it with its slowdown, the watcher raises its finding,
+and the healthy node is named by neither."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from .chain_support import cli, logs_on_failure, progress, submit, unique, wait_event, wait_idle
+from .conftest import Cluster
+from .test_bad_nodes import _cycle_nodes, _node, _worker_pids
+from .test_watch_cluster import reported, watch
+
+pytestmark = [pytest.mark.cluster]
+
+START_S = 180  # the generation placed and training under way
+NAMED_S = 90  # 120 steps at the slow node's pace, and a look
+# Of every PERIOD_S the slow node's ranks are stopped for STOPPED_S: well under a logged
+# interval (10 steps), so each interval sees the same share, and about a threefold
+# slowdown of its own steps, far above the rule's 1.2.
+PERIOD_S = 0.2
+STOPPED_S = 0.13
+
+
+@contextmanager
+def paused_share(work: Path, node: str) -> Iterator[None]:
+    """The chain's ranks on `node`, stopped STOPPED_S of every PERIOD_S until the block
+    ends (then left running). The pause is the fault itself, not a wait for anything."""
+    done = threading.Event()
+
+    def pause() -> None:
+        while not done.is_set():
+            ranks = _worker_pids(work, node)
+            _signal(ranks, signal.SIGSTOP)
+            done.wait(STOPPED_S)
+            _signal(ranks, signal.SIGCONT)
+            done.wait(PERIOD_S - STOPPED_S)
+
+    thread = threading.Thread(target=pause, name=f"slow-{node}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        _signal(_worker_pids(work, node), signal.SIGCONT)
+
+
+def _signal(pids: list[int], signum: int) -> None:
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):  # a rank that ended since it was listed
+            os.kill(pid, signum)
+
+
+def _status(cluster: Cluster, name: str) -> str:
+    done = cli(cluster, "status", name)
+    return " ".join(done.stdout.split())  # rich may fold a long line at any width
+
+
+def _started(work: Path, gen: str, cycle: int) -> dict:
+    return wait_event(
+        work,
+        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == gen
+        and e.get("cycle") == cycle,
+        START_S,
+        f"training to start in cycle {cycle}",
+    )  # fmt: skip
+
+
+def _train(cluster: Cluster, *flags: str) -> tuple[Path, str, str, str, str]:
+    """A two-node train chain, training: (work dir, name, generation, task 0's node, the
+    other training node)."""
+    work = cluster.workdir("straggler")
+    name = unique("straggler")
+    [gen] = submit(
+        cluster, work, name, "--mode", "train", "--train-tasks", "2", "--cold-spares", "0",
+        "--depth", "1", *flags,
+    )  # fmt: skip
+    _started(work, gen, 0)
+    task0 = _node(cluster, gen, 0)
+    active, _ = _cycle_nodes(work, gen, 0)
+    (other,) = active - {task0}
+    return work, name, gen, task0, other
+
+
+def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
+    cluster: Cluster, tmp_path: Path
+):
+    work, name, gen, task0, slow = _train(cluster, "--hot-spares", "0")
+    try:
+        with paused_share(work, slow):
+            text = cluster.wait_until(
+                lambda: (lambda t: t if f"straggler: {slow} is a straggler" in t else None)(
+                    _status(cluster, name)
+                ),
+                NAMED_S,
+                f"status to name {slow} a straggler",
+                2.0,
+            )
+            found = watch(cluster, tmp_path, "--work-dir", str(work))
+        assert f"in cycle 0 of generation {gen}: its own step takes" in text
+        slowdown = float(text.split(f"{slow} is a straggler")[1].split("x over the last")[0]
+                         .rsplit("(", 1)[1])  # fmt: skip
+        assert slowdown >= 1.5, text
+        assert f"straggler: {task0}" not in text
+        assert reported(found, "straggler"), found.stderr
+        assert f"{slow} is a straggler" in found.stderr
+        assert f"{task0} is a straggler" not in found.stderr
+        steps = [e for e in progress(work) if e["event"] == "step" and "own_step_s" in e]
+        assert {slow, task0} <= set(steps[-1]["own_step_s"]), logs_on_failure(work)
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)
+
+
+def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_trains(
+    cluster: Cluster,
+):
+    # A longer time limit than the quick settings' 10 min: replacing pays by what the
+    # straggler would cost until the generation ends, which the time left bounds.
+    work, name, gen, task0, slow = _train(
+        cluster, "--hot-spares", "1", "--straggler-action", "replace", "--time", "00:30:00"
+    )
+    try:
+        with paused_share(work, slow):
+            resumed = _started(work, gen, 1)
+        active, _ = _cycle_nodes(work, gen, 1)
+        assert task0 in active and slow not in active and len(active) == 2, logs_on_failure(work)
+        (spare,) = active - {task0}
+        leave = work / "nvrx" / gen / "stragglers" / f"leave.{slow}"
+        decided = dict(line.split("=", 1) for line in leave.read_text().splitlines())
+        # It left at a checkpoint: the next cycle resumed from one after the decision.
+        assert resumed["iteration"] > int(decided["iteration"]), decided
+        assert decided["words"].startswith(f"{slow} is a straggler in cycle 0"), decided
+        assert decided["why"].startswith("replaced: it costs"), decided
+        launcher_log = (work / "nvrx" / gen / "logs" / "ft_launcher.log").read_text()
+        assert f"a straggler: {slow} is a straggler" in launcher_log + "".join(
+            p.read_text() for p in (work / "logs").glob("slurm-*.out")
+        )
+        wait_event(
+            work, lambda e: e["event"] == "step" and e.get("cycle") == 1
+            and spare in e.get("own_step_s", {}), START_S, f"the spare {spare} to train",
+        )  # fmt: skip
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)
