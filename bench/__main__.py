@@ -37,8 +37,10 @@ from bench import (
     seeds,
     segment,
     segsilent,
+    sick_node,
     sigkill,
     spare,
+    stack_sampling,
     timelimit,
     watcher,
 )
@@ -50,10 +52,11 @@ SCENARIOS = {
     m.NAME: m
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
-        completion, healthcheck, segment, segsilent, scale, watcher, plan,
+        completion, healthcheck, segment, segsilent, scale, sick_node, watcher, plan,
+        stack_sampling,
     )
 }  # fmt: skip
-NEEDS_NO_CLUSTER = {watcher.NAME}
+NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME}
 RESULTS = Path(__file__).parent / "results"
 RESULTS_DOC = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 MIN_REPEAT = 5  # issue 7: every figure over at least five samples

@@ -46,6 +46,7 @@ from nvrx_appliance.chain.status import ChainView
 from nvrx_appliance.goodput import gather
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import hangs as hang_record
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.slurm_output import ALLOCATIONS
 from nvrx_appliance.observe.slurmcli import Slurm
@@ -438,6 +439,34 @@ def logs(
     size = manifest["shape"].get("array_size")
     more = chainlogs.others(layout, job_name, generation, size if isinstance(size, int) else 1)
     return LogFile(generation, path, tuple(more))
+
+
+def hang_verdicts(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
+    """Each hang of the chain judged, in words (docs/hangs.md): "generation 41: node3 hung
+    in cycle 2: ...; kept out of the next rendezvous ..."; [] when none was."""
+    folder, _ = locate(target, work_dir=work_dir)
+    layout = Layout(folder)
+    exclude_for = int(workdir.load_manifest(folder)["spec"].get("exclude_for", 0))
+    found = workdir.hangs(layout, chainlogs.generations(layout))
+    return [
+        f"generation {array_job_id}: {hang_record.sentence(hang, exclude_for)}"
+        for array_job_id, hangs in found.items()
+        for hang in hangs
+    ]
+
+
+def hang_stacks(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
+    """Every hang record of the chain (or of the generation a job id names), its stacks
+    grouped, as lines for a person (docs/hangs.md); [] when no hang was judged."""
+    folder, generation = locate(target, work_dir=work_dir)
+    layout = Layout(folder)
+    ids = [generation] if generation is not None else chainlogs.generations(layout)
+    lines: list[str] = []
+    for array_job_id, found in workdir.hangs(layout, ids).items():
+        for hang in found:
+            path = layout.hangs(array_job_id) / f"cycle{hang.cycle}.json"
+            lines += [f"==> generation {array_job_id}, {path} <==", *hang_record.grouped(hang)]
+    return lines
 
 
 def follow_logs(

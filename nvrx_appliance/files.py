@@ -19,10 +19,12 @@ followed), so a reader sees the old file or the new one, never half of either.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 class NotRegularFile(OSError):
@@ -77,3 +79,19 @@ def write_atomic(path: Path, text: str, mode: int = 0o644, *, durable: bool = Tr
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def create_once(path: Path, data: dict[str, Any]) -> bool:
+    """Write `path` whole, owner-only, only if it does not exist: True for the one writer
+    that created it (a hard link of a complete file: a reader never sees it half written)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(json.dumps(data, sort_keys=True) + "\n")
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        return True
+    finally:
+        os.unlink(tmp)

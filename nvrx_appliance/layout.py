@@ -251,6 +251,7 @@ class Layout:
             "drain_poll": str(self.drain_poll(ARRAY_JOB_ID_FIELD)),
             "verdict": str(control.verdict),
             "workload_exits": str(self.exit_records(ARRAY_JOB_ID_FIELD)),
+            "hangs": str(self.hangs(ARRAY_JOB_ID_FIELD)),
         }
 
     def cycle_infos(self, array_job_id: str | int) -> Path:
@@ -269,6 +270,16 @@ class Layout:
         """The first failed worker of each cycle, one JSON file per cycle (its guard's
         account: exit code, iteration, what it means), owner-only."""
         return self.generation(array_job_id) / "exits"
+
+    def stacks(self, array_job_id: str | int) -> Path:
+        """Each rank's last stack, per cycle (`cycle<N>/<node>.rank<R>.json`), kept by its
+        guard's sampler (rank/stacks.py), owner-only."""
+        return self.generation(array_job_id) / "stacks"
+
+    def hangs(self, array_job_id: str | int) -> Path:
+        """The hang records (`cycle<N>.json`: the judgement and the stacks grouped) and the
+        markers of the nodes a verdict named (`hung.<node>`, `withdrawn.<node>`)."""
+        return self.generation(array_job_id) / "hangs"
 
     @property
     def fallbacks(self) -> Path:

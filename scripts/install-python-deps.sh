@@ -22,7 +22,14 @@ with open("nvrx_appliance/image/pins.toml", "rb") as fh:
 PY
 )
 MEGATRON_CORE_DIR="$VENV/megatron-core-$MEGATRON_CORE_VERSION"
-stamp="$VENV/.deps-$NVRX_VERSION-torch-$TORCH_VERSION-mcore-$MEGATRON_CORE_VERSION"
+# py-spy, as the image pins it: each rank's guard samples its stack with it.
+PY_SPY_VERSION=$("$PYTHON" - <<'PY'
+import tomllib
+with open("nvrx_appliance/image/pins.toml", "rb") as fh:
+    print(tomllib.load(fh)["stacks"]["py_spy"])
+PY
+)
+stamp="$VENV/.deps-$NVRX_VERSION-torch-$TORCH_VERSION-mcore-$MEGATRON_CORE_VERSION-pyspy-$PY_SPY_VERSION"
 
 # The package's own metadata (console scripts, dependencies) as installed: a checkout
 # whose pyproject.toml changed must reinstall it, or a renamed entry point stays stale.
@@ -51,6 +58,9 @@ keep=$(mktemp)
 trap 'rm -f "$keep"' EXIT
 echo "torch==$TORCH_VERSION" >"$keep"
 bash nvrx_appliance/image/install-nvrx.sh "$(cd "$VENV" && pwd)/bin/python" "$NVRX_VERSION" "$keep"
+
+echo "install-python-deps: py-spy==$PY_SPY_VERSION"
+"${pip[@]}" install -c "$keep" "py-spy==$PY_SPY_VERSION"
 
 echo "install-python-deps: nvrx-appliance (editable) and test tools"
 "${pip[@]}" install -e '.[dev,apptainer]'

@@ -210,8 +210,9 @@ def view_of(
     layout = Layout(work_dir)
     if ledger is None:
         ledger = workdir.ledger(layout)
+    ids = generation_ids(queue, acct, ledger)
     if cycles is None:
-        cycles = workdir.cycles(layout, generation_ids(queue, acct, ledger))
+        cycles = workdir.cycles(layout, ids)
     return assemble(
         manifest=manifest,
         queue=queue,
@@ -224,6 +225,7 @@ def view_of(
         blind=blind,
         now=now,
         exclusions=workdir.exclusions(layout),
+        hangs=workdir.hangs(layout, ids),
         stragglers=stragglers,
     )
 

@@ -18,6 +18,8 @@ from nvrx_appliance.goodput.straggler import Straggler
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
 from nvrx_appliance.observe.exclusions import Applied, Exclusion, Record
+from nvrx_appliance.observe.hangs import Hang
+from nvrx_appliance.observe.hangs import sentence as hang_words
 from nvrx_appliance.observe.slurm_output import AcctRow
 from nvrx_appliance.observe.times import parse_time
 from nvrx_appliance.observe.types import LIVE_STATES, PENDING_STATES, RUNNING_STATES, Cycle, Task
@@ -56,6 +58,7 @@ class GenerationView:
     time_left_s: float | None = None  # to the time limit, while it runs
     pending_reason: str = ""  # squeue's %r for a task 0 not started yet
     drained: tuple[str, ...] = ()  # its nodes Slurm drained (ledger: the drain poller's)
+    hangs: tuple[str, ...] = ()  # each hung cycle's judgement, in words (docs/hangs.md)
     # Cancelled before any of its tasks started (sacct), and by whom where Slurm says.
     never_ran: bool = False
     cancelled_by: str = ""
@@ -444,6 +447,7 @@ def assemble(
     blind: Sequence[str] = (),
     now: float = 0.0,
     exclusions: Record | None = None,
+    hangs: Mapping[str, Sequence[Hang]] | None = None,
     stragglers: Sequence[Straggler] = (),
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
@@ -483,6 +487,10 @@ def assemble(
                 time_left_s=left,
                 pending_reason=_pending_reason(array_job_id, queue),
                 drained=tuple(str(n) for n in entry.get("drained") or ()),
+                hangs=tuple(
+                    hang_words(h, int(spec.get("exclude_for", 0)))
+                    for h in (hangs or {}).get(array_job_id, ())
+                ),
                 never_ran=not entry and _never_ran(array_job_id, acct),
                 cancelled_by=_cancelled_by(array_job_id, acct),
             )

@@ -309,6 +309,9 @@ def cancelled_line(done: api.Cancelled) -> str:
 @click.option(
     "--follow", "-f", is_flag=True, help="Keep printing as it grows, on into later generations."
 )
+@click.option(
+    "--stacks", is_flag=True, help="Every hang's judgement and the ranks' stacks, grouped."
+)
 def logs_command(
     target: str | None,
     work_dir: str | None,
@@ -316,16 +319,24 @@ def logs_command(
     cycle: int | None,
     launcher: bool,
     follow: bool,
+    stacks: bool,
 ) -> None:
     """A generation's output: task 0's batch log unless --task, --cycle or --launcher.
 
     A job id means its generation; a name, the newest generation that wrote that log.
     Each path read is named on stderr; docs/logs.md lists them all.
     """
-    if sum((task != 0, cycle is not None, launcher)) > 1:
-        fail("--task, --cycle and --launcher each pick one log; give one of them")
+    if sum((task != 0, cycle is not None, launcher, stacks)) > 1:
+        fail("--task, --cycle, --launcher and --stacks each pick one log; give one of them")
     located = find(LOGS, target, work_dir)
     chain: api.Target = target if target and target.isdigit() else located
+    if stacks:
+        try:
+            lines = api.hang_stacks(chain, work_dir=located.work_dir)
+        except api.ChainNotFound as exc:
+            fail(not_readable(exc, located.job_name))
+        click.echo("\n".join(lines) if lines else "no hang has been judged in this chain")
+        return
 
     def announce(found: Path) -> None:
         click.echo(f"==> {found} <==", err=True)

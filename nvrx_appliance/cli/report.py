@@ -62,6 +62,8 @@ def report_command(
     else:
         for line in summary.lines(account):
             click.echo(line)
+        for line in api.hang_verdicts(found):  # what each hang cost is in the restarts above
+            click.echo(f"  hang: {line}")
         if written:
             click.echo(f"  picture: {written}")
     if account.allocation_node_s is None:

@@ -150,6 +150,15 @@ def decision_lines(view: ChainView) -> list[Text]:
     ]
 
 
+def hang_lines(view: ChainView) -> list[Text]:
+    """Each hung cycle's judgement: the node named, or why none was (docs/hangs.md)."""
+    return [
+        Text(f"generation {g.array_job_id}: {words}", style="yellow")
+        for g in view.generations
+        for words in g.hangs
+    ]
+
+
 def drained_lines(view: ChainView) -> list[Text]:
     return [
         Text(
@@ -235,6 +244,7 @@ def render(view: ChainView) -> Group:
         parts.append(cycles_table(view))
     parts += decision_lines(view)
     parts += drained_lines(view)
+    parts += hang_lines(view)
     parts += straggler_lines(view)
     if view.excluded:
         parts.append(exclusions_table(view))

@@ -61,6 +61,10 @@ step "NVRx $NVRX_VERSION"
 # install-nvrx.sh says why NVRx needs its own step on Python < 3.12.
 bash "$context/install-nvrx.sh" "$py" "$NVRX_VERSION" "$keep"
 
+step "py-spy $PY_SPY_VERSION"
+# Each rank's guard samples its workload's stack with it (a hang names its node).
+"${pip[@]}" -c "$keep" "py-spy==$PY_SPY_VERSION"
+
 step "nvrx-appliance $APPLIANCE_VERSION (in-container side)"
 wheels=("$context"/wheels/nvrx_appliance-*.whl)
 [ -f "${wheels[0]}" ] || fail "no nvrx_appliance wheel in $context/wheels"

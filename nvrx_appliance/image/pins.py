@@ -37,6 +37,7 @@ class PinsError(Exception):
 class Pins:
     appliance_version: str
     nvrx_version: str
+    py_spy_version: str
     megatron_core_version: str
     megatron_tag: str
     megatron_repository: str
@@ -96,6 +97,7 @@ def parse(data: dict[str, Any], appliance_version: str = __version__, registry: 
     return Pins(
         appliance_version=appliance_version,
         nvrx_version=str(get("nvrx", "version")),
+        py_spy_version=str(get("stacks", "py_spy")),
         megatron_core_version=str(get("megatron", "core_version")),
         megatron_tag=str(get("megatron", "tag")),
         megatron_repository=str(get("megatron", "repository")),
@@ -140,6 +142,7 @@ def build_settings(pins: Pins, flavor: str, builder: str) -> dict[str, str]:
         "IMAGE_BASE": pins.base(flavor),
         "IMAGE_BUILDER": builder,
         "NVRX_VERSION": pins.nvrx_version,
+        "PY_SPY_VERSION": pins.py_spy_version,
         "MEGATRON_CORE_VERSION": pins.megatron_core_version if gpu else "",
         "MEGATRON_TAG": pins.megatron_tag if gpu else "",
         "MEGATRON_REPOSITORY": pins.megatron_repository if gpu else "",

@@ -26,6 +26,8 @@ teardown (Layout.node_memory; hostlib.py says what 3.6 rules out). The pure part
 first; the shell is thin.
 """
 
+import json
+import os
 import re
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple
 
@@ -49,6 +51,11 @@ _UNHEALTHY = "Agent .run() raised UnhealthyNodeException: "
 # node: that node left because Slurm drained it, which is not ours to remember.
 _DRAIN_CHECK = "slurm drain: "  # in "Node health check failed: ... failed_checks=[...]"
 LEFT_DRAINED = "drained by Slurm"
+# ... and when it failed a node a hang verdict named (rank/stacks.py): the hang record is
+# the evidence (remember() reads it), not NVRx's line.
+_HANG_CHECK = "hung: "
+LEFT_HUNG = "named by a hang verdict"
+HUNG = "hung"  # the evidence kind of an exclusion a hang verdict earned
 _WORKERS_FAILED = re.compile(r"\] Worker group (?:FAILED|UNHEALTHY)\. ")
 
 # --- pure ---------------------------------------------------------------------------
@@ -66,7 +73,12 @@ def evidence(lines: Iterable[str]) -> Tuple[Dict[str, str], Dict[str, int]]:
     unhealthy = {}  # type: Dict[str, str]
     failures = {}  # type: Dict[str, int]
     for line in lines:
-        if _UNHEALTHY not in line and "] Worker group " not in line and _DRAIN_CHECK not in line:
+        if (
+            _UNHEALTHY not in line
+            and "] Worker group " not in line
+            and _DRAIN_CHECK not in line
+            and _HANG_CHECK not in line
+        ):
             continue  # the cheap test first: a long generation's log is large
         match = _LINE.match(line)
         if not match:
@@ -74,6 +86,8 @@ def evidence(lines: Iterable[str]) -> Tuple[Dict[str, str], Dict[str, int]]:
         node, rest = short_name(match.group("host")), match.group("rest")
         if _DRAIN_CHECK in rest and "failed_checks=" in rest:  # before the exception
             unhealthy.setdefault(node, LEFT_DRAINED)
+        elif _HANG_CHECK in rest and "failed_checks=" in rest:
+            unhealthy.setdefault(node, LEFT_HUNG)
         elif _UNHEALTHY in rest:
             unhealthy.setdefault(node, rest.split(_UNHEALTHY, 1)[1].strip())
         elif _WORKERS_FAILED.search(rest):
@@ -95,6 +109,8 @@ def judge(
     for node, why in sorted(unhealthy.items()):
         if why == LEFT_DRAINED:
             left.add(node)  # drained then, perhaps resumed since: the administrator's
+        elif why == LEFT_HUNG:
+            continue  # remembered from its hang record, with the stacks (hung_entries)
         else:
             found.setdefault(node, "failed NVRx's health check: " + why)
     if fenced_task0:
@@ -158,6 +174,17 @@ def to_clear(
                 found.append((str(entry["node"]), iteration))
                 break
     return found
+
+
+def hung_reason(words: str, exclude_for: int) -> str:
+    """A hang verdict's words as an exclusion's reason: "hung in cycle 2: its 2 ranks
+    stopped in `train_step` while the 4 others waited in `all_reduce`; kept out of the next
+    rendezvous and of this chain's generations for 24 h"."""
+    hours = exclude_for / 3600
+    span = f"{hours:g} h" if hours >= 1 else f"{exclude_for} s"
+    _, _, told = words.partition(" hung in ")
+    said = "hung in " + told if told else words
+    return f"{said}; kept out of the next rendezvous and of this chain's generations for {span}"
 
 
 def parse_record(text: str) -> List[Dict[str, Any]]:
@@ -320,6 +347,40 @@ def _append(path: str, entries: List[Dict[str, Any]]) -> None:
     hostlib.append_lines(path, entries, mode=0o600)
 
 
+HANG_MARKER_BYTES = 64 << 10
+MAX_HANG_MARKERS = 1000
+
+
+def hung_nodes(hangs: str, chain: str, array_job_id: str) -> List[Dict[str, Any]]:
+    """The nodes this generation's hang verdicts named and still stand (rank/stacks.py's
+    `hung.<node>` markers, less the `withdrawn.<node>` ones): node, words, the record's
+    path, whether it handed the generation off. Nothing from a marker of another run
+    under a reused array job id."""
+    if not hangs:
+        return []
+    try:
+        names = sorted(os.listdir(hangs))[:MAX_HANG_MARKERS]
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        node = name[len("hung.") :] if name.startswith("hung.") else ""
+        if not node or "withdrawn." + node in names:
+            continue
+        try:
+            marker = json.loads(_read(os.path.join(hangs, name), HANG_MARKER_BYTES))
+        except ValueError:
+            continue
+        if not isinstance(marker, dict):
+            continue
+        if str(marker.get("generation", "")).split("/")[:2] != [chain, array_job_id]:
+            continue
+        found.append({"node": node, "words": str(marker.get("words", "")),
+                      "stacks": os.path.join(hangs, str(marker.get("record", ""))),
+                      "hand_off": bool(marker.get("hand_off"))})  # fmt: skip
+    return found
+
+
 def drained_nodes(drain_poll: str, chain: str, array_job_id: str) -> List[str]:
     """The generation's drained nodes, as its drain poller last found them; none from a
     record another run left under a reused array job id."""
@@ -340,13 +401,16 @@ def remember(
     array_job_id: str,
     log: Callable[[str], None],
     exits: Optional[List[Dict[str, Any]]] = None,
+    hangs: str = "",
 ) -> List[Dict[str, str]]:
     """Judge the generation and append its exclusions to the record; what the ledger
     entry lists (node, reason). exits: the workload guards' account of each cycle's
-    failure (the teardown reads them); without them, the NVRx log's count per node."""
+    failure (the teardown reads them); without them, the NVRx log's count per node.
+    hangs: the generation's hang records (a standing verdict: evidence "hung")."""
     exclude_for = int(spec.get("exclude_for", 0))
     if exclude_for <= 0:
         return []
+    hung = hung_nodes(hangs, chain, array_job_id)
     log_text = _read(launcher_log, LAUNCHER_LOG_TAIL_BYTES, tail=True)
     unhealthy, failures = evidence(log_text.splitlines())
     iterations = {}  # type: Dict[str, List[int]]
@@ -370,12 +434,20 @@ def remember(
         threshold=int(spec.get("exclude_after_failures", 0)),
     )
     since, until = hostlib.record_time(), hostlib.record_time(exclude_for)
+    named = {h["node"] for h in hung}
+    found = [(h["node"], hung_reason(h["words"], exclude_for)) for h in hung] + [
+        (node, why) for node, why in found if node not in named
+    ]
+    stacks = {h["node"]: h["stacks"] for h in hung}
     entries = [
         {"kind": EXCLUDED, "version": RECORD_VERSION, "node": node, "reason": why,
          "since": since, "until": until, "chain": chain, "generation": array_job_id,
          "by": "teardown", "iterations": sorted(set(iterations.get(node, [])))}
         for node, why in found
     ]  # fmt: skip
+    for entry in entries:
+        if entry["node"] in stacks:
+            entry.update(evidence=HUNG, stacks=stacks[entry["node"]])
     for node, why in found:
         log(f"{node} is kept out of this chain's queued generations until {until}: {why}")  # fmt: skip
     try:

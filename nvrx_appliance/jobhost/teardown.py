@@ -517,6 +517,16 @@ def elsewhere(
         _log(f"ERROR: recording where the next generation must run failed: {exc}")
 
 
+def hung_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
+    """The generation's standing hang verdicts (docs/hangs.md), for the ledger's words;
+    never at the cost of the entry."""
+    try:
+        return node_memory.hung_nodes(args.hangs, chain, args.array_job_id)
+    except Exception as exc:
+        _log(f"ERROR: reading this generation's hang verdicts failed: {exc}")
+        return []
+
+
 def remember_nodes(
     args: argparse.Namespace,
     this: Dict[str, Any],
@@ -531,7 +541,7 @@ def remember_nodes(
             record=args.exclusions, launcher_log=args.launcher_log,
             drained=this.get("drained", []), fenced_task0=fenced_task0,
             spec=_load_manifest(args.run_json).get("spec", {}), chain=this["chain"],
-            array_job_id=args.array_job_id, log=_log, exits=exits,
+            array_job_id=args.array_job_id, log=_log, exits=exits, hangs=args.hangs,
         )  # fmt: skip
     except Exception as exc:
         _log(f"ERROR: judging this generation's nodes failed: {exc}")
@@ -649,10 +659,20 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
                 chain_ids=hostlib.submitted_ids(args.submitted),
             )
         )  # fmt: skip
+    hung = hung_account(args, this["chain"])
+    handed = [h["words"] for h in hung if h.get("hand_off")]
+    if handed and action == RELEASED_SPARES:
+        reason = "{}; no hot spare was free, so the generation handed off and the next one starts without it. {}".format(
+            "; ".join(handed), reason
+        )
     this.update(action=action, reason=reason, scancel_ok=ok)
     if action == COMPLETED:
         this["final_iteration"] = done
     this["drained"] = drained_nodes(args, this)
+    if hung:
+        this["hung"] = [
+            {"node": h["node"], "words": h["words"], "stacks": h["stacks"]} for h in hung
+        ]
     _record(args.ledger, this)
     remembered = remember_nodes(args, this, fenced_task0="", exits=exits)
     if verdict is not None:
@@ -679,7 +699,7 @@ PATHS = {"ledger": "ledger", "tracker": "tracker", "training_done": "training_do
          "chain_marker": "marker", "exclusions": "exclusions", "submitted": "submitted",
          "launcher_log": "launcher_log", "drain_poll": "drain_poll", "fence": "fence_claim",
          "relay": "relay_claim", "no_restart": "no_restart", "time_limit": "time_limit",
-         "verdict": "verdict", "workload_exits": "exits_dir"}  # fmt: skip
+         "verdict": "verdict", "workload_exits": "exits_dir", "hangs": "hangs"}  # fmt: skip
 
 
 def generation_paths(paths: Any, array_job_id: str) -> Dict[str, str]:

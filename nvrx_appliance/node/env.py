@@ -26,6 +26,23 @@ TE_SM_MARGIN = "16"
 LAUNCHER_SIGNALS = ",".join(["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"])
 
 
+# PyTorch's NCCL flight recorder (torch_nccl_environment_variables; the names PyTorch
+# 2.13's libtorch reads, and their older spellings NGC's 2.10 reads): entries kept per
+# rank, a dump when the watchdog times out, and where (each rank appends its own rank).
+FLIGHT_RECORDER_ENTRIES = "2000"
+FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
+
+
+def flight_recorder(dump_prefix: str) -> dict[str, str]:
+    return {
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump_prefix,
+        "TORCH_FR_DUMP_TEMP_FILE": dump_prefix,
+    }
+
+
 def contract(manifest: Manifest) -> dict[str, str]:
     """What every workload is told about where it runs (docs/workload-contract.md)."""
     spec, layout = manifest.spec, manifest.layout
@@ -78,6 +95,14 @@ def plan(manifest: Manifest, node: Node, inherited: Mapping[str, str]) -> EnvPla
         # the chain's one run; "allow" creates it the first time and resumes it after.
         values["WANDB_RUN_ID"] = manifest.wandb_run_id
         values["WANDB_RESUME"] = "allow"
+    if spec.workload == "megatron" and spec.stack_sampling > 0:
+        # A GPU hang leaves every rank in the same Python call (NCCL is asynchronous), so
+        # the stacks name nobody there; PyTorch's NCCL flight recorder keeps each rank's
+        # last collectives and dumps them when NCCL's watchdog times out (docs/hangs.md).
+        # The site's own values win.
+        dumps = manifest.layout.stacks(node.array_job_id) / FLIGHT_RECORDER_PREFIX
+        for name, value in flight_recorder(str(dumps)).items():
+            values[name] = inherited.get(name, value)
     if manifest.policy.gpu_failure:
         values["NVRX_INJECT_GPU_FAILURE"] = manifest.policy.gpu_failure
     else:

@@ -104,6 +104,26 @@ def answer(found: Answer) -> dict[str, Any]:
     return {"fail_count": 1, "failed_checks": [f"{found.check}: {found.why}"]}
 
 
+def judge_hang(text: str | None, withdrawn: bool, me: Identity) -> Answer:
+    """Is this node named by a hang verdict of this generation (rank/stacks.py's
+    `hangs/hung.<node>`), not withdrawn since? Then it leaves at this rendezvous."""
+    if not text or withdrawn:
+        return Answer(True, "")
+    try:
+        marker = json.loads(text)
+    except ValueError:
+        return Answer(True, "")
+    if not isinstance(marker, dict) or not control.same_generation(
+        str(marker.get("generation", "")), me.generation
+    ):
+        return Answer(True, "")
+    return Answer(
+        False,
+        f"{marker.get('words') or 'its ranks hung'}; {me.node} leaves at this rendezvous",
+        check="hung",
+    )
+
+
 def site_target(endpoint: str) -> str | None:
     """The gRPC target of a site's service, as NVRx resolves it: Unix sockets only."""
     if endpoint.startswith("unix://"):
@@ -144,8 +164,10 @@ class DrainCheck:
         site_endpoint: str,
         log: Callable[[str], None],
         uid: int | None = None,
+        hangs: Path | None = None,
     ):
         self.marker = marker
+        self.hangs = hangs  # the generation's hang records (docs/hangs.md); None: not read
         self.me = me
         self.site = site_target(site_endpoint) if site_endpoint else None
         self.log = log
@@ -155,6 +177,10 @@ class DrainCheck:
         self.leave: Path | None = None  # a straggler's decision to leave (straggler_leave.py)
 
     def check(self) -> Answer:
+        hung = self.hang_check()
+        if not hung.healthy:
+            self.log(hung.why)
+            return hung
         if self.leave is not None:
             text = straggler_leave.read_decision(self.leave, self.uid)
             if why := straggler_leave.leaving(text, self.me.generation, self.me.node):
@@ -169,6 +195,16 @@ class DrainCheck:
         elif not found.healthy:
             self.log(found.why)
         return found
+
+    def hang_check(self) -> Answer:
+        """A hang verdict on this node (hangs/hung.<node>), unless withdrawn."""
+        if self.hangs is None:
+            return Answer(True, "")
+        text, problem = read_marker(self.hangs / f"hung.{self.me.node}", self.uid)
+        if problem:
+            self._say_once(problem)
+        withdrawn = os.path.lexists(self.hangs / f"withdrawn.{self.me.node}")
+        return judge_hang(text, withdrawn, self.me)
 
     def _say_once(self, message: str) -> None:
         with self._lock:
@@ -244,13 +280,18 @@ def warm_up(manifest: Manifest) -> None:
     """Import gRPC on a thread of its own while the node does its other start-up work
     (a peer waits at the gate, task 0 publishes): a few tenths of a second that would
     otherwise come between the record and ft_launcher's start, on the hand-off's path."""
-    if manifest.spec.drain_poll_interval > 0:
+    if serves(manifest):
         threading.Thread(target=_import_grpc, name="drain-check-imports", daemon=True).start()
 
 
 def dry_run_endpoint(manifest: Manifest) -> str | None:
     """What a dry run shows for the socket a real run creates."""
-    return DRY_RUN_SOCKET if manifest.spec.drain_poll_interval > 0 else None
+    return DRY_RUN_SOCKET if serves(manifest) else None
+
+
+def serves(manifest: Manifest) -> bool:
+    """Whether the entrypoint serves NVRx's node health check: drained nodes, or hung ones."""
+    return manifest.spec.drain_poll_interval > 0 or manifest.spec.stack_sampling > 0
 
 
 def slurm_node(node: Node) -> str:
@@ -264,16 +305,21 @@ def endpoint(
     manifest: Manifest, node: Node, generation: str, log: Callable[[str], None]
 ) -> Iterator[str | None]:
     """The health check endpoint ft_launcher is to name while this node runs: the drain
-    check's socket when the chain polls for drained nodes, else None (the spec's own)."""
+    check's socket when the chain polls for drained nodes, samples stacks (a hung node
+    leaves at the next rendezvous, docs/hangs.md) or replaces stragglers, else None (the
+    spec's own)."""
     replacing = straggler_leave.wanted(manifest)
-    if manifest.spec.drain_poll_interval <= 0 and not replacing:
+    if not serves(manifest) and not replacing:
         yield None
         return
     me = Identity(
         generation=generation, task=node.task_id, job_id=node.job_id, node=slurm_node(node)
     )
     marker = manifest.layout.drain_marker(node.array_job_id, node.task_id)
-    check = DrainCheck(marker, me, site_endpoint=manifest.spec.health_check_endpoint, log=log)
+    hangs = manifest.layout.hangs(node.array_job_id) if manifest.spec.stack_sampling > 0 else None
+    check = DrainCheck(
+        marker, me, site_endpoint=manifest.spec.health_check_endpoint, log=log, hangs=hangs
+    )
     if replacing:
         check.leave = manifest.layout.straggler_leave(node.array_job_id, me.node)
     with serving(check) as socket:

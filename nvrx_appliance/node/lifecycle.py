@@ -60,7 +60,7 @@ from nvrx_appliance.node.preflight import (
     workload_argv,
 )
 from nvrx_appliance.node.supervise import SaveSignal, Supervisor
-from nvrx_appliance.rank import guard
+from nvrx_appliance.rank import guard, stacks
 from nvrx_appliance.settings import generation_end
 
 
@@ -111,6 +111,9 @@ def supervise(
     except launch.ShapeError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, str(exc)) from None
     child_env = env.plan(pre.manifest, pre.node, os.environ).apply(os.environ)
+    if record.segment and pre.fabric.cluster_uuid:
+        # The hang rule names a whole NVLink domain in segment mode (docs/hangs.md).
+        child_env[stacks.DOMAIN_ENV] = pre.fabric.cluster_uuid
     period = looks.look_period(
         pre.manifest,
         pre.node,

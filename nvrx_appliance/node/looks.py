@@ -2,8 +2,9 @@
 the directory per look, and a read of a file only when the listing shows it (the closed
 flag, the workload's verdict, the time-limit notice); the watchers also stat task 0's
 lease. Task 0 looks every second, the watchers twice a second, every other node once per
-backstop period (lease.py). A watcher whose ft_launcher ended on its own lingers until it
-knows whether task 0 lives.
+backstop period (lease.py); task 0 also lists the hang records every HANG_LOOK_S, for a
+hang verdict that asks for a hand-off (rank/stacks.py). A watcher whose ft_launcher
+ended on its own lingers until it knows whether task 0 lives.
 """
 
 from __future__ import annotations
@@ -29,8 +30,12 @@ from nvrx_appliance.node.preflight import (
     say,
 )
 from nvrx_appliance.node.supervise import Decision, Save
+from nvrx_appliance.rank import stacks
 
 RUN_POLL_S = lease.POLL_S
+# Task 0 lists the hang records this often (with stack sampling): a hand-off a second or
+# two later costs nothing beside the step timeout that made it.
+HANG_LOOK_S = 2.0
 
 
 WATCH_POLL_S = lease.WATCH_POLL_S  # a watcher, while ft_launcher runs
@@ -72,9 +77,13 @@ def watch(
         else None
     )
     decided_at: float | None = None
+    # A hang verdict without a free hot spare ends the generation (docs/hangs.md).
+    sampled = is_task0 and spec.stack_sampling > 0
+    hangs = manifest.layout.hangs(node.array_job_id) if sampled else None
+    hangs_due = due
 
     def check() -> Decision:
-        nonlocal due, decided_at
+        nonlocal due, decided_at, hangs_due
         now = time.monotonic()
         if now < due:
             return None
@@ -97,6 +106,12 @@ def watch(
             rendezvous.fence(node, directory, token, verdict.message)
         if verdict is not None:
             return verdict
+        deciding = ending is not None and ending.decided is None
+        if hangs is not None and deciding and now >= hangs_due:
+            hangs_due = now + HANG_LOOK_S
+            if why := stacks.hand_off_wanted(hangs, token):
+                say(f"{node.label}: {why}; closing the generation now")
+                rendezvous.announce_end(directory, token, why)
         given = (
             controldir.workload_verdict(directory, token) if names.verdict.name in listed else None
         )

@@ -30,6 +30,8 @@ class Exclusion:
     until: str
     by: str  # "teardown" or "nvrx-watch"
     generation: str  # the array job id it was judged in
+    evidence: str = ""  # "hung": a hang verdict (docs/hangs.md); "" for the others
+    stacks: str = ""  # the hang record with the stacks, for a hung node
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,8 @@ def read(text: str, now: str) -> Record:
                 until=str(row.get("until", "")),
                 by=str(row.get("by", "")),
                 generation=str(row.get("generation", "")),
+                evidence=str(row.get("evidence", "")),
+                stacks=str(row.get("stacks", "")),
             )
         elif row.get("kind") == APPLIED:
             need = row.get("need")

@@ -22,6 +22,7 @@ from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import read_text
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import exclusions as exclusion_record
+from nvrx_appliance.observe import hangs as hang_record
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.times import sacct_since
 from nvrx_appliance.observe.types import Cycle
@@ -213,3 +214,31 @@ def chain_marker(layout: Layout) -> bool:
 def exclusions(layout: Layout) -> exclusion_record.Record:
     """The exclusion record as of now: the nodes kept out of the queued generations."""
     return exclusion_record.read(read(layout.exclusions), now_iso())
+
+
+HANG_RECORD_BYTES = 1 << 20
+MAX_HANG_RECORDS = 1000
+
+
+def hangs(layout: Layout, array_job_ids: list[str]) -> dict[str, list[hang_record.Hang]]:
+    """Each generation's hang records (Layout.hangs), by cycle."""
+    found: dict[str, list[hang_record.Hang]] = {}
+    for array_job_id in array_job_ids:
+        directory = layout.hangs(array_job_id)
+        try:
+            names = sorted(os.listdir(directory))[:MAX_HANG_RECORDS]
+        except OSError:
+            continue
+        withdrawn = {n.removeprefix("withdrawn.") for n in names if n.startswith("withdrawn.")}
+        for name in names:
+            if not (name.startswith("cycle") and name.endswith(".json")):
+                continue
+            try:
+                text = read_text(directory / name, HANG_RECORD_BYTES) or ""
+            except OSError:
+                continue
+            hang = hang_record.parse(text, withdrawn)
+            if hang is not None:
+                found.setdefault(array_job_id, []).append(hang)
+        found.get(array_job_id, []).sort(key=lambda h: h.cycle)
+    return found

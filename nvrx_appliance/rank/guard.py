@@ -41,7 +41,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -52,7 +51,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.observe import run_files
-from nvrx_appliance.rank import workload_exit
+from nvrx_appliance.rank import stacks, workload_exit
 from nvrx_appliance.settings import exit_actions
 
 MODULE = "nvrx_appliance.rank.guard"
@@ -178,7 +177,11 @@ class Guard:
             _Tee(out_r, sys.stdout.fileno(), order),
             _Tee(err_r, sys.stderr.fileno(), order),
         )
+        # Its stack, sampled; when NVRx's timeout kills it, the cycle's hang is judged.
+        stack_watch = stacks.watch(self.args.generation, child.pid, say)
         code = _wait(child)
+        if stack_watch is not None:
+            stack_watch.after_exit(code, stopping=self.stopping.is_set())
         for tee in tees:
             tee.thread.join(DRAIN_S)
         if self.stopping.is_set():
@@ -309,20 +312,7 @@ def _wait(child: subprocess.Popen) -> int:
             time.sleep(0.01)
 
 
-def _create(path: Path, data: dict) -> bool:
-    """Write `path` whole and only if it does not exist (a hard link of a complete file):
-    True for the one writer that created it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(json.dumps(data, sort_keys=True) + "\n")
-        try:
-            os.link(tmp, path)
-        except FileExistsError:
-            return False
-        return True
-    finally:
-        os.unlink(tmp)
+_create = files.create_once
 
 
 def main(argv: Sequence[str] | None = None) -> int:

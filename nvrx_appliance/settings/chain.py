@@ -458,6 +458,15 @@ class ChainSpec:
         "NVRX_EXCLUDE_FOR",
         minimum=0,
     )
+    # Five seconds: a dump costs about 8 ms of one core (docs/hangs.md), 0.16 % of a core
+    # per rank, and a hang is seen in three alike samples well within any step timeout.
+    stack_sampling: int = _opt(
+        5,
+        "Seconds between two samples of each rank's stack (py-spy), from which a hang names "
+        "the node the others wait on (0: off; no hang names a node).",
+        "NVRX_STACK_SAMPLING",
+        minimum=0,
+    )
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(ChainSpec)}
@@ -687,6 +696,13 @@ def check(spec: ChainSpec) -> list[Problem]:
         message = field_problem(name, value)
         if message:
             bad(name, message)
+    if spec.stack_sampling > 0 and 3 * spec.stack_sampling > spec.step_timeout:
+        bad(
+            "stack_sampling",
+            f"{spec.stack_sampling} s leaves fewer than three samples within the step timeout "
+            f"({spec.step_timeout} s), too few to tell a hang; use at most "
+            f"{spec.step_timeout // 3} s, or 0 to turn sampling off",
+        )
     if spec.lease_stale_after > 0 and spec.closed_flag_grace >= 0:
         margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)
         if margins:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nvrx_appliance.exitcodes import NVRX_NO_RESTART
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe.hangs import sentence
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.times import age_text
 from nvrx_appliance.observe.types import COMPLETED, STOPPED_BY_WORKLOAD, Cycle, Ending, Generation
@@ -34,6 +35,7 @@ from nvrx_appliance.watch.findings import (
     EXCLUDE_NODES,
     EXCLUSIONS,
     FOLLOW_UP,
+    HANGS,
     INFO,
     MARKER,
     RELEASE_SPARES,
@@ -539,6 +541,24 @@ def suspect_node(snap: Snapshot, t: Thresholds) -> list[Finding]:
     ]
 
 
+def node_hung(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """A hang verdict of the newest generation named a node (docs/hangs.md)."""
+    return [
+        _finding(
+            snap,
+            "node_hung",
+            f"{hang.record.get('generation', '')}/cycle{hang.cycle}",
+            WARNING,
+            summary=sentence(hang, snap.run.exclude_for),
+            detail="Named from every rank's last stack: its ranks stood outside any "
+            "collective while the others waited in one. It leaves at the next rendezvous; "
+            "`nvrx-appliance logs <chain> --stacks` shows the stacks.",
+        )
+        for hang in snap.hangs
+        if hang.standing
+    ]
+
+
 def straggler(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """A node of the running generation is persistently slower than its peers, who wait for it at every step."""
     findings = []
@@ -687,6 +707,13 @@ ALL: tuple[Detector, ...] = (
         uses=(EXCLUSIONS,),
         thresholds=("short_cycle_seconds", "suspect_cycles"),
         fn=suspect_node,
+    ),
+    Detector(
+        name="node_hung",
+        family="restart",
+        severity=WARNING,
+        needs=(HANGS,),
+        fn=node_hung,
     ),
     Detector(
         name="straggler",

@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass, field
 
 from nvrx_appliance.goodput.straggler import Straggler
+from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.types import (
     COMPLETED,
     Checkpoint,
@@ -40,9 +41,10 @@ CHECKPOINT = "checkpoint"  # the checkpoint-iteration tracker file
 LEDGER = "ledger"  # <work>/chain.jsonl
 MARKER = "marker"  # <work>/chain.active
 EXCLUSIONS = "exclusions"  # <work>/exclusions.jsonl: nodes kept out of the queued generations
+HANGS = "hangs"  # <work>/nvrx/<array>/hangs/: the newest generation's hang records
 # The training record: the progress log, or Megatron's lines in the per-cycle logs.
 TRAINING = "training"
-SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, TRAINING)
+SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, HANGS, TRAINING)
 
 OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
@@ -94,6 +96,7 @@ class Snapshot:
     ledger: tuple[LedgerEntry, ...] = ()
     chain_marker: bool = False
     excluded: frozenset[str] = frozenset()  # nodes the exclusion record keeps out now
+    hangs: tuple[Hang, ...] = ()  # the newest generation's hang records (docs/hangs.md)
     # The newest cycle's stragglers, slowest first (goodput/straggler.py).
     stragglers: tuple[Straggler, ...] = ()
 

@@ -21,6 +21,7 @@ from nvrx_appliance.clock import iso_utc
 from nvrx_appliance.goodput import gather, straggler
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import workdir
 from nvrx_appliance.observe.types import Checkpoint, Cycle
 from nvrx_appliance.observe.workdir import NotFound
 from nvrx_appliance.watch import (
@@ -40,6 +41,7 @@ from nvrx_appliance.watch.findings import (
     EXCLUDE_NODES,
     EXCLUSIONS,
     FOLLOW_UP,
+    HANGS,
     INFO,
     LEDGER,
     MARKER,
@@ -140,6 +142,7 @@ class Watcher:
         checkpoint = self._checkpoint(sources, now, state)
         ledger, marker = self._work_dir_files(sources)
         excluded = self._excluded(sources, now)
+        hangs = self._hangs(sources, cycles)
         stragglers = self._stragglers(sources, cycles)
         return Snapshot(
             run=self.run,
@@ -153,6 +156,7 @@ class Watcher:
             ledger=ledger,
             chain_marker=marker,
             excluded=excluded,
+            hangs=hangs,
             stragglers=stragglers,
         )
 
@@ -260,6 +264,17 @@ class Watcher:
             return frozenset()
         sources[EXCLUSIONS] = SourceStatus(OBSERVED)
         return excluded
+
+    def _hangs(self, sources: dict[str, SourceStatus], cycles: tuple) -> tuple:
+        """The hang records of the generation that wrote the newest cycle."""
+        if not self.run.work_dir:
+            sources[HANGS] = SourceStatus(NOT_CONFIGURED, "no work dir known")
+            return ()
+        sources[HANGS] = SourceStatus(OBSERVED)
+        if not cycles:
+            return ()
+        newest = cycles[-1].job_id
+        return tuple(workdir.hangs(Layout(Path(self.run.work_dir)), [newest]).get(newest, []))
 
     # --- one pass -------------------------------------------------------------------------
 

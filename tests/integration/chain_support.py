@@ -14,7 +14,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.devcluster import sick_node
 from nvrx_appliance.devcluster.poll import Timeout, wait_until
+from nvrx_appliance.observe.run_files import cycle_info
+from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.workdir import json_lines as read_jsonl
 from nvrx_appliance.workflows.demo import QUICK, cli_flags
 
@@ -42,6 +45,11 @@ def processes(is_program, *in_environ: bytes) -> list[int]:
         if is_program(argv) and all(wanted in environ for wanted in in_environ):
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+def worker_pids(work: Path, node: str) -> list[int]:
+    """This chain's cpu trainer ranks on `node` (devcluster/sick_node.py finds them)."""
+    return sick_node.workers(work, node)
 
 
 def unique(name: str) -> str:
@@ -159,3 +167,22 @@ def logs_on_failure(work: Path) -> str:
     for path in sorted((work / "nvrx").glob("*/logs/ft_launcher.log")):
         parts.append(f"==== {path.relative_to(work)}\n{path.read_text()[-3000:]}")
     return "\n".join(parts)
+
+
+def started_in_cycle(work: Path, array_job_id: str, cycle: int, timeout: float) -> dict[str, Any]:
+    """The trainer's start event of one generation's NVRx cycle."""
+    return wait_event(
+        work,
+        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == array_job_id
+        and e.get("cycle") == cycle,
+        timeout,
+        f"training of generation {array_job_id} to start in cycle {cycle}",
+    )  # fmt: skip
+
+
+def cycle_nodes(work: Path, array_job_id: str, cycle: int) -> tuple[set[str], set[str]]:
+    """(active, standby) nodes of one cycle, from its cycle-info file."""
+    path = work / "nvrx" / array_job_id / "cycle_infos" / f"cycle_info.{array_job_id}.0.{cycle}"
+    info = cycle_info(path.read_text())
+    assert info is not None, logs_on_failure(work)
+    return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))

@@ -24,22 +24,24 @@ import pytest
 
 from nvrx_appliance.jobhost import drain_poller
 from nvrx_appliance.observe import exclusions
-from nvrx_appliance.observe.run_files import cycle_info, json_lines
+from nvrx_appliance.observe.run_files import json_lines
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 
 from .chain_support import (
     CLI,
     cli,
+    cycle_nodes,
     logs_on_failure,
-    processes,
     progress,
     ran,
+    started_in_cycle,
     submit,
     tasks,
     unique,
     wait_event,
     wait_idle,
     wait_ledger,
+    worker_pids,
 )
 from .conftest import Cluster
 
@@ -60,38 +62,8 @@ def _node(cluster: Cluster, array_job_id: str, task: int) -> str:
     return cluster.wait_until(placed, CYCLE_S, f"task {task} of {array_job_id} to start")
 
 
-def _started(work: Path, array_job_id: str, cycle: int) -> dict:
-    return wait_event(
-        work,
-        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == array_job_id
-        and e.get("cycle") == cycle,
-        CYCLE_S,
-        f"training of generation {array_job_id} to start in cycle {cycle}",
-    )  # fmt: skip
-
-
-def _cycle_nodes(work: Path, array_job_id: str, cycle: int) -> tuple[set[str], set[str]]:
-    path = work / "nvrx" / array_job_id / "cycle_infos" / f"cycle_info.{array_job_id}.0.{cycle}"
-    info = cycle_info(path.read_text())
-    assert info is not None, logs_on_failure(work)
-    return set(expand_nodelist(info.active_nodes)), set(expand_nodelist(info.standby_nodes))
-
-
-WORKER = [b"-u", b"-m", b"nvrx_appliance.workloads.cpu"]
-
-
-def _worker_pids(work: Path, node: str) -> list[int]:
-    """This chain's cpu trainer ranks on `node`, from /proc: the trainer is their program
-    (ft_launcher's own command line names it too, further on), their command line names
-    the chain's work dir, their environment the node Slurm started them on."""
-    return processes(
-        lambda argv: argv[1:4] == WORKER and any(str(work).encode() in a for a in argv),
-        f"SLURMD_NODENAME={node}".encode(),
-    )
-
-
 def _kill_a_rank(cluster: Cluster, work: Path, node: str) -> None:
-    pids = cluster.wait_until(lambda: _worker_pids(work, node), 60, f"a rank on {node}", 0.5)
+    pids = cluster.wait_until(lambda: worker_pids(work, node), 60, f"a rank on {node}", 0.5)
     os.kill(pids[0], signal.SIGKILL)
 
 
@@ -164,9 +136,9 @@ def test_a_drained_training_node_leaves_at_the_next_rendezvous_and_the_hot_spare
     flags = ("--train-tasks", "2", "--hot-spares", "1", "--depth", "1",
              "--drain-poll-interval", str(POLL_S))  # fmt: skip
     with _chain(cluster, "drain", *flags) as (work, _name, [gen], drained):
-        _started(work, gen, 0)
+        started_in_cycle(work, gen, 0, CYCLE_S)
         task0 = _node(cluster, gen, 0)
-        active, _ = _cycle_nodes(work, gen, 0)
+        active, _ = cycle_nodes(work, gen, 0)
         (peer,) = active - {task0}
         (hot,) = {_node(cluster, gen, t) for t in (1, 2)} - {peer}
 
@@ -185,9 +157,9 @@ def test_a_drained_training_node_leaves_at_the_next_rendezvous_and_the_hot_spare
         assert not (work / "nvrx" / gen / "cycle_infos" / f"cycle_info.{gen}.0.1").exists()
 
         _kill_a_rank(cluster, work, task0)  # a rank fault: the next rendezvous
-        resumed = _started(work, gen, 1)
+        resumed = started_in_cycle(work, gen, 1, CYCLE_S)
         assert resumed["iteration"] > 0
-        active, standby = _cycle_nodes(work, gen, 1)
+        active, standby = cycle_nodes(work, gen, 1)
         assert active == {task0, hot} and peer not in standby, logs_on_failure(work)
         launcher_log = (work / "nvrx" / gen / "logs" / "ft_launcher.log").read_text()
         assert f"[{peer}]" in launcher_log and "Slurm has drained" in launcher_log
@@ -200,7 +172,7 @@ def test_a_drained_task_0_hands_the_chain_to_the_next_generation_instead_of_host
     flags = ("--train-tasks", "1", "--hot-spares", "1", "--depth", "2",
              "--drain-poll-interval", str(POLL_S))  # fmt: skip
     with _chain(cluster, "drain0", *flags) as (work, _name, [first, second], drained):
-        _started(work, first, 0)
+        started_in_cycle(work, first, 0, CYCLE_S)
         task0 = _node(cluster, first, 0)
         wait_event(work, lambda e: e["event"] == "checkpoint", CYCLE_S, "a first checkpoint")
         drained.append(task0)
@@ -211,7 +183,9 @@ def test_a_drained_task_0_hands_the_chain_to_the_next_generation_instead_of_host
         [entry] = wait_ledger(work, 1, CYCLE_S)
         assert entry["array_job_id"] == first and entry["drained"] == [task0]
         assert entry["action"] == "released_spares" and entry["exit_code"] not in (0, 93)
-        resumed = _started(work, second, 0)  # so the first generation's teardown ended
+        resumed = started_in_cycle(
+            work, second, 0, CYCLE_S
+        )  # so the first generation's teardown ended
         assert resumed["host"] != task0 and resumed["iteration"] > 0
         assert task0 not in {e["node"] for e in _remembered(work, first)}  # Slurm's, not ours
         assert not (work / "nvrx" / first / "cycle_infos" / f"cycle_info.{first}.0.1").exists()
@@ -294,11 +268,11 @@ def test_a_node_whose_ranks_fail_repeatedly_is_kept_out_of_the_next_generation(c
              "--exclude-after-failures", "3", "--max-no-progress-cycles", "10",
              "--max-restarts", "3")  # fmt: skip
     with _chain(cluster, "memory", *flags) as (work, name, [first, second], _drained):
-        _started(work, first, 0)
+        started_in_cycle(work, first, 0, CYCLE_S)
         bad = _node(cluster, first, 1)  # task 1's node: not the rendezvous host
         for cycle in (1, 2, 3):
             _kill_a_rank(cluster, work, bad)
-            _started(work, first, cycle)
+            started_in_cycle(work, first, cycle, CYCLE_S)
         # The fourth finds no restart left. The workload guards account for every
         # failure, that one too (NVRx's log names only those it restarts from), and each
         # cycle's earliest is this node's: a killed rank, not its peers' broken collectives.
@@ -307,7 +281,7 @@ def test_a_node_whose_ranks_fail_repeatedly_is_kept_out_of_the_next_generation(c
         reason = "its ranks failed 4 times in one generation"
         assert bad in _excluded(cluster, second)  # applied: so remembered before
         assert {"node": bad, "reason": reason} in _remembered(work, first), entry
-        resumed = _started(work, second, 0)
+        resumed = started_in_cycle(work, second, 0, CYCLE_S)
         hosts = {e["host"] for e in progress(work)
                  if e["event"] == "start" and e.get("slurm_array_job_id") == second}  # fmt: skip
         assert bad not in hosts and resumed["iteration"] > 0
@@ -327,7 +301,7 @@ def test_the_cap_leaves_the_partition_room_for_the_array_and_says_so(cluster: Cl
     flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "2", "--max-restarts", "0")
     with _chain(cluster, "cap", *flags) as (work, name, [first, second], _drained):
         (work / "exclusions.jsonl").write_text(record)  # before the first teardown reads it
-        _started(work, first, 0)
+        started_in_cycle(work, first, 0, CYCLE_S)
         _ends_on_its_own(cluster, work, first, _node(cluster, first, 1))
         kept, capped = set(cluster.nodes[1:3]), cluster.nodes[3]  # the oldest two are kept
         cluster.wait_until(lambda: _excluded(cluster, second) == kept, 30, "the ExcNodeList", 0.5)
@@ -337,5 +311,5 @@ def test_the_cap_leaves_the_partition_room_for_the_array_and_says_so(cluster: Cl
         assert f"the cap: {capped} stay(s) eligible" in batch_log
         assert "the array needs 2" in batch_log
         assert "NOT applied: the cap" in _status(cluster, name)
-        resumed = _started(work, second, 0)
+        resumed = started_in_cycle(work, second, 0, CYCLE_S)
         assert resumed["host"] not in kept

@@ -14,10 +14,10 @@ from .chain_support import (
     logs_on_failure,
     progress,
     ran,
+    started_in_cycle,
     submit,
     tasks,
     unique,
-    wait_event,
     wait_idle,
 )
 from .conftest import Cluster, cluster_cli
@@ -35,16 +35,6 @@ def _node(cluster: Cluster, array_job_id: str, task: int) -> str:
     return cluster.wait_until(placed, CYCLE_S, f"task {task} of {array_job_id} to start")
 
 
-def _resumed_in_cycle(work, array_job_id: str, cycle: int) -> dict:
-    return wait_event(
-        work,
-        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == array_job_id
-        and e.get("cycle") == cycle,
-        CYCLE_S,
-        f"training to resume in cycle {cycle}",
-    )  # fmt: skip
-
-
 def _active_nodes(work, array_job_id: str, cycle: int) -> set[str]:
     path = work / "nvrx" / array_job_id / "cycle_infos" / f"cycle_info.{array_job_id}.0.{cycle}"
     info = cycle_info(path.read_text())
@@ -58,7 +48,7 @@ def test_a_hot_then_a_cold_spare_replace_dead_nodes_within_one_generation(cluste
     [gen] = _submit(cluster, work, name)
     killed: list[str] = []
     try:
-        _resumed_in_cycle(work, gen, 0)
+        started_in_cycle(work, gen, 0, CYCLE_S)
         task0, *others = (_node(cluster, gen, t) for t in (0, 1, 2))
         # Tasks 1 and 2 start together; NVRx makes whichever joins later the hot spare.
         active = _active_nodes(work, gen, 0)
@@ -69,7 +59,7 @@ def test_a_hot_then_a_cold_spare_replace_dead_nodes_within_one_generation(cluste
         # d) the active peer's node dies: NVRx's next cycle runs on task 0 and the hot spare.
         killed.append(peer)
         assert cluster_cli("kill-node", peer).returncode == 0
-        resumed = _resumed_in_cycle(work, gen, 1)
+        resumed = started_in_cycle(work, gen, 1, CYCLE_S)
         assert resumed["iteration"] > 0
         assert _active_nodes(work, gen, 1) == {task0, hot}
 
@@ -82,7 +72,7 @@ def test_a_hot_then_a_cold_spare_replace_dead_nodes_within_one_generation(cluste
         # The promoted hot spare dies too: the cold spare is what keeps training going.
         killed.append(hot)
         assert cluster_cli("kill-node", hot).returncode == 0
-        cycle = _resumed_in_cycle(work, gen, 2)
+        cycle = started_in_cycle(work, gen, 2, CYCLE_S)
         assert _active_nodes(work, gen, 2) == {task0, cold}
         assert cycle["iteration"] >= resumed["iteration"]
         assert {e["slurm_array_job_id"] for e in progress(work) if e["event"] == "start"} == {gen}

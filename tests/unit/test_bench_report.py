@@ -87,10 +87,13 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "segment",
         "segsilent",
         "scale",
+        "sicknode",
         "watcher",
         "plan",
+        "stacks",
     ]
     assert parse_args([]).chosen == everything
+    assert parse_args(["--only", "stacks"]).chosen == ["stacks"]  # no cluster: no floor
 
 
 @pytest.mark.parametrize(

@@ -28,7 +28,7 @@ from nvidia_resiliency_ext.shared_utils.proto import nvhcd_pb2, nvhcd_pb2_grpc
 from nvrx_appliance import manifest
 from nvrx_appliance.jobhost import drain_poller
 from nvrx_appliance.node import health_check
-from nvrx_appliance.node.health_check import Identity, judge
+from nvrx_appliance.node.health_check import DrainCheck, Identity, judge
 from nvrx_appliance.node.identity import Node
 from nvrx_appliance.settings.chain import ChainSpec
 
@@ -149,11 +149,11 @@ def test_a_site_service_that_does_not_answer_reads_as_healthy_as_nvrx_reads_it(t
     assert any("did not answer" in s for s in said)
 
 
-def test_the_entrypoint_names_its_socket_only_while_the_chain_polls(tmp_path):
+def test_the_entrypoint_names_its_socket_only_while_the_chain_polls_or_samples_stacks(tmp_path):
     node = Node("500", 3, 0, "503", "node5")
     off = manifest.build(
         ChainSpec(work_dir=str(tmp_path), workload="cpu", drain_poll_interval=0,
-                  health_check_endpoint="/run/nvhcd.sock"),
+                  stack_sampling=0, health_check_endpoint="/run/nvhcd.sock"),
         created="c", user="u",
     )  # fmt: skip
     with health_check.endpoint(off, node, GEN, print) as health:
@@ -161,6 +161,12 @@ def test_the_entrypoint_names_its_socket_only_while_the_chain_polls(tmp_path):
     on = manifest.build(ChainSpec(work_dir=str(tmp_path), workload="cpu"), created="c", user="u")
     with health_check.endpoint(on, node, GEN, print) as health:
         assert health is not None and os.path.exists(health)
+    hangs_only = manifest.build(
+        ChainSpec(work_dir=str(tmp_path), workload="cpu", drain_poll_interval=0),
+        created="c", user="u",
+    )  # fmt: skip
+    with health_check.endpoint(hangs_only, node, GEN, print) as health:
+        assert health is not None  # a hung node leaves at the next rendezvous
 
 
 # --- the producer ----------------------------------------------------------------------------
@@ -372,3 +378,26 @@ def test_a_poller_others_could_have_written_is_not_started_and_the_generation_ru
     assert not drain.exists()
     assert any(" srun " in f" {c} " or c.split()[0].endswith("srun")
                for c in (tmp_path / "calls").read_text().splitlines())  # fmt: skip
+
+
+def test_a_node_a_hang_verdict_named_fails_the_health_check_until_withdrawn(tmp_path):
+    said: list[str] = []
+    me = Identity(generation=GEN, task=1, job_id="501", node="node3")
+    hangs = tmp_path / "hangs"
+    hangs.mkdir()
+    check = DrainCheck(tmp_path / "none", me, site_endpoint="", log=said.append, hangs=hangs)
+    assert check.check().healthy  # no verdict
+    words = "node3 hung in cycle 2: its rank stopped in `_train_step` while 1 other waited"
+    (hangs / "hung.node3").write_text(json.dumps({"generation": GEN, "words": words}))
+    found = check.check()
+    assert not found.healthy and found.why == f"{words}; node3 leaves at this rendezvous"
+    # What NVRx logs, and node memory tells apart from a drain and from a GPU fault.
+    assert health_check.answer(found)["failed_checks"] == [f"hung: {found.why}"]
+    (hangs / "withdrawn.node3").write_text("{}")
+    assert check.check().healthy
+
+
+def test_a_hang_marker_of_another_generation_is_ignored(tmp_path):
+    me = Identity(generation=GEN, task=1, job_id="501", node="node3")
+    other = json.dumps({"generation": "other-chain/9/", "words": "node3 hung"})
+    assert health_check.judge_hang(other, False, me).healthy

@@ -70,3 +70,14 @@ def test_gpu_failure_injection_only_in_handoff_mode(tmp_path, mode, gpu_failure,
 
 def test_the_workload_can_find_the_run_manifest(tmp_path):
     assert child_env(run_manifest(tmp_path))["NVRX_RUN_MANIFEST"] == str(tmp_path / "run.json")
+
+
+def test_a_megatron_rank_keeps_its_nccl_flight_recorder_for_a_gpu_hang(tmp_path):
+    m = run_manifest(tmp_path)  # megatron, stacks sampled
+    e = child_env(m, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"})
+    assert e["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    assert e["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"  # the site's own value wins
+    dumps = str(m.layout.stacks("4242") / "nccl_trace_rank_")
+    assert e["TORCH_FR_DUMP_TEMP_FILE"] == e["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == dumps
+    off = support.run_manifest(tmp_path / "off", stack_sampling=0)
+    assert "TORCH_NCCL_DUMP_ON_TIMEOUT" not in child_env(off)

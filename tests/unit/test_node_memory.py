@@ -303,6 +303,60 @@ def test_a_node_is_remembered_by_slurms_node_name_where_its_host_name_differs(
     assert "sinfo --noheader --Node --format=%n|%N" in _calls(tmp_path)
 
 
+HUNG_LINE = (
+    "2026-12-04 10:16:58,000 [WARNING] [node3] [workload:?(?) infra:2(0)] health_check.py:1562 "
+    "Node health check failed: fail_count=1, failed_checks=['hung: node3 hung in cycle 2: its 2 "
+    "ranks stopped in `_train_step` while the 4 others waited in `all_reduce`; node3 leaves at "
+    "this rendezvous']\n"
+    "2026-12-04 10:16:58,100 [ERROR] [node3] [workload:?(?) infra:2(0)] launcher.py:1721 Agent "
+    ".run() raised UnhealthyNodeException: Node node3_1_0 is unhealthy.\n"
+)
+
+
+def _hang_marker(hangs: Path, node: str, generation: str = "c/500/") -> None:
+    hangs.mkdir(parents=True, exist_ok=True)
+    words = (
+        f"{node} hung in cycle 2: its 2 ranks stopped in `_train_step` while the 4 others "
+        "waited in `all_reduce`"
+    )
+    marker = {"generation": generation, "cycle": 2, "words": words, "record": "cycle2.json"}
+    (hangs / f"hung.{node}").write_text(json.dumps(marker))
+
+
+def test_a_hung_node_is_remembered_as_hung_with_its_stacks_and_in_words(tmp_path):
+    said: list[str] = []
+    record, hangs = tmp_path / "exclusions.jsonl", tmp_path / "hangs"
+    (tmp_path / "ft.log").write_text(HUNG_LINE)
+    _hang_marker(hangs, "node3")
+    _hang_marker(hangs, "node9", generation="c/499/")  # another run's, under a reused id
+    found = node_memory.remember(
+        record=str(record), launcher_log=str(tmp_path / "ft.log"), drained=[], fenced_task0="",
+        spec={"exclude_for": 86400, "exclude_after_failures": 3}, chain="c",
+        array_job_id="500", log=said.append, hangs=str(hangs),
+    )  # fmt: skip
+    reason = (
+        "hung in cycle 2: its 2 ranks stopped in `_train_step` while the 4 others waited in "
+        "`all_reduce`; kept out of the next rendezvous and of this chain's generations for 24 h"
+    )
+    assert found == [{"node": "node3", "reason": reason}]  # once: not also as unhealthy
+    [line] = [json.loads(x) for x in record.read_text().splitlines()]
+    assert (line["evidence"], line["stacks"]) == ("hung", str(hangs / "cycle2.json"))
+    [kept] = exclusions.read(record.read_text(), "2026-01-01T00:00:00Z").active
+    assert (kept.node, kept.evidence, kept.reason) == ("node3", "hung", reason)
+
+
+def test_a_withdrawn_hang_verdict_is_not_remembered(tmp_path):
+    record, hangs = tmp_path / "exclusions.jsonl", tmp_path / "hangs"
+    _hang_marker(hangs, "node3")
+    (hangs / "withdrawn.node3").write_text("{}")
+    found = node_memory.remember(
+        record=str(record), launcher_log=str(tmp_path / "none.log"), drained=[],
+        fenced_task0="", spec={"exclude_for": 86400}, chain="c", array_job_id="500",
+        log=print, hangs=str(hangs),
+    )  # fmt: skip
+    assert found == []
+
+
 def test_clear_reads_the_newest_part_of_a_long_record_as_apply_does(tmp_path):
     # On a long chain the record passes the read bound: clear() read its first 4 MiB and
     # worked from stale entries, apply() its last. Both read the newest now.

@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 
 from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry, Task
 from nvrx_appliance.watch import detectors
 from nvrx_appliance.watch.config import Thresholds
@@ -513,3 +514,31 @@ def test_chain_not_cancelled_fires_for_generations_queued_past_a_workload_stop()
     )
     [finding] = detectors.chain_not_cancelled(snap, T)
     assert "stopped by the workload's verdict" in finding.summary
+
+
+def _hang(nodes: tuple[str, ...], *, withdrawn: tuple[str, ...] = (), hand_off=False):
+    words = (
+        "node3 hung in cycle 2: its 2 ranks stopped in `_train_step` while the 4 others waited "
+        "in `all_reduce`"
+        if nodes
+        else "no verdict in cycle 2: every rank stopped in its own code"
+    )
+    record = {"generation": "c/4343/", "cycle": 2}
+    return Hang(2, nodes, words, hand_off, withdrawn, "2026-12-04T10:00:00Z", record)
+
+
+def test_a_hung_node_is_a_finding_in_the_words_status_uses():
+    run = replace(RUN, exclude_for=86400)
+    found = detectors.node_hung(snapshot(run=run, hangs=(_hang(("node3",)),)), T)
+    assert [f.summary for f in found] == [
+        "node3 hung in cycle 2: its 2 ranks stopped in `_train_step` while the 4 others waited "
+        "in `all_reduce`; kept out of the next rendezvous (a hot spare takes its place) and of "
+        "this chain's generations for 24 h"
+    ]
+    handed = detectors.node_hung(snapshot(run=run, hangs=(_hang(("node3",), hand_off=True),)), T)
+    assert "no free hot spare, so the generation handed off" in handed[0].summary
+
+
+def test_no_verdict_and_a_withdrawn_verdict_are_no_finding():
+    hangs = (_hang(()), _hang(("node3",), withdrawn=("node3",)))
+    assert detectors.node_hung(snapshot(hangs=hangs), T) == []

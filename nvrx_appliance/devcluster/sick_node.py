@@ -1,0 +1,99 @@
+"""A sick node on the local cluster, made from outside as a user meets one: every cpu
+trainer worker of a chain on the given nodes is frozen (SIGSTOP) a few seconds into
+each NVRx cycle, once that cycle trains: no error, no exit (issue 38). For the hang
+tests and the sick-node benchmark; what it froze it thaws when stopped.
+
+The nodes share this machine's PID namespace, so a worker is found in /proc: its
+command line runs the cpu trainer and names the chain's work dir, its environment the
+Slurm node it was started on and the NVRx cycle it runs in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import workdir
+
+WORKER = [b"-u", b"-m", b"nvrx_appliance.workloads.cpu"]
+FREEZE_AFTER_S = 3.0  # into a cycle's training, its workers on the sick nodes stop
+POLL_S = 0.5
+
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return {}
+    return dict(e.decode(errors="replace").partition("=")[::2] for e in raw if b"=" in e)
+
+
+def workers(work: Path, node: str) -> list[int]:
+    """The chain's cpu trainer ranks on `node`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[1:4] != WORKER or not any(str(work).encode() in a for a in argv):
+            continue
+        if _environ(int(entry.name)).get("SLURMD_NODENAME") == node:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def _cycle_of(pid: int) -> tuple[str, str]:
+    """(array job id, NVRx cycle) a worker runs in."""
+    env = _environ(pid)
+    return env.get("SLURM_ARRAY_JOB_ID", ""), env.get("TORCHELASTIC_RESTART_COUNT", "")
+
+
+class Freezer:
+    """Freezes every worker on `nodes` FREEZE_AFTER_S after its cycle's first step, each
+    cycle anew, until stopped."""
+
+    def __init__(self, work: Path, nodes: set[str]):
+        self.work, self.nodes = work, nodes
+        self.frozen: dict[int, float] = {}  # pid -> when
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="sick-node", daemon=True)
+
+    def __enter__(self) -> Freezer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.done.set()
+        self.thread.join(5)
+        for pid in self.frozen:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def first(self) -> float | None:
+        """When the first worker was frozen; None before."""
+        return min(self.frozen.values(), default=None)
+
+    def _run(self) -> None:
+        log = Layout(self.work).progress_log
+        while not self.done.wait(POLL_S):
+            trained = {
+                (str(e.get("slurm_array_job_id")), str(e.get("cycle"))): e["time"]
+                for e in reversed(workdir.json_lines(log))
+                if e.get("event") == "step"
+            }  # the first step of each cycle
+            for node in self.nodes:
+                for pid in workers(self.work, node):
+                    since = trained.get(_cycle_of(pid))
+                    if pid in self.frozen or not since or time.time() - since < FREEZE_AFTER_S:
+                        continue
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGSTOP)
+                        self.frozen[pid] = time.time()

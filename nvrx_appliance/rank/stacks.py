@@ -1,0 +1,507 @@
+"""Each rank's stack, sampled by its guard; and the judgement when a hang is cut short.
+
+The guard is its workload's parent, so it may read the workload's memory (ptrace rules:
+a parent, the same user, no root). Every `stack_sampling` seconds it runs
+`py-spy dump --nonblocking --json` on the workload (about 8 ms of one core, measured:
+docs/hangs.md) and keeps the last stack in the generation's work dir:
+
+    nvrx/<array job id>/stacks/cycle<N>/<node>.rank<R>.json     (owner-only)
+
+--nonblocking reads without stopping the workload, so it also reads a rank that is
+itself stopped (SIGSTOP, state T) where the blocking mode fails.
+
+When NVRx's step or section timeout fires, its rank monitor sends the workload SIGCONT
+then SIGKILL (rank_monitor_server.py, _shutdown_rank). The guard sees that death first,
+before ft_launcher does; the first guard to see it judges the cycle's hang from every
+rank's last stack (hang_rule.judge) and writes the hang record, once per cycle:
+
+    nvrx/<array job id>/hangs/cycle<N>.json     the judgement, the stacks grouped
+    nvrx/<array job id>/hangs/hung.<node>       a node the verdict named
+    nvrx/<array job id>/hangs/withdrawn.<node>  its verdict withdrawn: its ranks moved
+
+The node health check (node/health_check.py) answers unhealthy for a named node, so it
+leaves at the next rendezvous; the teardown's node memory keeps it out of the chain's
+later generations (evidence "hung"). A record that says `hand_off` (no free hot spare)
+makes task 0 end the generation (node/lifecycle.py), so that the next one starts without
+the node instead of the run going round on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance import files
+from nvrx_appliance import manifest as run_manifest
+from nvrx_appliance.clock import now_iso
+from nvrx_appliance.manifest import Manifest
+from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe.slurm_output import expand_nodelist
+from nvrx_appliance.rank import hang_rule
+
+RECORD_VERSION = 1
+PYSPY_TIMEOUT_S = 10.0  # a dump takes ~8 ms; one that takes this long is given up
+SAMPLE_BYTES = 256 << 10  # a sample file read back (deep stacks are a few kB)
+# A guard that did not judge its cycle waits this long for the judging one's record; a
+# judgement reads one small file per rank (milliseconds for thousands).
+JUDGE_WAIT_S = 10.0
+JUDGE_POLL_S = 0.1
+MAX_FRAMES = 64  # innermost frames kept per stack
+KILLED = 128 + 9  # the code a guard sees for a workload that SIGKILL ended
+# NVRx's rank monitor looks every workload_check_interval (config.py: 5 s by default).
+NVRX_CHECK_INTERVAL_S = 5.0
+# The node's NVLink domain in segment mode, as the entrypoint tells the workload.
+DOMAIN_ENV = "NVRX_APPLIANCE_NVLINK_DOMAIN"
+CYCLE_INFO_BYTES = 64 << 10
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A rank that used less than this share of one core between two alike samples is blocked.
+QUIET_SHARE = 0.1
+MAX_CYCLE_INFOS = 1000
+
+
+def pyspy() -> str | None:
+    """py-spy beside this Python (the image's venv), else on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+# --- pure ---------------------------------------------------------------------------
+
+
+def main_thread_frames(dump: Any, pid: int) -> list[dict[str, Any]] | None:
+    """The workload's main thread (its os thread id is the pid) from py-spy's JSON, as
+    [{name, file, line}] innermost first; None when it is not there."""
+    if not isinstance(dump, list):
+        return None
+    for thread in dump:
+        if isinstance(thread, dict) and thread.get("os_thread_id") == pid:
+            return [
+                {
+                    "name": str(f.get("name", "")),
+                    "file": str(f.get("short_filename") or f.get("filename") or ""),
+                    "line": int(f.get("line") or 0),
+                }
+                for f in thread.get("frames") or []
+                if isinstance(f, dict)
+            ][:MAX_FRAMES]
+    return None
+
+
+def rank_stack(sample: dict[str, Any]) -> hang_rule.RankStack:
+    """A sample file's content as the rule reads it. Raises KeyError/TypeError/ValueError
+    on a sample that is not one."""
+    return hang_rule.RankStack(
+        rank=int(sample["rank"]),
+        node=str(sample["node"]),
+        frames=tuple(
+            hang_rule.Frame(str(f["name"]), str(f["file"]), int(f.get("line", 0)))
+            for f in sample["frames"]
+        ),
+        taken=float(sample["epoch"]),
+        still_since=float(sample["still_since"]),
+        domain=str(sample.get("domain", "")),
+        state=str(sample.get("state", "")),
+        native=tuple(str(n) for n in sample.get("native") or ()),
+    )
+
+
+def sample_name(node: str, rank: int) -> str:
+    return f"{node}.rank{rank}.json"
+
+
+def hung_name(node: str) -> str:
+    return f"hung.{node}"
+
+
+def withdrawn_name(node: str) -> str:
+    return f"withdrawn.{node}"
+
+
+def _int(text: str | None, default: int) -> int:
+    return int(text) if text and text.isdecimal() else default
+
+
+def record_of(
+    judgement: hang_rule.Judgement,
+    samples: list[dict[str, Any]],
+    *,
+    generation: str,
+    cycle: int,
+    judged_by: dict[str, str],
+    hand_off: bool,
+) -> dict[str, Any]:
+    """The hang record: what was decided, why, and the stacks grouped as a person reads
+    them ("4 ranks on node1, node2 waited in all_reduce: <stack>")."""
+    return {
+        "version": RECORD_VERSION,
+        "generation": generation,
+        "cycle": cycle,
+        "time": now_iso(),
+        "verdict": "hung" if judgement.verdict else "none",
+        "nodes": list(judgement.nodes),
+        "words": judgement.words,
+        "hand_off": hand_off and judgement.verdict,
+        "judged_by": judged_by,
+        "groups": [
+            {
+                "where": g.where,
+                "waiting": g.waiting,
+                "ranks": list(g.ranks),
+                "nodes": list(g.nodes),
+                "frames": [asdict(f) for f in g.frames],
+            }
+            for g in judgement.groups
+        ],
+        "stacks": sorted(samples, key=lambda s: int(s.get("rank", 0))),
+    }
+
+
+# --- shell ---------------------------------------------------------------------------
+
+
+def proc_state(pid: int) -> tuple[str, int]:
+    """(state letter, CPU ticks used) from /proc; ("", 0) when gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "", 0
+    fields = text.rsplit(")", 1)[-1].split()
+    try:
+        return fields[0], int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return "", 0
+
+
+class Sampler:
+    """A thread that keeps the workload's last stack in `path`, every `period` s."""
+
+    def __init__(
+        self,
+        pid: int,
+        path: Path,
+        period: float,
+        who: dict[str, Any],
+        say: Callable[[str], None],
+        on_sample: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        self.pid, self.path, self.period, self.who, self.say = pid, path, period, who, say
+        self.on_sample = on_sample
+        self.stop = threading.Event()
+        self.last: dict[str, Any] | None = None
+        self.binary = pyspy()
+        self.thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    def start(self) -> None:
+        if self.binary is None:
+            self.say("no stacks sampled: py-spy is not installed (a hang names no node)")
+            return
+        try:
+            files.make_private_dirs(self.path.parent)
+        except OSError as exc:
+            self.say(f"no stacks sampled: {self.path.parent}: {exc}")
+            return
+        self.thread.start()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self.stop.wait(self.period if self.last is not None else 1.0):
+            sample = self.take()
+            if sample is None:
+                failures += 1
+                if failures == 3:
+                    self.say("py-spy could not read the workload's stack 3 times in a row")
+                continue
+            failures = 0
+            self.last = sample
+            try:
+                files.write_atomic(self.path, json.dumps(sample) + "\n", 0o600, durable=False)
+            except OSError as exc:
+                self.say(f"could not keep the workload's stack in {self.path}: {exc}")
+            if self.on_sample is not None:
+                self.on_sample(sample)
+
+    def dump(self, *how: str) -> list[dict[str, Any]] | None:
+        """The main thread's frames by one py-spy dump; None when it could not read them."""
+        assert self.binary is not None
+        try:
+            done = subprocess.run(
+                [self.binary, "dump", *how, "--json", "--pid", str(self.pid)],
+                capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False,
+            )  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        if done.returncode != 0 or self.stop.is_set():
+            return None  # the workload ended meanwhile: its last stack stands
+        try:
+            return main_thread_frames(json.loads(done.stdout), self.pid)
+        except ValueError:
+            return None
+
+    def take(self) -> dict[str, Any] | None:
+        frames = self.dump("--nonblocking")
+        if frames is None:
+            return None
+        state, ticks = proc_state(self.pid)
+        now = time.time()
+        last = self.last if self.last is not None and self.last["frames"] == frames else None
+        sample = {
+            **self.who,
+            "version": RECORD_VERSION,
+            "pid": self.pid,
+            "time": now_iso(),
+            "epoch": now,
+            "frames": frames,
+            "still_since": last["still_since"] if last else now,
+            "state": state,
+            "cpu_ticks": ticks,
+            "native": last.get("native", []) if last else [],
+            "native_at": last.get("native_at") if last else None,
+        }
+        if last is not None and self.blocked(last, sample):
+            # A rank that waits in C++ (DDP's gradient all-reduce runs inside backward)
+            # shows only its Python caller: its native frames say what it waits for.
+            # Blocking mode pauses the rank for ~0.5 s, so only a blocked one, once.
+            native = self.dump("--native")
+            if native is not None:
+                sample["native"] = [f["name"] for f in native][:MAX_FRAMES]
+                sample["native_at"] = now
+        return sample
+
+    def blocked(self, last: dict[str, Any], sample: dict[str, Any]) -> bool:
+        """The same stack as last time, asleep (not stopped: a stopped rank cannot be read
+        natively), hardly any CPU since, and no native frames of this stillness yet."""
+        quiet = (sample["cpu_ticks"] - last["cpu_ticks"]) <= QUIET_SHARE * self.period * CLOCK_TICKS
+        asleep = sample["state"] in ("S", "D")
+        return asleep and quiet and not sample["native"]
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(PYSPY_TIMEOUT_S)
+
+
+def read_json(path: Path, limit: int = SAMPLE_BYTES) -> dict[str, Any] | None:
+    """A small JSON object file; None when absent, torn or not an object."""
+    try:
+        data = json.loads(files.read_text(path, limit) or "")
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_samples(directory: Path) -> list[dict[str, Any]]:
+    """Every rank's last sample of one cycle; a torn or foreign file is skipped."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:
+        return []
+    found = (read_json(directory / n) for n in names if n.endswith(".json") and n[0] != ".")
+    return [sample for sample in found if sample is not None]
+
+
+def read_cycles(directory: Path) -> list[tuple[set[str], set[str]]]:
+    """(active, standby) nodes of the generation's cycles so far, oldest first."""
+    try:
+        names = [n for n in os.listdir(directory) if run_files.cycle_file_name(n)]
+    except OSError:
+        return []
+    cycles = []
+    for name in names[:MAX_CYCLE_INFOS]:
+        try:
+            cycle = run_files.cycle_info(files.read_text(directory / name, CYCLE_INFO_BYTES) or "")
+        except OSError:
+            continue
+        if cycle is not None:
+            active, standby = (
+                expand_nodelist(cycle.active_nodes),
+                expand_nodelist(cycle.standby_nodes),
+            )
+            cycles.append(((cycle.attempt, cycle.number), set(active), set(standby)))
+    return [(active, standby) for _, active, standby in sorted(cycles, key=lambda c: c[0])]
+
+
+# --- the judgement -------------------------------------------------------------------
+
+
+def fresh_s(period: float) -> float:
+    """How old a rank's last stack may be at the judgement: two periods, and NVRx's
+    rank check interval (5 s), since a peer killed a check earlier stopped sampling."""
+    return 2 * period + NVRX_CHECK_INTERVAL_S
+
+
+def still_s(period: float) -> float:
+    """How long both sides must have stood still: three samples alike."""
+    return 2 * period
+
+
+def free_hot_spares(hot_spare_nodes: int, cycles: list[tuple[set[str], set[str]]]) -> int:
+    """How many hot spares the generation still holds, from its cycles' (active, standby)
+    nodes, oldest first: the standby nodes NVRx lists, or (NVRx 0.7.0 does not always list
+    them) the spares less those that came into the active set since cycle 0."""
+    if not cycles:
+        return hot_spare_nodes
+    first, _ = cycles[0]
+    used = set().union(*(active for active, _ in cycles)) - first
+    return max(len(cycles[-1][1]), hot_spare_nodes - len(used))
+
+
+class StackWatch:
+    """What the guard runs beside one workload: the sampler, and the judgement when
+    NVRx's timeout kills the workload."""
+
+    def __init__(self, manifest: Manifest, generation: str, pid: int, say: Callable[[str], None]):
+        spec = manifest.spec
+        self.say = say
+        self.period = float(spec.stack_sampling)
+        self.segment = spec.segment not in ("off",)
+        self.generation = generation
+        self.hot_spare_nodes = spec.hot_spares * spec.nodes_per_task
+        # The generation token is chain/array job id/submit time (node/control.py).
+        self.array_job_id = generation.split("/")[1] if generation.count("/") >= 2 else ""
+        layout = manifest.layout
+        self.cycle = _int(os.environ.get("TORCHELASTIC_RESTART_COUNT"), 0)
+        self.node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
+        self.rank = _int(os.environ.get("RANK"), -1)
+        self.world_size = _int(os.environ.get("WORLD_SIZE"), 0)
+        self.samples = layout.stacks(self.array_job_id) / f"cycle{self.cycle}"
+        self.hangs = layout.hangs(self.array_job_id)
+        self.cycle_infos = layout.cycle_infos(self.array_job_id)
+        who = {
+            "generation": generation, "cycle": self.cycle, "node": self.node,
+            "rank": self.rank, "world_size": self.world_size,
+            "domain": os.environ.get(DOMAIN_ENV, ""),
+        }  # fmt: skip
+        self.sampler = Sampler(
+            pid, self.samples / sample_name(self.node, self.rank), self.period, who, say,
+            on_sample=self._moved_since_verdict,
+        )  # fmt: skip
+
+    def _moved_since_verdict(self, sample: dict[str, Any]) -> None:
+        """A verdict is withdrawn if the named node's ranks turn out to be moving: this
+        rank is, when its stack is no longer the one the judgement read."""
+        marker = self.hangs / hung_name(self.node)
+        if not marker.exists() or (self.hangs / withdrawn_name(self.node)).exists():
+            return
+        record = read_json(self.hangs / f"cycle{self.cycle}.json")
+        if record is None or record.get("generation") != self.generation:
+            return
+        judged = next((s for s in record.get("stacks", []) if s.get("rank") == self.rank), None)
+        if judged is None or judged.get("frames") == sample["frames"]:
+            return
+        words = f"{self.node}'s rank {self.rank} moved again after the hang verdict: withdrawn"
+        data = {
+            "generation": self.generation,
+            "cycle": self.cycle,
+            "time": now_iso(),
+            "words": words,
+        }
+        with contextlib.suppress(OSError):
+            if files.create_once(self.hangs / withdrawn_name(self.node), data):
+                self.say(words)
+
+    def after_exit(self, code: int, *, stopping: bool) -> None:
+        """The workload ended with `code`: judge the cycle's hang when NVRx killed it (not
+        torch elastic stopping the workers, which TERMs the guard too)."""
+        self.sampler.close()
+        if code != KILLED or stopping or self.world_size <= 0:
+            return
+        try:
+            self.judge()
+        except OSError as exc:
+            self.say(f"could not judge the hang of cycle {self.cycle}: {exc}")
+
+    def judge(self) -> None:
+        """One guard of the cycle judges (it claims the cycle first); the others wait for
+        its record, so that the named nodes are marked before any of them exits: a node's
+        ft_launcher asks the health check only once its workers are gone."""
+        files.make_private_dirs(self.hangs)
+        path = self.hangs / f"cycle{self.cycle}.json"
+        claim = {"generation": self.generation, "node": self.node, "rank": self.rank}
+        if files.create_once(self.hangs / f".cycle{self.cycle}.claim", claim):
+            self.judge_first(path)
+            return
+        deadline = time.monotonic() + JUDGE_WAIT_S
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(JUDGE_POLL_S)
+
+    def judge_first(self, path: Path) -> None:
+        samples = [
+            s for s in read_samples(self.samples)
+            if s.get("generation") == self.generation and s.get("cycle") == self.cycle
+        ]  # fmt: skip
+        stacks = []
+        for sample in samples:
+            with contextlib.suppress(KeyError, TypeError, ValueError):
+                stacks.append(rank_stack(sample))
+        judgement = hang_rule.judge(
+            stacks, world_size=self.world_size, cycle=self.cycle, now=time.time(),
+            fresh_s=fresh_s(self.period), still_s=still_s(self.period), segment=self.segment,
+        )  # fmt: skip
+        spares = free_hot_spares(self.hot_spare_nodes, read_cycles(self.cycle_infos))
+        hand_off = judgement.verdict and spares < len(judgement.nodes)
+        record = record_of(
+            judgement, samples, generation=self.generation, cycle=self.cycle,
+            judged_by={"node": self.node, "rank": str(self.rank)}, hand_off=hand_off,
+        )  # fmt: skip
+        for node in judgement.nodes:  # the markers first: the record says they are there
+            files.create_once(self.hangs / hung_name(node), marker_of(record))
+        files.create_once(path, record)
+        self.say(judgement.words + (
+            "; no free hot spare: the generation hands off" if hand_off else ""
+        ))  # fmt: skip
+
+
+def marker_of(record: dict[str, Any]) -> dict[str, Any]:
+    """What a named node's marker says: its generation and cycle, the verdict's words,
+    the record it came from, whether the generation hands off."""
+    return {
+        "generation": record.get("generation"), "cycle": record.get("cycle"),
+        "words": record.get("words"), "record": f"cycle{record.get('cycle')}.json",
+        "hand_off": bool(record.get("hand_off")),
+    }  # fmt: skip
+
+
+def watch(generation: str, pid: int, say: Callable[[str], None]) -> StackWatch | None:
+    """The stack watch of one workload, started; None when the chain samples no stacks."""
+    try:
+        manifest = run_manifest.load(Path(os.environ["NVRX_RUN_MANIFEST"]))
+    except (KeyError, run_manifest.ManifestError):
+        return None  # the guard says why when it judges an exit
+    if manifest.spec.stack_sampling <= 0:
+        return None
+    found = StackWatch(manifest, generation, pid, say)
+    found.sampler.start()
+    return found
+
+
+def hand_off_wanted(hangs: Path, generation: str) -> str | None:
+    """Why the generation must hand off: a standing hang verdict of this generation that
+    found no free hot spare (its marker says hand_off); None otherwise. Task 0 reads it
+    (node/looks.py) and closes the generation, so the next one starts without the node."""
+    try:
+        names = sorted(n for n in os.listdir(hangs) if n.startswith("hung."))
+    except OSError:
+        return None
+    for name in names:
+        node = name.removeprefix("hung.")
+        marker = read_json(hangs / name)
+        if (
+            marker is None
+            or not marker.get("hand_off")
+            or marker.get("generation") != generation
+            or os.path.lexists(hangs / withdrawn_name(node))
+        ):
+            continue
+        return f"{marker.get('words')}; no free hot spare, so the generation hands off"
+    return None

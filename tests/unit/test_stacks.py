@@ -1,0 +1,130 @@
+"""The guard's stack files, pure parts and the small readers: py-spy's JSON read, a
+sample as the rule sees it, the free hot spares, and the hand-off task 0 looks for."""
+
+from __future__ import annotations
+
+import json
+
+from nvrx_appliance import manifest
+from nvrx_appliance.jobhost import node_memory
+from nvrx_appliance.node.health_check import Identity, judge_hang
+from nvrx_appliance.observe import hangs
+from nvrx_appliance.rank import stacks
+from nvrx_appliance.rank.hang_rule import Frame, RankStack, judge
+from nvrx_appliance.settings.chain import ChainSpec, check
+
+DUMP = [
+    {"pid": 7, "os_thread_id": 9, "frames": [{"name": "gloo_thread", "filename": "/x.py", "line": 1}]},
+    {
+        "pid": 7,
+        "os_thread_id": 7,
+        "frames": [
+            {"name": "all_reduce", "filename": "/venv/torch/distributed/distributed_c10d.py",
+             "short_filename": "torch/distributed/distributed_c10d.py", "line": 3252},
+            {"name": "_train_step", "short_filename": "nvrx_appliance/workloads/trainer.py",
+             "line": 233},
+        ],
+    },
+]  # fmt: skip
+
+
+def test_the_main_thread_is_read_from_py_spys_json_by_its_thread_id():
+    frames = stacks.main_thread_frames(DUMP, 7)
+    assert frames == [
+        {"name": "all_reduce", "file": "torch/distributed/distributed_c10d.py", "line": 3252},
+        {"name": "_train_step", "file": "nvrx_appliance/workloads/trainer.py", "line": 233},
+    ]
+    assert stacks.main_thread_frames(DUMP, 8) is None
+    assert stacks.main_thread_frames({"not": "a dump"}, 7) is None
+
+
+def test_free_hot_spares_count_the_spares_already_used_since_cycle_0():
+    first = ({"node1", "node2"}, set())
+    assert stacks.free_hot_spares(1, [first]) == 1
+    assert stacks.free_hot_spares(1, [first, ({"node1", "node3"}, set())]) == 0  # node3 came in
+    assert stacks.free_hot_spares(0, [first, ({"node1", "node2"}, {"node4"})]) == 1  # listed
+    assert stacks.free_hot_spares(2, []) == 2
+
+
+def test_task_0_hands_off_only_for_a_standing_verdict_of_its_generation_that_asks(tmp_path):
+    gen = "chain-1/41/2026-12-04T10:00:00"
+    assert stacks.hand_off_wanted(tmp_path / "none", gen) is None
+    words = "node3 hung in cycle 2: its 2 ranks stopped in `_train_step` while 4 others waited"
+    (tmp_path / "hung.node3").write_text(json.dumps({"generation": gen, "words": words}))
+    assert stacks.hand_off_wanted(tmp_path, gen) is None  # a hot spare takes its place
+    marker = {"generation": gen, "words": words, "hand_off": True}
+    (tmp_path / "hung.node3").write_text(json.dumps(marker))
+    assert stacks.hand_off_wanted(tmp_path, gen) == (
+        f"{words}; no free hot spare, so the generation hands off"
+    )
+    assert stacks.hand_off_wanted(tmp_path, "chain-1/40/2026-12-04T09:00:00") is None
+    (tmp_path / "withdrawn.node3").write_text("{}")
+    assert stacks.hand_off_wanted(tmp_path, gen) is None
+
+
+def _watch(tmp_path, monkeypatch) -> stacks.StackWatch:
+    for name, value in (("RANK", "3"), ("WORLD_SIZE", "4"), ("SLURMD_NODENAME", "node3"),
+                        ("TORCHELASTIC_RESTART_COUNT", "2")):  # fmt: skip
+        monkeypatch.setenv(name, value)
+    m = manifest.build(ChainSpec(work_dir=str(tmp_path), workload="cpu"), created="c", user="u")
+    return stacks.StackWatch(m, "c/41/t", pid=1, say=lambda _: None)
+
+
+def test_a_verdict_is_withdrawn_when_a_rank_of_the_named_node_moves_again(tmp_path, monkeypatch):
+    watch = _watch(tmp_path, monkeypatch)
+    hangs = tmp_path / "nvrx" / "41" / "hangs"
+    hangs.mkdir(parents=True)
+    judged = [{"name": "_train_step", "file": "trainer.py", "line": 226}]
+    record = {"generation": "c/41/t", "cycle": 2, "stacks": [{"rank": 3, "frames": judged}]}
+    (hangs / "cycle2.json").write_text(json.dumps(record))
+    (hangs / "hung.node3").write_text(json.dumps({"generation": "c/41/t"}))
+    watch._moved_since_verdict({"frames": judged})  # still where the judgement saw it
+    assert not (hangs / "withdrawn.node3").exists()
+    watch._moved_since_verdict({"frames": [{"name": "_train", "file": "trainer.py", "line": 9}]})
+    assert (hangs / "withdrawn.node3").exists()
+
+
+def test_a_hang_record_reads_back_grouped_for_a_person():
+    waiting = (Frame("all_reduce", "torch/distributed/distributed_c10d.py", 3252),
+               Frame("_train_step", "nvrx_appliance/workloads/trainer.py", 233))  # fmt: skip
+    frozen = (Frame("_train_step", "nvrx_appliance/workloads/trainer.py", 226),)
+    ranks = [RankStack(0, "node1", waiting, 99.0, 0.0), RankStack(1, "node2", frozen, 99.0, 0.0)]
+    found = judge(ranks, world_size=2, cycle=1, now=100.0, fresh_s=15, still_s=10)
+    record = stacks.record_of(found, [], generation="c/41/t", cycle=1, judged_by={},
+                              hand_off=False)  # fmt: skip
+    hang = hangs.parse(json.dumps(record), withdrawn=set())
+    assert hang is not None and hang.standing == ("node2",)
+    assert hangs.grouped(hang) == [
+        "node2 hung in cycle 1: its 1 rank stopped in `_train_step` while the 1 other waited "
+        "in `all_reduce`",
+        "  rank 0 on node1 waited in `all_reduce`:",
+        "      all_reduce (torch/distributed/distributed_c10d.py:3252)",
+        "      _train_step (nvrx_appliance/workloads/trainer.py:233)",
+        "  rank 1 on node2 stood in `_train_step`:",
+        "      _train_step (nvrx_appliance/workloads/trainer.py:226)",
+    ]
+    assert hangs.sentence(hang, 86400).endswith(
+        "; kept out of the next rendezvous (a hot spare takes its place) and of this chain's "
+        "generations for 24 h"
+    )
+
+
+def test_a_sampling_period_too_long_for_the_step_timeout_is_refused_naming_the_fix():
+    [problem] = check(ChainSpec(work_dir="/w", workload="cpu", stack_sampling=20, step_timeout=30))
+    assert problem.option == "--stack-sampling"
+    assert "use at most 10 s, or 0 to turn sampling off" in problem.message
+    assert not check(ChainSpec(work_dir="/w", workload="cpu", stack_sampling=0, step_timeout=30))
+
+
+def test_the_hung_marker_the_guard_writes_is_the_one_node_memory_and_the_health_check_read(
+    tmp_path,
+):
+    record = {"generation": "c/41/t", "cycle": 2, "words": "node3 hung in cycle 2: ...",
+              "hand_off": True}  # fmt: skip
+    (tmp_path / "hung.node3").write_text(json.dumps(stacks.marker_of(record)))
+    [found] = node_memory.hung_nodes(str(tmp_path), "c", "41")
+    assert found == {"node": "node3", "words": "node3 hung in cycle 2: ...",
+                     "stacks": str(tmp_path / "cycle2.json"), "hand_off": True}  # fmt: skip
+    me = Identity(generation="c/41/t", task=1, job_id="42", node="node3")
+    assert not judge_hang((tmp_path / "hung.node3").read_text(), False, me).healthy
+    assert stacks.hand_off_wanted(tmp_path, "c/41/t") is not None
