@@ -44,6 +44,7 @@ from .chain_support import (
     progress,
     ran,
     squeue_ids,
+    started_in_cycle,
     state,
     submit,
     tasks,
@@ -54,7 +55,7 @@ from .chain_support import (
     wait_tracker,
 )
 from .conftest import Cluster, cluster_cli
-from .test_bad_nodes import _drain, _drained_marker, _kill_a_rank, _remembered, _resume, _started
+from .test_bad_nodes import _drain, _drained_marker, _kill_a_rank, _remembered, _resume
 
 pytestmark = [pytest.mark.cluster, pytest.mark.disruptive]
 
@@ -132,7 +133,7 @@ def _training_on_two_domains(
     nodes, the spare domain, a training domain of a non-zero task). NVRx trains on the
     two complete domains that joined first, usually task 0's and task 1's; the third
     may join only after cycle 0 formed (then its cycle-info lists no standby)."""
-    _started(work, array_job_id, 0)
+    started_in_cycle(work, array_job_id, 0, CYCLE_S)
     wait_tracker(work, CYCLE_S)  # a checkpoint to resume from
     task_domains = [set(_nodes(cluster, array_job_id, t)) for t in (0, 1, 2)]
     active, _ = _cycle(work, array_job_id, 0)
@@ -190,7 +191,7 @@ def test_two_node_tasks_hand_off_in_segment_mode_at_the_last_checkpoint(domains:
         [entry] = wait_ledger(work, 1, GENERATION_S)
         assert entry["array_job_id"] == first and entry["action"] == "released_spares", entry
         left = entry["checkpoint_iteration"]
-        start = _started(work, second, 0)
+        start = started_in_cycle(work, second, 0, CYCLE_S)
         assert left and left > 0, logs_on_failure(work)
         assert (start["iteration"], start["cycle"]) == (left, 0), logs_on_failure(work)
         # Node memory: the node that failed the health check, not its domain's other node
@@ -214,7 +215,7 @@ def test_a_dead_node_of_a_non_zero_task_takes_its_domain_out_and_the_spare_domai
         before, spare, peer = _training_on_two_domains(cluster, work, gen)
         killed = sorted(peer)[1]  # a node of a non-zero task, not its first
         assert cluster_cli("kill-node", killed).returncode == 0
-        resumed = _started(work, gen, 1)
+        resumed = started_in_cycle(work, gen, 1, CYCLE_S)
         assert resumed["iteration"] > 0
         active, _ = _cycle(work, gen, 1)
         # The dead node's domain partner may still wait as a standby until Slurm ends
@@ -283,7 +284,7 @@ def test_a_drained_node_leaves_with_its_domain_at_the_next_rendezvous(domains: D
         _drained_marker(work, gen, drained)
         # A rank fault on a node of the other training domain: the next rendezvous.
         _kill_a_rank(cluster, work, sorted(before - peer)[0])
-        resumed = _started(work, gen, 1)
+        resumed = started_in_cycle(work, gen, 1, CYCLE_S)
         assert resumed["iteration"] > 0
         active, _ = _cycle(work, gen, 1)
         assert active == (before - peer) | spare, logs_on_failure(work)

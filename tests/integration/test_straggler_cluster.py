@@ -16,9 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from .chain_support import cli, logs_on_failure, progress, submit, unique, wait_event, wait_idle
+from .chain_support import (
+    cli,
+    cycle_nodes,
+    logs_on_failure,
+    progress,
+    submit,
+    unique,
+    wait_event,
+    wait_idle,
+    worker_pids,
+)
 from .conftest import Cluster
-from .test_bad_nodes import _cycle_nodes, _node, _worker_pids
+from .test_bad_nodes import _node
 from .test_watch_cluster import reported, watch
 
 pytestmark = [pytest.mark.cluster]
@@ -40,7 +50,7 @@ def paused_share(work: Path, node: str) -> Iterator[None]:
 
     def pause() -> None:
         while not done.is_set():
-            ranks = _worker_pids(work, node)
+            ranks = worker_pids(work, node)
             _signal(ranks, signal.SIGSTOP)
             done.wait(STOPPED_S)
             _signal(ranks, signal.SIGCONT)
@@ -53,7 +63,7 @@ def paused_share(work: Path, node: str) -> Iterator[None]:
     finally:
         done.set()
         thread.join()
-        _signal(_worker_pids(work, node), signal.SIGCONT)
+        _signal(worker_pids(work, node), signal.SIGCONT)
 
 
 def _signal(pids: list[int], signum: int) -> None:
@@ -88,7 +98,7 @@ def _train(cluster: Cluster, *flags: str) -> tuple[Path, str, str, str, str]:
     )  # fmt: skip
     _started(work, gen, 0)
     task0 = _node(cluster, gen, 0)
-    active, _ = _cycle_nodes(work, gen, 0)
+    active, _ = cycle_nodes(work, gen, 0)
     (other,) = active - {task0}
     return work, name, gen, task0, other
 
@@ -134,7 +144,7 @@ def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_tr
     try:
         with paused_share(work, slow):
             resumed = _started(work, gen, 1)
-        active, _ = _cycle_nodes(work, gen, 1)
+        active, _ = cycle_nodes(work, gen, 1)
         assert task0 in active and slow not in active and len(active) == 2, logs_on_failure(work)
         (spare,) = active - {task0}
         leave = work / "nvrx" / gen / "stragglers" / f"leave.{slow}"
