@@ -21,6 +21,7 @@ from .chain_support import (
     cycle_nodes,
     logs_on_failure,
     progress,
+    started_in_cycle,
     submit,
     unique,
     wait_event,
@@ -77,16 +78,6 @@ def _status(cluster: Cluster, name: str) -> str:
     return " ".join(done.stdout.split())  # rich may fold a long line at any width
 
 
-def _started(work: Path, gen: str, cycle: int) -> dict:
-    return wait_event(
-        work,
-        lambda e: e["event"] == "start" and e.get("slurm_array_job_id") == gen
-        and e.get("cycle") == cycle,
-        START_S,
-        f"training to start in cycle {cycle}",
-    )  # fmt: skip
-
-
 def _train(cluster: Cluster, *flags: str) -> tuple[Path, str, str, str, str]:
     """A two-node train chain, training: (work dir, name, generation, task 0's node, the
     other training node)."""
@@ -96,7 +87,7 @@ def _train(cluster: Cluster, *flags: str) -> tuple[Path, str, str, str, str]:
         cluster, work, name, "--mode", "train", "--train-tasks", "2", "--cold-spares", "0",
         "--depth", "1", *flags,
     )  # fmt: skip
-    _started(work, gen, 0)
+    started_in_cycle(work, gen, 0, START_S)
     task0 = _node(cluster, gen, 0)
     active, _ = cycle_nodes(work, gen, 0)
     (other,) = active - {task0}
@@ -143,7 +134,7 @@ def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_tr
     )
     try:
         with paused_share(work, slow):
-            resumed = _started(work, gen, 1)
+            resumed = started_in_cycle(work, gen, 1, START_S)
         active, _ = cycle_nodes(work, gen, 1)
         assert task0 in active and slow not in active and len(active) == 2, logs_on_failure(work)
         (spare,) = active - {task0}
