@@ -37,11 +37,14 @@ class Request:
     response_s: float = 3600.0
     storage_stall_s: float = STORAGE_STALL_S
     # Today's settings: the appliance's defaults (settings/chain.py), a 30-minute interval.
-    today: Settings = field(default_factory=lambda: Settings(1800.0, 1, 0, 45.0, 3))
+    today: Settings = field(default_factory=lambda: Settings(1800.0, 1, 0, 46.0, 3))
     grace_s: float = 3.0
     step_s: float | None = None
     overrides: dict[str, float] = field(default_factory=dict)
     seeds: int = 10
+    # The rates were given (--node-death ...): with --from-chain they stand, and the
+    # chain gives only its costs (what it measured) and its step.
+    rates_given: bool = False
 
 
 def problems(request: Request) -> list[str]:
@@ -91,15 +94,19 @@ def problems(request: Request) -> list[str]:
 
 
 def with_history(request: Request, history: ChainHistory) -> Request:
-    """The chain's rates, save cost and step in place of the defaults; its shape is the
-    request's (the run being planned)."""
-    rates = Rates(
-        node_death=0.0,
-        rank_crash=history.rank_crash,
-        hang=0.0,
-        task0_loss=history.task0_loss,
-        unloadable=request.rates.unloadable,
-        source=history.source,
+    """The chain's rates (unless the request gives its own), save cost and step in place
+    of the defaults; its shape is the request's (the run being planned)."""
+    rates = (
+        replace(request.rates, source=f"given on the command line; costs from chain {history.name}")
+        if request.rates_given
+        else Rates(
+            node_death=0.0,
+            rank_crash=history.rank_crash,
+            hang=0.0,
+            task0_loss=history.task0_loss,
+            unloadable=request.rates.unloadable,
+            source=history.source,
+        )
     )
     return replace(
         request,
@@ -129,15 +136,26 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
             else "given (--save-seconds)"
         ),
     )
-    if history is not None and history.restart_s is not None:
+    if history is not None:
+        name = history.name
+
+        def whole(seconds: float | None, count: int, what: str) -> priced.Step | None:
+            if seconds is None:
+                return None
+            return priced.Step(
+                seconds, f"chain {name}: mean of {count} {what}", "as measured on that chain's size"
+            )
+
         costs = replace(
             costs,
-            restart_whole=priced.Step(
-                history.restart_s,
-                f"chain {history.name}: mean of {history.restarts_measured} interruption(s)",
-                "as measured on that chain's size",
-            ),
-        )
+            restart_whole=whole(history.restart_s, history.restarts_measured,
+                                "in-job restart(s) on the same nodes"),
+            replaced_whole=whole(history.replaced_s, history.replaced_measured,
+                                 "in-job restart(s) with a spare in a node's place"),
+            hand_off_whole=whole(history.hand_off_s, history.hand_offs_measured,
+                                 "hand-off(s) to the next generation"),
+            first_start_whole=whole(history.first_start_s, 1, "first start-up(s)"),
+        )  # fmt: skip
     return Scenario(
         shape=shape,
         rates=request.rates,

@@ -345,7 +345,7 @@ class ChainSpec:
         # Rides out a 40 s stall of the shared file system (GPFS's failure detection is
         # 35 s by default) before a live task 0 stops itself; a dead one is replaced about
         # this long after its death instead of Slurm's SlurmdTimeout (300 s by default).
-        45,
+        46,
         "Seconds without a task-0 lease refresh before a peer fences task 0 as dead "
         "(task 0 stops itself earlier: see docs/how-it-works.md, Task 0's lease).",
         "NVRX_LEASE_STALE_AFTER",
