@@ -108,8 +108,8 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--from-chain",
     metavar=METAVAR,
-    help="Take the failure rates, the save's and the restart's cost from this "
-    "chain's history (report's account) instead.",
+    help="Take the failure rates (unless given: --node-death ...), the save's and the "
+    "restart's cost from this chain's history (report's account) instead.",
 )
 @click.option("--work-dir", help="The --from-chain chain's work dir (without Slurm).")
 @click.option(
@@ -134,12 +134,6 @@ def plan_command(**o) -> None:
         for k in ("node_death", "rank_crash", "hang", "task0_loss")
         if o[k] is not None
     ]
-    if given and (o["from_chain"] or o["work_dir"]):
-        fail(
-            f"{given[0]} and --from-chain contradict each other: the chain's history gives "
-            "the rates; drop one of them",
-            prefix=PREFIX,
-        )
     defaults = published.Rates()
     rates = replace(
         defaults,
@@ -172,6 +166,7 @@ def plan_command(**o) -> None:
         step_s=o["step_seconds"],
         overrides=o["costs"],
         seeds=o["seeds"],
+        rates_given=bool(given),
     )
     try:
         plan = api.plan(request, from_chain=o["from_chain"], work_dir=o["work_dir"])

@@ -166,39 +166,65 @@ def _nodes(account: Account) -> int:
     return 0
 
 
-def history(account: Account) -> tuple[int, list[float]]:
-    """(interruptions, the cost of each one whose cost was measured): every in-job restart
-    (a cycle after the first of a generation) and every generation ended by a failure.
-    An in-job restart costs from the last progress of the failed cycle to the next cycle's
-    training start; a hand-off from the last progress of the generation to its end, plus
-    the successor's start-up (its start to its training start). Queue wait between
-    generations is no node's time and is left out, as the account leaves it out."""
+# What an interruption led to, as the account can tell it (not its cause: a rank's
+# crash and a hang on every rank both restart in place; a node's death and a hang that
+# named its node both bring a spare in).
+IN_PLACE, REPLACED, HAND_OFF = "in_place", "replaced", "hand_off"
+
+
+@dataclass(frozen=True)
+class Interruption:
+    generation: str
+    outcome: str  # IN_PLACE, REPLACED (the cycle after it trained on other nodes), HAND_OFF
+    cost_s: float | None  # None: not measured (no progress before it, no successor start)
+
+
+def interruptions(account: Account) -> list[Interruption]:
+    """Every in-job restart (a cycle after the first of a generation) and every
+    generation ended by a failure. An in-job restart costs from the last progress of the
+    failed cycle to the next cycle's training start; a hand-off from the last progress of
+    the generation to its end, plus the successor's start-up (its start to its training
+    start). Queue wait between generations is no node's time and is left out, as the
+    account leaves it out."""
     work = {(w.generation, w.cycle): w for w in account.work}
-    count, costs = 0, []
+    found: list[Interruption] = []
     generations = list(account.generations)
     for index, generation in enumerate(generations):
-        count += max(0, len(generation.cycles) - 1)
+        gen = generation.array_job_id
+        nodes = {c.number: frozenset(expand_nodelist(c.active_nodes)) for c in generation.cycles}
+        measured: dict[int, float] = {}
         trained = [
             w for c in generation.cycles
-            if (w := work.get((generation.array_job_id, c.number))) and w.started is not None
+            if (w := work.get((gen, c.number))) and w.started is not None
         ]  # fmt: skip
         for before, after in itertools.pairwise(trained):
             last = _last_progress(before)
             if last is not None and after.started is not None:
-                costs.append(max(0.0, after.started - last))
+                measured[after.cycle] = max(0.0, after.started - last)
+        for cycle in generation.cycles[1:]:
+            previous = nodes.get(cycle.number - 1)
+            moved = bool(previous) and bool(nodes[cycle.number]) and previous != nodes[cycle.number]
+            found.append(
+                Interruption(gen, REPLACED if moved else IN_PLACE, measured.get(cycle.number))
+            )
         if not generation.interrupted:
             continue
-        count += 1
         successor = generations[index + 1] if index + 1 < len(generations) else None
         last = _last_progress(trained[-1]) if trained else None
-        if successor is None or successor.training_started is None:
-            continue
-        if last is None or generation.end is None:
-            continue
-        costs.append(
-            max(0.0, generation.end - last) + (successor.training_started - successor.start)
-        )
-    return count, costs
+        cost = None
+        if (
+            successor is not None and successor.training_started is not None
+            and last is not None and generation.end is not None
+        ):  # fmt: skip
+            cost = max(0.0, generation.end - last) + (successor.training_started - successor.start)
+        found.append(Interruption(gen, HAND_OFF, cost))
+    return found
+
+
+def history(account: Account) -> tuple[int, list[float]]:
+    """(interruptions, the cost of each one whose cost was measured)."""
+    found = interruptions(account)
+    return len(found), [i.cost_s for i in found if i.cost_s is not None]
 
 
 def _save_costs(account: Account) -> list[float]:

@@ -122,9 +122,13 @@ class Costs:
     save: Step
     load: Step
     queue_wait: float = 0.0
-    # A chain's own mean interruption cost, detection to training again, used whole for
-    # an in-job restart in place of the steps (the account does not split it).
+    # A chain's own mean interruption costs, detection to training again, used whole in
+    # place of the steps (the account does not split them): an in-job restart on the
+    # same nodes, one with a spare in a node's place, a hand-off to the next generation.
     restart_whole: Step | None = None
+    replaced_whole: Step | None = None
+    hand_off_whole: Step | None = None
+    first_start_whole: Step | None = None  # the run's first start-up, to training
 
     def s(self, name: str) -> float:
         return self.steps[name].seconds
@@ -178,9 +182,14 @@ def measured(
 # --- what one recovery costs, split as `report` splits it -----------------------------------
 
 
-def in_job_restart(costs: Costs, detect: str) -> dict[str, float]:
-    """A rank's crash, a hang or a node death with a spare at hand: NVRx restarts the
-    workers inside the generation. Categories of goodput.account."""
+def in_job_restart(costs: Costs, detect: str, replaced: bool = False) -> dict[str, float]:
+    """A rank's crash, a hang or a node death with a spare at hand (`replaced`: a spare
+    takes a node's place): NVRx restarts the workers inside the generation. Categories of
+    goodput.account. A chain's own cost of the same outcome is used whole; its in-place
+    cost stands in for a replacement it never measured, with the class's detection on
+    top (a crash's detection is already in it)."""
+    if replaced and costs.replaced_whole is not None:
+        return {"in_job_restarts": costs.replaced_whole.seconds}
     if costs.restart_whole is not None:
         parts = {"in_job_restarts": costs.restart_whole.seconds}
     else:
@@ -188,7 +197,7 @@ def in_job_restart(costs: Costs, detect: str) -> dict[str, float]:
         parts = {"in_job_restarts": restart}
     if detect == "detect_hang":
         parts["hangs_until_detected"] = costs.s(detect)
-    elif costs.restart_whole is None:
+    elif costs.restart_whole is None or detect != "detect_crash":
         parts["in_job_restarts"] += costs.s(detect)
     return parts
 
@@ -206,9 +215,12 @@ def _plus(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in {*a, *b}}
 
 
-def hand_off(costs: Costs, detection: float) -> dict[str, float]:
+def hand_off(costs: Costs, detection: float, measured: bool = False) -> dict[str, float]:
     """The generation ends (task 0 lost, or no spare left): `detection` until it is known,
-    the dying path, then the successor's start."""
+    the dying path, then the successor's start. `measured`: the chain's own hand-off
+    cost, used whole (its detection is in it)."""
+    if measured and costs.hand_off_whole is not None:
+        return {"hand_offs": costs.hand_off_whole.seconds}
     return _plus({"hand_offs": detection + costs.s("dying_path")}, successor_start(costs))
 
 

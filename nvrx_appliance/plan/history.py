@@ -6,7 +6,9 @@ generations a failure ended that a successor took over from (task 0 lost, a node
 failure); the last generation's end is the chain's own, whatever its exit said. What it cannot:
 whether an in-job restart followed a rank's crash or a node's death (either is one more
 cycle), so they are counted as rank crashes and said to be; hangs show as their own
-category of time, not as a count.
+category of time, not as a count. What it can tell is what each interruption led to:
+a restart on the same nodes, one with a spare in a node's place (the next cycle's nodes
+differ), or a hand-off; each has its own mean cost.
 """
 
 from __future__ import annotations
@@ -26,9 +28,16 @@ class ChainHistory:
     training_node_days: float
     task0_node_days: float
     save_s: float | None
-    # Means, not medians: the ETTR is an expectation, and a few slow restarts count.
-    restart_s: float | None  # mean of every measured interruption's cost
+    # Means, not medians: the ETTR is an expectation, and a few slow restarts count. Each
+    # is from the failed cycle's last progress to training again, detection included, by
+    # what the interruption led to (the account cannot tell its cause).
+    restart_s: float | None  # an in-job restart on the same nodes
     restarts_measured: int
+    replaced_s: float | None  # an in-job restart with a spare in a node's place
+    replaced_measured: int
+    hand_off_s: float | None  # a generation a failure ended -> its successor trains
+    hand_offs_measured: int
+    first_start_s: float | None  # the first generation's start -> its training start
     step_s: float | None
     nodes: int
     goodput: float | None  # what `report` measured: productive over the allocation
@@ -54,9 +63,25 @@ class ChainHistory:
         )
 
 
+def _mean(costs: list[float]) -> float | None:
+    return statistics.fmean(costs) if costs else None
+
+
+def _first_start(account: Account) -> float | None:
+    first = account.generations[0] if account.generations else None
+    if first is None or first.training_started is None:
+        return None
+    return max(0.0, first.training_started - first.start)
+
+
 def read(account: Account, nodes_per_task: int) -> ChainHistory:
     """The counts and costs of a chain, from its account."""
-    count, costs = interval.history(account)
+    found = interval.interruptions(account)
+    count = len(found)
+
+    def costs(outcome: str) -> list[float]:
+        return [i.cost_s for i in found if i.outcome == outcome and i.cost_s is not None]
+
     # A hand-off is a generation a failure ended and a successor took over from; the
     # last generation's end is the chain's (a cancel reads as a failed task 0's exit).
     ended = [g.interrupted for g in account.generations]
@@ -72,8 +97,13 @@ def read(account: Account, nodes_per_task: int) -> ChainHistory:
         training_node_days=max(0.0, trained) / 86400.0,
         task0_node_days=account.wall_s * nodes_per_task / 86400.0,
         save_s=statistics.fmean(saves) if saves else None,
-        restart_s=statistics.fmean(costs) if costs else None,
-        restarts_measured=len(costs),
+        restart_s=_mean(costs(interval.IN_PLACE)),
+        restarts_measured=len(costs(interval.IN_PLACE)),
+        replaced_s=_mean(costs(interval.REPLACED)),
+        replaced_measured=len(costs(interval.REPLACED)),
+        hand_off_s=_mean(costs(interval.HAND_OFF)),
+        hand_offs_measured=len(costs(interval.HAND_OFF)),
+        first_start_s=_first_start(account),
         step_s=account.step_s,
         nodes=rec.nodes,
         goodput=account.goodput_ratio,

@@ -55,13 +55,24 @@ def mean_recovery(scenario: Scenario, settings: Settings, design: Design) -> flo
     if not total:
         return 0.0
     task0 = settings.lease_s if design.fences_task0 else c.s("store_wait")
-    hand_off = sum(priced.hand_off(c, task0).values())
+    measured = design.fences_task0  # a chain's own hand-off cost is the appliance's
+    hand_off = sum(priced.hand_off(c, task0, measured).values())
     share = _task0_share(scenario)
-    death = (1 - share) * sum(priced.in_job_restart(c, "detect_node_death").values())
+
+    def leaves(detect: str, detection: float) -> float:
+        """A node leaves: a spare's restart, or task 0's: a hand-off."""
+        spare = sum(priced.in_job_restart(c, detect, replaced=True).values())
+        return (1 - share) * spare + share * sum(priced.hand_off(c, detection, measured).values())
+
+    hang = (
+        leaves("detect_hang", c.s("detect_hang"))
+        if design.names_hung_node
+        else sum(priced.in_job_restart(c, "detect_hang").values())
+    )
     cost = {
-        "node_death": death + share * hand_off,
+        "node_death": leaves("detect_node_death", task0),
         "rank_crash": sum(priced.in_job_restart(c, "detect_crash").values()),
-        "hang": sum(priced.in_job_restart(c, "detect_hang").values()),
+        "hang": hang,
         "task0_loss": hand_off,
     }
     return sum(rates[k] * cost[k] for k in rates) / total
@@ -105,24 +116,53 @@ def _poisson_tail(k: int, mean: float) -> float:
     return max(0.0, 1.0 - cdf)
 
 
-def spare_deaths_per_generation(scenario: Scenario) -> float:
-    """Node deaths outside task 0 in one generation (its wall time)."""
-    rate = per_second(scenario)["node_death"] * (1 - _task0_share(scenario))
+def _leaving(scenario: Scenario) -> float:
+    """Nodes that leave a generation per second: deaths, and hangs that name their node
+    (the appliance's stacks)."""
+    rates = per_second(scenario)
+    return rates["node_death"] + rates["hang"]
+
+
+def _per_generation(scenario: Scenario) -> tuple[float, float]:
+    """Node deaths and named hangs outside task 0 in one generation (its wall time)."""
+    rates, outside = per_second(scenario), 1 - _task0_share(scenario)
     limit = scenario.time_limit_s if not math.isinf(scenario.time_limit_s) else scenario.horizon_s
-    return rate * limit
+    return rates["node_death"] * outside * limit, rates["hang"] * outside * limit
+
+
+def spare_deaths_per_generation(scenario: Scenario) -> float:
+    """Nodes outside task 0 that leave one generation: deaths and named hangs."""
+    return sum(_per_generation(scenario))
+
+
+def _out_chance(hot: int, cold: int, deaths: float, hangs: float) -> float:
+    """P(H + max(0, D - cold) > hot), D and H Poisson: a death lets the throttle admit a
+    cold spare (its task ends), so while cold spares last it costs none; a named hung node
+    keeps its task, so every hang costs a started spare. In whatever order they come."""
+    if deaths <= 0:
+        return _poisson_tail(hot, hangs)
+    chance, term, d = 0.0, math.exp(-deaths), 0
+    while d <= hot + cold + 1 or term > 1e-12:
+        need = hot - max(0, d - cold)
+        chance += term * (1.0 if need < 0 else _poisson_tail(need, hangs))
+        d += 1
+        term *= deaths / d
+    return min(1.0, chance)
 
 
 def spares_out_chance(scenario: Scenario, settings: Settings) -> float:
-    """The chance that one generation sees more node deaths than it has spares."""
-    spares = settings.hot_spares + settings.cold_spares
-    return _poisson_tail(spares, spare_deaths_per_generation(scenario))
+    """The chance that one generation loses more nodes than its spares can replace."""
+    return _out_chance(settings.hot_spares, settings.cold_spares, *_per_generation(scenario))
 
 
 def cold_spares_for(scenario: Scenario, hot: int) -> int:
-    """The fewest cold spares that keep the chance of running out below RISK."""
-    mean = spare_deaths_per_generation(scenario)
+    """The fewest cold spares that keep the chance of running out below RISK; or, when
+    the hangs alone run the hot spares out more often (cold spares do not replace a hung
+    node), the fewest that the deaths outnumber in under 0.1% of generations."""
+    deaths, hangs = _per_generation(scenario)
     cold = 0
-    while _poisson_tail(hot + cold, mean) > RISK:
+    # Past the cold spares the deaths outnumber in under 0.1% of generations, only the hangs are left.
+    while _out_chance(hot, cold, deaths, hangs) > RISK and _poisson_tail(cold, deaths) > RISK / 10:
         cold += 1
     return cold
 
@@ -142,7 +182,7 @@ def depth_for(scenario: Scenario, settings: Settings, design: Design) -> int:
     horizon, limit = scenario.horizon_s, scenario.time_limit_s
     boundaries = 0 if math.isinf(limit) else math.ceil(horizon / limit)
     rates = per_second(scenario)
-    ends = rates["task0_loss"] + rates["node_death"] * _task0_share(scenario)
+    ends = rates["task0_loss"] + _leaving(scenario) * _task0_share(scenario)
     mean = ends * horizon + spares_out_chance(scenario, settings) * max(boundaries, 1)
     extra = 0
     while _poisson_tail(extra, mean) > RISK:

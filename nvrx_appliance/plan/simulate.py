@@ -42,10 +42,25 @@ class Design:
     fences_task0: bool  # a lease ends a dead task 0's generation; else the store wait does
     saves_at_time_limit: bool
     falls_back: bool  # an unloadable checkpoint: resume from the one before; else stop
+    # A hang names its node (stacks), which leaves as a dead one does: a spare takes its
+    # place, task 0's ends the generation. Else NVRx restarts in place on the same nodes.
+    names_hung_node: bool
 
 
-APPLIANCE = Design("the appliance", fences_task0=True, saves_at_time_limit=True, falls_back=True)
-SEEDS = Design("the seeds' design", fences_task0=False, saves_at_time_limit=False, falls_back=False)
+APPLIANCE = Design(
+    "the appliance",
+    fences_task0=True,
+    saves_at_time_limit=True,
+    falls_back=True,
+    names_hung_node=True,
+)
+SEEDS = Design(
+    "the seeds' design",
+    fences_task0=False,
+    saves_at_time_limit=False,
+    falls_back=False,
+    names_hung_node=False,
+)
 
 
 @dataclass(frozen=True)
@@ -112,9 +127,9 @@ class _Run:
         c = scenario.costs
         self.admit_s = c.s("scheduler") + c.s("start_gate")
         self.tau, self.save_s = settings.save_interval_s, c.save.seconds
-        self._begin_generation(
-            [("start_up", c.s("start_gate") + c.s("worker_start"))], chained=False
-        )
+        first = c.first_start_whole
+        start_up = first.seconds if first else c.s("start_gate") + c.s("worker_start")
+        self._begin_generation([("start_up", start_up)], chained=False)
 
     def _draw(self) -> float:
         return self.t + (self.rng.expovariate(self.total_rate) if self.total_rate else math.inf)
@@ -237,22 +252,27 @@ class _Run:
         self._lose_work()
         kind = _choose(rng, self.rates, self.total_rate)
         self.out.interruptions[kind] += 1
-        task0_nodes = min(self.sc.shape.nodes_per_task, self.sc.shape.nodes)
-        if kind == "node_death" and rng.random() < task0_nodes / self.sc.shape.nodes:
-            kind = "task0_loss"
-            self.out.interruptions["node_death_on_task0"] += 1
-        if kind == "task0_loss":
-            self._hand_off(self._task0_detection())
-            return
-        if kind in ("rank_crash", "hang"):
+        if kind == "rank_crash" or (kind == "hang" and not self.design.names_hung_node):
             detect = "detect_hang" if kind == "hang" else "detect_crash"
             self._restart(_ordered(priced.in_job_restart(c, detect)))
             return
-        # A node of another task died: its task ends, the throttle admits a cold spare.
-        if self.cold > 0:
+        task0_nodes = min(self.sc.shape.nodes_per_task, self.sc.shape.nodes)
+        if kind != "task0_loss" and rng.random() < task0_nodes / self.sc.shape.nodes:
+            self.out.interruptions[f"{kind}_on_task0"] += 1
+            detection = c.s("detect_hang") if kind == "hang" else self._task0_detection()
+            self._hand_off(detection)
+            return
+        if kind == "task0_loss":
+            self._hand_off(self._task0_detection())
+            return
+        # A node of another task died or was named hung: it leaves. A dead node's task
+        # ends and the throttle admits a cold spare; a hung one's task holds its node to
+        # the generation's end (it is kept out of the rendezvous, not ended), so none.
+        detect = "detect_hang" if kind == "hang" else "detect_node_death"
+        if self.cold > 0 and kind == "node_death":
             self.cold -= 1
             self.admissions.append(self.t + self.admit_s)
-        restart = _ordered(priced.in_job_restart(c, "detect_node_death"))
+        restart = _ordered(priced.in_job_restart(c, detect, replaced=True))
         if self.hot > 0:
             self.hot -= 1
             self._restart(restart)
@@ -261,7 +281,7 @@ class _Run:
             self._restart([("in_job_restarts", wait), *restart])
         else:
             self.out.generations_spares_out += 1  # it ends here: once per generation
-            self._hand_off(c.s("detect_node_death"))
+            self._hand_off(c.s(detect))
 
     def _task0_detection(self) -> float:
         return self.st.lease_s if self.design.fences_task0 else self.sc.costs.s("store_wait")
@@ -287,7 +307,10 @@ class _Run:
         self.pending = parts
 
     def _hand_off(self, detection: float) -> None:
-        parts = _ordered(priced.hand_off(self.sc.costs, detection))
+        # A chain's own hand-off cost was measured under the appliance, not the seeds'.
+        parts = _ordered(
+            priced.hand_off(self.sc.costs, detection, measured=self.design.fences_task0)
+        )
         if self._unloadable():
             if not self.design.falls_back:
                 self._stop_for_a_person()

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from nvrx_appliance.goodput.account import CATEGORIES, PRODUCTIVE
+from nvrx_appliance.plan.costs import Costs, Step
 from nvrx_appliance.plan.model import Plan
 from nvrx_appliance.plan.simulate import QUEUE_WAIT, STOPPED, Summary
 
@@ -75,7 +76,8 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
         )
         out.append(
             f"  one interruption every {_minutes(horizon / total)}: {total:.0f} in the run "
-            f"({kinds}; {seen.get('node_death_on_task0', 0.0):.1f} node deaths on task 0)"
+            f"({kinds}; on task 0's nodes: {seen.get('node_death_on_task0', 0.0):.1f} node "
+            f"deaths, {seen.get('hang_on_task0', 0.0):.1f} hangs)"
         )
     out.append(
         f"  a save blocks training {_minutes(c.save.seconds)} ({c.save.source}); "
@@ -134,15 +136,25 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     for name, step in c.steps.items():
         note = f" [{step.extrapolated}]" if step.extrapolated else ""
         out.append(f"  {name:<17} {step.seconds:8.2f} s  {step.source}; {step.growth}{note}")
-    if c.restart_whole is not None:
-        whole = c.restart_whole
-        out.append(
-            f"  {'in-job restart':<17} {whole.seconds:8.2f} s  {whole.source}; {whole.growth} "
-            "(used whole, in place of the steps above)"
-        )
+    for label, whole in _wholes(c).items():
+        if whole is not None:
+            out.append(
+                f"  {label:<17} {whole.seconds:8.2f} s  {whole.source}; {whole.growth} "
+                "(used whole, in place of the steps above)"
+            )
     if c.queue_wait:
         out.append(f"  {'queue wait':<17} {c.queue_wait:8.2f} s  given (--queue-wait)")
     return out
+
+
+def _wholes(c: Costs) -> dict[str, Step | None]:
+    """A chain's own costs, by what the interruption led to."""
+    return {
+        "in-job restart": c.restart_whole,
+        "spare replaces": c.replaced_whole,
+        "hand-off": c.hand_off_whole,
+        "first start-up": c.first_start_whole,
+    }
 
 
 def _summary(summary: Summary, horizon: float) -> dict[str, Any]:
@@ -228,11 +240,19 @@ def to_json(plan: Plan) -> dict[str, Any]:
             "save": {"seconds": sc.costs.save.seconds, "source": sc.costs.save.source},
             "load": {"seconds": sc.costs.load.seconds, "source": sc.costs.load.source},
             "queue_wait": {"seconds": sc.costs.queue_wait},
-            "in_job_restart_whole": (
-                {"seconds": sc.costs.restart_whole.seconds, "source": sc.costs.restart_whole.source}
-                if sc.costs.restart_whole is not None
-                else None
-            ),
+            **{
+                key: {"seconds": whole.seconds, "source": whole.source} if whole else None
+                for key, whole in zip(
+                    (
+                        "in_job_restart_whole",
+                        "spare_replaces_whole",
+                        "hand_off_whole",
+                        "first_start_whole",
+                    ),
+                    _wholes(sc.costs).values(),
+                    strict=True,
+                )
+            },
         },
         "response_seconds": sc.response_s,
         "storage_stall_seconds": plan.storage_stall_s,

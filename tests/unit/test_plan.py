@@ -157,6 +157,39 @@ def test_an_unloadable_checkpoint_costs_the_appliance_a_segment_and_the_seeds_a_
     assert appliance.ettr > seeds.ettr
 
 
+def test_a_hang_takes_a_spare_on_the_appliance_and_restarts_in_place_in_the_seeds_design():
+    # 3 hangs a generation, a hot and a cold spare, a 30 s step timeout. On the appliance
+    # the stacks name each hung node, which leaves; its task holds the node, so the
+    # throttle admits no cold spare: the hot one alone replaces, and the spares run out
+    # when more than one hang comes (P = 0.80), where 3 deaths run out only past two
+    # (0.58). NVRx alone restarts in place and never runs out.
+    hung = scenario(per_day={"hang": 3.0}, days=200.0, time_limit=DAY, steps={"detect_hang": 30.0})
+    settings = replace(TODAY, hot_spares=1, cold_spares=1)
+    mean = 3 * 0.999  # outside task 0
+    closed = model.spares_out_chance(hung, settings)
+    assert closed == pytest.approx(1 - math.exp(-mean) * (1 + mean), rel=1e-3)
+    appliance = run_seeds(hung, settings, APPLIANCE, seeds=4)
+    assert appliance.spares_out == pytest.approx(closed, abs=0.06)
+    assert model.cold_spares_for(hung, hot=1) == 0  # no cold spare replaces a hung node
+    seeds = run_seeds(hung, settings, SEEDS, seeds=4)
+    assert seeds.spares_out == 0.0
+    assert seeds.seconds["hangs_until_detected"] == pytest.approx(
+        30.0 * seeds.interruptions["hang"], rel=0.02
+    )
+
+
+def test_deaths_and_hangs_run_the_spares_out_as_the_closed_form_says():
+    # 2 deaths and 1 hang a generation, 1 hot and 2 cold spares: out when
+    # H + max(0, D - 2) > 1, whatever their order; the simulation agrees.
+    run = scenario(per_day={"node_death": 2.0, "hang": 1.0}, days=300.0, time_limit=DAY)
+    settings = replace(TODAY, hot_spares=1, cold_spares=2)
+    closed = model.spares_out_chance(run, settings)
+    assert 0.2 < closed < 0.6
+    assert run_seeds(run, settings, APPLIANCE, seeds=4).spares_out == pytest.approx(
+        closed, abs=0.06
+    )
+
+
 def test_llama3s_table_is_the_default_rate():
     defaults = rates.Rates()
     total = defaults.node_death + defaults.rank_crash + defaults.hang
@@ -224,7 +257,6 @@ def test_the_plan_as_json():
         (["--nodes", "0"], "nvrx-appliance plan: --nodes: the nodes that train, at least 1"),
         (["--node-death", "-1"], "--node-death: interruptions per 1,000 node-days, 0 or more"),
         (["--cost", "warp=1"], "--cost: 'warp' is no step; choose from detect_crash"),
-        (["--from-chain", "x", "--hang", "1"], "--hang and --from-chain contradict each other"),
         (["--storage-gbps", "0"], "--storage-gbps: the storage's write and read rate, above 0"),
     ],
 )
@@ -258,6 +290,49 @@ def test_a_chains_history_gives_its_rates_and_costs_and_the_plan_uses_them():
     assert costs.in_job_restart(run.costs, "detect_crash") == {
         "in_job_restarts": pytest.approx(sum(gaps) / len(gaps))
     }
+
+
+def test_a_chains_interruptions_are_priced_by_what_they_led_to():
+    # Cycles 1 and 3 trained on node3 in node2's place (a spare came in); the others on
+    # the same two nodes. Each outcome gets its own mean; the plan uses each whole.
+    gaps = [20.0, 30.0, 25.0, 40.0, 35.0, 22.0]
+    inputs = recorded_chain([17, 23, 9, 31, 14, 26], gaps)
+    moved = {1: "node[1,3]", 3: "node[1,3]"}
+    cycles = [
+        c._replace(active_nodes=moved.get(c.number, c.active_nodes)) for c in inputs.cycles["7"]
+    ]
+    inputs = replace(inputs, cycles={"7": cycles})
+    found = save_interval.interruptions(account(inputs))
+    # Cycle n comes after gap n-1; 1, 2, 3 and 4 moved from the cycle before.
+    assert [i.outcome for i in found] == ["replaced", "replaced", "replaced", "replaced",
+                                          "in_place", "in_place"]  # fmt: skip
+    seen = history.read(account(inputs), nodes_per_task=1)
+    assert seen.replaced_s == pytest.approx(sum(gaps[:4]) / 4) and seen.replaced_measured == 4
+    assert seen.restart_s == pytest.approx(sum(gaps[4:]) / 2) and seen.restarts_measured == 2
+    assert seen.hand_off_s is None
+    run = request.scenario(request.with_history(request.Request(nodes=2), seen), seen)
+    assert costs.in_job_restart(run.costs, "detect_hang", replaced=True) == {
+        "in_job_restarts": pytest.approx(sum(gaps[:4]) / 4)
+    }
+    # A crash in place: the chain's in-place cost, its detection in it.
+    assert costs.in_job_restart(run.costs, "detect_crash") == {
+        "in_job_restarts": pytest.approx(sum(gaps[4:]) / 2)
+    }
+
+
+def test_rates_given_with_a_chain_stand_and_the_chain_gives_its_costs():
+    gaps = [20.0, 30.0, 25.0]
+    seen = history.read(account(recorded_chain([17, 23, 9], gaps)), nodes_per_task=1)
+    given = rates.Rates(node_death=7.0, rank_crash=3.0, hang=2.0, task0_loss=0.0)
+    asked = request.with_history(request.Request(nodes=2, rates=given, rates_given=True), seen)
+    assert (asked.rates.node_death, asked.rates.rank_crash, asked.rates.hang) == (7.0, 3.0, 2.0)
+    assert f"costs from chain {seen.name}" in asked.rates.source
+    run = request.scenario(asked, seen)
+    assert run.costs.restart_whole is not None
+    assert run.costs.restart_whole.seconds == pytest.approx(sum(gaps) / 3)
+    # Without rates of its own, the chain's count stands (its restarts as crashes).
+    plain = request.with_history(request.Request(nodes=2, rates=given), seen)
+    assert plain.rates.rank_crash == seen.rank_crash and plain.rates.node_death == 0.0
 
 
 def test_at_llama3s_shape_the_appliance_trains_over_90_percent_as_meta_published():
