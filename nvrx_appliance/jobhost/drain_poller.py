@@ -35,7 +35,6 @@ modules it imports (hostlib.py, which says what 3.6 rules out, and node_memory.p
 """
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -60,8 +59,8 @@ MARKER_BYTES = 1 << 20
 # verdict (it leaves at the next rendezvous), and only then can a pending cold spare take
 # its place, so the look must come sooner than that. One listdir; Slurm only on a verdict.
 HANG_LOOK_S = 1.0
-# The hang markers' names (rank/stacks.py: hung_name, withdrawn_name).
-HUNG_PREFIX, WITHDRAWN_PREFIX = "hung.", "withdrawn."
+# A hang marker's name (rank/stacks.py: hung_name).
+HUNG_PREFIX = "hung."
 
 
 class RunningTask(NamedTuple):
@@ -126,26 +125,6 @@ def drained_in(text: Optional[str]) -> List[str]:
 def generation_drained(running: List[RunningTask], drained: Dict[str, str]) -> List[str]:
     """The generation's own drained nodes, for the last-poll record and the teardown."""
     return sorted({node for task in running for node in task.nodes if node in drained})
-
-
-def standing_hung(markers: Dict[str, Optional[str]], generation: str) -> List[str]:
-    """The nodes a standing hang verdict of this generation names, from the hang
-    directory (file name -> its text; None where unread): a `hung.<node>` marker that
-    names the generation, without its `withdrawn.<node>`."""
-    found = []
-    for name, text in markers.items():
-        node = name[len(HUNG_PREFIX) :]
-        if not name.startswith(HUNG_PREFIX) or WITHDRAWN_PREFIX + node in markers:
-            continue
-        try:
-            marker = json.loads(text or "")
-        except ValueError:
-            continue  # unread, half-written or not ours: the next look reads it again
-        if isinstance(marker, dict) and hostlib.same_generation(
-            str(marker.get("generation", "")), generation
-        ):
-            found.append(node)
-    return sorted(found)
 
 
 def pending_exclusions(pending: List[Tuple[str, str, str]], hung: List[str]) -> Dict[str, str]:
@@ -223,9 +202,9 @@ def exclude_hung(args: argparse.Namespace, done: Set[str]) -> Set[str]:
     fresh = [n for n in names if n.startswith(HUNG_PREFIX) and n[len(HUNG_PREFIX) :] not in done]
     if not fresh:
         return done
-    markers = dict.fromkeys(names)  # type: Dict[str, Optional[str]]
-    markers.update((n, _read(os.path.join(args.hangs, n))) for n in fresh)
-    hung = standing_hung(markers, args.generation)
+    chain = args.generation.split("/", 1)[0]
+    standing = node_memory.hung_nodes(args.hangs, chain, args.array_job_id)
+    hung = sorted(h["node"] for h in standing if h["node"] not in done)
     if not hung:
         return done
     squeue = ["squeue", "--noheader", "--array", "--jobs=" + args.array_job_id,

@@ -406,18 +406,6 @@ def test_a_hang_marker_of_another_generation_is_ignored(tmp_path):
 # --- hung nodes: the generation's pending tasks keep off them --------------------------------
 
 
-def test_only_a_standing_verdict_of_this_generation_keeps_pending_tasks_off_a_node():
-    ours = json.dumps({"generation": GEN, "words": "node3 hung in cycle 0"})
-    markers = {
-        "hung.node3": ours,
-        "hung.node4": ours, "withdrawn.node4": None,  # its ranks moved again
-        "hung.node5": json.dumps({"generation": "other-chain/9/", "words": "node5 hung"}),
-        "hung.node6": '{"generation": ',  # half-written: read again at the next look
-        "cycle0.json": None,
-    }  # fmt: skip
-    assert drain_poller.standing_hung(markers, GEN) == ["node3"]
-
-
 def test_a_pending_task_gets_the_hung_node_beside_its_own_exclusions():
     pending = drain_poller.node_memory.parse_pending(
         "3|debug|node1\n4|debug|node[3,7]\n5|debug|(null)\n"
@@ -432,6 +420,9 @@ def test_a_hang_verdict_sets_the_excluded_nodes_of_the_generations_pending_tasks
     hangs = tmp_path / "hangs"
     hangs.mkdir()
     (hangs / "hung.node3").write_text(json.dumps({"generation": GEN, "words": "node3 hung"}))
+    # A verdict withdrawn (its ranks moved again) keeps nothing off its node.
+    (hangs / "hung.node8").write_text(json.dumps({"generation": GEN, "words": "node8 hung"}))
+    (hangs / "withdrawn.node8").write_text("{}")
     env = _stand_ins(tmp_path, squeue="3|debug|node1\n4|debug|\n")
     scontrol = tmp_path / "bin" / "scontrol"
     scontrol.write_text(f'#!/bin/sh\necho "$0 $*" >> {tmp_path}/calls\n')
