@@ -252,6 +252,7 @@ class Layout:
             "verdict": str(control.verdict),
             "workload_exits": str(self.exit_records(ARRAY_JOB_ID_FIELD)),
             "hangs": str(self.hangs(ARRAY_JOB_ID_FIELD)),
+            "stragglers": str(self.stragglers(ARRAY_JOB_ID_FIELD)),
         }
 
     def cycle_infos(self, array_job_id: str | int) -> Path:
@@ -260,11 +261,20 @@ class Layout:
     def nvrx_logs(self, array_job_id: str | int) -> Path:
         return self.generation(array_job_id) / "logs"
 
+    def stragglers(self, array_job_id: str | int) -> Path:
+        """Task 0's word on the generation's slow nodes (node/straggler_leave.py)."""
+        return self.generation(array_job_id) / "stragglers"
+
     def straggler_leave(self, array_job_id: str | int, node: str) -> Path:
         """Task 0's decision that a straggler leaves at the next checkpoint
         (`--straggler-action replace`): key=value lines, owner-only; the node's own
         entrypoint acts on it and its health check answer says so."""
-        return self.generation(array_job_id) / "stragglers" / f"leave.{node}"
+        return self.stragglers(array_job_id) / f"leave.{node}"
+
+    def straggler_named(self, array_job_id: str | int, node: str) -> Path:
+        """A straggler task 0 named in the generation and what it did about it, for the
+        ledger (the teardown reads it): JSON, owner-only, rewritten as it changes."""
+        return self.stragglers(array_job_id) / f"named.{node}"
 
     def exit_records(self, array_job_id: str | int) -> Path:
         """The first failed worker of each cycle, one JSON file per cycle (its guard's

@@ -207,6 +207,8 @@ def render(manifest: Manifest, *, template: str, extra: tuple[str, ...] = ()) ->
         "drain_poller": shlex.quote(str(layout.drain_poller)),
         "drain_dir": generation_path(layout.drain(_ARRAY_JOB_ID)),
         "drain_poll_interval": str(spec.drain_poll_interval),
+        # Where the chain samples stacks, the poller keeps pending tasks off hung nodes.
+        "hangs_dir": generation_path(layout.hangs(_ARRAY_JOB_ID)) if spec.stack_sampling else '""',
         "no_restart": str(exitcodes.NVRX_NO_RESTART),
         "chain_id": shlex.quote(manifest.chain_id),
         "task0_gone": str(exitcodes.TASK0_GONE),

@@ -59,6 +59,8 @@ class GenerationView:
     pending_reason: str = ""  # squeue's %r for a task 0 not started yet
     drained: tuple[str, ...] = ()  # its nodes Slurm drained (ledger: the drain poller's)
     hangs: tuple[str, ...] = ()  # each hung cycle's judgement, in words (docs/hangs.md)
+    # Each straggler task 0 named and what it did about it (ledger), in words.
+    stragglers: tuple[str, ...] = ()
     # Cancelled before any of its tasks started (sacct), and by whom where Slurm says.
     never_ran: bool = False
     cancelled_by: str = ""
@@ -73,6 +75,20 @@ class ImageView:
     qualified_on: str = ""
     qualified_cluster: str = ""
     why: str = ""
+
+
+def straggler_words(named: Mapping[str, Any]) -> str:
+    """A straggler the ledger keeps, for a person: who, how slow, what it cost, and what
+    task 0 did about it (docs/stragglers.md)."""
+    slowdown, lost = named.get("slowdown"), named.get("lost_s")
+    how = [f"{slowdown:.2f}x its peers' own step" if isinstance(slowdown, int | float) else "",
+           f"the run lost {lost:.0f} s waiting for it" if isinstance(lost, int | float) else ""]  # fmt: skip
+    said = "; ".join(h for h in how if h)
+    return (
+        f"{named.get('node', '?')} was a straggler in cycle {named.get('cycle', '?')}"
+        + (f" ({said})" if said else "")
+        + f": {named.get('action') or 'what was done about it is unknown'}"
+    )
 
 
 def bare_metal() -> ImageView:
@@ -490,6 +506,9 @@ def assemble(
                 hangs=tuple(
                     hang_words(h, int(spec.get("exclude_for", 0)))
                     for h in (hangs or {}).get(array_job_id, ())
+                ),
+                stragglers=tuple(
+                    straggler_words(s) for s in entry.get("stragglers") or () if isinstance(s, dict)
                 ),
                 never_ran=not entry and _never_ran(array_job_id, acct),
                 cancelled_by=_cancelled_by(array_job_id, acct),

@@ -254,8 +254,14 @@ def render(view: ChainView) -> Group:
 
 
 def straggler_lines(view: ChainView) -> list[Text]:
-    """A slow node the running generation waits for, in words (docs/stragglers.md)."""
-    return [Text(f"straggler: {s.words}", style="bold yellow") for s in view.stragglers]
+    """A slow node the running generation waits for, and those an ended generation's
+    ledger names with what was done about them, in words (docs/stragglers.md)."""
+    ended = [
+        Text(f"generation {g.array_job_id}: {words}", style="yellow")
+        for g in view.generations
+        for words in g.stragglers
+    ]
+    return ended + [Text(f"straggler: {s.words}", style="bold yellow") for s in view.stragglers]
 
 
 def _percent(ratio: float | None) -> str:

@@ -1,11 +1,13 @@
-"""A sick node on the local cluster, made from outside as a user meets one: every cpu
-trainer worker of a chain on the given nodes is frozen (SIGSTOP) a few seconds into
+"""A sick node on the local cluster, made from outside as a user meets one: every
+training worker of a chain on the given nodes is frozen (SIGSTOP) a few seconds into
 each NVRx cycle, once that cycle trains: no error, no exit (issue 38). For the hang
 tests and the sick-node benchmark; what it froze it thaws when stopped.
 
-The nodes share this machine's PID namespace, so a worker is found in /proc: its
-command line runs the cpu trainer and names the chain's work dir, its environment the
-Slurm node it was started on and the NVRx cycle it runs in.
+The nodes share this machine's PID namespace, so a worker is found in /proc: it is the
+child of one of the chain's rank guards (whose command line names the chain's work dir),
+whatever the workload (the cpu trainer, a script); its environment names the Slurm node
+it was started on and the NVRx cycle it runs in. A cycle trains from its first `step`
+event in the progress log (the cpu trainer's, or a script's that keeps one).
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from pathlib import Path
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import workdir
 
-WORKER = [b"-u", b"-m", b"nvrx_appliance.workloads.cpu"]
+# The rank guard's module (rank/guard.py's MODULE; host code does not import the in-job
+# side): every workload process is its child.
+GUARD = "nvrx_appliance.rank.guard"
 FREEZE_AFTER_S = 3.0  # into a cycle's training, its workers on the sick nodes stop
 POLL_S = 0.5
 
@@ -34,20 +38,24 @@ def _environ(pid: int) -> dict[str, str]:
 
 
 def workers(work: Path, node: str) -> list[int]:
-    """The chain's cpu trainer ranks on `node`."""
-    found = []
+    """The chain's workload processes (its training ranks) on `node`."""
+    guards, children = set(), []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
+            parent = int((entry / "stat").read_bytes().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
             continue
-        if argv[1:4] != WORKER or not any(str(work).encode() in a for a in argv):
-            continue
-        if _environ(int(entry.name)).get("SLURMD_NODENAME") == node:
-            found.append(int(entry.name))
-    return sorted(found)
+        if GUARD.encode() in argv[1:4] and any(str(work).encode() in a for a in argv):
+            guards.add(int(entry.name))
+        else:
+            children.append((int(entry.name), parent))
+    return sorted(
+        pid for pid, parent in children
+        if parent in guards and _environ(pid).get("SLURMD_NODENAME") == node
+    )  # fmt: skip
 
 
 def _cycle_of(pid: int) -> tuple[str, str]:

@@ -135,6 +135,8 @@ class GenerationAccount:
     # Ended by a failure (task 0 lost or exiting non-zero, a node failure): not training
     # done, a time limit, a cancel, or the workload's own "do not restart" (93).
     interrupted: bool = False
+    # What task 0 did about each straggler it named (the ledger): node -> words.
+    straggler_actions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -522,6 +524,7 @@ def account(inputs: Inputs) -> Account:
                 successor_resumed_s=None,
                 tracker=_tracker(ledger.get(generation, {})),
                 interrupted=interrupted,
+                straggler_actions=_straggler_actions(ledger.get(generation, {})),
             )
         )
     generations = _hand_offs(generations)
@@ -551,6 +554,15 @@ def account(inputs: Inputs) -> Account:
         blind=inputs.blind,
         save_interval=inputs.save_interval,
     )
+
+
+def _straggler_actions(entry: Mapping) -> dict[str, str]:
+    named = entry.get("stragglers")
+    return {
+        str(s["node"]): str(s.get("action") or "")
+        for s in (named if isinstance(named, list) else [])
+        if isinstance(s, dict) and s.get("node")
+    }
 
 
 def _tracker(entry: Mapping) -> tuple[int | None, int | None]:

@@ -98,11 +98,21 @@ def lines(account: Account) -> list[str]:
                 f"{lost.kept}"
             )
     for found in straggler.in_chain(account.work):
+        action = _straggler_action(account, found)
         out.append(
             f"    straggler in generation {found.generation}, cycle {found.cycle}: {found.who}, "
             f"{found.slowdown:.2f}x its peers' step; {straggler.cost_words(found)}"
+            + (f"; {action}" if action else "")
         )
     return out + save_interval_lines(save_interval.recommend(account))
+
+
+def _straggler_action(account: Account, found: straggler.Straggler) -> str:
+    """What task 0 did about it, as its generation's ledger entry says; "" unknown."""
+    for g in account.generations:
+        if g.array_job_id == found.generation:
+            return g.straggler_actions.get(found.node, "")
+    return ""
 
 
 def _iterations(count: int | None, step_s: float | None) -> str:
@@ -297,6 +307,7 @@ def to_json(account: Account) -> dict[str, Any]:
                 "peers_step_seconds": s.peers_s,
                 "lost_seconds": s.lost_s,
                 "lost_node_seconds": None if s.by_rank else s.lost_s * s.nodes,
+                "action": _straggler_action(account, s) or None,
             }
             for s in straggler.in_chain(account.work)
         ],

@@ -20,9 +20,18 @@ answers; a false "clean" could let a restart re-form on a drained node.
 Identity: each marker names its generation, its task's Slurm job id and the task's
 nodes. The reader ignores (fails open on) a marker that names another allocation.
 
+Hung nodes (docs/hangs.md): where the chain samples stacks (--hangs), it also looks at
+the generation's hang markers every HANG_LOOK_S (one listdir of a small directory) and,
+when a verdict names a node, sets the ExcNodeList of the generation's own pending array
+tasks (its cold spares, held back by the throttle) to include it, so that none of them
+lands on the node when its task ends: one squeue, and one scontrol update per pending
+task, per new verdict. A withdrawn verdict takes nothing back: the generation's last
+tasks do without that node, and node memory does not remember it. With --interval 0 the
+poller only does this.
+
 Why stdlib only, and Python 3.6 syntax: it runs on the host's python3, as the teardown
 does; submit copies this file beside run.json (Layout.drain_poller), with the helper
-module it imports (hostlib.py, which says what 3.6 rules out).
+modules it imports (hostlib.py, which says what 3.6 rules out, and node_memory.py).
 """
 
 import argparse
@@ -30,12 +39,13 @@ import os
 import signal
 import sys
 import time
-from typing import Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 if __package__:
-    from . import hostlib
-else:  # run as a script on the job's host: the copy beside this file
+    from . import hostlib, node_memory
+else:  # run as a script on the job's host: the copies beside this file
     import hostlib  # type: ignore[import-not-found,no-redef]
+    import node_memory  # type: ignore[import-not-found,no-redef]
 
 # Each Slurm call is bounded: a controller that does not answer must never hold a pass
 # (nor read as "nothing drained").
@@ -45,6 +55,12 @@ DRAIN_STATES = "drain"
 SINFO = ["sinfo", "--noheader", "--Node", "--states=" + DRAIN_STATES, "--format=%N|%E"]
 # A marker names a task's nodes and their reasons: a few KiB even for a large task.
 MARKER_BYTES = 1 << 20
+# Between two looks at the hang markers: a named node's task ends seconds after the
+# verdict (it leaves at the next rendezvous), and only then can a pending cold spare take
+# its place, so the look must come sooner than that. One listdir; Slurm only on a verdict.
+HANG_LOOK_S = 1.0
+# A hang marker's name (rank/stacks.py: hung_name).
+HUNG_PREFIX = "hung."
 
 
 class RunningTask(NamedTuple):
@@ -111,6 +127,19 @@ def generation_drained(running: List[RunningTask], drained: Dict[str, str]) -> L
     return sorted({node for task in running for node in task.nodes if node in drained})
 
 
+def pending_exclusions(pending: List[Tuple[str, str, str]], hung: List[str]) -> Dict[str, str]:
+    """Pending task -> the ExcNodeList to give it: its own list (squeue's `%K|%P|%x`
+    rows, as node_memory.parse_pending reads them) and every hung node it lacks. A task
+    that already keeps them all out is left alone."""
+    targets = {}  # type: Dict[str, str]
+    for task, _partition, current in pending:
+        listed = hostlib.expand_nodelist(current)
+        missing = [node for node in hung if node not in listed]
+        if missing:
+            targets[task] = ",".join(listed + missing)
+    return targets
+
+
 # --- shell --------------------------------------------------------------------------
 
 
@@ -163,6 +192,40 @@ def poll_once(args: argparse.Namespace) -> bool:
     return True
 
 
+def exclude_hung(args: argparse.Namespace, done: Set[str]) -> Set[str]:
+    """Keep the generation's pending tasks off the nodes a standing hang verdict named;
+    the nodes done so far. A Slurm call that fails is tried again at the next look."""
+    try:
+        names = os.listdir(args.hangs)
+    except OSError:
+        return done  # no hang yet (the directory comes with the first sample)
+    fresh = [n for n in names if n.startswith(HUNG_PREFIX) and n[len(HUNG_PREFIX) :] not in done]
+    if not fresh:
+        return done
+    chain = args.generation.split("/", 1)[0]
+    standing = node_memory.hung_nodes(args.hangs, chain, args.array_job_id)
+    hung = sorted(h["node"] for h in standing if h["node"] not in done)
+    if not hung:
+        return done
+    squeue = ["squeue", "--noheader", "--array", "--jobs=" + args.array_job_id,
+              "--states=PENDING", "--format=%K|%P|%x"]  # fmt: skip
+    out, why = hostlib.slurm(squeue, args.timeout)
+    if out is None:
+        _log(f"could not list the pending tasks to keep them off hung {' '.join(hung)}: {why}")
+        return done
+    for task, excluded in sorted(pending_exclusions(node_memory.parse_pending(out), hung).items()):
+        job = f"{args.array_job_id}_{task}"
+        update = ["scontrol", "update", "JobId=" + job, "ExcNodeList=" + excluded]
+        if hostlib.slurm(update, args.timeout)[0] is None:
+            # One that started meanwhile can no longer be changed: its node's health check
+            # keeps the hung node out of the rendezvous all the same.
+            _log(f"pending task {job} could not be kept off {' '.join(hung)}")
+        else:
+            _log(f"pending task {job} now excludes {excluded}: a hang verdict named "
+                 f"{' '.join(hung)}")  # fmt: skip
+    return done | set(hung)
+
+
 def _record(path: str, generation: str, outcome: str, drained: List[str]) -> None:
     """The last pass, for the teardown and a person: rewritten every pass."""
     lines = [
@@ -192,10 +255,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--array-job-id", required=True)
     parser.add_argument("--generation", required=True)
     parser.add_argument("--dir", required=True)
-    parser.add_argument("--interval", type=float, required=True)
+    parser.add_argument("--interval", type=float, required=True, help="0: no drain passes")
+    parser.add_argument("--hangs", default="", help="the generation's hang directory")
     parser.add_argument("--timeout", type=float, default=SLURM_TIMEOUT_S)
     parser.add_argument("--once", action="store_true", help="one pass, then exit (tests)")
     args = parser.parse_args(argv)
+    if args.interval <= 0 and not args.hangs:
+        return 0  # nothing to do (the batch script does not start it so)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         _prepare(args.dir)
@@ -203,15 +269,27 @@ def main(argv: Optional[List[str]] = None) -> int:
         _log(f"cannot prepare {args.dir}: {exc}; no drain awareness in this generation")
         return 1
     parent = os.getppid()
-    _log(f"polling Slurm every {args.interval:g} s for drained nodes of array {args.array_job_id}")  # fmt: skip
+    if args.interval > 0:
+        _log(f"polling Slurm every {args.interval:g} s for drained nodes of array {args.array_job_id}")  # fmt: skip
+    if args.hangs:
+        _log("keeping this generation's pending tasks off the nodes a hang verdict names")
+    hung_done = set()  # type: Set[str]
+    next_pass = time.monotonic()
     while True:
-        try:
-            poll_once(args)
-        except Exception as exc:  # any one pass's failure must not end drain awareness
-            _log(f"pass failed, markers kept as they were: {exc!r}")
+        if args.interval > 0 and time.monotonic() >= next_pass:
+            try:
+                poll_once(args)
+            except Exception as exc:  # any one pass's failure must not end drain awareness
+                _log(f"pass failed, markers kept as they were: {exc!r}")
+            next_pass = time.monotonic() + args.interval
+        if args.hangs:
+            try:
+                hung_done = exclude_hung(args, hung_done)
+            except Exception as exc:  # nor one look's the later looks
+                _log(f"the look at the hang verdicts failed: {exc!r}")
         if args.once:
             return 0
-        time.sleep(args.interval)
+        time.sleep(HANG_LOOK_S if args.hangs else args.interval)
         if os.getppid() != parent:  # task 0's batch shell is gone: so is the generation
             return 0
 

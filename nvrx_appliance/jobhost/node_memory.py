@@ -271,7 +271,8 @@ def plan(
 
 def parse_pending(out: str) -> List[Tuple[str, str, str]]:
     """squeue's `%F|%P|%x` lines: (array job id, partition(s), excluded nodes as Slurm
-    compresses them; "" for none)."""
+    compresses them; "" for none). The drain poller reads `%K|%P|%x` (a pending array
+    task's id first) the same way."""
     rows = []
     for line in out.splitlines():
         fields = line.split("|")

@@ -68,6 +68,10 @@ NONE = "none"
 CHAIN_ENDS = (CANCELLED_CHAIN, BURN_GUARD, COMPLETED, STOPPED_BY_WORKLOAD)
 # The guards write one account per node and cycle (--max-restarts bounds them).
 MAX_EXIT_FILES = 1000
+# A straggler's file (node/straggler_leave.py), as the ledger keeps it; at most one per
+# node of the generation.
+STRAGGLER_FIELDS = ("node", "cycle", "slowdown", "lost_s", "action", "words")
+MAX_STRAGGLER_FILES = 1000
 NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$")
 
 # --- pure ---------------------------------------------------------------------------
@@ -527,6 +531,30 @@ def hung_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
         return []
 
 
+def straggler_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
+    """The stragglers task 0 named in this generation, and what it did about each
+    (node/straggler_leave.py's `named.<node>`), for the ledger; none from a file another
+    run left under a reused array job id; never at the cost of the entry."""
+    if not args.stragglers:
+        return []
+    try:
+        names = sorted(n for n in os.listdir(args.stragglers) if n.startswith("named."))
+    except OSError:
+        return []  # no straggler was named
+    found = []
+    for name in names[:MAX_STRAGGLER_FILES]:
+        try:
+            named = json.loads(_read(os.path.join(args.stragglers, name), CONTROL_BYTES))
+        except ValueError:
+            continue
+        if not isinstance(named, dict):
+            continue
+        if str(named.get("generation", "")).split("/")[:2] != [chain, args.array_job_id]:
+            continue
+        found.append({key: named.get(key) for key in STRAGGLER_FIELDS})
+    return found
+
+
 def remember_nodes(
     args: argparse.Namespace,
     this: Dict[str, Any],
@@ -673,6 +701,9 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
         this["hung"] = [
             {"node": h["node"], "words": h["words"], "stacks": h["stacks"]} for h in hung
         ]
+    stragglers = straggler_account(args, this["chain"])
+    if stragglers:
+        this["stragglers"] = stragglers
     _record(args.ledger, this)
     remembered = remember_nodes(args, this, fenced_task0="", exits=exits)
     if verdict is not None:
@@ -699,7 +730,8 @@ PATHS = {"ledger": "ledger", "tracker": "tracker", "training_done": "training_do
          "chain_marker": "marker", "exclusions": "exclusions", "submitted": "submitted",
          "launcher_log": "launcher_log", "drain_poll": "drain_poll", "fence": "fence_claim",
          "relay": "relay_claim", "no_restart": "no_restart", "time_limit": "time_limit",
-         "verdict": "verdict", "workload_exits": "exits_dir", "hangs": "hangs"}  # fmt: skip
+         "verdict": "verdict", "workload_exits": "exits_dir", "hangs": "hangs",
+         "stragglers": "stragglers"}  # fmt: skip
 
 
 def generation_paths(paths: Any, array_job_id: str) -> Dict[str, str]:

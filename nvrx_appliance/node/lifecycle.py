@@ -178,11 +178,14 @@ def run(manifest_path: Path | None) -> int:
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
     kept = retention_keeper(manifest) if keeper is not None else None
     slow = None
-    if straggler_leave.wanted(manifest):
+    # Task 0 names the generation's stragglers for the ledger whatever the action; under
+    # replace it also decides, and the named node leaves.
+    replacing = straggler_leave.wanted(manifest)
+    if replacing or keeper is not None:
         slow = straggler_leave.StragglerLeave(
             manifest, array_job_id=node.array_job_id, generation=record.generation,
-            node=health_check.slurm_node(node), is_task0=keeper is not None, started=started,
-            workload=pre.workload, log=say,
+            node=health_check.slurm_node(node), is_task0=keeper is not None,
+            replacing=replacing, started=started, workload=pre.workload, log=say,
         )  # fmt: skip
         slow.start()
     lease_watch = controldir.LeaseWatch(directory, record.generation)

@@ -1,11 +1,14 @@
-"""`--straggler-action replace`: a slow node leaves at the next checkpoint and a spare
-joins, when that pays (docs/stragglers.md).
+"""A slow node named for the ledger, and under `--straggler-action replace` it leaves at
+the next checkpoint and a spare joins, when that pays (docs/stragglers.md).
 
 Task 0's entrypoint judges: every LOOK_S it reads the generation's training record (the
-progress log, as it grows), and when the newest cycle has a straggler whose cost until
-the generation ends exceeds the chain's measured restart cost (goodput/straggler.py), it
-writes the decision for that node (Layout.straggler_leave: key=value lines naming the
-generation, the node, the checkpoint iteration when it decided, the words), once.
+progress log, as it grows). Each straggler of the newest cycle it names in
+Layout.straggler_named (JSON: the node, its cycle, slowdown, the time lost, what was
+done about it), which task 0's teardown puts in the generation's ledger entry. Under
+`replace`, when a straggler's cost until the generation ends exceeds the chain's measured
+restart cost (goodput/straggler.py), it writes the decision for that node
+(Layout.straggler_leave: key=value lines naming the generation, the node, the checkpoint
+iteration when it decided, the words), once.
 
 The named node's own entrypoint acts: once the tracker names a checkpoint after that
 iteration (so the restart loses no training), it ends its own ranks (SIGKILL, as
@@ -20,6 +23,7 @@ Megatron's straggler report names ranks, not nodes: nothing here acts on it.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import stat
@@ -43,6 +47,10 @@ except ImportError:  # pragma: no cover - degraded: no rank is found, none is en
     psutil = None  # type: ignore[assignment]
 
 REPLACE = "replace"
+# What was done about a straggler, where no decision was weighed (the ledger's words).
+REPORTED = "reported: --straggler-action report names it and changes nothing"
+OWN_NODE = "kept: task 0's own node is not replaced in-job (that would end the generation)"
+NO_LIMIT = "kept: the generation has no time limit to weigh its cost against"
 # A straggler's verdict needs 120 steps; a look every 10 s costs a read of what the
 # progress log gained and is soon enough for a decision worth minutes.
 LOOK_S = 10.0
@@ -63,6 +71,19 @@ def decision(generation: str, node: str, iteration: int | None, found: straggler
             "time": now_iso(),
         }
     )
+
+
+def named(generation: str, found: straggler.Straggler, action: str) -> dict[str, object]:
+    """A straggler as the ledger keeps it (Layout.straggler_named)."""
+    return {
+        "generation": generation,
+        "node": found.node,
+        "cycle": found.cycle,
+        "slowdown": round(found.slowdown, 2),
+        "lost_s": round(found.lost_s),
+        "action": action,
+        "words": found.words,
+    }
 
 
 def leaving(text: str | None, generation: str, node: str) -> str | None:
@@ -104,6 +125,7 @@ class StragglerLeave(threading.Thread):
         generation: str,
         node: str,
         is_task0: bool,
+        replacing: bool,
         started: float,
         workload: Sequence[str],
         log: Callable[[str], None],
@@ -112,11 +134,13 @@ class StragglerLeave(threading.Thread):
         self.layout = manifest.layout
         self.array_job_id, self.generation, self.node = array_job_id, generation, node
         self.is_task0, self.workload, self.log = is_task0, list(workload), log
+        self.replacing = replacing
         limit = slurm_seconds(str(manifest.spec.time_limit))
         self.ends_at = started + limit if limit else None  # monotonic
         self._memo = gather.LogMemo()
         self._said: set[str] = set()
-        self._decided: set[str] = set()
+        self._decided: dict[str, str] = {}  # node -> why it leaves
+        self._named: dict[str, dict[str, object]] = {}  # node -> what its file says
         self._ended = False
         self._stop = threading.Event()
 
@@ -138,29 +162,52 @@ class StragglerLeave(threading.Thread):
     def _judge(self) -> None:
         work = gather.training_record(self.layout.work_dir, {}, self._memo)
         mine = [w for (g, _), w in work.items() if g == self.array_job_id]
-        if not mine or self.ends_at is None:
+        if not mine:
             return
         current = max(mine, key=lambda w: w.cycle)
-        restart = straggler.restart_cost(list(work.values()), current)
+        restart = straggler.restart_cost(list(work.values()), current) if self.replacing else None
         for found in straggler.judge(current):
-            if found.node in self._decided or found.by_rank:
+            if found.by_rank:
                 continue
-            if found.node == self.node:
-                self._say_once(f"{found.node}:own", f"{found.words}; task 0's own node is not "
-                               "replaced in-job (that would end the generation)")  # fmt: skip
-                continue
-            seconds_left = self.ends_at - time.monotonic()
-            replace, why = straggler.worth_replacing(found, seconds_left, None, restart)
-            self._say_once(f"{found.node}:{replace}", f"{found.words}; {why}")
+            action, replace = self._act(found, restart)
+            self._say_once(f"{found.node}:{action.split(':', 1)[0]}", f"{found.words}; {action}")
             if replace:
-                self._decide(found, why)
+                self._decide(found, action)
+            self._keep_named(found, action)
+
+    def _act(
+        self, found: straggler.Straggler, restart: tuple[float | None, str] | None
+    ) -> tuple[str, bool]:
+        """What is done about a straggler, in words (replaced, kept or reported), and
+        whether it is to be decided now that it leaves."""
+        if not self.replacing or restart is None:
+            return REPORTED, False
+        if found.node in self._decided:
+            return self._decided[found.node], False
+        if found.node == self.node:
+            return OWN_NODE, False
+        if self.ends_at is None:
+            return NO_LIMIT, False
+        seconds_left = self.ends_at - time.monotonic()
+        replace, why = straggler.worth_replacing(found, seconds_left, None, restart)
+        return why, replace
+
+    def _keep_named(self, found: straggler.Straggler, action: str) -> None:
+        """Its file for the ledger, rewritten only when what it says changed."""
+        record = named(self.generation, found, action)
+        if self._named.get(found.node) == record:
+            return
+        path = self.layout.straggler_named(self.array_job_id, found.node)
+        make_private_dirs(path.parent)
+        write_atomic(path, json.dumps(record) + "\n", 0o600)
+        self._named[found.node] = record
 
     def _decide(self, found: straggler.Straggler, why: str) -> None:
         path = self.layout.straggler_leave(self.array_job_id, found.node)
         make_private_dirs(path.parent)
         iteration = workdir.checkpoint_iteration(self.layout)
         write_atomic(path, decision(self.generation, found.node, iteration, found, why), 0o600)
-        self._decided.add(found.node)
+        self._decided[found.node] = why
         self.log(f"{found.node} leaves after the next checkpoint (after iteration "
                  f"{iteration or 0}); a spare takes its place")  # fmt: skip
 

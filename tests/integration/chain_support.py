@@ -48,7 +48,7 @@ def processes(is_program, *in_environ: bytes) -> list[int]:
 
 
 def worker_pids(work: Path, node: str) -> list[int]:
-    """This chain's cpu trainer ranks on `node` (devcluster/sick_node.py finds them)."""
+    """This chain's training ranks on `node` (devcluster/sick_node.py finds them)."""
     return sick_node.workers(work, node)
 
 

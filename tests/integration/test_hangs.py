@@ -5,6 +5,8 @@ entrypoint's health check takes it out of the next rendezvous and the hot spare 
 
 The sick node is made from outside, as a user meets one: every worker on it is frozen
 (SIGSTOP) a few seconds into each cycle, once that cycle trains: no error, no exit.
+Under the built-in trainer and under a user's script that keeps the contract
+(examples/train_script.py, through verdict_script.py for its optional progress log).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance.devcluster.sick_node import Freezer
+from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.workdir import json_lines
 
 from .chain_support import (
@@ -25,8 +28,10 @@ from .chain_support import (
     cycle_nodes,
     logs_on_failure,
     progress,
+    ran,
     started_in_cycle,
     submit,
+    tasks,
     unique,
     wait_event,
     wait_idle,
@@ -39,18 +44,28 @@ pytestmark = [pytest.mark.cluster]
 
 CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
 STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
+CPU = ("--mode", "train", "--train-samples", "10000000", "--cpu-step-pause", "0.1")
+SCRIPT = Path(__file__).parent / "verdict_script.py"
+
+
+def _script(cluster: Cluster, label: str) -> tuple[str, ...]:
+    """The flags of a user's script workload, paced as the cpu trainer below."""
+    args = cluster.work_root / f"{unique(label)}.args"
+    args.write_text("--progress\n--iterations 10000000\n--step-seconds 0.1\n")
+    return ("--workload", "script", "--script", str(SCRIPT), "--script-args", str(args))
 
 
 @contextmanager
-def _chain(cluster: Cluster, label: str, *flags: str) -> Iterator[tuple[Path, str, list[str]]]:
+def _chain(
+    cluster: Cluster, label: str, *flags: str, workload: tuple[str, ...] = CPU
+) -> Iterator[tuple[Path, str, list[str]]]:
     work, name = cluster.workdir(label), unique(label)
     # Ten steps a second and a checkpoint every 50, not the demo's every 5: a rank frozen
     # in the middle of a save makes the others wait in the save's barrier, and a save in
     # the stacks is rightly no verdict (docs/hangs.md). The freeze, 3 s into the cycle's
     # training, comes about 2 s before its first save.
-    generations = submit(cluster, work, name, "--mode", "train", "--cold-spares", "0",
-                         "--train-samples", "10000000", "--save-interval", "50",
-                         "--cpu-step-pause", "0.1", *flags)  # fmt: skip
+    generations = submit(cluster, work, name, *workload, "--save-interval", "50",
+                         *flags)  # fmt: skip
     try:
         yield work, name, generations
     finally:
@@ -75,11 +90,16 @@ def _held(work: Path, gen: str, before: float) -> int:
     return max(saved, default=0)
 
 
+@pytest.mark.parametrize("kind", ["cpu", "script"])
 def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_at_the_hang(
-    cluster: Cluster,
+    cluster: Cluster, kind: str
 ):
-    flags = ("--train-tasks", "2", "--hot-spares", "1", "--depth", "1")
-    with _chain(cluster, "hang", *flags) as (work, name, [gen]):
+    # A cold spare waits behind the throttle: when the hung node's task ends, it must not
+    # take that node (the cluster's fourth node is free).
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "1", "--depth", "1")
+    label = f"hang-{kind}"
+    workload = CPU if kind == "cpu" else _script(cluster, label)
+    with _chain(cluster, label, *flags, workload=workload) as (work, name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
         task0 = _node_of_task0(work, gen)
@@ -97,6 +117,9 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
                 record["words"],
             ), record
             assert not record["hand_off"]  # the hot spare is free
+            # The cold spare (task 3), still pending, now keeps off the hung node.
+            wait_in(work, lambda: sick in _excluded(cluster, name, 3), 30,
+                    f"the pending cold spare to exclude {sick}")  # fmt: skip
             hangs = sorted(p.name for p in (work / "nvrx" / gen / "hangs").glob("[!.]*"))
             assert hangs == ["cycle0.json", f"hung.{sick}"]  # no other node blamed
             # Training goes on past the checkpoint held at the hang, in the next cycle:
@@ -117,12 +140,14 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             stacks = cli(cluster, "logs", name, "--stacks").stdout
             assert re.search(rf"ranks \d+, \d+ on {sick} stood in `", stacks), stacks
             assert re.search(rf"ranks \d+, \d+ on {task0} waited in `", stacks), stacks
+        spare = tasks(cluster, gen)[3]
+        assert not ran(spare) or spare["NodeList"] != sick, spare
 
 
 def test_without_a_free_hot_spare_the_hung_node_is_handed_off_and_the_next_generation_runs_without_it(
     cluster: Cluster,
 ):
-    flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "2")
+    flags = ("--train-tasks", "2", "--hot-spares", "0", "--cold-spares", "0", "--depth", "2")
     with _chain(cluster, "hangoff", *flags) as (work, _name, [first, second]):
         started_in_cycle(work, first, 0, CYCLE_S)
         active, _ = cycle_nodes(work, first, 0)
@@ -144,7 +169,7 @@ def test_without_a_free_hot_spare_the_hung_node_is_handed_off_and_the_next_gener
 
 
 def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
-    flags = ("--train-tasks", "2", "--hot-spares", "0", "--depth", "1")
+    flags = ("--train-tasks", "2", "--hot-spares", "0", "--cold-spares", "0", "--depth", "1")
     with _chain(cluster, "hangall", *flags) as (work, _, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
@@ -157,6 +182,14 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         )
         assert len(record["stacks"]) == 4 and record["groups"]  # kept for a person
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
+
+
+def _excluded(cluster: Cluster, name: str, task: int) -> list[str]:
+    """The nodes an array task of the chain excludes, as squeue shows them."""
+    out = cluster.slurm("squeue", "-h", "-r", "--name", name, "-o", "%K|%x").stdout
+    rows = dict(line.split("|", 1) for line in out.split())
+    excluded = rows.get(str(task), "(null)")
+    return [] if excluded == "(null)" else expand_nodelist(excluded)
 
 
 def _node_of_task0(work: Path, gen: str) -> str:

@@ -10,7 +10,10 @@ cluster tests:
   after the others (Megatron prints its training lines on one rank, and that rank may be
   the last to exit): the first guard to write the verdict names no iteration;
 - `--data-error-at N:RANK` makes rank RANK raise `EOFError: Ran out of input` when it
-  reaches iteration N, every time (a truncated data shard).
+  reaches iteration N, every time (a truncated data shard);
+- `--progress` keeps the contract's optional progress log (rank 0's start, step and
+  checkpoint events, docs/workload-contract.md), which the hang tests' sick node
+  (devcluster/sick_node.py) reads to know when a cycle trains.
 """
 
 from __future__ import annotations
@@ -21,12 +24,15 @@ import sys
 import time
 from pathlib import Path
 
+from nvrx_appliance.workloads.events import ProgressLog
+
 EXAMPLE = Path(__file__).parents[2] / "examples" / "train_script.py"
 QUIET_RANK0_LAG_S = 2.0
+STEP_EVENT_EVERY = 10  # iterations, as the cpu trainer's log interval
 
 
 def main() -> None:
-    argv, at, once, again, quiet, data_error = [], "", "", False, False, ""
+    argv, at, once, again, quiet, data_error, progress = [], "", "", False, False, "", False
     words = iter(sys.argv[1:])
     for word in words:
         if word == "--verdict-at":
@@ -39,6 +45,8 @@ def main() -> None:
             quiet = True
         elif word == "--data-error-at":
             data_error = next(words)
+        elif word == "--progress":
+            progress = True
         else:
             argv.append(word)
     iteration, code = (int(part) for part in at.split(":")) if at else (-1, 0)
@@ -54,9 +62,11 @@ def main() -> None:
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
     said = example.log
+    tell = _progress() if progress else lambda _rank, _line: None
 
     def log(rank: int, line: str) -> None:
         said(rank, line)
+        tell(rank, line)
         if rank == bad_rank and line.startswith(f"iteration {bad_iteration} "):
             raise EOFError("Ran out of input")
         if armed and line in triggers:
@@ -71,6 +81,33 @@ def main() -> None:
     example.log = log
     sys.argv = [str(EXAMPLE), *argv]
     example.main()
+
+
+def _progress():
+    """Rank 0's progress events, from the example's own lines."""
+    events = ProgressLog(
+        Path(os.environ["NVRX_APPLIANCE_PROGRESS_LOG"]),
+        slurm_array_job_id=os.environ.get("SLURM_ARRAY_JOB_ID"),
+        cycle=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
+    began: list[float] = []  # when the last iteration ended; empty before the first
+
+    def tell(rank: int, line: str) -> None:
+        words = line.split()
+        if rank != 0 or len(words) < 2 or not words[-1].isdigit():
+            return
+        if words[0] == "iteration":
+            iteration = int(words[1])
+            if not began:
+                events.emit("start", iteration=iteration - 1)
+            began[:] = [time.time()]
+            if iteration % STEP_EVENT_EVERY == 0 or iteration == 1:
+                events.emit("step", iteration=iteration)
+        elif line.startswith("saved checkpoint at iteration"):
+            events.emit("checkpoint", iteration=int(words[-1]),
+                        seconds=round(time.time() - began[-1], 3) if began else 0.0)  # fmt: skip
+
+    return tell
 
 
 if __name__ == "__main__":

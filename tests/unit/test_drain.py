@@ -401,3 +401,42 @@ def test_a_hang_marker_of_another_generation_is_ignored(tmp_path):
     me = Identity(generation=GEN, task=1, job_id="501", node="node3")
     other = json.dumps({"generation": "other-chain/9/", "words": "node3 hung"})
     assert health_check.judge_hang(other, False, me).healthy
+
+
+# --- hung nodes: the generation's pending tasks keep off them --------------------------------
+
+
+def test_a_pending_task_gets_the_hung_node_beside_its_own_exclusions():
+    pending = drain_poller.node_memory.parse_pending(
+        "3|debug|node1\n4|debug|node[3,7]\n5|debug|(null)\n"
+    )
+    assert drain_poller.pending_exclusions(pending, ["node3"]) == {
+        "3": "node1,node3",  # the user's own --exclude stays
+        "5": "node3",
+    }  # task 4 keeps node3 out already: left alone
+
+
+def test_a_hang_verdict_sets_the_excluded_nodes_of_the_generations_pending_tasks(tmp_path):
+    hangs = tmp_path / "hangs"
+    hangs.mkdir()
+    (hangs / "hung.node3").write_text(json.dumps({"generation": GEN, "words": "node3 hung"}))
+    # A verdict withdrawn (its ranks moved again) keeps nothing off its node.
+    (hangs / "hung.node8").write_text(json.dumps({"generation": GEN, "words": "node8 hung"}))
+    (hangs / "withdrawn.node8").write_text("{}")
+    env = _stand_ins(tmp_path, squeue="3|debug|node1\n4|debug|\n")
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.write_text(f'#!/bin/sh\necho "$0 $*" >> {tmp_path}/calls\n')
+    scontrol.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, str(POLLER), "--array-job-id", "500", "--generation", GEN,
+         "--dir", str(tmp_path / "drain"), "--interval", "0", "--hangs", str(hangs), "--once"],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    calls = [c.split(" ", 1) for c in (tmp_path / "calls").read_text().splitlines()]
+    assert [(Path(c[0]).name, c[1]) for c in calls] == [
+        ("squeue", "--noheader --array --jobs=500 --states=PENDING --format=%K|%P|%x"),
+        ("scontrol", "update JobId=500_3 ExcNodeList=node1,node3"),
+        ("scontrol", "update JobId=500_4 ExcNodeList=node3"),
+    ]  # no sinfo: --interval 0 polls no drains
+    assert "pending task 500_3 now excludes node1,node3: a hang verdict named node3" in done.stderr

@@ -186,6 +186,24 @@ def test_a_save_at_the_time_limit_and_a_completed_chain_say_so_plainly():
     assert "training completed at iteration" not in _rendered(_view())  # a chain that trains on
 
 
+def test_an_ended_generations_straggler_is_shown_with_what_task_0_did_about_it():
+    named = {"node": "node3", "cycle": 0, "slowdown": 2.1, "lost_s": 24,
+             "action": "replaced: it costs 292 s until the generation ends, more than a "
+                       "restart (9 s, this cycle's own start-up (a lower bound))",
+             "words": "node3 is a straggler in cycle 0 of generation 4242: ..."}  # fmt: skip
+    view = status.assemble(
+        manifest=MANIFEST, queue=slurm_output.squeue_tasks(SQUEUE),
+        acct=slurm_output.sacct_rows(SACCT), ledger=[{**LEDGER[0], "stragglers": [named]}],
+        cycles={}, checkpoint_now=60, chain_marker=True, now=parse_time(NOW),
+    )  # fmt: skip
+    text = " ".join(_rendered(view).split())
+    assert (
+        "generation 4242: node3 was a straggler in cycle 0 (2.10x its peers' own step; the run "
+        "lost 24 s waiting for it): replaced: it costs 292 s until the generation ends"
+    ) in text
+    assert "was a straggler" not in _rendered(_view())  # a ledger that names none
+
+
 def test_status_json_round_trips():
     doc = json.loads(json.dumps(_view().to_json()))
     assert doc["generations"][0]["cycles"][1]["number"] == 1

@@ -218,6 +218,17 @@ def test_report_says_what_a_straggler_cost_in_wall_time_and_node_seconds():
     ) in text
     [found] = summary.to_json(result)["stragglers"]
     assert (found["node"], found["lost_node_seconds"]) == ("node2", pytest.approx(72.0))
+    assert found["action"] is None  # the generation's ledger entry says nothing of it
+    # Once its generation's ledger entry says what task 0 did about it, the report says it.
+    acted = {"array_job_id": "11", "action": "saved_at_time_limit",
+             "stragglers": [{"node": "node2", "action": "kept: task 0's own node is not "
+                             "replaced in-job (that would end the generation)"}]}  # fmt: skip
+    result = account(chain_inputs(work=from_progress_log(events), ledger=[acted]))
+    assert (
+        "waiting for it (72 node-seconds on its 2 nodes); kept: task 0's own node is not "
+        "replaced in-job"
+    ) in "\n".join(summary.lines(result))
+    assert summary.to_json(result)["stragglers"][0]["action"].startswith("kept: task 0's own")
 
 
 def test_a_straggler_told_to_leave_fails_nvrxs_health_check_with_the_reason(tmp_path):
@@ -249,13 +260,13 @@ def test_a_straggler_told_to_leave_fails_nvrxs_health_check_with_the_reason(tmp_
     assert said[-1].endswith("; replaced: x; node5 leaves")
 
 
-def _replace_chain(work_dir, time_limit: str = "01:00:00"):
+def _replace_chain(work_dir, time_limit: str = "01:00:00", action: str = "replace"):
     from nvrx_appliance import manifest
     from nvrx_appliance.settings.chain import ChainSpec
 
     spec = ChainSpec(
         work_dir=str(work_dir), workload="cpu", train_tasks=2, hot_spares=1, mode="train",
-        straggler_action="replace", time_limit=time_limit,
+        straggler_action=action, time_limit=time_limit,
     )  # fmt: skip
     m = manifest.build(spec, created="2026-01-01T00:00:00Z", user="test")
     manifest.save(m)
@@ -280,7 +291,8 @@ def _judge(m, node: str) -> tuple[list[str], object]:
     said: list[str] = []
     judge = StragglerLeave(
         m, array_job_id="7", generation=GEN_7, node=node, is_task0=True,
-        started=time.monotonic(), workload=[], log=said.append,
+        replacing=m.spec.straggler_action == "replace", started=time.monotonic(), workload=[],
+        log=said.append,
     )  # fmt: skip
     judge._judge()
     return said, judge
@@ -309,12 +321,39 @@ def test_task_0_decides_that_a_straggler_leaves_once_and_writes_why(tmp_path):
     assert len([s for s in said if "leaves after" in s]) == 1  # decided once
 
 
+def test_task_0_names_a_straggler_for_the_ledger_under_report_and_decides_nothing(tmp_path):
+    from nvrx_appliance.node import straggler_leave
+
+    m = _replace_chain(tmp_path, action="report")
+    said, judge = _judge(m, "node1")
+    named = m.layout.straggler_named("7", "node2")
+    record = json.loads(named.read_text())
+    assert {k: record[k] for k in ("generation", "node", "cycle", "slowdown", "lost_s")} == {
+        "generation": GEN_7, "node": "node2", "cycle": 0, "slowdown": 2.5, "lost_s": 4,
+    }  # fmt: skip
+    assert record["action"] == straggler_leave.REPORTED
+    assert record["words"].startswith("node2 is a straggler in cycle 0 of generation 7")
+    assert oct(named.stat().st_mode & 0o777) == "0o600"
+    assert said == [f"{record['words']}; {straggler_leave.REPORTED}"]
+    assert not m.layout.straggler_leave("7", "node2").exists()
+    inode = named.stat().st_ino
+    judge._judge()
+    assert named.stat().st_ino == inode  # unchanged: not rewritten
+
+
+def test_a_replaced_straggler_is_named_for_the_ledger_with_why(tmp_path):
+    m = _replace_chain(tmp_path)
+    _judge(m, "node1")
+    record = json.loads(m.layout.straggler_named("7", "node2").read_text())
+    assert record["action"].startswith("replaced: it costs 1080 s until the generation ends")
+
+
 def test_a_straggler_on_task_0s_own_node_or_not_worth_a_restart_is_kept(tmp_path):
     said, _ = _judge(_replace_chain(tmp_path / "own"), "node2")
     assert said == [
         "node2 is a straggler in cycle 0 of generation 7: its own step takes 50 ms against "
         "20 ms on its peers (2.50x over the last 120 steps); the run has lost 4 s waiting for "
-        "it; task 0's own node is not replaced in-job (that would end the generation)"
+        "it; kept: task 0's own node is not replaced in-job (that would end the generation)"
     ]
     m = _replace_chain(tmp_path / "short", time_limit="00:00:30")
     said, _ = _judge(m, "node1")

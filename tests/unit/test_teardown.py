@@ -388,6 +388,28 @@ def test_the_ledger_entry_is_written_before_node_memory_reads_anything(tmp_path,
     assert [entry["array_job_id"] for entry in ledger] == ["500"]
 
 
+def test_the_ledger_entry_carries_the_stragglers_task_0_named_and_what_it_did(tmp_path):
+    script, work, env = _prepare(tmp_path, srun_exit=1)
+    stragglers = work / "nvrx" / "500" / "stragglers"
+    stragglers.mkdir(parents=True)
+    named = {"generation": "chain-1/500/", "node": "node2", "cycle": 0, "slowdown": 2.1,
+             "lost_s": 24, "action": "reported: --straggler-action report names it and "
+             "changes nothing", "words": "node2 is a straggler in cycle 0 of generation 500"}  # fmt: skip
+    (stragglers / "named.node2").write_text(json.dumps(named))
+    # One another run left under the same array job id, and a decision file: not named.
+    (stragglers / "named.node4").write_text(json.dumps({**named, "generation": "chain-0/500/"}))
+    (stragglers / "leave.node2").write_text("generation=chain-1/500/\n")
+    subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
+    _calls, ledger = _outcome(tmp_path, work)
+    assert ledger[-1]["stragglers"] == [
+        {key: named[key] for key in ("node", "cycle", "slowdown", "lost_s", "action", "words")}
+    ]
+    # ...and a generation without one says nothing of them.
+    (tmp_path / "quiet").mkdir()
+    _done, _work, _calls, quiet = _run_generation(tmp_path / "quiet", srun_exit=1)
+    assert "stragglers" not in quiet[-1]
+
+
 def test_the_second_burnt_generation_trips_the_burn_guard(tmp_path):
     earlier = {"array_job_id": "499", "exit_code": 1, "checkpoint_iteration": None,
                "checkpoint_iteration_start": None, "chain": "chain-1"}  # fmt: skip
