@@ -41,11 +41,15 @@ def _launcher(m: run_manifest.Manifest, endpoint: str) -> list[str]:
     ]  # fmt: skip
 
 
-def _worker_on(node: str) -> int | None:
+def _worker_on(m: run_manifest.Manifest, node: str) -> int | None:
+    """This test's trainer on `node`: its run manifest, not any other cpu trainer on the
+    machine (a cluster test's or a benchmark's node of the same name)."""
     for proc in psutil.process_iter(["cmdline"]):
         try:
-            ours = "nvrx_appliance.workloads.cpu" in (proc.info["cmdline"] or [])[:4]
-            if ours and proc.environ().get("SLURMD_NODENAME") == node:
+            trainer = "nvrx_appliance.workloads.cpu" in (proc.info["cmdline"] or [])[:4]
+            env = proc.environ() if trainer else {}
+            mine = env.get("NVRX_RUN_MANIFEST") == str(m.layout.run_json)
+            if mine and env.get("SLURMD_NODENAME") == node:
                 return proc.pid
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
@@ -75,7 +79,7 @@ def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(t
         while not [e for e in read_events(m) if e["event"] == "step" and e["iteration"] >= 5]:
             assert time.monotonic() < deadline, "training never got going"
             time.sleep(0.2)
-        frozen = _worker_on("node2")
+        frozen = _worker_on(m, "node2")
         assert frozen is not None
         os.kill(frozen, signal.SIGSTOP)
         while not record_path.exists():
