@@ -181,44 +181,58 @@ class Interruption:
 
 def interruptions(account: Account) -> list[Interruption]:
     """Every in-job restart (a cycle after the first of a generation) and every
-    generation ended by a failure. An in-job restart costs from the last progress of the
-    failed cycle to the next cycle's training start; a hand-off from the last progress of
-    the generation to its end, plus the successor's start-up (its start to its training
-    start). Queue wait between generations is no node's time and is left out, as the
-    account leaves it out."""
+    generation ended by a failure, in the order they came, with what each cost: the held
+    time from the last progress before it to the next training start, queue waits between
+    generations left out (no node's time, as the account leaves them out). Interruptions
+    that strike before training is back (a cycle or a generation that never trained) share
+    that stretch equally, so the costs add up to the time the chain spent recovering
+    (its mean is what each interruption cost on average, as a plan needs it)."""
     work = {(w.generation, w.cycle): w for w in account.work}
-    found: list[Interruption] = []
     generations = list(account.generations)
-    for index, generation in enumerate(generations):
+    spans: list[tuple[float, float]] = []  # (training start, last progress), in order
+    pending: list[tuple[float, str, str]] = []  # (when, generation, outcome)
+    for generation in generations:
         gen = generation.array_job_id
         nodes = {c.number: frozenset(expand_nodelist(c.active_nodes)) for c in generation.cycles}
-        measured: dict[int, float] = {}
-        trained = [
-            w for c in generation.cycles
-            if (w := work.get((gen, c.number))) and w.started is not None
-        ]  # fmt: skip
-        for before, after in itertools.pairwise(trained):
-            last = _last_progress(before)
-            if last is not None and after.started is not None:
-                measured[after.cycle] = max(0.0, after.started - last)
-        for cycle in generation.cycles[1:]:
-            previous = nodes.get(cycle.number - 1)
-            moved = bool(previous) and bool(nodes[cycle.number]) and previous != nodes[cycle.number]
-            found.append(
-                Interruption(gen, REPLACED if moved else IN_PLACE, measured.get(cycle.number))
-            )
-        if not generation.interrupted:
-            continue
-        successor = generations[index + 1] if index + 1 < len(generations) else None
-        last = _last_progress(trained[-1]) if trained else None
+        for index, cycle in enumerate(generation.cycles):
+            if index:
+                previous = nodes.get(cycle.number - 1)
+                here = nodes[cycle.number]
+                moved = bool(previous) and bool(here) and previous != here
+                pending.append((cycle.start, gen, REPLACED if moved else IN_PLACE))
+            w = work.get((gen, cycle.number))
+            last = _last_progress(w) if w is not None else None
+            if w is not None and w.started is not None and last is not None:
+                spans.append((w.started, last))
+        if generation.interrupted and generation.end is not None:
+            pending.append((generation.end, gen, HAND_OFF))
+    spans.sort()
+    pending.sort(key=lambda p: p[0])
+    # Each interruption belongs to the gap before the first training start after it.
+    gaps: dict[int, list[tuple[str, str]]] = {}
+    for when, gen, outcome in pending:
+        after = next((i for i, (started, _) in enumerate(spans) if started >= when), None)
+        gaps.setdefault(-1 if after is None else after, []).append((gen, outcome))
+    found: list[Interruption] = []
+    for after, members in sorted(gaps.items()):
         cost = None
-        if (
-            successor is not None and successor.training_started is not None
-            and last is not None and generation.end is not None
-        ):  # fmt: skip
-            cost = max(0.0, generation.end - last) + (successor.training_started - successor.start)
-        found.append(Interruption(gen, HAND_OFF, cost))
+        if after > 0:
+            begin, end = spans[after - 1][1], spans[after][0]
+            cost = max(0.0, end - begin - _no_nodes(generations, begin, end)) / len(members)
+        found += [Interruption(gen, outcome, cost) for gen, outcome in members]
     return found
+
+
+def _no_nodes(generations: list, begin: float, end: float) -> float:
+    """Wall time between `begin` and `end` when the chain held no node: a generation had
+    ended and its successor had not started."""
+    idle = 0.0
+    for before, after in itertools.pairwise(generations):
+        if before.end is None:
+            continue
+        gap_begin, gap_end = max(begin, before.end), min(end, after.start)
+        idle += max(0.0, gap_end - gap_begin)
+    return idle
 
 
 def history(account: Account) -> tuple[int, list[float]]:
