@@ -123,46 +123,25 @@ def _leaving(scenario: Scenario) -> float:
     return rates["node_death"] + rates["hang"]
 
 
-def _per_generation(scenario: Scenario) -> tuple[float, float]:
-    """Node deaths and named hangs outside task 0 in one generation (its wall time)."""
-    rates, outside = per_second(scenario), 1 - _task0_share(scenario)
-    limit = scenario.time_limit_s if not math.isinf(scenario.time_limit_s) else scenario.horizon_s
-    return rates["node_death"] * outside * limit, rates["hang"] * outside * limit
-
-
 def spare_deaths_per_generation(scenario: Scenario) -> float:
-    """Nodes outside task 0 that leave one generation: deaths and named hangs."""
-    return sum(_per_generation(scenario))
-
-
-def _out_chance(hot: int, cold: int, deaths: float, hangs: float) -> float:
-    """P(H + max(0, D - cold) > hot), D and H Poisson: a death lets the throttle admit a
-    cold spare (its task ends), so while cold spares last it costs none; a named hung node
-    keeps its task, so every hang costs a started spare. In whatever order they come."""
-    if deaths <= 0:
-        return _poisson_tail(hot, hangs)
-    chance, term, d = 0.0, math.exp(-deaths), 0
-    while d <= hot + cold + 1 or term > 1e-12:
-        need = hot - max(0, d - cold)
-        chance += term * (1.0 if need < 0 else _poisson_tail(need, hangs))
-        d += 1
-        term *= deaths / d
-    return min(1.0, chance)
+    """Nodes outside task 0 that leave one generation (its wall time): deaths and named
+    hangs (a hung node's task ends as a dead one's does, so a cold spare replaces either)."""
+    rate = _leaving(scenario) * (1 - _task0_share(scenario))
+    limit = scenario.time_limit_s if not math.isinf(scenario.time_limit_s) else scenario.horizon_s
+    return rate * limit
 
 
 def spares_out_chance(scenario: Scenario, settings: Settings) -> float:
-    """The chance that one generation loses more nodes than its spares can replace."""
-    return _out_chance(settings.hot_spares, settings.cold_spares, *_per_generation(scenario))
+    """The chance that one generation loses more nodes than it has spares."""
+    spares = settings.hot_spares + settings.cold_spares
+    return _poisson_tail(spares, spare_deaths_per_generation(scenario))
 
 
 def cold_spares_for(scenario: Scenario, hot: int) -> int:
-    """The fewest cold spares that keep the chance of running out below RISK; or, when
-    the hangs alone run the hot spares out more often (cold spares do not replace a hung
-    node), the fewest that the deaths outnumber in under 0.1% of generations."""
-    deaths, hangs = _per_generation(scenario)
+    """The fewest cold spares that keep the chance of running out below RISK."""
+    mean = spare_deaths_per_generation(scenario)
     cold = 0
-    # Past the cold spares the deaths outnumber in under 0.1% of generations, only the hangs are left.
-    while _out_chance(hot, cold, deaths, hangs) > RISK and _poisson_tail(cold, deaths) > RISK / 10:
+    while _poisson_tail(hot + cold, mean) > RISK:
         cold += 1
     return cold
 

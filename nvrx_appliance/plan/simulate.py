@@ -272,11 +272,11 @@ class _Run:
         if kind == "task0_loss":
             self._hand_off(self._task0_detection())
             return
-        # A node of another task died or was named hung: it leaves. A dead node's task
-        # ends and the throttle admits a cold spare; a hung one's task holds its node to
-        # the generation's end (it is kept out of the rendezvous, not ended), so none.
+        # A node of another task died or was named hung: it leaves, and its task ends (a
+        # hung node's ft_launcher exits 1 on the failed health check), so the throttle
+        # admits a cold spare.
         detect = "detect_hang" if kind == "hang" else "detect_node_death"
-        if self.cold > 0 and kind == "node_death":
+        if self.cold > 0:
             self.cold -= 1
             self.admissions.append(self.t + self.admit_s)
         restart = _ordered(priced.in_job_restart(c, detect, replaced=True))

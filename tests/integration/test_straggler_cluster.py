@@ -19,6 +19,7 @@ import pytest
 from .chain_support import (
     cli,
     cycle_nodes,
+    ledger,
     logs_on_failure,
     progress,
     started_in_cycle,
@@ -122,6 +123,19 @@ def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
     finally:
         cli(cluster, "cancel", name)
         wait_idle(cluster, name, timeout=90)
+    # The ledger keeps it past the generation's end, with what task 0 did; status says it.
+    _kept_in_the_ledger(cluster, work, name, gen, slow, "reported: ")
+
+
+def _kept_in_the_ledger(
+    cluster: Cluster, work: Path, name: str, gen: str, slow: str, action: str
+) -> None:
+    [entry] = [e for e in ledger(work) if e["array_job_id"] == gen]
+    named = entry.get("stragglers") or []
+    assert [s["node"] for s in named] == [slow], entry
+    assert named[0]["action"].startswith(action) and named[0]["slowdown"] >= 1.5, named
+    text = _status(cluster, name)
+    assert f"{slow} was a straggler in cycle {named[0]['cycle']}" in text, text
 
 
 def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_trains(
@@ -155,3 +169,4 @@ def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_tr
     finally:
         cli(cluster, "cancel", name)
         wait_idle(cluster, name, timeout=90)
+    _kept_in_the_ledger(cluster, work, name, gen, slow, "replaced: ")

@@ -182,34 +182,20 @@ def test_an_unloadable_checkpoint_costs_the_appliance_a_segment_and_the_seeds_a_
 
 def test_a_hang_takes_a_spare_on_the_appliance_and_restarts_in_place_in_the_seeds_design():
     # 3 hangs a generation, a hot and a cold spare, a 30 s step timeout. On the appliance
-    # the stacks name each hung node, which leaves; its task holds the node, so the
-    # throttle admits no cold spare: the hot one alone replaces, and the spares run out
-    # when more than one hang comes (P = 0.80), where 3 deaths run out only past two
-    # (0.58). NVRx alone restarts in place and never runs out.
+    # the stacks name each hung node, which leaves as a dead one does (its ft_launcher
+    # exits on the failed health check, so a cold spare is admitted): the spares run out
+    # as often as for 3 deaths. NVRx alone restarts in place and never runs out.
     hung = scenario(per_day={"hang": 3.0}, days=200.0, time_limit=DAY, steps={"detect_hang": 30.0})
+    dead = scenario(per_day={"node_death": 3.0}, days=200.0, time_limit=DAY)
     settings = replace(TODAY, hot_spares=1, cold_spares=1)
-    mean = 3 * 0.999  # outside task 0
     closed = model.spares_out_chance(hung, settings)
-    assert closed == pytest.approx(1 - math.exp(-mean) * (1 + mean), rel=1e-3)
+    assert closed == model.spares_out_chance(dead, settings)
     appliance = run_seeds(hung, settings, APPLIANCE, seeds=4)
     assert appliance.spares_out == pytest.approx(closed, abs=0.06)
-    assert model.cold_spares_for(hung, hot=1) == 0  # no cold spare replaces a hung node
     seeds = run_seeds(hung, settings, SEEDS, seeds=4)
     assert seeds.spares_out == 0.0
     assert seeds.seconds["hangs_until_detected"] == pytest.approx(
         30.0 * seeds.interruptions["hang"], rel=0.02
-    )
-
-
-def test_deaths_and_hangs_run_the_spares_out_as_the_closed_form_says():
-    # 2 deaths and 1 hang a generation, 1 hot and 2 cold spares: out when
-    # H + max(0, D - 2) > 1, whatever their order; the simulation agrees.
-    run = scenario(per_day={"node_death": 2.0, "hang": 1.0}, days=300.0, time_limit=DAY)
-    settings = replace(TODAY, hot_spares=1, cold_spares=2)
-    closed = model.spares_out_chance(run, settings)
-    assert 0.2 < closed < 0.6
-    assert run_seeds(run, settings, APPLIANCE, seeds=4).spares_out == pytest.approx(
-        closed, abs=0.06
     )
 
 
