@@ -14,26 +14,25 @@ failure every minute, two generations in a row can end before their first save, 
 the guard rightly takes for a chain that cannot train).
 
 FAILURES failures land on a Poisson clock of wall time (MEAN_GAP_S apart on average),
-each of a class drawn by WEIGHTS and aimed at a node drawn among the training ones, task
-0's included (all seeded, so a sample is repeatable):
+each of a class drawn by WEIGHTS and aimed at a node drawn among those training at that
+moment, task 0's included (all seeded, so a sample is repeatable):
 
-- node death: `cluster kill-node`, whatever the run is doing (a node of the newest
-  cycle's); a spare takes its place (task 0's: the next generation takes over); the
-  harness revives it once training is back;
+- node death: `cluster kill-node`; a spare takes its place (task 0's: the next
+  generation takes over); the harness revives it once training is back;
 - rank crash: SIGKILL of one training process on that node; NVRx restarts in place;
 - hang: every training process on the node frozen (SIGSTOP) once, thawed once training
   is back without it; the stacks name it, a spare takes its place (task 0's: a hand-off).
 
-A crash or a hang due while the run recovers finds no training process and is dropped
-(counted): they strike training time, as the plan's simulation has them, and their rates
-are per training time; a node death's is per held time. Then the chain is cancelled and
-read. The plan is asked at the chain's own settings with those realised rates and the
-chain's own costs (`--from-chain`); its ETTR is held against report's share of the
-training nodes' held time that trained (productive over the allocation less idle spares:
-a spare's node never trains, in the plan as in report). One chain of 16 failures spreads
-by about 10 points (which failures strike task 0's node, and when): each sample is held
-against the range of the plan's own seeds, and the mean over the samples against
-TOLERANCE.
+A failure due while the run recovers is dropped (counted): failures strike training
+time, as the plan's simulation has them, and their rates are per training time. Then the
+chain is cancelled and read. The plan is asked at the chain's own settings with those
+realised rates and the chain's own costs (`--from-chain`); its ETTR is held against
+report's share of the training nodes' held time that trained (productive over the
+allocation less idle spares and the chain's end: a spare's node never trains, in the
+plan as in report, and the cancel after the last failure is no failure's cost). One
+chain of 16 failures spreads by about 10 points (which failures strike task 0's node,
+and when): each sample is held against the range of the plan's own seeds, and the mean
+over the samples against TOLERANCE.
 """
 
 from __future__ import annotations
@@ -50,8 +49,6 @@ from bench.report import Metric, Result
 from nvrx_appliance.devcluster import sick_node
 from nvrx_appliance.devcluster.sick_node import Freezer
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.observe.run_files import cycle_info
-from nvrx_appliance.observe.slurm_output import expand_nodelist
 
 NAME = "plan"
 TITLE = "11 plan against a chain"
@@ -104,28 +101,11 @@ def _back(h: Harness, work: Path, hit: tuple[str, int] | None, after: float) -> 
     )
 
 
-def _last_trained_nodes(work: Path) -> list[str]:
-    """The training nodes of the newest NVRx cycle of the newest generation (its
-    cycle-info): where the run trains, or is about to train again."""
-    layout = Layout(work)
-    generations = sorted((int(p.name) for p in (work / "nvrx").iterdir() if p.name.isdigit()),
-                         reverse=True)  # fmt: skip
-    for gen in generations:
-        infos = sorted(layout.cycle_infos(gen).glob(f"cycle_info.{gen}.*.*"),
-                       key=lambda p: [int(x) for x in p.name.split(".")[2:]])  # fmt: skip
-        for path in reversed(infos):
-            info = cycle_info(path.read_text())
-            if info and info.active_nodes:
-                return sorted(expand_nodelist(info.active_nodes))
-    return []
-
-
 class _Injector:
     """FAILURES failures on a Poisson clock of wall time (MEAN_GAP_S), each of a class
-    drawn by WEIGHTS. A node's death comes whatever the run does (a node of the newest
-    cycle's, revived once training is back); a rank's crash and a hang strike only a
-    training process, so one due while the run recovers is dropped (counted as such):
-    they strike training time, as the plan's simulation has them."""
+    drawn by WEIGHTS, aimed at a node training then. One due while the run recovers is
+    dropped (counted): failures strike training time, as the plan's simulation has
+    them. A dead node is revived, a frozen one thawed, once training is back without it."""
 
     def __init__(self, h: Harness, work: Path, seed: int):
         self.h, self.work, self.rng = h, work, random.Random(seed)
@@ -164,17 +144,14 @@ class _Injector:
 
     def inject(self, kind: str) -> bool:
         hit = _training(self.h, self.work)
+        if hit is None or self.freezer is not None:
+            return False  # nothing trains: a failure strikes training time only
         gone = {node for node, _, _ in self.dead}
-        if kind == "node_death":
-            nodes = [n for n in _last_trained_nodes(self.work) if n not in gone]
-        else:
-            if hit is None or self.freezer is not None:
-                return False
-            nodes = [n for n in self.h.nodes if n not in gone and sick_node.workers(self.work, n)]
+        nodes = [n for n in self.h.nodes if n not in gone and sick_node.workers(self.work, n)]
         if not nodes:
             return False
         node = self.rng.choice(sorted(nodes))
-        task0 = node == _task0_host(self.work, hit[0] if hit else _newest_generation(self.work))
+        task0 = node == _task0_host(self.work, hit[0])
         if kind == "rank_crash":
             pids = sick_node.workers(self.work, node)
             if not pids:
@@ -188,10 +165,8 @@ class _Injector:
             frozen = self.h.wait(freezer.first, 60, f"{node}'s workers frozen")
             at = frozen
             self.freezer = (freezer, at, hit)
-        self.landed.append({"kind": kind, "node": node, "at": at, "task0": task0,
-                            "training": hit is not None})  # fmt: skip
-        self.h.say(f"{NAME}: {len(self.landed)}/{FAILURES} {kind} on {node}"
-                   f"{'' if hit else ' (recovering)'}")  # fmt: skip
+        self.landed.append({"kind": kind, "node": node, "at": at, "task0": task0})
+        self.h.say(f"{NAME}: {len(self.landed)}/{FAILURES} {kind} on {node}")
         return True
 
     def stop(self) -> None:
@@ -199,10 +174,6 @@ class _Injector:
             self.freezer[0].__exit__(None, None, None)
         for node, _, _ in self.dead:
             self.h.revive_node(node)
-
-
-def _newest_generation(work: Path) -> str:
-    return str(max((int(p.name) for p in (work / "nvrx").iterdir() if p.name.isdigit()), default=0))
 
 
 def _task0_host(work: Path, generation: str) -> str:
@@ -246,20 +217,25 @@ TRAINING = ("productive", "checkpoint_saves", "training_lost", "not_yet_saved")
 
 
 def _rates(report: dict, landed: list[dict]) -> tuple[dict[str, float], float]:
-    """Each class's realised rate per 1,000 node-days of the training nodes, and their
-    held time in days: node deaths over the held time (they come at any time), crashes
-    and hangs over the training time (they strike only it, as in the simulation)."""
-    held = report["allocation_node_seconds"] - _category(report, "idle_spares")
+    """Each class's realised rate per 1,000 node-days of the training nodes' training
+    time (failures strike it only, in the harness as in the simulation), and the
+    training nodes' held time in days, the chain's own end left out."""
     trained = sum(_category(report, name) for name in TRAINING)
     counts = Counter(f["kind"] for f in landed)
-    exposure = {"node_death": held, "rank_crash": trained, "hang": trained}
-    rates = {k: counts[k] * 1000.0 * 86400.0 / exposure[k] for k in WEIGHTS}
-    return rates, held / 86400.0 / TRAIN_TASKS
+    rates = {k: counts[k] * 1000.0 * 86400.0 / trained for k in WEIGHTS}
+    return rates, _held(report) / 86400.0 / TRAIN_TASKS
+
+
+def _held(report: dict) -> float:
+    """The training nodes' node-seconds: the allocation less idle spares and the chain's
+    end (the harness's cancel, after its last failure: no failure's cost)."""
+    idle = _category(report, "idle_spares") + _category(report, "chain_end")
+    return report["allocation_node_seconds"] - idle
 
 
 def measured_ettr(report: dict) -> float:
-    """What trained, over the training nodes' time: productive / (allocation - idle)."""
-    held = report["allocation_node_seconds"] - _category(report, "idle_spares")
+    """What trained, over the training nodes' held time (the chain's end left out)."""
+    held = _held(report)
     return report["productive_node_seconds"] / held if held else 0.0
 
 
@@ -294,7 +270,7 @@ def predict(h: Harness, work: str, landed: list[dict]) -> dict:
         "miss": abs(predicted - measured),
         "measured_breakdown": {
             c["name"]: c["node_seconds"] / (days * 86400.0 * TRAIN_TASKS)
-            for c in report["categories"] if c["name"] != "idle_spares"
+            for c in report["categories"] if c["name"] not in ("idle_spares", "chain_end")
         },
         "predicted_breakdown": plan["appliance_today"]["breakdown"],
         "costs": {k: (v or {}).get("seconds") for k, v in plan["costs"].items()

@@ -5,8 +5,8 @@ Pure: the random source is its own `random.Random(seed)`.
 What happens (docs/plan.md): training runs in segments of `save_interval_s` of work,
 each closed by a save. Interruptions of every class arrive as one Poisson process (the
 sum of the classes' rates over the training nodes), so the time to the next one is drawn
-afresh at any moment (a rank's crash or a hang that comes while the run recovers finds no
-training process and is dropped: they strike training time only); an interruption loses
+afresh at any moment (one that comes while the run recovers is dropped: failures strike
+training time, see the comment above _Run); an interruption loses
 the work since the last completed save and
 whatever recovery was under way, and starts its own recovery, made of the steps that
 costs.py prices. A node death takes a hot spare (and the array throttle admits a cold
@@ -31,9 +31,6 @@ DAY = 86400.0
 # Plan-only categories beside goodput.account's: wall time with no node held between
 # generations, and a chain stopped until a person acts.
 QUEUE_WAIT = "queue_wait"
-# A rank's crash and a hang strike the training processes, so only while they train (the
-# Poisson process thinned to training time); a node dies, or task 0 is lost, at any time.
-RUNNING_ONLY = ("rank_crash", "hang")
 STOPPED = "waiting_for_a_person"
 NO_NODES = (QUEUE_WAIT, STOPPED)
 
@@ -113,6 +110,10 @@ def per_second(scenario: Scenario) -> dict[str, float]:
     }
 
 
+# Failures strike a run that trains (the Poisson process thinned to training time): a
+# rank's crash or a hang needs a training process; a node's death during a recovery is
+# left out, a second-order loss (at scale a run recovers a few percent of its time) whose
+# cost the recovery under way would mostly absorb.
 class _Run:
     """One simulated run; `play` drives it to the horizon."""
 
@@ -255,8 +256,8 @@ class _Run:
     def _failure(self) -> None:
         rng, c = self.rng, self.sc.costs
         kind = _choose(rng, self.rates, self.total_rate)
-        if kind in RUNNING_ONLY and self.pending:
-            return  # no rank runs to crash or hang while the run recovers
+        if self.pending:
+            return  # it strikes training time only (the comment above _Run)
         self._lose_work()
         self.out.interruptions[kind] += 1
         if kind == "rank_crash" or (kind == "hang" and not self.design.names_hung_node):
