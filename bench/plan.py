@@ -9,9 +9,10 @@ spare on the 4-node cluster, steps paced at 0.1 s, a save every 50 iterations (5
 training), the demo's timeouts (a 30 s step timeout: what a hang costs until NVRx sees
 it), a deep chain (a task 0 lost or the spares run out: the next generation takes
 over), no node memory across generations (`--exclude-for 0`: the harness revives what
-it killed, and a hang here is a one-off) and no burn guard (`--burn-guard 0`: at a
-failure every minute, two generations in a row can end before their first save, which
-the guard rightly takes for a chain that cannot train).
+it killed, and a hang here is a one-off) and no burn guard nor NVRx's progress
+rule (`--burn-guard 0 --max-no-progress-cycles 0`: at a failure every minute, two
+generations, or two cycles, in a row can end before their first save, which those
+rightly take for a run that cannot train, and stop the chain).
 
 FAILURES failures land on a Poisson clock of wall time (MEAN_GAP_S apart on average),
 each of a class drawn by WEIGHTS and aimed at a node drawn among those training at that
@@ -56,6 +57,7 @@ FAILURES = 16
 MEAN_GAP_S = 20.0
 TRAINING_S = 2.5
 POLL_S = 0.3
+GONE_LOOK_S = 30.0
 WEIGHTS = {"rank_crash": 2, "node_death": 1, "hang": 1}
 STEP_PAUSE_S = 0.1
 SAVE_INTERVAL = 50
@@ -107,8 +109,8 @@ class _Injector:
     dropped (counted): failures strike training time, as the plan's simulation has
     them. A dead node is revived, a frozen one thawed, once training is back without it."""
 
-    def __init__(self, h: Harness, work: Path, seed: int):
-        self.h, self.work, self.rng = h, work, random.Random(seed)
+    def __init__(self, h: Harness, work: Path, name: str, seed: int):
+        self.h, self.work, self.name, self.rng = h, work, name, random.Random(seed)
         self.landed: list[dict] = []
         self.dropped: Counter[str] = Counter()
         self.dead: list[tuple[str, float, tuple[str, int] | None]] = []  # revive when back
@@ -116,8 +118,14 @@ class _Injector:
 
     def run(self) -> None:
         due = time.time() + self.rng.expovariate(1.0 / MEAN_GAP_S)
+        looked = time.time()
         while len(self.landed) < FAILURES:
             self.tend()
+            if time.time() - looked > GONE_LOOK_S:  # a chain that ended never trains again
+                looked = time.time()
+                if not self.h.squeue_ids(self.name):
+                    raise BenchError(f"chain {self.name} left the queue after "
+                                     f"{len(self.landed)} failures; its ledger says why")  # fmt: skip
             if time.time() < due:
                 time.sleep(min(POLL_S, due - time.time()))
                 continue
@@ -190,8 +198,9 @@ def _inject_chain(h: Harness, seed: int) -> dict:
     work, name = h.workdir(NAME), h.job_name(NAME)
     h.submit(work, name, *_flags(), "--mode", "train", "--depth", str(DEPTH),
              "--max-restarts", str(FAILURES + 5), "--cpu-step-pause", str(STEP_PAUSE_S),
-             "--train-samples", "100000000", "--exclude-for", "0", "--burn-guard", "0")  # fmt: skip
-    injector = _Injector(h, work, seed)
+             "--train-samples", "100000000", "--exclude-for", "0", "--burn-guard", "0",
+             "--max-no-progress-cycles", "0")  # fmt: skip
+    injector = _Injector(h, work, name, seed)
     try:
         h.wait_checkpointed(work, "the first cycle")
         injector.run()
