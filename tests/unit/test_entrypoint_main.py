@@ -496,14 +496,27 @@ def test_the_time_limit_notice_makes_every_worker_save_and_the_node_end_0(tmp_pa
     assert int(tracker.read_text()) == saved["iteration"] >= 20
 
 
+def task0_generation(tmp_path, **settings) -> tuple[manifest.Manifest, Path, str]:
+    """A train chain's generation 700 as task 0 sees it: its manifest, its control
+    directory (made, owner-only) and its generation token."""
+    run_json = write_manifest(tmp_path, mode="train", **settings)
+    directory = control_dir(run_json)
+    directory.mkdir(parents=True, mode=0o700)
+    return manifest.load(run_json), directory, f"{support.CHAIN}/700/"
+
+
+# NVRx 0.7.0's line (launcher.py:1728) when a launcher's node failed the health check in
+# a job array; every launcher logs into one file, each behind its host name.
+DECIDED = (
+    "[INFO] [{}] [workload:?(?) infra:0(0)] launcher.py:1728 Job array deployment: "
+    "exiting with code 1 for replacement.\n"
+)
+
+
 def test_task_0_writes_the_notice_at_its_exit_duration_counted_from_its_own_start(tmp_path):
     # Counted by task 0's entrypoint, not by worker processes: an in-job restart starts
     # new workers, and cannot reset it.
-    run_json = write_manifest(tmp_path, mode="train", exit_duration_min=1)
-    m = manifest.load(run_json)
-    directory = control_dir(run_json)
-    directory.mkdir(parents=True, mode=0o700)
-    token = f"{support.CHAIN}/700/"
+    m, directory, token = task0_generation(tmp_path, exit_duration_min=1)
     started = time.monotonic()
     deadline = lifecycle.exit_deadline(m, started)
     assert deadline == started + 60
@@ -523,21 +536,16 @@ def test_task_0_writes_the_notice_at_its_exit_duration_counted_from_its_own_star
 def test_task_0_closes_the_generation_the_moment_its_ft_launcher_decides_to_leave(tmp_path):
     # NVRx's line for a task 0 whose node failed the health check; the same line from a
     # peer's launcher (every launcher logs into one file) is an in-job replacement.
-    run_json = write_manifest(tmp_path, mode="train")
-    m = manifest.load(run_json)
-    directory = control_dir(run_json)
-    directory.mkdir(parents=True, mode=0o700)
-    token = f"{support.CHAIN}/700/"
+    m, directory, token = task0_generation(tmp_path)
     log = launch.nvrx_logfile(m, "700")
     log.parent.mkdir(parents=True, exist_ok=True)
-    decided = "[INFO] [{}] [workload:?(?) infra:0(0)] launcher.py:1728 Job array deployment: exiting with code 1 for replacement.\n"
-    log.write_text("2026-12-03 07:34:01,126 " + decided.format("node2"))
+    log.write_text("2026-12-03 07:34:01,126 " + DECIDED.format("node2"))
     lease_watch = controldir.LeaseWatch(directory, token)
     node = Node("700", 0, 0, "700", "node1")
     check = looks.watch(m, node, directory, lease_watch, is_task0=True, period=0.0)
     assert check() is None and not controldir.closed(directory, token)
     with log.open("a") as out:
-        out.write("2026-12-03 07:34:02,129 " + decided.format("node1"))
+        out.write("2026-12-03 07:34:02,129 " + DECIDED.format("node1"))
     # Closed for every peer at once; task 0's own ft_launcher is left to end with its code.
     assert check() is None and controldir.closed(directory, token)
     assert check() is None
@@ -553,11 +561,7 @@ def test_a_look_lists_the_control_directory_once_and_reads_only_what_it_lists(
 ):
     # A read of the verdict and the notice on each look took a 10,000-node generation to
     # 216 control-dir calls a second, over issue 24's 200 (bench row 7).
-    run_json = write_manifest(tmp_path, mode="train")
-    m = manifest.load(run_json)
-    directory = control_dir(run_json)
-    directory.mkdir(parents=True, mode=0o700)
-    token = f"{support.CHAIN}/700/"
+    m, directory, token = task0_generation(tmp_path)
     reads: list[str] = []
     for name in ("closed", "workload_verdict"):
         real = getattr(controldir, name)
@@ -580,16 +584,10 @@ def test_a_look_lists_the_control_directory_once_and_reads_only_what_it_lists(
 
 
 def test_task_0_stops_its_ft_launcher_when_it_does_not_end_after_deciding_to(tmp_path, monkeypatch):
-    run_json = write_manifest(tmp_path, mode="train")
-    m = manifest.load(run_json)
-    directory = control_dir(run_json)
-    directory.mkdir(parents=True, mode=0o700)
-    token = f"{support.CHAIN}/700/"
+    m, directory, token = task0_generation(tmp_path)
     log = launch.nvrx_logfile(m, "700")
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text("2026-12-03 07:34:02,129 [INFO] [node1] [workload:?(?) infra:0(0)] "
-                   "launcher.py:1728 Job array deployment: exiting with code 1 for "
-                   "replacement.\n")  # fmt: skip
+    log.write_text("2026-12-03 07:34:02,129 " + DECIDED.format("node1"))
     clock = [1000.0]
     monkeypatch.setattr(looks.time, "monotonic", lambda: clock[0])
     check = looks.watch(
