@@ -15,11 +15,16 @@ system-deps:
 python-deps:
 	bash scripts/install-python-deps.sh
 
-# ruff, then the type checker over the whole package (its settings: pyproject.toml).
+# ruff, the type checker over the whole package (its settings: pyproject.toml), then
+# promtool over the shipped alert rules (Debian's prometheus; required under CI=true).
+RULES := nvrx_appliance/watch/alerts/nvrx-appliance.rules.yml
 lint: python-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	@if command -v promtool >/dev/null; then promtool check rules $(RULES); \
+	 elif [ "$$CI" = true ]; then echo "lint: promtool is missing (make system-deps)" >&2; exit 1; \
+	 else echo "lint: promtool is missing, $(RULES) not checked (make system-deps installs it)"; fi
 
 # Unit tests, then integration tests on the real local Slurm cluster (brought up once
 # per session, torn down at the end). Without root they skip, with the reason; under

@@ -24,12 +24,19 @@ check() {
     exit 1
   fi
   "$home/venv/bin/nvrx-appliance" --version
+  # The alert rules come with the wheel, found where it installed them.
+  local rules
+  rules=$("$home/venv/bin/nvrx-watch" --alert-rules)
+  if [[ $rules != "$home/venv/"* ]] || ! grep -q -- '- alert: NvrxChainStopped' "$rules"; then
+    echo "check-wheel: nvrx-watch --alert-rules names no rules file in the venv: $rules" >&2
+    exit 1
+  fi
   # The work dir must not be node-local (/tmp is refused): the check lives in a home.
   "$home/venv/bin/nvrx-appliance" submit --dry-run --work-dir "$home/run" --workload cpu \
     --train-tasks 2 --hot-spares 1 --gpus-per-node 8 --depth 2 >"$home/dry-run.txt"
   grep -q '^sbatch ' "$home/dry-run.txt"
   grep -q 'nvrx-entrypoint' "$home/dry-run.txt"
-  echo "check-wheel: $(basename "$wheel") installs and renders a chain as $(id -un)"
+  echo "check-wheel: $(basename "$wheel") installs, renders a chain and has its alert rules ($rules) as $(id -un)"
 }
 
 if [ "$(id -u)" -ne 0 ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages everything in this project needs: the local Slurm cluster, the image
 # builder and its test runner, strace (the benchmark that counts what the lease costs the
-# file system), and a Python that can make virtual environments.
+# file system), Prometheus, Alertmanager and node_exporter (the alert rules' test and
+# promtool), and a Python that can make virtual environments.
 # Idempotent: installs only what is missing, so a warm machine pays one dpkg query.
 set -euo pipefail
 
@@ -10,6 +11,7 @@ packages=(
   slurm-wlm slurmdbd slurm-client munge mariadb-server
   iproute2 procps psmisc util-linux numactl strace
   debootstrap squashfs-tools bubblewrap
+  prometheus prometheus-alertmanager prometheus-node-exporter
 )
 
 if [ "$(id -u)" -ne 0 ]; then
@@ -40,3 +42,11 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
   trap 'rm -f /usr/sbin/policy-rc.d' EXIT
 fi
 apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# Debian enables these daemons for the next boot even when policy-rc.d kept them from
+# starting now; the alert rules' test starts its own, on loopback, with its own files.
+# (systemctl disables offline too, without a running systemd.)
+for unit in prometheus prometheus-alertmanager prometheus-node-exporter; do
+  if [[ " ${missing[*]} " == *" $unit "* ]] && command -v systemctl >/dev/null; then
+    systemctl disable "$unit.service" >/dev/null 2>&1 || true
+  fi
+done

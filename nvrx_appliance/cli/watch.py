@@ -17,7 +17,7 @@ import click
 from nvrx_appliance import __version__, api
 from nvrx_appliance.cli import help as clihelp
 from nvrx_appliance.layout import Layout
-from nvrx_appliance.watch import detectors, run_loop, target
+from nvrx_appliance.watch import alerts, detectors, run_loop, target
 from nvrx_appliance.watch.config import (
     Thresholds,
     env_name,
@@ -47,7 +47,14 @@ REFUSED_SECRET_FLAGS = {
     "pd_routing_key": "NVRX_WATCH_PAGERDUTY_ROUTING_KEY or --pagerduty-routing-key-file",
 }
 # Parameters a --config file may not set: they act at once or are not settings.
-NOT_IN_CONFIG = {"config", "list_detectors", "version", "help", *REFUSED_SECRET_FLAGS}
+NOT_IN_CONFIG = {
+    "config",
+    "list_detectors",
+    "alert_rules",
+    "version",
+    "help",
+    *REFUSED_SECRET_FLAGS,
+}
 
 
 def _refused_secret_message(name: str) -> str:
@@ -128,6 +135,13 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
             click.echo(
                 f"    --{name.replace('_', '-')} {default:g}{unit}: {by_name[name].metadata['why']}"
             )
+    ctx.exit(0)
+
+
+def _alert_rules(ctx: click.Context, _param: Any, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    click.echo(str(alerts.RULES))  # the path alone, for `cp "$(nvrx-watch --alert-rules)" ...`
     ctx.exit(0)
 
 
@@ -216,6 +230,15 @@ def _list_detectors(ctx: click.Context, _param: Any, value: bool) -> None:
     is_eager=True,
     callback=_list_detectors,
     help="List the detectors, their thresholds and why, then exit.",
+)
+@click.option(
+    "--alert-rules",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_alert_rules,
+    help="Print the path of the Prometheus alert rules for --metrics-file's series "
+    "(installed with nvrx-watch; docs/watch.md, Alert rules), then exit.",
 )
 @_option(
     "--alert-cooldown",

@@ -77,11 +77,12 @@ def _finding(
     summary: str,
     detail: str,
     action: Action | None = None,
+    nodes: tuple[str, ...] = (),
 ) -> Finding:
     """A finding whose dedup key names the chain, the detector and what it is about, so
     the same condition yields the same key on every pass and every login node."""
     key = f"nvrx/{snap.run.owner}/{snap.run.job_name}/{detector}/{subject}"
-    return Finding(key, detector, severity, summary, detail, action)
+    return Finding(key, detector, severity, summary, detail, action, nodes)
 
 
 # --- chain --------------------------------------------------------------------------------
@@ -158,6 +159,7 @@ def stranded_generation(snap: Snapshot, t: Thresholds) -> list[Finding]:
                 gen.array_job_id,
             ),
         )
+        names = sorted({n for task in gen.running for n in expand_nodelist(task.nodes)})
         nodes = ",".join(sorted({task.nodes for task in gen.running if task.nodes}))
         findings.append(
             _finding(
@@ -178,6 +180,7 @@ def stranded_generation(snap: Snapshot, t: Thresholds) -> list[Finding]:
                     f"{action.command}"
                 ),
                 action=action,
+                nodes=tuple(names),
             )
         )
     return findings
@@ -537,6 +540,7 @@ def suspect_node(snap: Snapshot, t: Thresholds) -> list[Finding]:
             "per-cycle logs; with --act the node goes into the chain's exclusion record, "
             "and the queued generations exclude it from the running one's end (never a drain).",
             action=action,
+            nodes=tuple(nodes),
         )
     ]
 
@@ -553,6 +557,7 @@ def node_hung(snap: Snapshot, t: Thresholds) -> list[Finding]:
             detail="Named from every rank's last stack: its ranks stood outside any "
             "collective while the others waited in one. It leaves at the next rendezvous; "
             "`nvrx-appliance logs <chain> --stacks` shows the stacks.",
+            nodes=hang.standing,
         )
         for hang in snap.hangs
         if hang.standing
@@ -584,6 +589,7 @@ def straggler(snap: Snapshot, t: Thresholds) -> list[Finding]:
                     "step's collective, so the whole run trains at this node's pace "
                     f"(docs/stragglers.md). {act}"
                 ),
+                nodes=(found.node,),
             )
         )
     return findings

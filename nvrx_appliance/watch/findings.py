@@ -166,3 +166,5 @@ class Finding:
     summary: str  # one line: what happened, to which job
     detail: str = ""  # what to do next
     action: Action | None = None
+    # The nodes it is about, for the per-node gauge an alert names them from (() for none).
+    nodes: tuple[str, ...] = ()

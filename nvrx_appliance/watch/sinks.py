@@ -303,7 +303,8 @@ def gauge(name: str, help_text: str, samples: Samples, chain: dict[str, str]) ->
 
 
 def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
-    """One textfile per pass. The set of series is the same on every pass of a chain:
+    """One textfile per pass. The set of series is the same on every pass of a chain
+    (but for nvrx_watch_node_findings, a series per node a finding names):
     a count that is zero is written as 0 and a value not known yet as NaN, never left
     out (an absent series reads as "no data", not "none"); and no label holds a job id,
     so a chain of a thousand generations still has one series per metric, with the
@@ -321,6 +322,16 @@ def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
         "nvrx_watch_findings",
         "Findings of the last pass, by detector and severity (0: none).",
         [({"detector": d, "severity": s}, n) for (d, s), n in sorted(counts.items())],
+    )
+    named: dict[tuple[str, str], int] = {}
+    for f in figures.findings:
+        for node in f.nodes:
+            named[(f.detector, node)] = named.get((f.detector, node), 0) + 1
+    metric(
+        "nvrx_watch_node_findings",
+        "Findings of the last pass that name a node, by detector and node. A node's series "
+        "exists only while a finding names it: the alert rules take the node's name from it.",
+        [({"detector": d, "node": n}, count) for (d, n), count in sorted(named.items())],
     )
     metric(
         "nvrx_watch_source_up",

@@ -147,6 +147,7 @@ def test_stranded_generation_fires_when_spares_still_run_past_the_grace_period()
     assert finding.action.kind == CANCEL_GENERATION
     assert finding.action.argv == ("scancel", "--user=alice", "--name=chain-a", "100")
     assert "node1,node2" in finding.summary
+    assert finding.nodes == ("node1", "node2")  # the per-node gauge names each
 
 
 def test_stranded_generation_one_second_before_the_grace_period_is_silent():

@@ -43,3 +43,20 @@ def test_the_gauges_carry_the_slowdown_and_the_time_lost_zero_when_nobody_is_slo
     assert 'nvrx_watch_straggler_slowdown{chain="chain-a",owner="alice"} 0' in quiet
     blind = sinks.metrics_text(snapshot(sources={TRAINING: SourceStatus(NOT_CONFIGURED)}), figures)
     assert 'nvrx_watch_straggler_slowdown{chain="chain-a",owner="alice"} NaN' in blind
+
+
+def test_the_node_a_finding_names_is_a_series_of_its_own_and_leaves_with_the_finding():
+    snap = snapshot(
+        generations=(gen("100", "RUNNING", "RUNNING"),),
+        sources={TRAINING: SourceStatus("observed")},
+        stragglers=slow_node3(),
+    )
+    figures = sinks.PassFigures(tuple(detectors.straggler(snap, T)), 0.1, False)
+    text = sinks.metrics_text(snap, figures)
+    assert (
+        'nvrx_watch_node_findings{chain="chain-a",owner="alice",detector="straggler",'
+        'node="node3"} 1'
+    ) in text
+    quiet = sinks.metrics_text(snap, sinks.PassFigures((), 0.1, False))
+    assert "# TYPE nvrx_watch_node_findings gauge" in quiet
+    assert "nvrx_watch_node_findings{" not in quiet
