@@ -47,6 +47,8 @@ class Facts:
 
     work_dir_real: str = ""  # realpath of the work dir, or of its nearest existing parent
     work_dir_error: str | None = None  # why it cannot be created or written
+    # Why every generation would refuse <work>/checkpoints (checkpoint_dir.problem_at).
+    checkpoints_error: str | None = None
     image_error: str | None = None  # file missing, unreadable, or not an appliance image
     image_manifest: dict[str, Any] | None = None
     image_qualification: Any = None  # the record next to the image, as decoded, if any
@@ -119,6 +121,8 @@ def _work_dir(spec: ChainSpec, facts: Facts) -> list[Problem]:
         ]
     if facts.work_dir_error:
         return [Problem(option, f"{facts.work_dir_error}; pick a directory you can write")]
+    if facts.checkpoints_error:
+        return [Problem(option, facts.checkpoints_error)]
     return []
 
 
