@@ -25,6 +25,7 @@ from nvrx_appliance.settings.chain import (
     parse_mounts,
 )
 from nvrx_appliance.settings.megatron import paths as megatron_paths
+from nvrx_appliance.settings.program_argv import CPU_MODULE
 
 # Directories that are private to one node on every cluster we know: the rendezvous
 # record is published through the work dir, so each node would see a different one.
@@ -153,6 +154,16 @@ def _image(spec: ChainSpec, facts: Facts) -> list[Problem]:
                 option,
                 f"the image's entrypoint speaks protocol {manifest.get('entrypoint_protocol')!r}, "
                 f"this nvrx-appliance speaks {ENTRYPOINT_PROTOCOL}; rebuild it with `make image`",
+            )
+        ]
+    held = (manifest.get("probed") or {}).get("trainer_module")
+    if spec.workload == "cpu" and held != CPU_MODULE:
+        return [
+            Problem(
+                option,
+                f"--workload cpu runs {CPU_MODULE}, which the image does not hold (it holds "
+                f"{held or 'no recorded trainer'}; built by nvrx-appliance "
+                f"{manifest.get('appliance_version', 'unknown')}); rebuild it with `make image`",
             )
         ]
     if manifest.get("flavor") == "cpu" and spec.workload == "megatron":
