@@ -255,8 +255,10 @@ class ChainSpec:
     save_interval: int = _opt(
         20, "Iterations between checkpoints.", "NVRX_SAVE_INTERVAL", minimum=1
     )
+    # Three: the tracked checkpoint and one for each of the two fall-backs the default
+    # --checkpoint-fallbacks promises (exit_actions.retention_warning says when they disagree).
     save_retention: int = _opt(
-        2,
+        3,
         "Newest complete checkpoints kept; older ones are removed, never the tracked one or "
         "one being written (0 keeps all).",
         "NVRX_SAVE_RETENTION",
