@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from nvrx_appliance import files
@@ -32,10 +33,8 @@ TRACKED, SET_ASIDE, REMOVED = "tracked", "set_aside", "removed"
 MAX_RECORD_BYTES = 8 << 20
 
 
-def complete(text: str) -> set[int]:
-    """The iterations that were once tracked and are not known to be gone since. Pure:
-    lines replayed in order; a torn or foreign line is skipped."""
-    found: set[int] = set()
+def entries(text: str) -> Iterator[tuple[str, int]]:
+    """(kind, iteration) of each line, in order; a torn or foreign line is skipped. Pure."""
     for line in text.splitlines():
         try:
             entry = json.loads(line)
@@ -44,8 +43,22 @@ def complete(text: str) -> set[int]:
         if not isinstance(entry, dict) or len(entry) != 1:
             continue
         [(kind, iteration)] = entry.items()
-        if not isinstance(iteration, int) or isinstance(iteration, bool):
-            continue
+        if isinstance(iteration, int) and not isinstance(iteration, bool):
+            yield kind, iteration
+
+
+def times_tracked(text: str, iteration: int) -> int:
+    """How often the tracker was recorded naming `iteration`: the same for every guard
+    that sees one save of it, one more for each save of it after a fall-back set it
+    aside. With the chain, what tells a repeat of a fall-back from a new one. Pure."""
+    return sum(1 for kind, n in entries(text) if kind == TRACKED and n == iteration)
+
+
+def complete(text: str) -> set[int]:
+    """The iterations that were once tracked and are not known to be gone since. Pure:
+    lines replayed in order."""
+    found: set[int] = set()
+    for kind, iteration in entries(text):
         if kind == TRACKED:
             found.add(iteration)
         elif kind in (SET_ASIDE, REMOVED):
@@ -56,12 +69,17 @@ def complete(text: str) -> set[int]:
 def read(path: Path) -> set[int]:
     """complete() of the record at `path`, its newest part; empty when there is none.
     Raises OSError when it cannot be read."""
+    return complete(read_text(path))
+
+
+def read_text(path: Path) -> str:
+    """The record's newest part ("" when there is none). Raises OSError."""
     try:
         size = os.stat(path).st_size
     except FileNotFoundError:
-        return set()
+        return ""
     text = files.read_text(path, MAX_RECORD_BYTES) if size <= MAX_RECORD_BYTES else _tail(path)
-    return complete(text or "")
+    return text or ""
 
 
 def _tail(path: Path) -> str:

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
-from nvrx_appliance.checkpoints import fallback, tracked_record
+from nvrx_appliance.checkpoints import fallback, fallback_lock, tracked_record
 from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir, tracker_text
 from nvrx_appliance.layout import Layout
 from tests.unit.test_workload_verdicts import _checkpoints, _guard
@@ -61,7 +62,7 @@ def test_a_file_system_that_refuses_changes_nothing_and_says_so(tmp_path):
     assert done.fell_back_to is None and not done.stop
     assert "nothing was set aside" in done.message and "tracker is left as it was" in done.message
     assert (ckpt / iteration_dir(35)).is_dir()
-    assert not (ckpt / fallback.LOCK_FILE).exists()  # the lock is given back
+    assert not (ckpt / fallback_lock.LOCK_FILE).exists()  # the lock is given back
 
 
 def test_the_guard_exits_with_the_workloads_code_when_the_fall_back_cannot_be_done(tmp_path):
@@ -82,16 +83,100 @@ def test_the_guard_exits_with_the_workloads_code_when_the_fall_back_cannot_be_do
 
 def test_a_lock_another_node_holds_is_waited_for_and_a_stale_one_is_broken(tmp_path, monkeypatch):
     ckpt = _checkpoints(tmp_path, (30, 35), 35)
-    lock = ckpt / fallback.LOCK_FILE
-    lock.write_text(json.dumps({"host": "node2", "pid": 1}))
-    monkeypatch.setattr(fallback, "LOCK_WAIT_S", 0.3)
+    lock = ckpt / fallback_lock.LOCK_FILE
+    lock.write_text(json.dumps({"host": "node2", "pid": 1, "token": "t2"}))
+    monkeypatch.setattr(fallback_lock, "LOCK_WAIT_S", 0.3)
     held = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 35, **ARGS)
     assert held.fell_back_to is None and not held.stop and "held by another guard" in held.message
     assert tracker(ckpt) == "35\n"
-    old = time.time() - fallback.LOCK_STALE_S - 5
-    os.utime(lock, (old, old))  # its holder died holding it
+    # Its holder died holding it: seen unchanged for the staleness, by the waiter's clock.
+    monkeypatch.setattr(fallback_lock, "LOCK_STALE_S", 0.2)
+    monkeypatch.setattr(fallback_lock, "LOCK_WAIT_S", 30)
     done = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 35, **ARGS)
     assert done.fell_back_to == 30 and not lock.exists()
+
+
+def test_a_lock_whose_mtime_the_server_set_an_hour_back_is_not_taken_for_stale(
+    tmp_path, monkeypatch
+):
+    """NFS sets the mtime from the server's clock: a lock made a moment ago can look an
+    hour old to a node. Staleness is what the waiter itself saw, never the mtime."""
+    ckpt = _checkpoints(tmp_path, (30, 35), 35)
+    lock = ckpt / fallback_lock.LOCK_FILE
+    lock.write_text(json.dumps({"host": "node2", "pid": 1, "token": "t2"}))
+    hour_ago = time.time() - 3600
+    os.utime(lock, (hour_ago, hour_ago))
+    monkeypatch.setattr(fallback_lock, "LOCK_WAIT_S", 0.5)
+    held = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 35, **ARGS)
+    assert "held by another guard" in held.message and lock.exists()
+    assert tracker(ckpt) == "35\n"
+
+
+def test_a_lock_stolen_from_a_slow_holder_counts_one_fall_back_once(tmp_path, monkeypatch):
+    """Reproduced (issue 44): the holder's tracker write outlasted the staleness, a second
+    guard took the lock and repeated the fall-back: two entries in fallbacks.jsonl (the
+    chain's whole budget for one event), and the holder's exit removed the thief's lock.
+    The tracker write is held up here as a slow NFS server would hold it."""
+    ckpt = _checkpoints(tmp_path, (25, 30, 35), 35)
+    record = ckpt / "fallbacks.jsonl"
+    monkeypatch.setattr(fallback_lock, "LOCK_STALE_S", 0.2)
+    writing, release = threading.Event(), threading.Event()
+    real_write = fallback.files.write_atomic
+
+    def slow_first_write(path, text, *args, **kwargs):
+        if not writing.is_set():
+            writing.set()
+            release.wait(60)
+        return real_write(path, text, *args, **kwargs)
+
+    monkeypatch.setattr(fallback.files, "write_atomic", slow_first_write)
+    outcomes = {}
+    holder = threading.Thread(
+        target=lambda: outcomes.update(holder=fallback.set_aside(ckpt, record, 35, **ARGS))
+    )
+    holder.start()
+    assert writing.wait(30)
+    thief = fallback.set_aside(ckpt, record, 35, **{**ARGS, "who": {"node": "node2"}})
+    assert thief.fell_back_to == 30 and "1 of 2 fall-backs" in thief.message
+    # A third guard holds the lock when the slow holder finally finishes.
+    other = ckpt / fallback_lock.LOCK_FILE
+    other.write_text(json.dumps({"host": "node3", "pid": 3, "token": "t3"}))
+    release.set()
+    holder.join(60)
+    assert "another guard took the fall-back lock" in outcomes["holder"].message
+    assert other.exists()  # the holder never removes a lock it no longer holds
+    [entry] = [json.loads(line) for line in record.read_text().splitlines()]
+    assert (entry["from"], entry["to"], entry["node"]) == (35, 30, "node2")
+    assert tracker(ckpt) == "30\n"
+
+
+def test_a_repeated_fall_back_from_the_same_checkpoint_is_neither_done_nor_counted_twice(
+    tmp_path,
+):
+    ckpt = _checkpoints(tmp_path, (25, 30, 35), 35)
+    record = ckpt / "fallbacks.jsonl"
+    first = fallback.set_aside(ckpt, record, 35, **ARGS)
+    assert first.fell_back_to == 30
+    # A guard that read the tracker before the first fall-back's write reached it.
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("35\n")
+    again = fallback.set_aside(ckpt, record, 35, **ARGS)
+    assert "was set aside already" in again.message and again.fell_back_to == 30
+    assert len(record.read_text().splitlines()) == 1
+    # 35 saved again later and torn again: a fall-back of its own, counted.
+    (ckpt / iteration_dir(35)).mkdir()
+    tracked_record.append(ckpt / tracked_record.FILE, tracked_record.TRACKED, 35)
+    second = fallback.set_aside(ckpt, record, 35, **ARGS)
+    assert second.fell_back_to == 30 and "2 of 2 fall-backs" in second.message
+
+
+def test_a_release_tracker_is_said_in_words_not_as_iteration_none(tmp_path):
+    ckpt = _checkpoints(tmp_path, (30, 35), 35)
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("release")
+    done = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 35, **ARGS)
+    assert "None" not in done.message
+    assert done.message == (
+        "the tracker names no iteration (it reads 'release'): nothing to fall back from"
+    )
 
 
 def test_set_aside_and_removed_iterations_are_no_longer_complete():
