@@ -22,7 +22,7 @@ progress looks like; Megatron writes over it). Any error of the file system (ENO
 EACCES, a lock that cannot be had) stops there and says so: the worker exits with its
 own code, and NVRx restarts it as without the fall-back.
 
-The lock (fallback_lock.py) is a file created exclusively in the checkpoint directory.
+The lock (lockfile.py) is a file created exclusively in the checkpoint directory.
 A holder that lost it to a waiter (it was slower than the lock's staleness) stops before
 the steps that cannot be repeated; and a fall-back from a checkpoint the chain has
 already set aside, for the same save of it, is recognised in the fall-back
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from nvrx_appliance import files
 from nvrx_appliance.checkpoints import checkpoint_dir, tracked_record
-from nvrx_appliance.checkpoints.fallback_lock import locked
+from nvrx_appliance.checkpoints.lockfile import locked
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.jobhost import hostlib
 from nvrx_appliance.layout import TRACKER_FILE

@@ -10,7 +10,8 @@ trainer, the moment it moves it. The fall-back and retention append what they ta
 away, so a later torn directory of the same iteration is not taken for the old one.
 
 Retention counts only these among the checkpoints it keeps; the fall-back goes back only
-to one of these. JSON lines, appended (O_APPEND, one write per line):
+to one of these. JSON lines, appended one at a time under the record lock
+(lockfile.py), so that writers on several NFS clients never write over each other:
 
     {"tracked": 200}   the tracker named iteration 200
     {"set_aside": 200} the fall-back renamed 200 aside as unloadable
@@ -25,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from nvrx_appliance import files
+from nvrx_appliance.checkpoints import lockfile
 from nvrx_appliance.jobhost import hostlib
 
 FILE = "tracked.jsonl"  # in the checkpoint directory, beside the tracker
@@ -89,6 +91,10 @@ def _tail(path: Path) -> str:
 
 
 def append(path: Path, kind: str, iteration: int) -> None:
-    """One line, one write with O_APPEND (hostlib.append_lines): a concurrent writer
-    never splits it. Raises OSError."""
-    hostlib.append_lines(str(path), [{kind: iteration}])
+    """One line, under the record lock. The writers run on several nodes (task 0's
+    keeper, the trainer's rank 0, any rank's guard), and O_APPEND from different NFS
+    clients is no exclusion: each client writes at the size it last knew, over another's
+    line. Under the lock, the open after taking it sees the size the last writer left
+    (NFS's close-to-open consistency). Raises OSError (lockfile.LockUnavailable too)."""
+    with lockfile.exclusive(path.with_name(lockfile.RECORD_LOCK_FILE)):
+        hostlib.append_lines(str(path), [{kind: iteration}])

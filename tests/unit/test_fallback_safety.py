@@ -7,11 +7,15 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-from nvrx_appliance.checkpoints import fallback, fallback_lock, tracked_record
+import pytest
+
+from nvrx_appliance.checkpoints import fallback, lockfile, tracked_record
 from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir, tracker_text
 from nvrx_appliance.layout import Layout
 from tests.unit.test_workload_verdicts import _checkpoints, _guard
@@ -62,7 +66,7 @@ def test_a_file_system_that_refuses_changes_nothing_and_says_so(tmp_path):
     assert done.fell_back_to is None and not done.stop
     assert "nothing was set aside" in done.message and "tracker is left as it was" in done.message
     assert (ckpt / iteration_dir(35)).is_dir()
-    assert not (ckpt / fallback_lock.LOCK_FILE).exists()  # the lock is given back
+    assert not (ckpt / lockfile.LOCK_FILE).exists()  # the lock is given back
 
 
 def test_the_guard_exits_with_the_workloads_code_when_the_fall_back_cannot_be_done(tmp_path):
@@ -83,15 +87,15 @@ def test_the_guard_exits_with_the_workloads_code_when_the_fall_back_cannot_be_do
 
 def test_a_lock_another_node_holds_is_waited_for_and_a_stale_one_is_broken(tmp_path, monkeypatch):
     ckpt = _checkpoints(tmp_path, (30, 35), 35)
-    lock = ckpt / fallback_lock.LOCK_FILE
+    lock = ckpt / lockfile.LOCK_FILE
     lock.write_text(json.dumps({"host": "node2", "pid": 1, "token": "t2"}))
-    monkeypatch.setattr(fallback_lock, "LOCK_WAIT_S", 0.3)
+    monkeypatch.setattr(lockfile, "LOCK_WAIT_S", 0.3)
     held = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 35, **ARGS)
     assert held.fell_back_to is None and not held.stop and "held by another guard" in held.message
     assert tracker(ckpt) == "35\n"
     # Its holder died holding it: seen unchanged for the staleness, by the waiter's clock.
-    monkeypatch.setattr(fallback_lock, "LOCK_STALE_S", 0.2)
-    monkeypatch.setattr(fallback_lock, "LOCK_WAIT_S", 30)
+    monkeypatch.setattr(lockfile, "LOCK_STALE_S", 0.2)
+    monkeypatch.setattr(lockfile, "LOCK_WAIT_S", 30)
     done = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 35, **ARGS)
     assert done.fell_back_to == 30 and not lock.exists()
 
@@ -102,11 +106,11 @@ def test_a_lock_whose_mtime_the_server_set_an_hour_back_is_not_taken_for_stale(
     """NFS sets the mtime from the server's clock: a lock made a moment ago can look an
     hour old to a node. Staleness is what the waiter itself saw, never the mtime."""
     ckpt = _checkpoints(tmp_path, (30, 35), 35)
-    lock = ckpt / fallback_lock.LOCK_FILE
+    lock = ckpt / lockfile.LOCK_FILE
     lock.write_text(json.dumps({"host": "node2", "pid": 1, "token": "t2"}))
     hour_ago = time.time() - 3600
     os.utime(lock, (hour_ago, hour_ago))
-    monkeypatch.setattr(fallback_lock, "LOCK_WAIT_S", 0.5)
+    monkeypatch.setattr(lockfile, "LOCK_WAIT_S", 0.5)
     held = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 35, **ARGS)
     assert "held by another guard" in held.message and lock.exists()
     assert tracker(ckpt) == "35\n"
@@ -119,7 +123,7 @@ def test_a_lock_stolen_from_a_slow_holder_counts_one_fall_back_once(tmp_path, mo
     The tracker write is held up here as a slow NFS server would hold it."""
     ckpt = _checkpoints(tmp_path, (25, 30, 35), 35)
     record = ckpt / "fallbacks.jsonl"
-    monkeypatch.setattr(fallback_lock, "LOCK_STALE_S", 0.2)
+    monkeypatch.setattr(lockfile, "LOCK_STALE_S", 0.2)
     writing, release = threading.Event(), threading.Event()
     real_write = fallback.files.write_atomic
 
@@ -139,7 +143,7 @@ def test_a_lock_stolen_from_a_slow_holder_counts_one_fall_back_once(tmp_path, mo
     thief = fallback.set_aside(ckpt, record, 35, **{**ARGS, "who": {"node": "node2"}})
     assert thief.fell_back_to == 30 and "1 of 2 fall-backs" in thief.message
     # A third guard holds the lock when the slow holder finally finishes.
-    other = ckpt / fallback_lock.LOCK_FILE
+    other = ckpt / lockfile.LOCK_FILE
     other.write_text(json.dumps({"host": "node3", "pid": 3, "token": "t3"}))
     release.set()
     holder.join(60)
@@ -186,3 +190,33 @@ def test_set_aside_and_removed_iterations_are_no_longer_complete():
     )) + '\n{"tracked": 4'  # fmt: skip
     assert tracked_record.complete(text) == {20, 30}
     assert tracker_text(20) == "20\n"
+
+
+def test_an_append_to_the_tracked_record_waits_for_the_writer_on_another_node(
+    tmp_path, monkeypatch
+):
+    """Several nodes write the tracked record (the keeper, the trainer's rank 0, the
+    guards); O_APPEND from different NFS clients is no exclusion, the record lock is."""
+    record = tmp_path / tracked_record.FILE
+    lock = tmp_path / lockfile.RECORD_LOCK_FILE
+    lock.write_text(json.dumps({"host": "node2", "pid": 7, "token": "t7"}))
+    monkeypatch.setattr(lockfile, "LOCK_WAIT_S", 0.3)
+    with pytest.raises(lockfile.LockUnavailable):
+        tracked_record.append(record, tracked_record.TRACKED, 40)
+    assert not record.exists()
+    lock.unlink()  # node2 wrote its line and let go
+    tracked_record.append(record, tracked_record.TRACKED, 40)
+    assert tracked_record.read(record) == {40} and not lock.exists()
+
+
+def test_writers_in_several_processes_each_get_their_line_in_whole(tmp_path):
+    record = tmp_path / tracked_record.FILE
+    code = (
+        "import sys; from pathlib import Path; from nvrx_appliance.checkpoints import tracked_record as t\n"
+        "for i in range(int(sys.argv[1]), int(sys.argv[1]) + 50): t.append(Path(sys.argv[2]), t.TRACKED, i)"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(start), str(record)])
+             for start in (0, 1000, 2000)]  # fmt: skip
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    expected = {i for start in (0, 1000, 2000) for i in range(start, start + 50)}
+    assert tracked_record.read(record) == expected

@@ -1,8 +1,10 @@
-"""The fall-back lock: one guard at a time sets a checkpoint aside (fallback.py).
+"""Locks of the checkpoint directory: the fall-back lock (one guard at a time sets a
+checkpoint aside, fallback.py) and the record lock (one writer at a time appends to the
+tracked record, tracked_record.py).
 
-A file created exclusively (O_CREAT|O_EXCL) in the checkpoint directory, which excludes
-across nodes where flock does not (Lustre mounted localflock, NFS with local_lock). It
-holds a token of its holder's own.
+Each is a file created exclusively (O_CREAT|O_EXCL), which excludes across nodes where
+flock does not (Lustre mounted localflock, NFS with local_lock). It holds a token of its
+holder's own.
 
 A lock left by a guard that died holding it is broken once a waiter has seen it
 unchanged (the same file, the same token) for LOCK_STALE_S by the waiter's own
@@ -30,7 +32,8 @@ from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
 
 LOCK_FILE = ".fallback.lock"
-# Holding the lock takes a few file system calls; one seen unchanged this long was left
+RECORD_LOCK_FILE = ".tracked.lock"
+# Holding a lock takes a few file system calls; one seen unchanged this long was left
 # by a guard that died holding it. Waiting for it is bounded by the same: a guard never
 # hangs its rank.
 LOCK_STALE_S = 30.0
@@ -40,7 +43,7 @@ _MAX_LOCK_BYTES = 4096
 
 
 class LockUnavailable(OSError):
-    """Another guard held the fall-back lock for longer than one can."""
+    """Another holder held the lock for longer than one can."""
 
 
 def _seen(path: Path) -> tuple[int, str | None] | None:
@@ -59,11 +62,15 @@ def _holds(path: Path, token: str) -> bool:
     return False
 
 
+def locked(checkpoints: Path) -> contextlib.AbstractContextManager[Callable[[], bool]]:
+    """The fall-back lock; yields still_held()."""
+    return exclusive(checkpoints / LOCK_FILE)
+
+
 @contextlib.contextmanager
-def locked(checkpoints: Path) -> Iterator[Callable[[], bool]]:
-    """The fall-back lock; yields still_held(). Raises LockUnavailable, or OSError when
-    it cannot be made."""
-    path = checkpoints / LOCK_FILE
+def exclusive(path: Path) -> Iterator[Callable[[], bool]]:
+    """The lock file at `path`; yields still_held(). Raises LockUnavailable, or OSError
+    when it cannot be made."""
     token = secrets.token_hex(8)
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "time": now_iso(), "token": token}
     deadline = time.monotonic() + LOCK_WAIT_S
