@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,6 +18,7 @@ import pytest
 
 from nvrx_appliance.checkpoints import fallback, lockfile, tracked_record
 from nvrx_appliance.checkpoints.checkpoint_dir import iteration_dir, tracker_text
+from nvrx_appliance.devcluster.poll import wait_until
 from nvrx_appliance.layout import Layout
 from tests.unit.test_workload_verdicts import _checkpoints, _guard
 
@@ -220,3 +222,28 @@ def test_writers_in_several_processes_each_get_their_line_in_whole(tmp_path):
     assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
     expected = {i for start in (0, 1000, 2000) for i in range(start, start + 50)}
     assert tracked_record.read(record) == expected
+
+
+def test_a_guard_stopped_while_it_drains_the_output_still_judges_the_exit_it_saw(tmp_path):
+    """torch elastic's TERM reaches the guard after its worker failed, while a child of
+    the worker still holds the output open: the failed load the worker reported before
+    is judged, not dropped."""
+    ckpt = _checkpoints(tmp_path, (30, 35), 35)
+    go, exited = tmp_path / "go", tmp_path / "exited"
+    proc = _guard(tmp_path, f"""
+        import os, subprocess, sys
+        print("NVRX_APPLIANCE_LOAD_FAILED iteration=35", file=sys.stderr, flush=True)
+        # A child that keeps the worker's output open, as a data loader's may.
+        subprocess.Popen([sys.executable, "-c",
+                          "import os, time\\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)"])
+        open({str(exited)!r}, "w").write(str(os.getpid()))
+        sys.exit(1)
+        """)  # fmt: skip
+    wait_until(lambda: exited.exists() and exited.read_text(), 60, "the worker to exit")
+    worker = int(exited.read_text())
+    wait_until(lambda: not os.path.exists(f"/proc/{worker}"), 60, "the guard to reap it")
+    os.kill(proc.pid, signal.SIGTERM)  # the guard is draining the output now
+    go.touch()
+    assert proc.wait(timeout=60) == 1
+    assert tracker(ckpt) == "30\n", proc.communicate()[1]
+    assert "resuming from checkpoint 30" in proc.communicate()[1]
