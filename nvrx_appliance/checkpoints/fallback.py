@@ -172,10 +172,27 @@ def _plan(
         return Outcome(
             None,
             f"checkpoint {bad} cannot be loaded and no checkpoint before it that was ever "
-            f"complete (tracked) is on disk{since}",
+            f"complete (tracked) is on disk{since}" + _unrecorded(names, bad, floor),
             stop=True,
         )
     return _Plan(bad, to, names.get(bad, checkpoint_dir.iteration_dir(bad)), done, limit, times)
+
+
+def _unrecorded(names: dict[int, str], bad: int, floor: int | None) -> str:
+    """What to do when earlier checkpoints lie there that the tracked record never named
+    (a work dir from before the record, or torn saves: from here they look the same)."""
+    older = sorted(n for n in names if n < bad and (floor is None or n >= floor))
+    if not older:
+        return ""
+    shown = ", ".join(names[n] for n in older[-3:])
+    newest = older[-1]
+    return (
+        f"; {shown} lie there, but checkpoints/{tracked_record.FILE} never recorded them "
+        "complete (a work dir from before the record, or saves cut short, look alike). If "
+        f'you know one is complete, add a line {{"tracked": {newest}}} to '
+        f"checkpoints/{tracked_record.FILE}, write {newest} into "
+        f"checkpoints/{TRACKER_FILE}, and resubmit"
+    )
 
 
 def _moved_on(checkpoints: Path, tracked: int | None) -> str:

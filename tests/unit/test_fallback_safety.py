@@ -247,3 +247,19 @@ def test_a_guard_stopped_while_it_drains_the_output_still_judges_the_exit_it_saw
     assert proc.wait(timeout=60) == 1
     assert tracker(ckpt) == "30\n", proc.communicate()[1]
     assert "resuming from checkpoint 30" in proc.communicate()[1]
+
+
+def test_a_work_dir_from_before_the_tracked_record_stops_naming_what_is_there_and_the_fix(
+    tmp_path,
+):
+    ckpt = _checkpoints(tmp_path, (), 50, torn=(30, 40, 50))  # iter_ directories, no record
+    done = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 50, **ARGS)
+    assert done.stop and tracker(ckpt) == "50\n"
+    assert done.message == (
+        "checkpoint 50 cannot be loaded and no checkpoint before it that was ever complete "
+        "(tracked) is on disk; iter_0000030, iter_0000040 lie there, but "
+        "checkpoints/tracked.jsonl never recorded them complete (a work dir from before the "
+        "record, or saves cut short, look alike). If you know one is complete, add a line "
+        '{"tracked": 40} to checkpoints/tracked.jsonl, write 40 into '
+        "checkpoints/latest_checkpointed_iteration.txt, and resubmit"
+    )
