@@ -150,3 +150,11 @@ def test_an_empty_mem_gives_sbatch_no_mem_so_the_cluster_default_applies():
     assert result.exit_code == 0, result.output
     assert "--mem" not in result.stdout
     assert "#SBATCH --mem=0" in dry_run().stdout
+
+
+def test_only_the_samples_to_train_may_be_larger_than_any_slurm_count():
+    many = str(2**40)
+    assert dry_run(["--train-samples", many]).exit_code == 0
+    refused_naming(
+        dry_run(["--depth", many]), "--depth", f"must be at most 2147483647 (got {many})"
+    )
