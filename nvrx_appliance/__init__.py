@@ -15,4 +15,6 @@ __version__ = "0.1.0"
 # greps them), no longer JSON.
 # 3: peers take the array throttle from task 0's record (the sbatch exports it to task 0
 # only), and the sbatch acts on the entrypoint's relay claim.
-ENTRYPOINT_PROTOCOL = 3
+# 4: the built-in trainer moved (run.json's workload argv names it with -m: an image from
+# before the move holds no such module); an image records the trainer it holds.
+ENTRYPOINT_PROTOCOL = 4

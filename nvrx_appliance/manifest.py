@@ -212,10 +212,17 @@ def load(path: Path) -> Manifest:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ManifestError(f"run manifest {path} is not valid JSON: {exc}") from None
+    except ValueError:
+        # Python refuses to read an integer of more than 4,300 digits.
+        raise ManifestError(
+            f"run manifest {path} holds a number too long to be a setting; resubmit"
+        ) from None
     return parse(data)
 
 
 def save(manifest: Manifest) -> Path:
     path = manifest.layout.run_json
-    write_atomic(path, json.dumps(manifest.to_json(), indent=2, sort_keys=True) + "\n", 0o600)
+    # allow_nan=False: a bare NaN is not JSON, and check() refuses one before this anyway.
+    text = json.dumps(manifest.to_json(), indent=2, sort_keys=True, allow_nan=False)
+    write_atomic(path, text + "\n", 0o600)
     return path

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.checkpoints import checkpoint_dir
 from nvrx_appliance.files import read_text
 from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
@@ -28,6 +29,7 @@ MAX_JSON_BYTES = 4 << 20  # run.json, a qualification record: far smaller
 def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
     facts = {
         **_unusable(_work_dir, spec.work_dir, "work_dir"),
+        **_unusable(_checkpoints, spec.work_dir, "checkpoints"),
         **_unusable(_image, spec.image, "image"),
         **_unusable(_python, spec, "python"),
         "megatron_has_pretrain": _is_file(Path(spec.megatron_path) / "pretrain_gpt.py"),
@@ -91,6 +93,15 @@ def _work_dir(work_dir: str) -> dict:
         what = "is not writable" if existing == path else f"cannot be created under {existing}"
         return {"work_dir_real": real, "work_dir_error": f"{work_dir} {what}"}
     return {"work_dir_real": real}
+
+
+def _checkpoints(work_dir: str) -> dict:
+    """What every generation would say of <work>/checkpoints, said before anything is queued."""
+    return {
+        "checkpoints_error": checkpoint_dir.problem_at(
+            Layout(Path(work_dir)).checkpoints, os.geteuid()
+        )
+    }
 
 
 def _image(image: str) -> dict:

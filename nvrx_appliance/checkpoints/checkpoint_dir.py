@@ -1,4 +1,5 @@
-"""Names in the checkpoint directory, the tracker's content, and retention. Pure.
+"""Names in the checkpoint directory, the tracker's content, and retention. Pure, but for
+problem_at(), which looks at the directory itself.
 
 Megatron's layout: <save>/iter_0000020/ per checkpoint and
 <save>/latest_checkpointed_iteration.txt holding the iteration of the newest complete
@@ -9,8 +10,11 @@ directory is always complete, and the tracker never names a partial one.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from collections.abc import Iterable
+from pathlib import Path
 
 _ITER = re.compile(r"^iter_(\d{7,})$")
 # The workload contract's line for "the checkpoint I was told to resume from cannot be
@@ -47,6 +51,24 @@ def directory_problem(path: str, *, mode: int, owner: int, uid: int, is_dir: boo
             f"chmod go-w {path}"
         )
     return None
+
+
+def problem_at(path: Path, uid: int) -> str | None:
+    """directory_problem() of the checkpoint directory as it is now, a link followed (the
+    checkpoints may live on other storage). The one judgement submit and every generation
+    make, so that submit refuses exactly what the job would. None where nothing is there
+    yet: the generation creates it owner-only. Other OSErrors are the caller's."""
+    try:
+        seen = os.stat(path)
+    except FileNotFoundError:
+        if os.path.islink(path):
+            return (
+                f"checkpoint directory {path} is a link to a path that does not exist; fix the link"
+            )
+        return None
+    return directory_problem(
+        str(path), mode=seen.st_mode, owner=seen.st_uid, uid=uid, is_dir=stat.S_ISDIR(seen.st_mode)
+    )
 
 
 def iteration_dir(iteration: int) -> str:

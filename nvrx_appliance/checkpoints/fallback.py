@@ -22,10 +22,11 @@ progress looks like; Megatron writes over it). Any error of the file system (ENO
 EACCES, a lock that cannot be had) stops there and says so: the worker exits with its
 own code, and NVRx restarts it as without the fall-back.
 
-The lock is a file created exclusively (O_CREAT|O_EXCL) in the checkpoint directory,
-which excludes across nodes where flock does not (Lustre mounted localflock, NFS with
-local_lock); one left by a guard that died holding it is broken once it is older than
-anything holding it could take.
+The lock (lockfile.py) is a file created exclusively in the checkpoint directory.
+A holder that lost it to a waiter (it was slower than the lock's staleness) stops before
+the steps that cannot be repeated; and a fall-back from a checkpoint the chain has
+already set aside, for the same save of it, is recognised in the fall-back
+record and neither done nor counted again.
 """
 
 from __future__ import annotations
@@ -33,25 +34,18 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
-import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import files
 from nvrx_appliance.checkpoints import checkpoint_dir, tracked_record
+from nvrx_appliance.checkpoints.lockfile import locked
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.jobhost import hostlib
 from nvrx_appliance.layout import TRACKER_FILE
 from nvrx_appliance.observe import run_files
 
-LOCK_FILE = ".fallback.lock"
-# Holding the lock takes a few file system calls; one this old was left by a guard that
-# died holding it. Waiting for it is bounded by the same: a guard never hangs its rank.
-LOCK_STALE_S = 30.0
-LOCK_WAIT_S = 45.0
-LOCK_RETRY_S = 0.1
 # The fall-back record is a few lines per chain; more than this is not one.
 MAX_RECORD_BYTES = 1 << 20
 
@@ -72,50 +66,29 @@ def earlier(found: Iterable[int], bad: int, floor: int | None) -> int | None:
     return max(candidates) if candidates else None
 
 
-def count(record_text: str, chain: str) -> int:
-    """How many checkpoints this chain has set aside. Pure."""
-    total = 0
+def _entries(record_text: str, chain: str) -> list[dict]:
+    found = []
     for line in record_text.splitlines():
         with contextlib.suppress(ValueError):
             entry = json.loads(line)
             if isinstance(entry, dict) and entry.get("chain") == chain:
-                total += 1
-    return total
+                found.append(entry)
+    return found
 
 
-class LockUnavailable(OSError):
-    """Another guard held the fall-back lock for longer than one can."""
+def count(record_text: str, chain: str) -> int:
+    """How many checkpoints this chain has set aside. Pure."""
+    return len(_entries(record_text, chain))
 
 
-@contextlib.contextmanager
-def locked(checkpoints: Path) -> Iterator[None]:
-    """The fall-back lock. Raises LockUnavailable, or OSError when it cannot be made."""
-    path = checkpoints / LOCK_FILE
-    holder = json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": now_iso()})
-    deadline = time.monotonic() + LOCK_WAIT_S
-    while True:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            break
-        except FileExistsError:
-            _break_if_stale(path)
-            if time.monotonic() >= deadline:
-                raise LockUnavailable(f"{path} is held by another guard") from None
-            time.sleep(LOCK_RETRY_S)
-    try:
-        with contextlib.suppress(OSError):
-            os.write(fd, holder.encode() + b"\n")
-        os.close(fd)
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-
-
-def _break_if_stale(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        if time.time() - os.stat(path).st_mtime > LOCK_STALE_S:
-            os.unlink(path)
+def done_before(record_text: str, chain: str, bad: int, times: int) -> dict | None:
+    """This chain's entry for setting `bad` aside when the tracker had been recorded
+    naming it `times` times, if one is written: the same fall-back, which is never done
+    or counted twice. Pure."""
+    for entry in _entries(record_text, chain):
+        if entry.get("from") == bad and entry.get("times_tracked") == times:
+            return entry
+    return None
 
 
 def set_aside(
@@ -135,11 +108,13 @@ def set_aside(
     if bad is None:
         return Outcome(None, "which checkpoint failed to load is unknown: nothing set aside")
     try:
-        with locked(checkpoints):
+        with locked(checkpoints) as still_held:
             plan = _plan(checkpoints, record, bad, chain=chain, limit=limit, floor=floor)
             if isinstance(plan, Outcome):
                 return plan
-            return _fall_back(checkpoints, record, plan, chain=chain, who=who, reason=reason)
+            return _fall_back(
+                checkpoints, record, plan, chain=chain, who=who, reason=reason, held=still_held
+            )
     except OSError as exc:
         return Outcome(
             None,
@@ -155,6 +130,7 @@ class _Plan:
     name: str  # the bad one's name in the directory
     done: int  # fall-backs of this chain before this one
     limit: int
+    times: int  # how often the tracker was recorded naming `bad` (tracked_record.times_tracked)
 
 
 def _tracked(checkpoints: Path) -> int | None:
@@ -168,8 +144,15 @@ def _plan(
     tracked = _tracked(checkpoints)
     if tracked != bad:
         # Another rank's guard got here first (or the workload tried an untracked one).
-        return Outcome(tracked, f"the tracker already names iteration {tracked}")
-    done = count(files.read_text(record, MAX_RECORD_BYTES) or "", chain)
+        return Outcome(tracked, _moved_on(checkpoints, tracked))
+    record_text = files.read_text(record, MAX_RECORD_BYTES) or ""
+    history = tracked_record.read_text(checkpoints / tracked_record.FILE)
+    times = tracked_record.times_tracked(history, bad)
+    repeat = done_before(record_text, chain, bad, times)
+    if repeat is not None:
+        return Outcome(repeat.get("to"), f"checkpoint {bad} was set aside already "
+                       f"({repeat.get('set_aside')}): nothing done or counted twice")  # fmt: skip
+    done = count(record_text, chain)
     if done >= limit:
         return Outcome(
             None,
@@ -182,21 +165,57 @@ def _plan(
         for name in os.listdir(checkpoints)
         if (n := checkpoint_dir.checkpoint_name(name)) is not None
     }
-    complete = tracked_record.read(checkpoints / tracked_record.FILE)
+    complete = tracked_record.complete(history)
     to = earlier([n for n in names if n in complete], bad, floor)
     if to is None:
         since = f" (the chain started from {floor})" if floor is not None else ""
         return Outcome(
             None,
             f"checkpoint {bad} cannot be loaded and no checkpoint before it that was ever "
-            f"complete (tracked) is on disk{since}",
+            f"complete (tracked) is on disk{since}" + _unrecorded(names, bad, floor),
             stop=True,
         )
-    return _Plan(bad, to, names.get(bad, checkpoint_dir.iteration_dir(bad)), done, limit)
+    return _Plan(bad, to, names.get(bad, checkpoint_dir.iteration_dir(bad)), done, limit, times)
+
+
+def _unrecorded(names: dict[int, str], bad: int, floor: int | None) -> str:
+    """What to do when earlier checkpoints lie there that the tracked record never named
+    (a work dir from before the record, or torn saves: from here they look the same)."""
+    older = sorted(n for n in names if n < bad and (floor is None or n >= floor))
+    if not older:
+        return ""
+    shown = ", ".join(names[n] for n in older[-3:])
+    newest = older[-1]
+    return (
+        f"; {shown} lie there, but checkpoints/{tracked_record.FILE} never recorded them "
+        "complete (a work dir from before the record, or saves cut short, look alike). If "
+        f'you know one is complete, add a line {{"tracked": {newest}}} to '
+        f"checkpoints/{tracked_record.FILE}, write {newest} into "
+        f"checkpoints/{TRACKER_FILE}, and resubmit"
+    )
+
+
+def _moved_on(checkpoints: Path, tracked: int | None) -> str:
+    """Why there is nothing to do: the tracker names another checkpoint, or none."""
+    if tracked is not None:
+        return f"the tracker already names iteration {tracked}"
+    try:
+        text = (files.read_text(checkpoints / TRACKER_FILE, 64) or "").strip()
+    except OSError:
+        text = ""
+    said = f"reads {text!r}" if text else "is empty or missing"
+    return f"the tracker names no iteration (it {said}): nothing to fall back from"
 
 
 def _fall_back(
-    checkpoints: Path, record: Path, plan: _Plan, *, chain: str, who: dict[str, str], reason: str
+    checkpoints: Path,
+    record: Path,
+    plan: _Plan,
+    *,
+    chain: str,
+    who: dict[str, str],
+    reason: str,
+    held: Callable[[], bool],
 ) -> Outcome:
     """The tracker to the earlier checkpoint first, then the bad one aside: a state a
     restart can load at every step."""
@@ -204,6 +223,11 @@ def _fall_back(
     if moved_on != plan.bad:  # a writer that holds no lock (the workload) moved it
         return Outcome(moved_on, "the tracker moved meanwhile: nothing set aside")
     files.write_atomic(checkpoints / TRACKER_FILE, checkpoint_dir.tracker_text(plan.to))
+    if not held():
+        # Slower than the lock's staleness: a waiter broke it and redoes this fall-back
+        # (the same tracker text); only one of us may set aside and count.
+        return Outcome(plan.to, f"checkpoint {plan.bad}: the tracker names {plan.to}; "
+                       "another guard took the fall-back lock meanwhile and finishes it")  # fmt: skip
     aside = f"{plan.name}.unloadable-{now_iso().replace(':', '')}"
     moved = f"set aside as {aside}"
     try:
@@ -217,7 +241,8 @@ def _fall_back(
     with contextlib.suppress(OSError):
         tracked_record.append(checkpoints / tracked_record.FILE, tracked_record.SET_ASIDE, plan.bad)
     entry = {"chain": chain, "from": plan.bad, "to": plan.to, "set_aside": aside,
-             "time": now_iso(), "reason": reason, **who}  # fmt: skip
+             "times_tracked": plan.times, "time": now_iso(), "reason": reason,
+             **who}  # fmt: skip
     try:
         hostlib.append_lines(str(record), [entry])
     except OSError as exc:

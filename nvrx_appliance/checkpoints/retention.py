@@ -20,7 +20,8 @@ newest N once-tracked ones up to it (checkpoint_dir.retired), and nothing at all
 not read as an iteration (a tracker caught half-rewritten reads as a shorter, smaller
 number, which can only retire less). A removal first renames the directory out of the iter_
 names, so a sweep killed midway never leaves a half-deleted directory that looks like
-a checkpoint; the next sweep finishes it.
+a checkpoint; the delete itself runs apart from the looks (Keeper), and whatever a
+killed one left renamed aside is deleted by the next.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import os
 import shutil
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from nvrx_appliance import files
@@ -44,67 +46,114 @@ LOOK_PERIOD_S = 1.0
 _REMOVING = ".removing_"
 
 
-def sweep(checkpoints: Path, keep: int) -> list[int]:
-    """Record the tracked iteration, then remove what retention retires now (keep 0:
-    nothing); returns the iterations removed."""
+@dataclass(frozen=True)
+class Look:
+    """What one look at the tracker did: whether what it names is settled (written down,
+    or nothing to write), and the iterations renamed aside for removal."""
+
+    settled: bool
+    removed: list[int]
+
+
+def look(checkpoints: Path, keep: int) -> Look:
+    """Record the tracked iteration, then rename aside what retention retires now (keep
+    0: nothing). Only renames: the slow part of a removal, the delete, is purge()'s, so
+    a look takes a few metadata calls however large the checkpoints are."""
     record = checkpoints / tracked_record.FILE
     try:
         text = files.read_text(checkpoints / TRACKER_FILE, 64)
         names = os.listdir(checkpoints)
         complete = tracked_record.read(record)
     except OSError:
-        return []  # no tracker yet, or the file system is away: nothing to judge
-    for name in names:
-        if name.startswith(_REMOVING):  # a removal a killed sweep left unfinished
-            shutil.rmtree(checkpoints / name, ignore_errors=True)
+        return Look(False, [])  # the file system is away: look again
     tracked = run_files.tracker_value(text) if text is not None else None
     if tracked is None:
-        return []  # empty (being rewritten), or Megatron's "release"
+        # Empty is a tracker being rewritten: look again. Megatron's "release" names no
+        # iteration to write down.
+        return Look(bool(text and text.strip()), [])
     if tracked not in complete:
         # Only a tracker that names a checkpoint on disk: one caught half-rewritten
-        # ("3" of "30") names none.
+        # ("3" of "30") names none, and is looked at again.
         if tracked not in {checkpoint_dir.checkpoint_name(name) for name in names}:
-            return []
+            return Look(False, [])
         try:
             tracked_record.append(record, tracked_record.TRACKED, tracked)
         except OSError:
-            return []  # what is complete cannot be written down: remove nothing
+            return Look(False, [])  # not written down: remove nothing, and try again
         complete.add(tracked)
     found = {
         n: name for name in names if (n := checkpoint_dir.parse_iteration_dir(name)) is not None
     }
     removed = []
     for iteration in checkpoint_dir.retired(found, tracked, keep, complete):
-        aside = checkpoints / (_REMOVING + found[iteration])
         try:
-            os.rename(checkpoints / found[iteration], aside)
+            os.rename(checkpoints / found[iteration], checkpoints / (_REMOVING + found[iteration]))
         except OSError:
             continue
         with contextlib.suppress(OSError):
             tracked_record.append(record, tracked_record.REMOVED, iteration)
-        shutil.rmtree(aside, ignore_errors=True)
         removed.append(iteration)
+    return Look(True, removed)
+
+
+def purge(checkpoints: Path, remove: Callable[[Path], None] = shutil.rmtree) -> None:
+    """Delete what looks renamed aside (and what a killed keeper left renamed aside)."""
+    try:
+        names = os.listdir(checkpoints)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith(_REMOVING):
+            with contextlib.suppress(OSError):
+                remove(checkpoints / name)
+
+
+def sweep(checkpoints: Path, keep: int) -> list[int]:
+    """One look and its deletes, in line (for a caller with nothing else to watch);
+    returns the iterations removed."""
+    removed = look(checkpoints, keep).removed
+    purge(checkpoints)
     return removed
 
 
 class Keeper:
     """Watches the tracker on a thread of its own, so a slow delete never holds task 0's
-    supervision; at start, then whenever the tracker has changed, it records the
-    tracked iteration and sweeps (keep 0: records only)."""
+    supervision; at start, then whenever the tracker has changed or the last look could
+    not write it down, it records the tracked iteration and renames aside what retention
+    retires (keep 0: records only). The deletes run on a second thread: on Lustre one
+    takes minutes, and a look held behind it would miss every checkpoint tracked and
+    superseded meanwhile, which a fall-back then skips. `remove` deletes one directory
+    (shutil.rmtree; a test hands in a slow one)."""
 
-    def __init__(self, checkpoints: Path, keep: int, log: Callable[[str], None]):
+    def __init__(
+        self,
+        checkpoints: Path,
+        keep: int,
+        log: Callable[[str], None],
+        remove: Callable[[Path], None] = shutil.rmtree,
+    ):
         self.checkpoints = checkpoints
         self.keep = keep
         self.log = log
+        self.remove = remove
         self._stop = threading.Event()
+        self._renamed = threading.Event()
         self._thread = threading.Thread(target=self._run, name="checkpoint-retention", daemon=True)
+        self._deleter = threading.Thread(
+            target=self._delete, name="checkpoint-removal", daemon=True
+        )
 
     def start(self) -> None:
         self._thread.start()
+        self._deleter.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self._renamed.set()
         self._thread.join(timeout=LOOK_PERIOD_S * 5)
+        # A delete still running is left to the daemon thread; the next keeper finishes
+        # whatever it leaves renamed aside.
+        self._deleter.join(timeout=LOOK_PERIOD_S * 5)
 
     def _tracker_stamp(self) -> tuple[int, int] | None:
         try:
@@ -114,14 +163,25 @@ class Keeper:
         return st.st_mtime_ns, st.st_size
 
     def _run(self) -> None:
-        seen: tuple[int, int] | None = (-1, -1)  # never a real stamp: sweep at once
+        seen: tuple[int, int] | None = (-1, -1)  # never a real stamp: look at once
+        self._renamed.set()  # and finish what a keeper before this one left aside
         while True:
             stamp = self._tracker_stamp()
             if stamp is not None and stamp != seen:
-                removed = sweep(self.checkpoints, self.keep)
-                if removed:
+                done = look(self.checkpoints, self.keep)
+                if done.removed:
+                    self._renamed.set()
                     self.log(f"retention (newest {self.keep} kept): removed checkpoint(s) "
-                             f"of iteration {', '.join(map(str, removed))}")  # fmt: skip
-                seen = stamp
+                             f"of iteration {', '.join(map(str, done.removed))}")  # fmt: skip
+                if done.settled:
+                    seen = stamp
             if self._stop.wait(LOOK_PERIOD_S):
                 return
+
+    def _delete(self) -> None:
+        while True:
+            self._renamed.wait()
+            self._renamed.clear()
+            if self._stop.is_set():
+                return
+            purge(self.checkpoints, self.remove)

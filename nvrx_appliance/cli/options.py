@@ -45,9 +45,15 @@ def _option(field: dataclasses.Field) -> Callable[[Any], Any]:
             flag(name), name, type=click.Path(dir_okay=False), default=None, metavar="FILE",
             help=_help(field),
         )  # fmt: skip
-    kind_type: Any = (
-        click.Choice(_CHOICES[name]) if name in _CHOICES else _TYPES.get(kind, click.STRING)
-    )
+    if name in _CHOICES:
+        # Where empty is the default, the help says what empty means: it is a choice too.
+        empty = ("",) if field.default == "" else ()
+        metavar = f"[{'|'.join(_CHOICES[name])}]"
+        return click.option(
+            flag(name), name, type=click.Choice(empty + _CHOICES[name]), default=None,
+            metavar=metavar, help=_help(field),
+        )  # fmt: skip
+    kind_type = _TYPES.get(kind, click.STRING)
     return click.option(flag(name), name, type=kind_type, default=None, help=_help(field))
 
 

@@ -12,12 +12,15 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata as md
+import importlib.util
 import json
 import platform
 import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+from nvrx_appliance.settings.program_argv import CPU_MODULE
 
 SCHEMA = "nvrx-appliance/image"
 VERSION = 1
@@ -73,6 +76,8 @@ def problems(manifest: dict) -> list[str]:
     if pins["torch"] != NONE:
         # A local build tag (2.13.0+cpu) is the pinned release built for CPU.
         expect("PyTorch", probed.get("pytorch", NONE).split("+")[0], pins["torch"])
+    if probed.get("trainer_module", NONE) == NONE:
+        found.append(f"the built-in trainer: {CPU_MODULE} cannot be imported in the image")
     if probed.get("numactl", NONE) == NONE:
         found.append("numactl: not found in the image (ft_launcher needs it for NUMA binding)")
     return found
@@ -123,6 +128,9 @@ def probe(settings: dict[str, str]) -> dict[str, str]:
         "megatron_commit": _git_head(settings.get("MEGATRON_PATH", "")),
         "megatron_core": _version("megatron-core", "megatron_core"),
         "appliance": _version("nvrx-appliance"),
+        # What `--workload cpu` runs with -m, found in this image; submit compares it
+        # with the module run.json names (settings/validate.py).
+        "trainer_module": CPU_MODULE if importlib.util.find_spec(CPU_MODULE) else NONE,
         "numactl": shutil.which("numactl") or NONE,
     }
 

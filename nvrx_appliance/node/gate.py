@@ -42,7 +42,7 @@ class Observation:
     directory: DirSeen | None  # read with the record (None: no record yet)
     closed: bool
     # Seconds for which this node has seen the lease go unrefreshed, by its own clock (a
-    # lower bound on its age: leasewatch.py); None: no lease.
+    # lower bound on its age: lease_watch.py); None: no lease.
     lease_age: float | None
     record: FileSeen | None
     # A peer's ft_launcher exited 93: NVRx ends the whole generation, and task 0's own

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import time
 from pathlib import Path
 
@@ -60,11 +59,7 @@ def make_dirs(manifest: run_manifest.Manifest, node: Node) -> Path:
             layout.checkpoints,
         ):
             files.make_private_dirs(path)
-        seen = os.stat(layout.checkpoints)  # followed: it may be a link to the storage
-        problem = checkpoint_dir.directory_problem(
-            str(layout.checkpoints), mode=seen.st_mode, owner=seen.st_uid, uid=os.geteuid(),
-            is_dir=stat.S_ISDIR(seen.st_mode),
-        )  # fmt: skip
+        problem = checkpoint_dir.problem_at(layout.checkpoints, os.geteuid())
         if problem:
             raise Refused(exitcodes.RECORD_REFUSED, problem)
     except controldir.ControlDirError as exc:

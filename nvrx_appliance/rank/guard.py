@@ -180,11 +180,15 @@ class Guard:
         # Its stack, sampled; when NVRx's timeout kills it, the cycle's hang is judged.
         stack_watch = stacks.watch(self.args.generation, child.pid, say)
         code = _wait(child)
+        # Whether the worker was stopped, as it exited: a TERM that comes while its output
+        # drains (torch elastic stopping the group after this failure) stops nothing the
+        # worker did, and a failed load seen only in rank 0's window must still be judged.
+        stopped = self.stopping.is_set()
         if stack_watch is not None:
             stack_watch.after_exit(code, stopping=self.stopping.is_set())
         for tee in tees:
             tee.thread.join(DRAIN_S)
-        if self.stopping.is_set():
+        if stopped:
             return code
         try:
             return self.judge(code, said(tees))

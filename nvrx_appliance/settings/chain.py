@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nvrx_appliance import lease
-from nvrx_appliance.settings import exit_actions
+from nvrx_appliance.settings import declared, exit_actions
 from nvrx_appliance.settings.megatron import parallel
 from nvrx_appliance.settings.megatron import rules as megatron_rules
 
@@ -75,7 +75,8 @@ def _opt(
 # str.isdigit and \d accept "²", which int() then refuses with a traceback.
 _JOB_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _TIME = re.compile(r"([0-9]+-)?[0-9]{1,2}(:[0-9]{2}){0,2}|[0-9]+")
-_MEM = re.compile(r"[0-9]+[KMGT]?")
+# Empty is a valid size: sbatch is then given no --mem and the cluster's default applies.
+_MEM = re.compile(r"([0-9]+[KMGT]?)?")
 _GPU_FAILURE = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
 _COUNT = re.compile(r"[0-9]+")
 SECONDS = "seconds"
@@ -254,8 +255,10 @@ class ChainSpec:
     save_interval: int = _opt(
         20, "Iterations between checkpoints.", "NVRX_SAVE_INTERVAL", minimum=1
     )
+    # Three: the tracked checkpoint and one for each of the two fall-backs the default
+    # --checkpoint-fallbacks promises (exit_actions.retention_warning says when they disagree).
     save_retention: int = _opt(
-        2,
+        3,
         "Newest complete checkpoints kept; older ones are removed, never the tracked one or "
         "one being written (0 keeps all).",
         "NVRX_SAVE_RETENTION",
@@ -268,7 +271,12 @@ class ChainSpec:
         "NVRX_ASYNC_SAVE",
     )
     train_samples: int = _opt(
-        0, "Samples to train (0: the mode's default).", "NVRX_TRAIN_SAMPLES", minimum=0
+        0,
+        "Samples to train (0: the mode's default).",
+        "NVRX_TRAIN_SAMPLES",
+        minimum=0,
+        # Megatron reads it as a 64-bit count; more than 2**31 samples is a real run.
+        largest=2**62,
     )
     cpu_step_pause: float = _opt(
         0.0,
@@ -349,6 +357,11 @@ class ChainSpec:
         "Seconds without a task-0 lease refresh before a peer fences task 0 as dead "
         "(task 0 stops itself earlier: see docs/how-it-works.md, Task 0's lease).",
         "NVRX_LEASE_STALE_AFTER",
+        # 0 does not mean "off" here: task 0 would fence itself at its first look and its
+        # peers at once, so every generation would die until the burn guard stops the chain.
+        minimum=1,
+        unit=SECONDS,
+        hint="the lease cannot be turned off; leave it at the default 46",
     )
     lease_watchers: int = _opt(
         # Task 0 and all of them must be lost together before a dead task 0 waits for
@@ -576,7 +589,7 @@ def control_character(text: str) -> str | None:
 
 def parse_mounts(text: str) -> list[tuple[str, str, bool]]:
     """Container mounts in pyxis's syntax, SRC[:DST[:ro|rw]][,..] (Apptainer's --bind and
-    the stand-in read it the same way, minimum=1, unit=SECONDS) -> (src, dst, read_only). Raises ValueError
+    the stand-in read it the same way) -> (src, dst, read_only). Raises ValueError
     naming the entry: pyxis and Apptainer would split a bad one some other way."""
     mounts = []
     for item in text.split(",") if text else []:
@@ -643,36 +656,9 @@ def effective_runtime(spec: ChainSpec) -> str:
 
 
 def field_problem(name: str, value: Any) -> str | None:
-    """What is wrong with one setting's value by its own declaration (bounds, choices,
-    pattern), or None. The rules that relate several settings are check()'s."""
-    meta = _FIELDS[name].metadata
-    empty_ok = _FIELDS[name].default in ("", None)
-    hint = f"; {meta['hint']}" if meta.get("hint") else ""
-    if isinstance(value, str) or value is None:
-        if value in ("", None) and empty_ok:
-            return None
-        choices, pattern = meta.get("choices"), meta.get("pattern")
-        if choices is not None and value not in choices:
-            label = name.replace("_", " ")
-            return f"unknown {label} {value!r}; choose one of {', '.join(choices)}{hint}"
-        if pattern is not None and not pattern[0].fullmatch(value or ""):
-            return f"{value!r} {pattern[1]}{hint}"
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    low, high, unit = meta.get("minimum"), meta.get("maximum"), meta.get("unit", "")
-    units = f" {unit}" if unit else ""
-    if low is not None and high is not None and not low <= value <= high:
-        return f"must be between {low:g} and {high:g}{units} (got {value}){hint}"
-    if low is not None and value < low:
-        if low == 0:
-            rule = "cannot be negative"
-        elif low == 1 and unit:
-            rule = f"must be a positive number of {unit}"
-        else:
-            rule = f"must be at least {low:g}"
-        return f"{rule} (got {value}){hint}"
-    return None
+    """What is wrong with one setting's value by its own declaration (type, bounds,
+    choices, pattern), or None. The rules that relate several settings are check()'s."""
+    return declared.problem(_FIELDS[name], value)
 
 
 def check(spec: ChainSpec) -> list[Problem]:
@@ -693,17 +679,28 @@ def check(spec: ChainSpec) -> list[Problem]:
         return problems  # the checks below would only say the same about those values
 
     for name, value in values.items():
+        wrong_type = declared.type_problem(_FIELDS[name], value)
+        if wrong_type:
+            bad(name, wrong_type)
+    if problems:
+        return problems  # a run.json edited by hand: the rules below would do arithmetic
+
+    misjudged: set[str] = set()
+    for name, value in values.items():
         message = field_problem(name, value)
         if message:
             bad(name, message)
-    if spec.stack_sampling > 0 and 3 * spec.stack_sampling > spec.step_timeout:
+            misjudged.add(name)
+    # The rules below relate settings by arithmetic: only values sound on their own reach them.
+    sound = not misjudged & {"stack_sampling", "step_timeout"}
+    if sound and spec.stack_sampling > 0 and 3 * spec.stack_sampling > spec.step_timeout:
         bad(
             "stack_sampling",
             f"{spec.stack_sampling} s leaves fewer than three samples within the step timeout "
             f"({spec.step_timeout} s), too few to tell a hang; use at most "
             f"{spec.step_timeout // 3} s, or 0 to turn sampling off",
         )
-    if spec.lease_stale_after > 0 and spec.closed_flag_grace >= 0:
+    if not misjudged & {"lease_stale_after", "closed_flag_grace"}:
         margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)
         if margins:
             bad("lease_stale_after", margins)

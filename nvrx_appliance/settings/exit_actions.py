@@ -102,11 +102,17 @@ def meaning(code: int, action: str, workload: str) -> str:
 
 
 def retention_warning(workload: str, save_retention: int, checkpoint_fallbacks: int) -> str | None:
-    """A chain that keeps one checkpoint has nothing to fall back to when it cannot be
-    loaded (checkpoints/fallback.py): said at submit, not found out at 3 a.m."""
-    if workload not in MEGATRON_LIKE or save_retention != 1 or checkpoint_fallbacks == 0:
+    """A chain that keeps fewer checkpoints than its fall-backs need stops where it
+    promised to fall back (checkpoints/fallback.py): each fall-back needs one more kept
+    checkpoint before the tracked one. Said at submit, with the numbers, not found out
+    at 3 a.m."""
+    needed = checkpoint_fallbacks + 1
+    if workload not in MEGATRON_LIKE or save_retention == 0 or save_retention >= needed:
         return None
+    before = save_retention - 1
     return (
-        "--save-retention 1 keeps only the newest checkpoint: if it cannot be loaded there is "
-        "none before it to fall back to, and the chain stops; keep 2 (the default) or more"
+        f"--save-retention {save_retention} keeps the tracked checkpoint and {before} before "
+        f"it, but --checkpoint-fallbacks {checkpoint_fallbacks} needs {checkpoint_fallbacks} "
+        f"before it: fall-back {before + 1} would find none on disk and stop the chain; keep "
+        f"{needed} or more (0 keeps all), or set --checkpoint-fallbacks {before}"
     )

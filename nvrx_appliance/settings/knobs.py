@@ -40,6 +40,15 @@ value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the reference dep
 `NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`. The arguments settings
 (`--megatron-args`, `--script-args`) name a file on the flag and in the environment; in
 the config file they are a TOML list of arguments, or a string naming such a file.
+
+Every value is judged the same way however it arrives (flag, environment, config file,
+or a run.json read back): by its type (a run.json `true` for a count, `2.5` for an
+integer, `null` for a string or `NaN` for a number is refused, naming the value), its
+bounds, and its choices or pattern. A number above 2147483647 is refused unless the
+table's setting takes more (`--train-samples`). Where the meaning below says what empty
+means (`--mem`, `--partition`, `--profile`, `--runtime`, ...), an empty value is taken.
+`--lease-stale-after` has no "off": 0 or less is refused (task 0 would fence itself at
+its first look).
 """
 
 

@@ -170,6 +170,9 @@ def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dic
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SettingError(f"--config {source}: not valid TOML: {exc}") from None
+    except ValueError:
+        # Python refuses to read an integer of more than 4,300 digits.
+        raise SettingError(f"--config {source}: holds a number too long to be a setting") from None
     fields = {f.name: f for f in spec_fields()}
     keys = {_config_key(flag(f.name)): f.name for f in spec_fields()} | {n: n for n in fields}
     values: dict[str, Any] = {}

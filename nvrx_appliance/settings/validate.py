@@ -25,6 +25,7 @@ from nvrx_appliance.settings.chain import (
     parse_mounts,
 )
 from nvrx_appliance.settings.megatron import paths as megatron_paths
+from nvrx_appliance.settings.program_argv import CPU_MODULE
 
 # Directories that are private to one node on every cluster we know: the rendezvous
 # record is published through the work dir, so each node would see a different one.
@@ -47,6 +48,8 @@ class Facts:
 
     work_dir_real: str = ""  # realpath of the work dir, or of its nearest existing parent
     work_dir_error: str | None = None  # why it cannot be created or written
+    # Why every generation would refuse <work>/checkpoints (checkpoint_dir.problem_at).
+    checkpoints_error: str | None = None
     image_error: str | None = None  # file missing, unreadable, or not an appliance image
     image_manifest: dict[str, Any] | None = None
     image_qualification: Any = None  # the record next to the image, as decoded, if any
@@ -119,6 +122,8 @@ def _work_dir(spec: ChainSpec, facts: Facts) -> list[Problem]:
         ]
     if facts.work_dir_error:
         return [Problem(option, f"{facts.work_dir_error}; pick a directory you can write")]
+    if facts.checkpoints_error:
+        return [Problem(option, facts.checkpoints_error)]
     return []
 
 
@@ -149,6 +154,16 @@ def _image(spec: ChainSpec, facts: Facts) -> list[Problem]:
                 option,
                 f"the image's entrypoint speaks protocol {manifest.get('entrypoint_protocol')!r}, "
                 f"this nvrx-appliance speaks {ENTRYPOINT_PROTOCOL}; rebuild it with `make image`",
+            )
+        ]
+    held = (manifest.get("probed") or {}).get("trainer_module")
+    if spec.workload == "cpu" and held != CPU_MODULE:
+        return [
+            Problem(
+                option,
+                f"--workload cpu runs {CPU_MODULE}, which the image does not hold (it holds "
+                f"{held or 'no recorded trainer'}; built by nvrx-appliance "
+                f"{manifest.get('appliance_version', 'unknown')}); rebuild it with `make image`",
             )
         ]
     if manifest.get("flavor") == "cpu" and spec.workload == "megatron":

@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     ckpt.add_argument("--save-interval", type=int, default=0, help="Iterations between saves.")
     ckpt.add_argument(
-        "--save-retention", type=int, default=2, help="Complete checkpoints kept (0: all)."
+        "--save-retention", type=int, default=3, help="Complete checkpoints kept (0: all)."
     )
     train = p.add_argument_group("training")
     length = train.add_mutually_exclusive_group(required=True)

@@ -30,7 +30,7 @@ from .chain_support import (
     wait_idle,
     wait_ledger,
 )
-from .conftest import Cluster
+from .conftest import Cluster, cluster_cli
 
 pytestmark = pytest.mark.cluster
 
@@ -164,6 +164,53 @@ def test_a_truncated_checkpoint_before_a_hand_off_is_set_aside_and_the_successor
     report = cli(cluster, "report", name, "--no-svg").stdout
     assert f"lost in generation {first}, cycle 0: iterations {bad - 4}-" in report, report
     assert f"after the checkpoint at {bad - 5}" in report, report
+
+
+def test_task_0s_node_lost_and_the_two_newest_checkpoints_torn_falls_back_twice_at_the_defaults(
+    cluster: Cluster,
+):
+    """At the defaults (--save-retention 3, --checkpoint-fallbacks 2) a torn save and the
+    one before it are both set aside and the chain trains on from the third. Seen with
+    --save-retention 2: 55 set aside, 50 torn too, and nothing before 50 left on disk."""
+    work, name = cluster.workdir("fallback-twice"), unique("fallback-twice")
+    first, second = submit(
+        cluster, work, name, "--workload", "cpu", "--mode", "train", "--save-interval", "5",
+        "--train-tasks", "1", "--hot-spares", "1", "--cold-spares", "0", "--depth", "2",
+    )  # fmt: skip
+    victim = ""
+    try:
+        wait_until(lambda: (tracker(work) or 0) >= 25, GENERATION_S, "five checkpoints", 0.5)
+        # The successor waits until the checkpoints are torn, as a storage fault leaves them.
+        cluster.slurm("scontrol", "hold", second)
+        victim = tasks(cluster, first)[0]["NodeList"]
+        assert cluster_cli("kill-node", victim).returncode == 0
+        wait_ledger(work, 1, timeout=180)  # a peer fenced the dead task 0
+        bad = tracker(work)
+        assert bad is not None
+        for iteration in (bad, bad - 5):
+            shards = sorted((work / "checkpoints" / f"iter_{iteration:07d}").glob("*.distcp"))
+            assert shards, logs_on_failure(work)
+            _truncate(shards[0])
+        cluster.slurm("scontrol", "release", second)
+        wait_until(lambda: (tracker(work) or 0) > bad, 2 * GENERATION_S, "training past both", 1)
+    finally:
+        cli(cluster, "cancel", name)
+        if victim:
+            assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
+        wait_idle(cluster, name, timeout=90)
+    record = [
+        json.loads(line)
+        for line in (work / "checkpoints" / "fallbacks.jsonl").read_text().splitlines()
+    ]
+    assert [(r["from"], r["to"]) for r in record] == [(bad, bad - 5), (bad - 5, bad - 10)], (
+        logs_on_failure(work)
+    )
+    assert _resumed(work, name, second)[-1] == bad - 10, logs_on_failure(work)
+    aside = sorted(p.name for p in (work / "checkpoints").iterdir() if ".unloadable-" in p.name)
+    assert [n[: len("iter_0000000")] for n in aside] == [
+        f"iter_{bad - 5:07d}", f"iter_{bad:07d}",
+    ]  # fmt: skip
+    assert all(e["action"] != "stopped_by_workload" for e in ledger(work)), ledger(work)
 
 
 def test_a_truncated_checkpoint_before_an_in_job_restart_falls_back_in_the_same_generation(

@@ -222,3 +222,23 @@ def test_a_person_submits_follows_reads_watches_and_cancels_a_chain(
     headline = after.stdout.splitlines()[0]
     assert headline.startswith("ended: cancelled by "), headline
     assert f"1 generation(s) never ran ({second})" in headline, headline
+
+
+def test_submit_refuses_a_checkpoint_directory_the_jobs_would_refuse_and_queues_nothing(
+    cluster: Cluster,
+):
+    """A checkpoints/ that links to a group-writable project directory passed submit once,
+    then every generation exited 72 until the burn guard stopped the chain."""
+    work, name = cluster.workdir("ckpt-refused"), unique("ckpt-refused")
+    project = work.parent / f"{name}-project"
+    project.mkdir(parents=True)
+    project.chmod(0o770)
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "checkpoints").symlink_to(project)
+    done = cli(cluster, "submit", *FAST, "--work-dir", str(work), "--job-name", name)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr
+    assert "--work-dir:" in done.stderr and "group- or world-writable (mode 0770)" in done.stderr
+    assert f"chmod go-w {work / 'checkpoints'}" in done.stderr, done.stderr
+    assert cluster.slurm("squeue", "-h", "--name", name).stdout.strip() == ""
+    assert not (work / "run.json").exists()

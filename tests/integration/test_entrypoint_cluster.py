@@ -1,7 +1,7 @@
 """nvrx-entrypoint on the local Slurm cluster, under a minimal sbatch of its own.
 
-The production sbatch (nvrx_appliance/slurm) adds task 0's teardown trap; these tests
-leave it out on purpose, so the closed flag and task 0's death are in the test's hands:
+The production sbatch (nvrx_appliance/chain/generation.sbatch.tmpl) adds task 0's
+teardown trap; these tests leave it out on purpose, so the closed flag and task 0's death are in the test's hands:
 what is judged is the entrypoint alone, with real srun, ft_launcher 0.7.0 and the cpu
 trainer.
 """

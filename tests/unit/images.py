@@ -13,6 +13,7 @@ import pytest
 from nvrx_appliance import ENTRYPOINT_PROTOCOL
 from nvrx_appliance.image.image_manifest import compose
 from nvrx_appliance.image.pins import IMAGE_MANIFEST_PATH, build_settings, load
+from nvrx_appliance.settings.program_argv import CPU_MODULE
 
 needs_squashfs = pytest.mark.skipif(
     not (shutil.which("mksquashfs") and shutil.which("unsquashfs")),
@@ -22,7 +23,12 @@ needs_squashfs = pytest.mark.skipif(
 
 def cpu_manifest(built: str = "2026-01-01", **probed: str) -> dict:
     """The manifest of a CPU image from the real pins; `probed` overrides versions."""
-    base = {"python": "3.11.2", "pytorch": "2.13.0+cpu", "nvrx": "0.7.0"}
+    base = {
+        "python": "3.11.2",
+        "pytorch": "2.13.0+cpu",
+        "nvrx": "0.7.0",
+        "trainer_module": CPU_MODULE,
+    }
     settings = build_settings(load(), "cpu", "rootfs")
     return compose(settings, {**base, **probed}, protocol=ENTRYPOINT_PROTOCOL, built=built)
 

@@ -226,3 +226,70 @@ def test_a_torn_directory_never_tracked_does_not_cost_the_last_good_fall_back(tm
     assert retention.sweep(tmp_path, keep=2) == []
     assert kept(tmp_path) == ["iter_0000010", "iter_0000013", "iter_0000015"]
     assert tracked_record.read(tmp_path / tracked_record.FILE) == {10, 15}  # 15 recorded now
+
+
+class HeldDelete:
+    """A delete that does not finish until the test lets it: the keeper's deletes on a
+    file system where one takes minutes (Lustre). The directory is really removed."""
+
+    def __init__(self):
+        import threading
+
+        self.release = threading.Event()
+        self.started: list[str] = []
+
+    def __call__(self, path: Path) -> None:
+        self.started.append(path.name)
+        self.release.wait(120)
+        import shutil
+
+        shutil.rmtree(path)
+
+
+def test_the_keeper_records_every_checkpoint_tracked_while_a_delete_is_under_way(tmp_path):
+    # Reproduced (issue 44): with the delete inside the sweep and a save every 0.5 s the
+    # record ended [30, 50] though 40 was tracked and on disk; a fall-back from 50 then
+    # skipped the complete 40 for 30.
+    held = HeldDelete()
+    for iteration in (10, 20):
+        checkpoint(tmp_path, iteration)
+    keeper = retention.Keeper(tmp_path, keep=2, log=print, remove=held)
+    keeper.start()
+    try:
+        record = tmp_path / tracked_record.FILE
+        for iteration in (20, 30, 40, 50):
+            if iteration > 20:
+                checkpoint(tmp_path, iteration)
+            track(tmp_path, str(iteration))
+            wait_until(
+                lambda i=iteration: i in tracked_record.read(record), 30, f"{iteration} recorded"
+            )
+        assert held.started == [".removing_iter_0000010"]  # still deleting the first
+        assert kept(tmp_path) == ["iter_0000040", "iter_0000050"]  # the rest renamed aside
+        held.release.set()
+        wait_until(lambda: not [p for p in tmp_path.iterdir() if "removing" in p.name], 30,
+                   "the deletes to finish")  # fmt: skip
+    finally:
+        held.release.set()
+        keeper.stop()
+    assert tracked_record.read(record) == {40, 50}
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [e["tracked"] for e in lines if "tracked" in e] == [20, 30, 40, 50]
+
+
+def test_a_record_that_could_not_be_written_is_written_at_the_next_look(tmp_path):
+    """The tracker does not move again (a generation's last save): the keeper must not
+    take a look that wrote nothing down for one that did."""
+    checkpoint(tmp_path, 10)
+    record = tmp_path / tracked_record.FILE
+    record.mkdir()  # the record cannot be read or written
+    track(tmp_path, "10")
+    keeper = retention.Keeper(tmp_path, keep=2, log=print)
+    keeper.start()
+    try:
+        wait_until(lambda: retention.look(tmp_path, 2).settled is False, 5, "a failed look")
+        record.rmdir()  # the file system is back
+        wait_until(lambda: record.is_file() and tracked_record.read(record) == {10}, 30,
+                   "10 recorded without the tracker moving")  # fmt: skip
+    finally:
+        keeper.stop()

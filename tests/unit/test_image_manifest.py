@@ -21,6 +21,7 @@ def _probed(**overrides: str) -> dict[str, str]:
         "megatron_core": pins.megatron_core_version,
         "appliance": pins.appliance_version,
         "numactl": "/usr/bin/numactl",
+        "trainer_module": "nvrx_appliance.workloads.cpu",
     }
     probed.update(overrides)
     return probed
@@ -121,3 +122,14 @@ def test_the_probe_refuses_to_write_a_manifest_that_contradicts_the_pins(tmp_pat
     assert image_manifest.main(["--settings", str(tmp_path / "build.env"), "--out", str(out)]) == 1
     assert not out.exists()
     assert "NVRx: pinned 9.9.9" in capsys.readouterr().err
+
+
+def test_an_image_without_the_built_in_trainer_is_not_built():
+    missing = _gpu_manifest(trainer_module=image_manifest.NONE)
+    assert image_manifest.problems(missing) == [
+        "the built-in trainer: nvrx_appliance.workloads.cpu cannot be imported in the image"
+    ]
+
+
+def test_the_probe_finds_the_trainer_that_run_json_names():
+    assert image_manifest.probe({})["trainer_module"] == "nvrx_appliance.workloads.cpu"

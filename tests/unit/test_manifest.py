@@ -86,7 +86,7 @@ def test_the_modes_policy_is_decided_at_submit_and_read_back_from_run_json(tmp_p
         "max_no_progress_cycles": 1,
         "faults_active": True,
         "gpu_failure": None,
-        "checkpoints_kept": 2,  # a Megatron chain: task 0 keeps its --save-retention
+        "checkpoints_kept": 3,  # a Megatron chain: task 0 keeps its --save-retention
         # Megatron's own verdicts become the chain's (settings/exit_actions.py).
         "exit_actions": {"16": "resume-elsewhere", "17": "stop-chain"},
         "checkpoint_fallbacks": 2,

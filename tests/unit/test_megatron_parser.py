@@ -226,7 +226,7 @@ REFUSED: dict[str, Refusal] = {
         dict(megatron_args=team_args("llama3-8b", "--save-retain-interval", "5000"),
              train_samples=10),
         "--megatron-args: --save-retain-interval (Megatron's own thinning) and "
-        "--save-retention 2 would both remove checkpoints"),
+        "--save-retention 3 would both remove checkpoints"),
     # 6. Paths.
     "relative-data-path": Refusal(
         dict(megatron_args=team_args("llama3-8b", "--data-path", "corpora/web_text_document"),

@@ -155,10 +155,38 @@ def test_an_image_of_another_entrypoint_protocol_or_flavour_is_refused():
     spec = _spec(image="/img/a.sqsh", runtime="pyxis")
     [message] = _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=old))
     assert message.startswith("--image:") and "rebuild it with `make image`" in message
-    cpu = {"entrypoint_protocol": ENTRYPOINT_PROTOCOL, "flavor": "cpu"}
+    cpu = {"entrypoint_protocol": ENTRYPOINT_PROTOCOL, "flavor": "cpu", "probed": {}}
     spec = _spec(image="/img/a.sqsh", runtime="pyxis", workload="megatron")
     [message] = _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=cpu))
     assert message.startswith("--workload:")
+
+
+def test_an_image_without_the_trainer_run_json_names_is_refused_before_anything_is_queued():
+    """An image built before the trainer moved speaks protocol 3 and holds the trainer
+    under its old name: every rank of a --workload cpu chain would fail on a missing
+    module until NVRx ended the chain with 93."""
+    spec = _spec(image="/img/a.sqsh", runtime="pyxis", workload="cpu")
+    before_move = {
+        "entrypoint_protocol": ENTRYPOINT_PROTOCOL,
+        "flavor": "cpu",
+        "appliance_version": "0.1.0",
+        "probed": {"trainer_module": "nvrx_appliance.cpu_trainer"},
+    }
+    [message] = _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=before_move))
+    assert message == (
+        "--image: --workload cpu runs nvrx_appliance.workloads.cpu, which the image does not "
+        "hold (it holds nvrx_appliance.cpu_trainer; built by nvrx-appliance 0.1.0); rebuild "
+        "it with `make image`"
+    )
+    protocol_3 = {**before_move, "entrypoint_protocol": 3}
+    [message] = _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=protocol_3))
+    assert "protocol 3" in message and f"speaks {ENTRYPOINT_PROTOCOL}" in message
+    held = {**before_move, "probed": {"trainer_module": "nvrx_appliance.workloads.cpu"}}
+    assert _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=held)) == []
+
+
+def test_the_protocol_moved_past_the_images_built_before_the_trainer_moved():
+    assert ENTRYPOINT_PROTOCOL >= 4
 
 
 def test_every_problem_is_reported_at_once():

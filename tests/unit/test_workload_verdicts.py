@@ -271,9 +271,40 @@ def test_submit_warns_when_one_kept_checkpoint_leaves_nothing_to_fall_back_to(
     args = ["--work-dir", "/shared/verdicts/run", "--workload", "cpu", "--dry-run"]
     shown = CliRunner().invoke(cli, ["submit", *args, "--save-retention", "1"])
     assert shown.exit_code == 0, shown.output
-    assert "--save-retention 1 keeps only the newest checkpoint" in shown.output
+    assert "--save-retention 1 keeps the tracked checkpoint and 0 before it" in shown.output
     default = CliRunner().invoke(cli, ["submit", *args])
-    assert "keeps only the newest checkpoint" not in default.output
+    assert "--save-retention" not in default.stderr
+
+
+def test_the_defaults_keep_a_checkpoint_for_each_fall_back_they_promise(tmp_path, monkeypatch):
+    """At the defaults a torn save and the one before it can both be set aside: the keeper
+    keeps the tracked checkpoint and one before it for each fall-back. Seen on the cluster
+    with --save-retention 2: 55 set aside, 50 torn too, and 45 already removed."""
+    from click.testing import CliRunner
+
+    from nvrx_appliance.checkpoints.checkpoint_dir import retired
+    from nvrx_appliance.cli.main import cli
+    from nvrx_appliance.settings.chain import ChainSpec
+
+    spec = ChainSpec()
+    assert spec.save_retention == spec.checkpoint_fallbacks + 1 == 3
+    saved = [5, 10, 15, 20, 25, 30, 35, 40, 45, 50, 55]
+    kept = sorted(set(saved) - set(retired(saved, 55, spec.save_retention, set(saved))))
+    assert kept == [45, 50, 55]  # 55 and 50 torn: the second fall-back reaches 45
+
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none"))
+    args = ["submit", "--work-dir", "/shared/verdicts/run", "--workload", "cpu", "--dry-run"]
+    two = CliRunner().invoke(cli, [*args, "--save-retention", "2"])
+    assert two.exit_code == 0, two.output
+    assert (
+        "--save-retention 2 keeps the tracked checkpoint and 1 before it, but "
+        "--checkpoint-fallbacks 2 needs 2 before it: fall-back 2 would find none on disk and "
+        "stop the chain; keep 3 or more (0 keeps all), or set --checkpoint-fallbacks 1"
+    ) in two.stderr
+    agreed = CliRunner().invoke(
+        cli, [*args, "--save-retention", "2", "--checkpoint-fallbacks", "1"]
+    )
+    assert "--save-retention" not in agreed.stderr
 
 
 def test_a_second_rank_that_failed_on_the_same_checkpoint_sets_nothing_more_aside(tmp_path):
