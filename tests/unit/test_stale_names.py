@@ -1,5 +1,5 @@
 """Comments and docstrings name the files they mean: after a move, a name left behind
-(`interval.py`, `leasewatch.py`, `nvrx_appliance/slurm`) sends a reader nowhere."""
+(`interval.py`, `leasewatch.py`, the package's old `slurm` room) sends a reader nowhere."""
 
 from __future__ import annotations
 
