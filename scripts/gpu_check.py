@@ -26,6 +26,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+# Run from a checkout (`make gpu-check`), the package is the checkout's, installed or not.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
 RUN_S = 300  # one generation's bound: start, a few hundred steps, a fault, a restart
 
 
@@ -43,7 +46,7 @@ def plan(work: Path, megatron: str, mode: str, gpus: int):
     from nvrx_appliance import manifest, workloads
     from nvrx_appliance.node import control, env, launch
     from nvrx_appliance.node.identity import Node
-    from nvrx_appliance.settings import program_argv
+    from nvrx_appliance.rank import guard
     from nvrx_appliance.settings.chain import ChainSpec, check
 
     transformer = [] if _has("transformer_engine") else ["--transformer-impl", "local"]
@@ -57,15 +60,23 @@ def plan(work: Path, megatron: str, mode: str, gpus: int):
     problems = check(spec)
     if problems:
         raise SystemExit(f"gpu-check: {problems[0]}")
-    m = program_argv.complete(manifest.build(spec, created="gpu-check", user="root"))
+    m = manifest.build(spec, created="gpu-check", user="root")  # its argv complete
     manifest.save(m)
     node = Node(array_job_id=mode, task_id=0, node_id=0, job_id=mode, hostname="localhost")
+    token = control.generation(m.chain_id, mode)
     record = control.Record(
         host="localhost", port=29500, segment=None, cluster_uuid=None, started="",
-        array_job_id=mode, task_id=0, job_id=mode,
+        array_job_id=mode, task_id=0, job_id=mode, generation=token,
+    )  # fmt: skip
+    layout = m.layout
+    # Each rank under its guard, as the entrypoint runs it (node/lifecycle.py): the
+    # guard samples the stacks the hang check below reads.
+    guarded = guard.argv(
+        layout.control(mode), layout.exit_records(mode), token,
+        workloads.workload_argv(m.workload),
     )  # fmt: skip
     argv = launch.command(
-        m, record, workloads.workload_argv(m.workload), hosts_rendezvous=True,
+        m, record, guarded, hosts_rendezvous=True,
         launcher=[shutil.which("ft_launcher") or "ft_launcher"],
     )  # fmt: skip
     return argv, env.plan(m, node, os.environ).apply(os.environ), m
