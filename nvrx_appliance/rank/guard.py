@@ -51,7 +51,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.observe import run_files
-from nvrx_appliance.rank import stacks, workload_exit
+from nvrx_appliance.rank import sampler, stacks, stillness, workload_exit
 from nvrx_appliance.settings import exit_actions
 
 MODULE = "nvrx_appliance.rank.guard"
@@ -165,7 +165,11 @@ class Guard:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            child = subprocess.Popen(workload, stdout=out_w, stderr=err_w)
+            # Traceable by the guard's children (py-spy) under Yama's ptrace_scope 1.
+            child = subprocess.Popen(
+                workload, stdout=out_w, stderr=err_w,
+                preexec_fn=sampler.traceable_by(os.getpid()),
+            )  # fmt: skip
         except OSError as exc:
             say(f"cannot start the workload {workload[0]}: {exc}")
             return 127
@@ -179,7 +183,13 @@ class Guard:
         )
         # Its stack, sampled; when NVRx's timeout kills it, the cycle's hang is judged.
         stack_watch = stacks.watch(self.args.generation, child.pid, say)
+        # A script that never connects to NVRx's rank monitor: its out-of-section timeout.
+        still = stillness.watch(
+            self.args.generation, child.pid, stack_watch.sampler if stack_watch else None, say
+        )
         code = _wait(child)
+        if still is not None:
+            still.close()
         if stack_watch is not None:
             stack_watch.after_exit(code, stopping=self.stopping.is_set())
         for tee in tees:

@@ -14,9 +14,12 @@ the samples back and judges a hang from them.
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -74,13 +77,68 @@ def proc_state(pid: int) -> tuple[str, int]:
         return "", 0
 
 
+YAMA_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+# prctl(PR_SET_PTRACER, pid): under Yama's ptrace_scope 1 only an ancestor of a process,
+# or the process it names (and that one's descendants), may read its memory. py-spy is
+# the guard's child, the workload's sibling: the workload names the guard before exec.
+PR_SET_PTRACER = 0x59616D61
+# py-spy's words when the kernel refused it the workload's memory (EPERM from
+# process_vm_readv or ptrace): sampling is impossible for the run, not for this sample.
+_REFUSED = ("permission denied", "operation not permitted", "os error 1)")
+
+
+def traceable_by(tracer: int) -> Callable[[], None]:
+    """What the workload's child runs before exec: name `tracer` as its ptracer, so that
+    tracer's children (py-spy) may read it under ptrace_scope 1. Without Yama (EINVAL) or
+    without libc nothing is needed or possible: the call's result is not looked at."""
+
+    def name_tracer() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, tracer, 0, 0, 0)
+
+    return name_tracer
+
+
+def ptrace_scope() -> str:
+    """Yama's ptrace_scope, or "" on a kernel without Yama."""
+    try:
+        return YAMA_SCOPE.read_text().strip()
+    except OSError:
+        return ""
+
+
+def refused(said: str) -> bool:
+    """Did py-spy say the kernel refused it the workload (not a passing failure)?"""
+    lowered = said.lower()
+    return any(word in lowered for word in _REFUSED)
+
+
+def no_stacks_words(said: str, scope: str) -> str:
+    """Why no rank's stack can be read on this host, in py-spy's own words, and the fix."""
+    told = " ".join(said.split())[:300] or "nothing"
+    if scope in ("2", "3"):
+        fix = (f"kernel.yama.ptrace_scope is {scope} here; set it to 1 "
+               "(sysctl -w kernel.yama.ptrace_scope=1): the guard names itself each "
+               "rank's tracer, which 1 allows")  # fmt: skip
+    else:
+        fix = ("give the job the ptrace capability (a container: --cap-add SYS_PTRACE, "
+               "or the runtime's equivalent), or run py-spy where the kernel allows it")  # fmt: skip
+    return f"py-spy cannot read the workload (py-spy said: {told}); {fix}"
+
+
 class Sampler:
-    """A thread that keeps the workload's last stack in `path`, every `period` s."""
+    """A thread that keeps the workload's last stack in `path`, every `period` s.
+
+    Every sample has the process's state and CPU ticks from /proc. A rank py-spy cannot
+    read still gets one, with `frames: []` and `unreadable` (py-spy's words): a rank
+    stuck in the kernel is evidence, not a gap. Where the kernel refuses py-spy every
+    rank (Yama's ptrace_scope 2 or 3, no capability), the guard says so once and stops
+    running py-spy (`no_stacks` says why in every sample from then on)."""
 
     def __init__(
         self,
         pid: int,
-        path: Path,
+        path: Path | None,
         period: float,
         who: dict[str, Any],
         say: Callable[[str], None],
@@ -91,17 +149,19 @@ class Sampler:
         self.stop = threading.Event()
         self.last: dict[str, Any] | None = None
         self.binary = pyspy()
+        self.no_stacks = "" if path is None or self.binary else "py-spy is not installed"
+        self.said = ""  # py-spy's last words on a failed dump
         self.thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
 
     def start(self) -> None:
-        if self.binary is None:
-            self.say("no stacks sampled: py-spy is not installed (a hang names no node)")
-            return
-        try:
-            files.make_private_dirs(self.path.parent)
-        except OSError as exc:
-            self.say(f"no stacks sampled: {self.path.parent}: {exc}")
-            return
+        if self.no_stacks:
+            self.say(f"no stacks sampled: {self.no_stacks} (a hang names no node from them)")
+        if self.path is not None:
+            try:
+                files.make_private_dirs(self.path.parent)
+            except OSError as exc:
+                self.say(f"no stacks sampled: {self.path.parent}: {exc}")
+                self.path = None
         self.thread.start()
 
     def _run(self) -> None:
@@ -109,57 +169,88 @@ class Sampler:
         while not self.stop.wait(self.period if self.last is not None else 1.0):
             sample = self.take()
             if sample is None:
+                return  # the workload is gone
+            if sample.get("unreadable") and not self.no_stacks:
                 failures += 1
                 if failures == 3:
-                    self.say("py-spy could not read the workload's stack 3 times in a row")
-                continue
-            failures = 0
+                    self.say("py-spy could not read the workload's stack 3 times in a row: "
+                             + sample["unreadable"])  # fmt: skip
+            else:
+                failures = 0
             self.last = sample
-            try:
-                files.write_atomic(self.path, json.dumps(sample) + "\n", 0o600, durable=False)
-            except OSError as exc:
-                self.say(f"could not keep the workload's stack in {self.path}: {exc}")
+            if self.path is not None:
+                try:
+                    files.write_atomic(self.path, json.dumps(sample) + "\n", 0o600, durable=False)
+                except OSError as exc:
+                    self.say(f"could not keep the workload's stack in {self.path}: {exc}")
             if self.on_sample is not None:
                 self.on_sample(sample)
 
     def dump(self, *how: str) -> list[dict[str, Any]] | None:
-        """The main thread's frames by one py-spy dump; None when it could not read them."""
-        assert self.binary is not None
+        """The main thread's frames by one py-spy dump; None when it could not read them
+        (`said` keeps py-spy's words)."""
+        if self.binary is None or self.no_stacks or self.path is None:
+            return None
         try:
             done = subprocess.run(
                 [self.binary, "dump", *how, "--json", "--pid", str(self.pid)],
                 capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False,
             )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
+        except subprocess.TimeoutExpired:
+            # A blocking dump that timed out was killed while it held the rank stopped:
+            # the rank must not stay so.
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, signal.SIGCONT)
+            self.said = f"py-spy took over {PYSPY_TIMEOUT_S:g} s"
+            return None
+        except OSError as exc:
+            self.said = str(exc)
             return None
         if done.returncode != 0 or self.stop.is_set():
+            self.said = (done.stderr or done.stdout).strip()
+            if refused(self.said) and not self.stop.is_set():
+                self.no_stacks = no_stacks_words(self.said, ptrace_scope())
+                self.say(f"no stacks sampled from now on: {self.no_stacks}")
             return None  # the workload ended meanwhile: its last stack stands
         try:
             return main_thread_frames(json.loads(done.stdout), self.pid)
         except ValueError:
+            self.said = "py-spy's output was not JSON"
             return None
 
     def take(self) -> dict[str, Any] | None:
+        """A sample of the workload now; None when it is gone."""
         frames = self.dump("--nonblocking")
-        if frames is None:
-            return None
         state, ticks = proc_state(self.pid)
+        if not state:
+            return None
         now = time.time()
-        last = self.last if self.last is not None and self.last["frames"] == frames else None
+        last = self.last
+        # Still since the last sample only when nothing moved: the same stack and (a
+        # running rank's Python stack can stay the same through a long call) no CPU.
+        alike = (
+            last is not None
+            and last["frames"] == (frames or [])
+            and (ticks - last["cpu_ticks"] <= QUIET_SHARE * self.period * CLOCK_TICKS)
+        )
         sample = {
             **self.who,
             "version": SAMPLE_VERSION,
             "pid": self.pid,
             "time": now_iso(),
             "epoch": now,
-            "frames": frames,
-            "still_since": last["still_since"] if last else now,
+            "frames": frames or [],
+            "still_since": last["still_since"] if alike and last else now,
             "state": state,
             "cpu_ticks": ticks,
-            "native": last.get("native", []) if last else [],
-            "native_at": last.get("native_at") if last else None,
+            "native": last.get("native", []) if alike and last else [],
+            "native_at": last.get("native_at") if alike and last else None,
         }
-        if last is not None and self.blocked(last, sample):
+        if frames is None:
+            sample["unreadable"] = self.no_stacks or self.said or "py-spy did not run"
+        if self.no_stacks:
+            sample["no_stacks"] = self.no_stacks
+        if alike and frames and self.blocked(sample):
             # A rank that waits in C++ (DDP's gradient all-reduce runs inside backward)
             # shows only its Python caller: its native frames say what it waits for.
             # Blocking mode pauses the rank for ~0.5 s, so only a blocked one, once.
@@ -169,12 +260,10 @@ class Sampler:
                 sample["native_at"] = now
         return sample
 
-    def blocked(self, last: dict[str, Any], sample: dict[str, Any]) -> bool:
-        """The same stack as last time, asleep (not stopped: a stopped rank cannot be read
-        natively), hardly any CPU since, and no native frames of this stillness yet."""
-        quiet = (sample["cpu_ticks"] - last["cpu_ticks"]) <= QUIET_SHARE * self.period * CLOCK_TICKS
-        asleep = sample["state"] in ("S", "D")
-        return asleep and quiet and not sample["native"]
+    def blocked(self, sample: dict[str, Any]) -> bool:
+        """Asleep (not stopped: a stopped rank cannot be read natively), still since the
+        last sample, and no native frames of this stillness yet."""
+        return sample["state"] in ("S", "D") and not sample["native"]
 
     def close(self) -> None:
         self.stop.set()

@@ -104,7 +104,9 @@ def record_of(
     hand_off: bool,
 ) -> dict[str, Any]:
     """The hang record: what was decided, why, and the stacks grouped as a person reads
-    them ("4 ranks on node1, node2 waited in all_reduce: <stack>")."""
+    them ("4 ranks on node1, node2 waited in all_reduce: <stack>"). Where py-spy could not
+    read the ranks at all, the record says so and why (rank/sampler.py: no_stacks)."""
+    no_stacks = sorted({str(s["no_stacks"]) for s in samples if s.get("no_stacks")})
     return {
         "version": RECORD_VERSION,
         "generation": generation,
@@ -112,7 +114,8 @@ def record_of(
         "time": now_iso(),
         "verdict": "hung" if judgement.verdict else "none",
         "nodes": list(judgement.nodes),
-        "words": judgement.words,
+        "words": judgement.words + (f"; no stacks: {no_stacks[0]}" if no_stacks else ""),
+        "no_stacks": no_stacks,
         "hand_off": hand_off and judgement.verdict,
         "judged_by": judged_by,
         "groups": [
