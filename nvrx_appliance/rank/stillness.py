@@ -32,7 +32,7 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.rank.sampler import CLOCK_TICKS, QUIET_SHARE, Sampler
+from nvrx_appliance.rank.sampler import CLOCK_TICKS, QUIET_SHARE, QUIET_WAKEUPS_PER_S, Sampler
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"  # NVRx's name (launcher.py)
 UNIX_TABLE = Path("/proc/net/unix")
@@ -59,10 +59,13 @@ def connected(path: str, table: str) -> bool:
 
 
 def moved(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
-    """Did the workload move between two samples? Its stack changed; or, asleep (or not
+    """Did the workload move between two samples? Its stack changed; its main thread
+    woke (a loop paced by sleeps or I/O: the same stack, little CPU); or, asleep (or not
     readable by py-spy), it used CPU. A rank running in one Python call (state R, the
-    same stack) is not moving: a GPU wait spins there."""
+    same stack, no wakeups) is not moving: a GPU wait spins there."""
     if last.get("frames") != sample.get("frames"):
+        return True
+    if sample.get("wakeups", 0) - last.get("wakeups", 0) > QUIET_WAKEUPS_PER_S * period:
         return True
     unseen = not sample.get("frames") or sample.get("state") in ASLEEP
     busy = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0) > (

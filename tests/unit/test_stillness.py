@@ -7,6 +7,7 @@ import json
 import socket
 import subprocess
 import sys
+import time
 
 from nvrx_appliance.rank import stillness
 
@@ -90,3 +91,26 @@ def test_a_workload_that_connected_to_its_rank_monitor_is_never_ended_by_the_gua
         workload.wait()
         for s in (accepted, server):
             s.close()
+
+
+def test_a_loop_paced_by_short_sleeps_moves_though_its_stack_and_cpu_stay_the_same(tmp_path):
+    from nvrx_appliance.rank import sampler
+
+    paced = subprocess.Popen([sys.executable, "-c", "import time\nwhile True: time.sleep(0.01)"])
+    blocked = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                               stdin=subprocess.PIPE)  # fmt: skip
+    try:
+        found = {}
+        for name, proc in (("paced", paced), ("blocked", blocked)):
+            s = sampler.Sampler(proc.pid, None, 1.0, {}, lambda _: None)
+            first = s.take()
+            assert first is not None
+            deadline = time.monotonic() + 30
+            while name == "paced" and sampler.wakeups(proc.pid) <= first["wakeups"] + 5:
+                assert time.monotonic() < deadline  # it wakes on
+            found[name] = stillness.moved(first, s.take() or {}, 1.0)
+    finally:
+        for proc in (paced, blocked):
+            proc.kill()
+            proc.wait()
+    assert found == {"paced": True, "blocked": False}
