@@ -32,6 +32,10 @@ from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
 
 SAMPLE_VERSION = 1
+# A node-local directory the entrypoint names (node/stack_publisher.py): where set, the
+# guard keeps its samples there, and the node's one publisher puts them on the shared
+# file system, one file per node per period instead of one per rank.
+LOCAL_STACKS_ENV = "NVRX_APPLIANCE_LOCAL_STACKS"
 PYSPY_TIMEOUT_S = 10.0  # a dump takes ~8 ms; one that takes this long is given up
 MAX_FRAMES = 64  # innermost frames kept per stack
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -167,6 +171,9 @@ class Sampler:
         say: Callable[[str], None],
         on_sample: Callable[[dict[str, Any]], None] | None = None,
     ):
+        local = os.environ.get(LOCAL_STACKS_ENV)
+        if path is not None and local:
+            path = Path(local) / path.parent.name / path.name  # cycle<N>/<node>.rank<R>.json
         self.pid, self.path, self.period, self.who, self.say = pid, path, period, who, say
         self.on_sample = on_sample
         self.stop = threading.Event()

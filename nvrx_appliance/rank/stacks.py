@@ -44,6 +44,7 @@ from nvrx_appliance.rank.sampler import Sampler
 
 RECORD_VERSION = 1
 SAMPLE_BYTES = 256 << 10  # a sample file read back (deep stacks are a few kB)
+NODE_SAMPLES_BYTES = 8 << 20  # a node's published samples: its ranks' together
 # A guard that did not judge its cycle waits this long for the judging one's record; a
 # judgement reads one small file per rank (milliseconds for thousands).
 JUDGE_WAIT_S = 10.0
@@ -145,13 +146,25 @@ def read_json(path: Path, limit: int = SAMPLE_BYTES) -> dict[str, Any] | None:
 
 
 def read_samples(directory: Path) -> list[dict[str, Any]]:
-    """Every rank's last sample of one cycle; a torn or foreign file is skipped."""
+    """Every rank's last sample of one cycle; a torn or foreign file is skipped. A node's
+    publisher keeps its ranks' samples in one file (`<node>.json`, {"samples": [...]},
+    node/stack_publisher.py); a guard without one keeps its own (`<node>.rank<R>.json`)."""
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
-    found = (read_json(directory / n) for n in names if n.endswith(".json") and n[0] != ".")
-    return [sample for sample in found if sample is not None]
+    found = (
+        read_json(directory / n, NODE_SAMPLES_BYTES)
+        for n in names
+        if n.endswith(".json") and n[0] != "."
+    )
+    samples: list[dict[str, Any]] = []
+    for data in found:
+        if data is not None and isinstance(data.get("samples"), list):
+            samples += [s for s in data["samples"] if isinstance(s, dict)]
+        elif data is not None:
+            samples.append(data)
+    return samples
 
 
 def read_cycles(directory: Path) -> list[tuple[set[str], set[str]]]:
