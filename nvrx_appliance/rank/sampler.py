@@ -287,6 +287,9 @@ class Sampler:
             # shows only its Python caller: its native frames say what it waits for.
             # Blocking mode pauses the rank for ~0.5 s, so only a blocked one, once.
             native = self.dump("--native")
+            # The dump's own stop of every thread wakes the rank: counted from after it.
+            sample["wakeups"] = wakeups(self.pid)
+            sample["cpu_ticks"] = proc_state(self.pid)[1] or sample["cpu_ticks"]
             if native is not None:
                 sample["native"] = [f["name"] for f in native][:MAX_FRAMES]
                 sample["native_at"] = now
