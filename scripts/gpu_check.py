@@ -164,7 +164,7 @@ def _pyspy_in_container(image: str) -> str:
 
 def hang_check(work: Path, megatron: str, gpus: int, dry_run: bool) -> bool:
     """GPU ONLY (step 3 above): an induced NCCL hang, its stacks, its flight recorder."""
-    from nvrx_appliance.rank import sampler
+    from nvrx_appliance.rank import sampler, stacks
 
     argv, environment, m = plan(work, megatron, "hang", gpus, hang=True)
     print("gpu-check: hang check (GPU only):\n  " + " ".join(argv), flush=True)
@@ -200,9 +200,8 @@ def hang_check(work: Path, megatron: str, gpus: int, dry_run: bool) -> bool:
     finally:
         launcher.terminate()
         launcher.wait(60)
-    samples = sorted(m.layout.stacks("hang").glob("cycle0/*.json"))
-    for path in samples:
-        sample = json.loads(path.read_text())
+    samples = stacks.read_samples(m.layout.stacks("hang") / "cycle0")
+    for sample in sorted(samples, key=lambda s: int(s.get("rank", 0))):
         print(f"gpu-check: rank {sample.get('rank')} state {sample.get('state')} "
               f"frames {[f['name'] for f in sample.get('frames', [])][:6]} "
               f"native {sample.get('native', [])[:6]} {sample.get('unreadable', '')}")  # fmt: skip

@@ -3,7 +3,10 @@
 The guard is its workload's parent, so it may read the workload's memory (ptrace rules:
 a parent, the same user, no root). Every `stack_sampling` seconds it runs
 `py-spy dump --nonblocking --json` on the workload (about 8 ms of one core, measured:
-docs/hangs.md) and keeps the last stack in the generation's work dir:
+docs/hangs.md) and keeps the last stack on the node, in the directory the entrypoint
+names (LOCAL_STACKS_ENV), which its publisher puts on the shared file system once per
+period for the whole node (node/stack_publisher.py); a guard without one writes the
+generation's work dir itself:
 
     nvrx/<array job id>/stacks/cycle<N>/<node>.rank<R>.json     (owner-only)
 

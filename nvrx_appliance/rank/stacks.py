@@ -1,9 +1,11 @@
 """The judgement when a hang is cut short, from each rank's stack.
 
-Every rank's guard keeps its workload's last stack (rank/sampler.py) in the
-generation's work dir:
+Every rank's guard keeps its workload's last stack (rank/sampler.py), and each node's
+entrypoint publishes its ranks' stacks in the generation's work dir (one file per node,
+node/stack_publisher.py; a guard outside the entrypoint writes its own):
 
-    nvrx/<array job id>/stacks/cycle<N>/<node>.rank<R>.json     (owner-only)
+    nvrx/<array job id>/stacks/cycle<N>/<node>.json             (owner-only)
+    nvrx/<array job id>/stacks/cycle<N>/<node>.rank<R>.json
 
 When NVRx's step or section timeout fires, its rank monitor sends the workload SIGCONT
 then SIGKILL (rank_monitor_server.py, _shutdown_rank). The guard sees that death first,

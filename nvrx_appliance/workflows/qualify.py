@@ -54,9 +54,12 @@ def _stack_samples(layout: Layout, generations: Sequence[str]) -> list[dict[str,
     for array in generations:
         for path in sorted(layout.stacks(array).glob("cycle*/*.json")):
             with contextlib.suppress(OSError, ValueError):
-                sample = json.loads(path.read_text())
-                if isinstance(sample, dict):
-                    found.append(sample)
+                data = json.loads(path.read_text())
+                # A node's published file holds its ranks' samples (node/stack_publisher.py).
+                if isinstance(data, dict) and isinstance(data.get("samples"), list):
+                    found += [s for s in data["samples"] if isinstance(s, dict)]
+                elif isinstance(data, dict):
+                    found.append(data)
     return found
 
 
