@@ -33,6 +33,7 @@ from typing import Any
 
 from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
+from nvrx_appliance.jobhost import hostlib
 
 SAMPLE_VERSION = 1
 # A node-local directory the entrypoint names (node/stack_publisher.py): where set, the
@@ -147,6 +148,30 @@ def wakeups(pid: int) -> int:
     except (OSError, ValueError, IndexError):
         pass
     return 0
+
+
+PROGRESS_ENV = "NVRX_APPLIANCE_PROGRESS_LOG"  # the workload's progress log (the contract)
+PROGRESS_TAIL = 256 << 10  # what is read of it: this cycle's last events
+
+
+def run_waits(text: str, array_job_id: str | None, cycle: int) -> tuple[bool, float]:
+    """(has this cycle trained, the longest save the run reported, s) from the progress
+    log's text: the waits a healthy rank stands still in, which a blocking dump must
+    not interrupt. A log the workload does not keep says neither."""
+    trained, longest = False, 0.0
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or event.get("slurm_array_job_id") != array_job_id:
+            continue
+        if event.get("event") == "checkpoint":
+            with contextlib.suppress(TypeError, ValueError):
+                longest = max(longest, float(event.get("seconds") or 0.0))
+        if event.get("cycle") == cycle and event.get("event") in ("step", "checkpoint"):
+            trained = True
+    return trained, longest
 
 
 def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
@@ -285,7 +310,7 @@ class Sampler:
             sample["unreadable"] = self.no_stacks or self.said or "py-spy did not run"
         if self.no_stacks:
             sample["no_stacks"] = self.no_stacks
-        if alike and frames and self.blocked(sample):
+        if alike and frames and self.blocked(sample) and self.past_legit_waits(sample):
             # A rank that waits in C++ (DDP's gradient all-reduce runs inside backward)
             # shows only its Python caller: its native frames say what it waits for.
             # Blocking mode pauses the rank for ~0.5 s, so only a blocked one, once.
@@ -302,6 +327,20 @@ class Sampler:
         """Asleep (not stopped: a stopped rank cannot be read natively), still since the
         last sample, and no native frames of this stillness yet."""
         return sample["state"] in ("S", "D") and not sample["native"]
+
+    def past_legit_waits(self, sample: dict[str, Any]) -> bool:
+        """Has the rank stood still longer than any wait the run itself reports (its
+        longest save so far), and, in the first cycle, after it trained (not in its
+        start-up: the rendezvous, a peer's load)? A blocking dump stops every thread of
+        the rank, NCCL's watchdog included: only of a rank that waits for longer than a
+        healthy one does."""
+        cycle = int(self.who.get("cycle") or 0)
+        log = os.environ.get(PROGRESS_ENV)
+        text = (hostlib.read_text(log, PROGRESS_TAIL, tail=True) if log else None) or ""
+        trained, longest = run_waits(text, os.environ.get("SLURM_ARRAY_JOB_ID"), cycle)
+        if cycle == 0 and not trained:
+            return False
+        return sample["epoch"] - sample["still_since"] > longest
 
     def close(self) -> None:
         self.stop.set()

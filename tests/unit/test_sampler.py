@@ -79,3 +79,28 @@ def test_a_sample_inherits_its_stillness_only_when_the_rank_used_no_cpu_in_betwe
         busy.wait()
     assert second is not None and second["cpu_ticks"] > first["cpu_ticks"]
     assert second["still_since"] == second["epoch"]  # it ran: still since now, not before
+
+
+def test_a_blocking_dump_waits_out_the_runs_own_waits_and_the_first_cycles_start_up(
+    tmp_path, monkeypatch
+):
+    events = [
+        {"event": "start", "slurm_array_job_id": "41", "cycle": 0, "iteration": 0},
+        {"event": "checkpoint", "slurm_array_job_id": "41", "cycle": 0, "seconds": 12.5},
+        {"event": "checkpoint", "slurm_array_job_id": "40", "cycle": 0, "seconds": 99.0},
+        {"event": "step", "slurm_array_job_id": "41", "cycle": 1, "iteration": 3},
+    ]
+    text = "\n".join(json.dumps(e) for e in events) + "\n{torn"
+    assert sampler.run_waits(text, "41", 1) == (True, 12.5)  # another generation's: not ours
+    assert sampler.run_waits(text, "41", 2) == (False, 12.5)
+    log = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(sampler.PROGRESS_ENV, str(log))
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
+    s = sampler.Sampler(1, None, 5.0, {"cycle": 0}, lambda _: None)
+    still_for = {"epoch": 100.0, "still_since": 80.0}  # 20 s still
+    assert not s.past_legit_waits(still_for)  # no log: the first cycle's start-up
+    log.write_text(json.dumps(events[0]) + "\n")
+    assert not s.past_legit_waits(still_for)  # started, not trained yet
+    log.write_text(text)
+    assert s.past_legit_waits(still_for)  # trained (a save), still longer than 12.5 s
+    assert not s.past_legit_waits({"epoch": 100.0, "still_since": 90.0})  # 10 s: a save's

@@ -67,7 +67,9 @@ def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(t
     logs, launchers = [tmp_path / "node1.log", tmp_path / "node2.log"], []
     for i, log in enumerate(logs, start=1):
         env = {**os.environ, "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1",
-               "NVRX_RUN_MANIFEST": str(m.layout.run_json), "SLURMD_NODENAME": f"node{i}"}  # fmt: skip
+               "NVRX_RUN_MANIFEST": str(m.layout.run_json), "SLURMD_NODENAME": f"node{i}",
+               # As the entrypoint says it (node/env.py): the guards read the run's waits.
+               "NVRX_APPLIANCE_PROGRESS_LOG": str(m.layout.progress_log)}  # fmt: skip
         with log.open("w") as out:
             launchers.append(subprocess.Popen(
                 _launcher(m, endpoint), cwd=m.layout.work_dir, env=env, stdout=out,
