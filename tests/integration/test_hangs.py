@@ -6,7 +6,9 @@ entrypoint's health check takes it out of the next rendezvous and the hot spare 
 The sick node is made from outside, as a user meets one: every worker on it is frozen
 (SIGSTOP) a few seconds into each cycle, once that cycle trains: no error, no exit.
 Under the built-in trainer and under a user's script that keeps the contract
-(examples/train_script.py, through verdict_script.py for its optional progress log).
+(examples/train_script.py, through verdict_script.py for its optional progress log),
+with NVRx's sections and without them: then NVRx's rank monitor does not watch the
+script, and each rank's guard keeps --out-of-section-timeout (rank/stillness.py).
 """
 
 from __future__ import annotations
