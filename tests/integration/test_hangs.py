@@ -6,7 +6,9 @@ entrypoint's health check takes it out of the next rendezvous and the hot spare 
 The sick node is made from outside, as a user meets one: every worker on it is frozen
 (SIGSTOP) a few seconds into each cycle, once that cycle trains: no error, no exit.
 Under the built-in trainer and under a user's script that keeps the contract
-(examples/train_script.py, through verdict_script.py for its optional progress log).
+(examples/train_script.py, through verdict_script.py for its optional progress log),
+with NVRx's sections and without them: then NVRx's rank monitor does not watch the
+script, and each rank's guard keeps --out-of-section-timeout (rank/stillness.py).
 """
 
 from __future__ import annotations
@@ -44,14 +46,17 @@ pytestmark = [pytest.mark.cluster]
 
 CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
 STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
+OUT_OF_SECTION_S = 30  # for the script without sections (the demo's 60 is long here)
+STACK_PERIOD_S = 5  # --stack-sampling's default: stillness is seen a period late at most
 CPU = ("--mode", "train", "--train-samples", "10000000", "--cpu-step-pause", "0.1")
 SCRIPT = Path(__file__).parent / "verdict_script.py"
 
 
-def _script(cluster: Cluster, label: str) -> tuple[str, ...]:
+def _script(cluster: Cluster, label: str, *extra: str) -> tuple[str, ...]:
     """The flags of a user's script workload, paced as the cpu trainer below."""
     args = cluster.work_root / f"{unique(label)}.args"
-    args.write_text("--progress\n--iterations 10000000\n--step-seconds 0.1\n")
+    args.write_text("".join(f"{a}\n" for a in ("--progress", "--iterations", "10000000",
+                                                "--step-seconds", "0.1", *extra)))  # fmt: skip
     return ("--workload", "script", "--script", str(SCRIPT), "--script-args", str(args))
 
 
@@ -90,7 +95,7 @@ def _held(work: Path, gen: str, before: float) -> int:
     return max(saved, default=0)
 
 
-@pytest.mark.parametrize("kind", ["cpu", "script"])
+@pytest.mark.parametrize("kind", ["cpu", "script", "script-without-sections"])
 def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_at_the_hang(
     cluster: Cluster, kind: str
 ):
@@ -99,6 +104,13 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
     flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "1", "--depth", "1")
     label = f"hang-{kind}"
     workload = CPU if kind == "cpu" else _script(cluster, label)
+    timeout = STEP_TIMEOUT_S
+    if kind == "script-without-sections":
+        # Never connected to NVRx's rank monitor: the guard keeps the out-of-section
+        # timeout (rank/stillness.py), as the contract says.
+        workload = (*_script(cluster, label, "--no-sections"), "--out-of-section-timeout",
+                    str(OUT_OF_SECTION_S))  # fmt: skip
+        timeout = OUT_OF_SECTION_S + STACK_PERIOD_S
     with _chain(cluster, label, *flags, workload=workload) as (work, name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
@@ -122,13 +134,18 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
                     f"the pending cold spare to exclude {sick}")  # fmt: skip
             hangs = sorted(p.name for p in (work / "nvrx" / gen / "hangs").glob("[!.]*"))
             assert hangs == ["cycle0.json", f"hung.{sick}"]  # no other node blamed
+            if kind == "script-without-sections":
+                still = list((work / "nvrx" / gen / "hangs").glob(".still.cycle0.*.json"))
+                assert still, "the guard ended no rank for its stillness"
+                assert "never connected to NVRx's rank monitor" in json.loads(
+                    still[0].read_text())["words"]  # fmt: skip
             # Training goes on past the checkpoint held at the hang, in the next cycle:
-            # one step timeout and one in-job restart.
+            # one timeout and one in-job restart.
             moved = wait_event(
                 work,
                 lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == gen
                 and e["iteration"] > held,
-                STEP_TIMEOUT_S + CYCLE_S,
+                timeout + CYCLE_S,
                 f"a checkpoint past iteration {held}",
             )  # fmt: skip
             assert moved["cycle"] == 1, logs_on_failure(work)

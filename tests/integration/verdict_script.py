@@ -11,6 +11,8 @@ cluster tests:
   the last to exit): the first guard to write the verdict names no iteration;
 - `--data-error-at N:RANK` makes rank RANK raise `EOFError: Ran out of input` when it
   reaches iteration N, every time (a truncated data shard);
+- `--no-sections`: the example without NVRx's optional sections (it never creates a
+  `RankMonitorClient`), as a script written from the contract alone;
 - `--progress` keeps the contract's optional progress log (rank 0's start, step and
   checkpoint events, docs/workload-contract.md), which the hang tests' sick node
   (devcluster/sick_node.py) reads to know when a cycle trains.
@@ -47,6 +49,8 @@ def main() -> None:
             data_error = next(words)
         elif word == "--progress":
             progress = True
+        elif word == "--no-sections":
+            os.environ.pop("FT_RANK_MONITOR_IPC_SOCKET", None)  # the example's test for them
         else:
             argv.append(word)
     iteration, code = (int(part) for part in at.split(":")) if at else (-1, 0)

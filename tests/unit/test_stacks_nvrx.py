@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.rank import guard, stacks
+from nvrx_appliance.rank import guard, sampler
 from nvrx_appliance.workloads import workload_argv
 
 from .test_cpu_trainer import FT_LAUNCHER, cpu_manifest, free_port, kill_tree, read_events
@@ -56,7 +56,7 @@ def _worker_on(m: run_manifest.Manifest, node: str) -> int | None:
     return None
 
 
-@pytest.mark.skipif(stacks.pyspy() is None, reason="py-spy is installed by make python-deps")
+@pytest.mark.skipif(sampler.pyspy() is None, reason="py-spy is installed by make python-deps")
 def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(tmp_path):
     m = cpu_manifest(tmp_path / "w", iterations=100_000, save_interval=100_000, stack_sampling=1)
     m.layout.work_dir.mkdir(parents=True)
@@ -67,7 +67,9 @@ def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(t
     logs, launchers = [tmp_path / "node1.log", tmp_path / "node2.log"], []
     for i, log in enumerate(logs, start=1):
         env = {**os.environ, "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1",
-               "NVRX_RUN_MANIFEST": str(m.layout.run_json), "SLURMD_NODENAME": f"node{i}"}  # fmt: skip
+               "NVRX_RUN_MANIFEST": str(m.layout.run_json), "SLURMD_NODENAME": f"node{i}",
+               # As the entrypoint says it (node/env.py): the guards read the run's waits.
+               "NVRX_APPLIANCE_PROGRESS_LOG": str(m.layout.progress_log)}  # fmt: skip
         with log.open("w") as out:
             launchers.append(subprocess.Popen(
                 _launcher(m, endpoint), cwd=m.layout.work_dir, env=env, stdout=out,
