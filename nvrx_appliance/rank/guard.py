@@ -51,7 +51,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.observe import run_files
-from nvrx_appliance.rank import stacks, workload_exit
+from nvrx_appliance.rank import flight, stacks, workload_exit
 from nvrx_appliance.settings import exit_actions
 
 MODULE = "nvrx_appliance.rank.guard"
@@ -165,7 +165,9 @@ class Guard:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            child = subprocess.Popen(workload, stdout=out_w, stderr=err_w)
+            # Its environment switches on the flight-recorder watch (rank/flight.py).
+            env = flight.child_env(os.environ, self.args.generation)
+            child = subprocess.Popen(workload, stdout=out_w, stderr=err_w, env=env)
         except OSError as exc:
             say(f"cannot start the workload {workload[0]}: {exc}")
             return 127

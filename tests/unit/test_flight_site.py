@@ -1,0 +1,93 @@
+"""The flight-recorder watch each rank's workload runs (rank/flight_site/sitecustomize.py),
+run for real: a Python with the guard's PYTHONPATH, and two gloo ranks.
+
+It chains to the sitecustomize it shadows, does nothing in a workload without
+torch.distributed, writes a dump once a collective stands still, and takes it back when
+the collective completes after all."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from nvrx_appliance.rank import flight
+from nvrx_appliance.rank.flight_site import sitecustomize as site
+
+
+def env(tmp_path: Path, *more: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([flight.SITE_DIR, *more]),
+        site.DIR_ENV: str(tmp_path / "flight"),
+        site.STALL_ENV: "1",
+        site.WHO_ENV: json.dumps({"generation": "c/7/1", "cycle": 0}),
+        flight.BUFFER_ENV: "2000",
+    }
+
+
+def test_the_sitecustomize_it_shadows_still_runs_and_a_plain_script_is_untouched(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import sys; sys.stderr.write('theirs ran\\n')\n")
+    done = subprocess.run([sys.executable, "-c", "print('trained')"], env=env(tmp_path, str(theirs)),
+                          capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    assert done.stdout == "trained\n"
+    assert done.stderr == "theirs ran\n"
+    assert not (tmp_path / "flight").exists()
+
+
+RANKS = r"""
+import json, os, sys, time
+from pathlib import Path
+import torch, torch.distributed as dist
+rank, port, flight = int(sys.argv[1]), sys.argv[2], Path(sys.argv[3])
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+t = torch.ones(2)
+dist.all_reduce(t)
+mine = flight / "nodeA.rank0.json"
+if rank == 1:  # late: in its own code until rank 0's dump is there
+    for _ in range(600):
+        if mine.exists():
+            break
+        time.sleep(0.1)
+    print(mine.read_text())
+dist.all_reduce(t)
+if rank == 0:  # the collective completed: the dump goes
+    for _ in range(600):
+        if not mine.exists():
+            print("taken back")
+            break
+        time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+def test_a_stalled_collective_leaves_a_dump_that_goes_when_it_completes(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(RANKS)
+    port = str(29500 + os.getpid() % 400)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), port, str(tmp_path / "flight")],
+            env={**env(tmp_path), "SLURMD_NODENAME": "nodeA"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
+    out = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    assert out[0].strip() == "taken back"
+    dump = json.loads(out[1])
+    assert (dump["rank"], dump["node"], dump["generation"], dump["cycle"]) == (
+        0,
+        "nodeA",
+        "c/7/1",
+        0,
+    )
+    assert dump["stalled"]["seq"] == 2
+    assert dump["trace"]["entries"][-1]["profiling_name"] == "gloo:all_reduce"
+    assert oct((tmp_path / "flight").stat().st_mode & 0o777) == "0o700"
