@@ -182,3 +182,46 @@ def test_a_cycles_start_up_names_a_stopped_node_while_the_others_form_the_group(
 def test_a_stall_of_every_rank_names_no_node():
     found = judge([stack(r, UPLOAD, "S") for r in range(4)], [])
     assert found.nodes == () and found.kind == ""
+
+
+def test_a_one_node_evaluation_while_the_other_node_waits_is_the_workloads():
+    # Only nodeA's ranks stalled in the all-reduce (rank 2's dump left out: it never
+    # entered it); both of nodeB's ranks run their own evaluation.
+    found_dumps = [d for d in dumps("late") if d["rank"] != 2]
+    evaluating = (
+        Frame("evaluate", "train_script.py", 101),
+        Frame("<module>", "train_script.py", 150),
+    )
+    stacks = [
+        stack(0, WAITING),
+        stack(1, WAITING),
+        stack(2, evaluating, "R"),
+        stack(3, evaluating, "R"),
+    ]
+    found = judge(stacks, found_dumps)
+    assert found.kind == "workload" and found.nodes == ()
+    assert found.stalled == {"nodeB": [2, 3]}
+
+
+def test_nvrxs_analyser_cannot_read_glooss_dumps_as_torch_writes_them(tmp_path):
+    import asyncio
+    import pickle
+
+    import pytest
+    from nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution import CollectiveAnalyzer
+
+    for d in dumps("late"):
+        (tmp_path / f"_dump_{d['rank']}.json").write_text(json.dumps(d["trace"]))
+    with pytest.raises(TypeError):  # pg_status counts are strings in the JSON form
+        asyncio.run(CollectiveAnalyzer({"fr_path": str(tmp_path)}).preprocess_FR_dumps())
+    # The pickle form (`_dump_fr_trace`) holds them as ints; gloo's default group is then
+    # keyed "" in pg_config while its entries say "0".
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    for d in dumps("late"):
+        trace = d["trace"]
+        for counts in trace["pg_status"].values():
+            counts.update({k: int(v) for k, v in counts.items()})
+        (pickled / f"_dump_{d['rank']}").write_bytes(pickle.dumps(trace))
+    with pytest.raises(KeyError, match="'0'"):
+        asyncio.run(CollectiveAnalyzer({"fr_path": str(pickled)}).preprocess_FR_dumps())
