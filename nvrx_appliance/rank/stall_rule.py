@@ -194,7 +194,12 @@ def _hung_words(culprits: Sequence[str], held: Mapping[int, tuple[str, str]],
                 waiting: Sequence[RankStack], cycle: int) -> str:  # fmt: skip
     """ "node3 hung in cycle 2: its 2 ranks stopped (state T) in `train_step` while the 4
     others waited in `all_reduce`"."""
-    hows = sorted({how for _, how in held.values()})
+    # "stopped in `a`" and "stopped in `b`" read "stopped in `a` / `b`", as the stacks' rule said
+    where: dict[str, set[str]] = {}
+    for _, how in held.values():
+        head, _, name = how.partition(" in `")
+        where.setdefault(head, set()).update({f"`{name}"} if name else set())
+    hows = [f"{h} in {' / '.join(sorted(n))}" if n else h for h, n in sorted(where.items())]
     its = "its" if len(culprits) == 1 else "their"
     n = len(held)
     return (

@@ -113,7 +113,11 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             # gradient all-reduce in backward, or its buffers' broadcast before forward.
             assert re.fullmatch(
                 rf"{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+` while the 2 others "
-                r"waited in `(all_reduce|broadcast_coalesced)`( / `(all_reduce|broadcast_coalesced)`)?",
+                r"waited in `(all_reduce|broadcast_coalesced)`( / `(all_reduce|broadcast_coalesced)`)?"
+                # gloo's flight recorder, dumped by the waiting ranks' own watch, says whom
+                # they waited for (docs/hangs.md)
+                r" \(flight recorder: rank\(s\) \d, \d waited in `gloo:[a-z_]+` #\d+ of "
+                r"process group 0 for rank\(s\) \d, \d\)",
                 record["words"],
             ), record
             assert not record["hand_off"]  # the hot spare is free
@@ -182,6 +186,39 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         )
         assert len(record["stacks"]) == 4 and record["groups"]  # kept for a person
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
+
+
+def test_a_ranks_stall_in_the_scripts_own_code_is_the_workloads_and_names_no_node(
+    cluster: Cluster,
+):
+    # The issue's W&B case: the last rank (not on task 0's node) stands 100 s in its own
+    # `upload_metrics` at iteration 45, outside NVRx's step section, while the others wait
+    # in the script's all_reduce; the out-of-section timeout (60 s) ends the cycle.
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
+    args = cluster.work_root / f"{unique('stall')}.args"
+    args.write_text("--progress\n--iterations 10000000\n--step-seconds 0.1\n--stall-at\n45:3:100\n")
+    workload = ("--workload", "script", "--script", str(SCRIPT), "--script-args", str(args))
+    with _chain(cluster, "stall", *flags, workload=workload) as (work, name, [gen]):
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        task0 = _node_of_task0(work, gen)
+        record = _hang_record(work, gen, 0)
+        assert record["verdict"] == "workload" and record["nodes"] == [], record["words"]
+        [(node, ranks)] = record["stalled"].items()
+        assert node != task0 and ranks == [3], record["stalled"]
+        words = record["words"]
+        assert words.startswith(
+            f"the workload stalled in cycle 0: rank 3 on {node} stood in its own code in "
+            "`upload_metrics` (state S) while the 3 others waited in `all_reduce` for it; "
+            "flight recorder: rank(s) 0, 1, 2 waited in `gloo:all_reduce` #"
+        ), words
+        assert words.endswith("no node is at fault, none is kept out"), words
+        assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))  # no node blamed
+        # The same words wherever a person looks.
+        status = cli(cluster, "status", name).stdout
+        assert f"generation {gen}: the workload stalled in cycle 0" in status, status
+        assert words in cli(cluster, "logs", name, "--stacks").stdout
+        started_in_cycle(work, gen, 1, CYCLE_S)
+        assert node in cycle_nodes(work, gen, 1)[0]  # not kept out: the cycle runs on it
 
 
 def _excluded(cluster: Cluster, name: str, task: int) -> list[str]:
