@@ -188,6 +188,30 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
 
 
+def test_a_node_whose_workers_are_stuck_in_the_kernel_is_named_at_its_first_hang(
+    cluster: Cluster,
+):
+    # The issue's state-D case: one node's workers frozen by the cgroup freezer (a driver
+    # call that never returns); py-spy cannot read them, their samples say so with their
+    # state, and the others' flight recorders say whom they wait for.
+    pytest.importorskip("nvrx_appliance.rank.sampler", reason="needs unreadable samples")
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
+    with _chain(cluster, "hang-d", *flags) as (work, _name, [gen]):
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        active, _ = cycle_nodes(work, gen, 0)
+        (sick,) = active - {_node_of_task0(work, gen)}
+        with Freezer(work, {sick}, kernel=True):
+            record = _hang_record(work, gen, 0)
+            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+            assert (
+                f"{sick} hung in cycle 0: its 2 ranks stuck in the kernel (state D)"
+                in (record["words"])
+            ), record["words"]
+            assert "(flight recorder: rank(s) " in record["words"]
+            started_in_cycle(work, gen, 1, CYCLE_S)
+            assert sick not in cycle_nodes(work, gen, 1)[0], logs_on_failure(work)
+
+
 def test_a_ranks_stall_in_the_scripts_own_code_is_the_workloads_and_names_no_node(
     cluster: Cluster,
 ):
