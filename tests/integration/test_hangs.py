@@ -57,14 +57,14 @@ def _script(cluster: Cluster, label: str) -> tuple[str, ...]:
 
 @contextmanager
 def _chain(
-    cluster: Cluster, label: str, *flags: str, workload: tuple[str, ...] = CPU
+    cluster: Cluster, label: str, *flags: str, workload: tuple[str, ...] = CPU, save_every: int = 50
 ) -> Iterator[tuple[Path, str, list[str]]]:
     work, name = cluster.workdir(label), unique(label)
     # Ten steps a second and a checkpoint every 50, not the demo's every 5: a rank frozen
     # in the middle of a save makes the others wait in the save's barrier, and a save in
     # the stacks is rightly no verdict (docs/hangs.md). The freeze, 3 s into the cycle's
     # training, comes about 2 s before its first save.
-    generations = submit(cluster, work, name, *workload, "--save-interval", "50",
+    generations = submit(cluster, work, name, *workload, "--save-interval", str(save_every),
                          *flags)  # fmt: skip
     try:
         yield work, name, generations
@@ -186,6 +186,28 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         )
         assert len(record["stacks"]) == 4 and record["groups"]  # kept for a person
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
+
+
+def test_a_node_that_hangs_while_the_run_saves_is_named_at_its_first_hang(cluster: Cluster):
+    # As a user meets it: a save every 5 iterations (every 0.5 s here), so the freeze
+    # often lands in a save and the others wait in the save's own collectives; the flight
+    # recorder says they wait for the frozen node's ranks, as outside a save.
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
+    with _chain(cluster, "hang-save", *flags, save_every=5) as (work, _name, [gen]):
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        active, _ = cycle_nodes(work, gen, 0)
+        (sick,) = active - {_node_of_task0(work, gen)}
+        with Freezer(work, {sick}):
+            record = _hang_record(work, gen, 0)
+            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+            assert re.search(
+                rf"^{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+`( / `[^`]+`)* while "
+                r"the 2 others waited in .* \(flight recorder: rank\(s\) \d, \d waited in "
+                r"`gloo:[a-z_]+` #\d+ of process group 0 for rank\(s\) \d, \d\)$",
+                record["words"],
+            ), record["words"]
+            started_in_cycle(work, gen, 1, CYCLE_S)
+            assert sick not in cycle_nodes(work, gen, 1)[0], logs_on_failure(work)
 
 
 def test_a_node_whose_workers_are_stuck_in_the_kernel_is_named_at_its_first_hang(
