@@ -91,3 +91,49 @@ def test_a_stalled_collective_leaves_a_dump_that_goes_when_it_completes(tmp_path
     assert dump["stalled"]["seq"] == 2
     assert dump["trace"]["entries"][-1]["profiling_name"] == "gloo:all_reduce"
     assert oct((tmp_path / "flight").stat().st_mode & 0o777) == "0o700"
+
+
+def test_the_guard_switches_the_watch_on_only_where_the_chain_samples_stacks(tmp_path):
+    from nvrx_appliance import manifest as run_manifest
+    from tests.unit.test_cpu_trainer import cpu_manifest
+
+    sampled = cpu_manifest(tmp_path / "on", iterations=10, stack_sampling=5)
+    environ = {
+        "NVRX_RUN_MANIFEST": str(run_manifest.save(sampled)),
+        "TORCHELASTIC_RESTART_COUNT": "2",
+        "PYTHONPATH": "theirs",
+    }
+    child = flight.child_env(environ, "c/4242/1")
+    assert child is not None
+    assert child["PYTHONPATH"] == f"{flight.SITE_DIR}{os.pathsep}theirs"
+    assert child[site.DIR_ENV] == str(sampled.layout.stacks("4242") / "cycle2" / "flight")
+    assert child[site.STALL_ENV] == "10"  # two sampling periods
+    assert json.loads(child[site.WHO_ENV]) == {"generation": "c/4242/1", "cycle": 2}
+    assert child[flight.BUFFER_ENV] == "2000"
+    assert (
+        flight.child_env({**environ, flight.BUFFER_ENV: "64"}, "c/4242/1")[flight.BUFFER_ENV]
+        == "64"
+    )
+    off = cpu_manifest(tmp_path / "off", iterations=10, stack_sampling=0)
+    assert flight.child_env({"NVRX_RUN_MANIFEST": str(run_manifest.save(off))}, "c/4242/1") is None
+    assert flight.child_env({}, "c/4242/1") is None
+
+
+def test_the_judgement_reads_this_cycles_dumps_and_the_generations_earlier_workload_stalls(
+    tmp_path,
+):
+    where = tmp_path / "flight"
+    where.mkdir()
+    mine = {"generation": "c/7/1", "cycle": 1, "rank": 0, "trace": {"entries": []}}
+    (where / "n1.rank0.json").write_text(json.dumps(mine))
+    (where / "n1.rank1.json").write_text(json.dumps({**mine, "cycle": 0}))  # another cycle's
+    (where / ".n1.rank2.json.99").write_text(json.dumps(mine))  # half written
+    (where / "n2.rank3.json").write_text("{torn")
+    assert flight.read_dumps(where, "c/7/1", 1) == [mine]
+    hangs = tmp_path / "hangs"
+    hangs.mkdir()
+    stall = {"generation": "c/7/1", "verdict": "workload", "stalled": {"node3": [3]}}
+    (hangs / "cycle0.json").write_text(json.dumps(stall))
+    (hangs / "cycle1.json").write_text(json.dumps({**stall, "generation": "c/8/1"}))
+    (hangs / "cycle2.json").write_text(json.dumps({**stall, "verdict": "hung"}))
+    assert flight.earlier_stalls(hangs, "c/7/1") == {"node3": [3]}
