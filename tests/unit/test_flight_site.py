@@ -88,7 +88,7 @@ def test_a_stalled_collective_leaves_a_dump_that_goes_when_it_completes(tmp_path
         "c/7/1",
         0,
     )
-    assert dump["stalled"]["seq"] == 2
+    assert dump["stalled"]["seq"] == 2 and dump["recorder"] == "_dump_fr_trace_json"
     assert dump["trace"]["entries"][-1]["profiling_name"] == "gloo:all_reduce"
     assert oct((tmp_path / "flight").stat().st_mode & 0o777) == "0o700"
 

@@ -8,9 +8,10 @@ script) gets one daemon thread that:
 
 - sleeps until torch.distributed is initialised (a workload that never initialises it
   pays a dictionary look-up a second);
-- then asks PyTorch's flight recorder for its process groups' status each second
-  (`_dump_fr_trace_json(False, True)`: the last collective each group enqueued and
-  completed, a few microseconds, no entries);
+- then asks PyTorch's flight recorders for their process groups' status each second
+  (`_dump_fr_trace_json(includeCollectives=False, onlyActive=True)`, and NCCL's
+  `_dump_nccl_trace_json` likewise where the build has it: the last collective each
+  group enqueued and completed, a few microseconds, no entries);
 - when one collective has stood enqueued and not completed for NVRX_APPLIANCE_FLIGHT_STALL_S,
   writes the recorder's full dump once, owner-only, to
   NVRX_APPLIANCE_FLIGHT_DIR/<node>.rank<R>.json, where the hang judgement reads it; and
@@ -40,6 +41,9 @@ WHO_ENV = "NVRX_APPLIANCE_FLIGHT_WHO"  # {"generation", "cycle"} as JSON
 POLL_S = 1.0  # the status costs microseconds; a second is far below any step timeout
 KEEP_ENTRIES = 256  # the newest entries kept in a dump (2,000 are ~1 MB of JSON)
 VERSION = 1
+# NCCL's collectives go to their own recorder (`_dump_nccl_trace_json`, CUDA builds only),
+# gloo's and the CPU's to the generic one; both are read where present.
+RECORDERS = ("_dump_nccl_trace_json", "_dump_fr_trace_json")
 
 
 def _say(words: str) -> None:
@@ -63,8 +67,9 @@ def _pending(status: dict) -> dict[str, int]:
 class _Watch:
     def __init__(self, directory: str, stall_s: float, who: dict):
         self.directory, self.stall_s, self.who = directory, stall_s, who
-        self.since: dict[tuple[str, int], float] = {}  # each pending collective: first seen
-        self.written: tuple[str, int] | None = None  # the stall whose dump stands
+        # each pending collective, (recorder, pg, seq): when first seen
+        self.since: dict[tuple[str, str, int], float] = {}
+        self.written: tuple[str, str, int] | None = None  # the stall whose dump stands
 
     def run(self) -> None:
         while True:
@@ -75,31 +80,38 @@ class _Watch:
             if getattr(dist, "is_initialized", None) is None or not dist.is_initialized():
                 continue
             c10d = sys.modules["torch._C._distributed_c10d"]
-            self.look(c10d._dump_fr_trace_json, dist.get_rank())
+            found = {n: getattr(c10d, n) for n in RECORDERS if hasattr(c10d, n)}
+            self.look(found, dist.get_rank())
 
-    def look(self, dump, rank: int) -> None:
-        status = json.loads(dump(False, True)).get("pg_status") or {}
+    def look(self, recorders: dict, rank: int) -> None:
         now = time.time()
-        pending = {(pg, seq) for pg, seq in _pending(status).items()}
+        pending = set()
+        for name, dump in recorders.items():
+            status = json.loads(dump(includeCollectives=False, onlyActive=True))
+            pending |= {
+                (name, pg, seq) for pg, seq in _pending(status.get("pg_status") or {}).items()
+            }
         self.since = {key: self.since.get(key, now) for key in pending}
         if self.written is not None and self.written not in pending:
             self.forget(rank)  # completed after all: a slow collective, not a hang
         stalled = [key for key, since in self.since.items() if now - since >= self.stall_s]
         if stalled and self.written is None:
             key = min(stalled, key=lambda k: self.since[k])
-            self.write(json.loads(dump(True, False)), key, rank)
+            trace = json.loads(recorders[key[0]](includeCollectives=True, onlyActive=False))
+            self.write(trace, key, rank)
             self.written = key
 
     def path(self, rank: int) -> str:
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
         return os.path.join(self.directory, f"{node}.rank{rank}.json")
 
-    def write(self, trace: dict, key: tuple[str, int], rank: int) -> None:
+    def write(self, trace: dict, key: tuple[str, str, int], rank: int) -> None:
         trace["entries"] = (trace.get("entries") or [])[-KEEP_ENTRIES:]
         node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
         record = {
             **self.who, "version": VERSION, "rank": rank, "node": node, "epoch": time.time(),
-            "stalled": {"pg": key[0], "seq": key[1], "since": self.since[key]}, "trace": trace,
+            "recorder": key[0], "stalled": {"pg": key[1], "seq": key[2], "since": self.since[key]},
+            "trace": trace,
         }  # fmt: skip
         os.makedirs(self.directory, mode=0o700, exist_ok=True)
         path = self.path(rank)
