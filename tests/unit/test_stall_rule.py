@@ -225,3 +225,20 @@ def test_nvrxs_analyser_cannot_read_glooss_dumps_as_torch_writes_them(tmp_path):
         (pickled / f"_dump_{d['rank']}").write_bytes(pickle.dumps(trace))
     with pytest.raises(KeyError, match="'0'"):
         asyncio.run(CollectiveAnalyzer({"fr_path": str(pickled)}).preprocess_FR_dumps())
+
+
+def test_the_workloads_stall_is_recorded_as_such_and_read_back_in_the_same_words():
+    from nvrx_appliance.observe import hangs
+    from nvrx_appliance.rank import stacks as rank_stacks
+
+    found = judge(others_wait(stack(3, UPLOAD, "S")), dumps("late"))
+    record = rank_stacks.record_of(found, [], generation="c/7/1", cycle=1,
+                                   judged_by={"node": "nodeA", "rank": "0"}, hand_off=True)  # fmt: skip
+    assert record["verdict"] == "workload" and record["nodes"] == [] and not record["hand_off"]
+    assert record["stalled"] == {"nodeB": [3]}
+    assert record["flight"] == [
+        "rank(s) 0, 1, 2 waited in `gloo:all_reduce` #4 of process group 0 for rank(s) 3"
+    ]
+    read = hangs.parse(json.dumps(record), set())
+    assert read is not None and hangs.sentence(read, 86400) == found.words
+    assert hangs.grouped(read)[0] == found.words  # logs --stacks
