@@ -60,10 +60,9 @@ def _chain(
     cluster: Cluster, label: str, *flags: str, workload: tuple[str, ...] = CPU, save_every: int = 50
 ) -> Iterator[tuple[Path, str, list[str]]]:
     work, name = cluster.workdir(label), unique(label)
-    # Ten steps a second and a checkpoint every 50, not the demo's every 5: a rank frozen
-    # in the middle of a save makes the others wait in the save's barrier, and a save in
-    # the stacks is rightly no verdict (docs/hangs.md). The freeze, 3 s into the cycle's
-    # training, comes about 2 s before its first save.
+    # Ten steps a second and, unless a test asks otherwise, a checkpoint every 50 (not
+    # the demo's every 5), so that the checkpoint held at the hang is known: the freeze,
+    # 3 s into the cycle's training, comes about 2 s before its first save.
     generations = submit(cluster, work, name, *workload, "--save-interval", str(save_every),
                          *flags)  # fmt: skip
     try:
@@ -188,10 +187,13 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
 
 
-def test_a_node_that_hangs_while_the_run_saves_is_named_at_its_first_hang(cluster: Cluster):
-    # As a user meets it: a save every 5 iterations (every 0.5 s here), so the freeze
-    # often lands in a save and the others wait in the save's own collectives; the flight
-    # recorder says they wait for the frozen node's ranks, as outside a save.
+def test_a_node_that_hangs_in_a_run_saving_every_5_iterations_is_named_at_its_first_hang(
+    cluster: Cluster,
+):
+    # As the user met it: a save every 5 iterations (every 0.5 s here). Whether
+    # the freeze lands in a save or in a step, the flight recorder says the others wait
+    # for the frozen node's ranks (in a save: tests/unit/test_stall_rule.py, over dumps
+    # of a save's broadcast); the run of 2026-12-05 froze them in a step.
     flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
     with _chain(cluster, "hang-save", *flags, save_every=5) as (work, _name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
