@@ -15,10 +15,10 @@ It passes when Megatron's own log says so. Then, on a node with two GPUs or more
      work, an induced NCCL hang for the others. It prints: py-spy's dump of a waiting
      rank in the bare runtime, and inside the container runtime when GPU_CHECK_IMAGE
      names an image apptainer can run; every rank's last sample (state, frames,
-     native frames) and the hang record NVRx's step timeout led to; the flight
-     recorder's dumps (stacks/nccl_trace_rank_<R>); and the flight-recorder analysis
-     naming the frozen rank, where nvrx_appliance.rank.flight_recorder exists (issue
-     45's second half; until then the step says it is missing).
+     native frames) and the hang record NVRx's step timeout led to; NCCL's own dumps
+     (stacks/nccl_trace_rank_<R>); and the flight-recorder watch's dumps analysed as
+     the hang judgement reads them (rank/flight.py, rank/flight_record.py), with the
+     rank they say the others wait on beside the rank it froze.
 Everything it needs must already be there:
   GPU_CHECK_MEGATRON  a Megatron-LM checkout at the pinned commit (pins.toml)
   GPU_CHECK_WHEELS    optional: wheels to install first (NVRx 0.7.0, megatron-core 0.19.0
@@ -164,7 +164,7 @@ def _pyspy_in_container(image: str) -> str:
 
 def hang_check(work: Path, megatron: str, gpus: int, dry_run: bool) -> bool:
     """GPU ONLY (step 3 above): an induced NCCL hang, its stacks, its flight recorder."""
-    from nvrx_appliance.rank import sampler, stacks
+    from nvrx_appliance.rank import flight, flight_record, sampler, stacks
 
     argv, environment, m = plan(work, megatron, "hang", gpus, hang=True)
     print("gpu-check: hang check (GPU only):\n  " + " ".join(argv), flush=True)
@@ -207,17 +207,15 @@ def hang_check(work: Path, megatron: str, gpus: int, dry_run: bool) -> bool:
               f"native {sample.get('native', [])[:6]} {sample.get('unreadable', '')}")  # fmt: skip
     record = json.loads(record_path.read_text()) if record_path.exists() else {}
     print(f"gpu-check: hang record: {record.get('words', 'none written')}")
-    dumps = sorted(m.layout.stacks("hang").glob("nccl_trace_rank_*"))
-    print(f"gpu-check: flight recorder dumps: {[p.name for p in dumps]}")
-    try:  # issue 45's second half: the analysis of those dumps
-        from nvrx_appliance.rank import flight_recorder  # type: ignore[attr-defined]
-    except ImportError:
-        print("gpu-check: flight-recorder analysis: nvrx_appliance.rank.flight_recorder "
-              "is not in this checkout yet; the step cannot name a rank")  # fmt: skip
-        flight_recorder = None
-    if flight_recorder is not None:
-        print(f"gpu-check: flight-recorder analysis: see {flight_recorder.__name__} "
-              f"over {m.layout.stacks('hang')} (expected to name rank {frozen})")  # fmt: skip
+    nccl_dumps = sorted(m.layout.stacks("hang").glob("nccl_trace_rank_*"))
+    print(f"gpu-check: NCCL's own dumps at its timeout: {[p.name for p in nccl_dumps]}")
+    # The flight-recorder watch's dumps (rank/flight_site), analysed as the judgement does.
+    where = flight.flight_dir(m.layout.stacks("hang") / "cycle0")
+    dumps = flight.read_dumps(where, str(record.get("generation", "")), 0)
+    found = flight_record.analyse(dumps, len(ranks))
+    print(f"gpu-check: flight-recorder watch: {len(dumps)} dump(s); the hang waits on "
+          f"rank(s) {list(found.held_by())} (expected {frozen}); "
+          + "; ".join(s.words() for s in found.stalls))  # fmt: skip
     return bool(samples) and bool(record)
 
 

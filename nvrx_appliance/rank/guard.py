@@ -51,7 +51,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.observe import run_files
-from nvrx_appliance.rank import kill_cause, sampler, stacks, stillness, workload_exit
+from nvrx_appliance.rank import flight, kill_cause, sampler, stacks, stillness, workload_exit
 from nvrx_appliance.settings import exit_actions
 
 MODULE = "nvrx_appliance.rank.guard"
@@ -166,9 +166,11 @@ class Guard:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            # Traceable by the guard's children (py-spy) under Yama's ptrace_scope 1.
+            # Traceable by the guard's children (py-spy) under Yama's ptrace_scope 1; its
+            # environment switches on the flight-recorder watch (rank/flight.py).
             child = subprocess.Popen(
                 workload, stdout=out_w, stderr=err_w,
+                env=flight.child_env(os.environ, self.args.generation),
                 preexec_fn=sampler.traceable_by(os.getpid()),
             )  # fmt: skip
         except OSError as exc:

@@ -41,7 +41,7 @@ from nvrx_appliance.clock import now_iso
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.slurm_output import expand_nodelist
-from nvrx_appliance.rank import hang_rule
+from nvrx_appliance.rank import flight, hang_rule, stall_rule
 from nvrx_appliance.rank.sampler import Sampler
 
 RECORD_VERSION = 1
@@ -115,7 +115,9 @@ def record_of(
         "generation": generation,
         "cycle": cycle,
         "time": now_iso(),
-        "verdict": "hung" if judgement.verdict else "none",
+        "verdict": judgement.kind or "none",  # hung, workload (its own stall) or none
+        "stalled": judgement.stalled,
+        "flight": list(judgement.flight),
         "nodes": list(judgement.nodes),
         "words": judgement.words + (f"; no stacks: {no_stacks[0]}" if no_stacks else ""),
         "no_stacks": no_stacks,
@@ -303,9 +305,11 @@ class StackWatch:
         for sample in samples:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 stacks.append(rank_stack(sample))
-        judgement = hang_rule.judge(
-            stacks, world_size=self.world_size, cycle=self.cycle, now=time.time(),
+        judgement = stall_rule.judge(
+            stacks, flight.read_dumps(flight.flight_dir(self.samples), self.generation, self.cycle),
+            world_size=self.world_size, cycle=self.cycle, now=time.time(),
             fresh_s=fresh_s(self.period), still_s=still_s(self.period), segment=self.segment,
+            earlier=flight.earlier_stalls(self.hangs, self.generation),
         )  # fmt: skip
         spares = free_hot_spares(self.hot_spare_nodes, read_cycles(self.cycle_infos))
         hand_off = judgement.verdict and spares < len(judgement.nodes)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -98,14 +99,26 @@ def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(t
     # all-reduce, which only its native frames show (py-spy --native of a blocked rank).
     words = record["words"]
     assert words.startswith("node2 hung in cycle 0: its 1 rank stopped in `"), words
-    assert words.endswith(" while the 1 other waited in `all_reduce`"), words
+    # The workload's own thread of ours (rank/flight_site) dumped the waiting rank's flight
+    # recorder; it says whom that rank waited for.
+    assert re.search(
+        r" while the 1 other waited in `all_reduce` \(flight recorder: rank\(s\) \d waited in "
+        r"`gloo:all_reduce` #\d+ of process group 0 for rank\(s\) \d\)$",
+        words,
+    ), words
     assert record["hand_off"]  # no hot spare in this world
     assert {s["node"] for s in record["stacks"]} == {"node1", "node2"}
     marker = json.loads((m.layout.hangs("4242") / "hung.node2").read_text())
     assert marker["generation"] == GENERATION and marker["words"] == record["words"]
     samples = m.layout.stacks("4242") / "cycle0"
-    assert sorted(p.name for p in samples.iterdir()) == [
+    # One dump, the waiting rank's: a stopped rank writes none.
+    (dump,) = (samples / "flight").iterdir()
+    assert dump.name.startswith("node1.rank"), dump.name
+    assert sorted(p.name for p in samples.iterdir() if p.is_file()) == [
         "node1.rank0.json",
         "node2.rank1.json",
-    ] or (sorted(p.name for p in samples.iterdir()) == ["node1.rank1.json", "node2.rank0.json"])
+    ] or (
+        sorted(p.name for p in samples.iterdir() if p.is_file())
+        == ["node1.rank1.json", "node2.rank0.json"]
+    )
     assert oct(samples.stat().st_mode & 0o777) == "0o700"
