@@ -3,6 +3,7 @@ the settings that maximise it, and the seeds' design beside it; a thin face of a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -44,9 +45,10 @@ def _time(ctx: click.Context, param: click.Parameter, value: str) -> float:
     seconds = slurm_seconds(value)
     if seconds is None:
         raise click.BadParameter(
-            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day) or 04:00:00"
+            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00 or 0 (none)"
         )
-    return float(seconds)
+    # 0 is Slurm's "no time limit", as submit's --time 0 is (no save before a limit).
+    return float(seconds) if seconds else math.inf
 
 
 # (flag, type, default, help): the options with a default; click shows it.
@@ -103,7 +105,7 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
     default="1-00:00:00",
     show_default=True,
     callback=_time,
-    help="One generation's Slurm time limit (your cluster's most).",
+    help="One generation's Slurm time limit (your cluster's most); 0: none, as submit's.",
 )
 @click.option(
     "--from-chain",

@@ -62,7 +62,12 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
         f"x {shape.gpus_per_node}, "
         f"{shape.nodes_per_task} node(s) per task"
         + (f", segment {shape.segment}" if shape.segment else "")
-        + f"), {horizon / 86400:.0f} days, generations of {_minutes(sc.time_limit_s)}",
+        + f"), {horizon / 86400:.0f} days, "
+        + (
+            "no time limit (--time 0)"
+            if math.isinf(sc.time_limit_s)
+            else f"generations of {_minutes(sc.time_limit_s)}"
+        ),
         f"  failure rates per 1,000 node-days: node death {r.node_death:.3g}, rank crash "
         f"{r.rank_crash:.3g}, hang {r.hang:.3g}, task 0 loss {r.task0_loss:.3g}; "
         f"unloadable checkpoints {r.unloadable:.1%} of loads",
