@@ -114,6 +114,18 @@ STEPS = tuple(MEASURED)
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint a save writes and a load reads, and which figure was given."""
+
+    gb: float
+    gb_given: bool
+    storage_gbps: float
+    storage_given: bool
+    save_given: bool  # --save-seconds (an async save's staging copy, say), not size / rate
+    load_given: bool  # --load-seconds (a local or in-memory restore, say)
+
+
+@dataclass(frozen=True)
 class Costs:
     """Every step a recovery is made of, at one shape, plus the checkpoint's save and
     load and the settings that act as costs (the lease, the queue wait)."""
@@ -129,6 +141,7 @@ class Costs:
     replaced_whole: Step | None = None
     hand_off_whole: Step | None = None
     first_start_whole: Step | None = None  # the run's first start-up, to training
+    checkpoint: Checkpoint | None = None
 
     def s(self, name: str) -> float:
         return self.steps[name].seconds
@@ -146,6 +159,7 @@ def measured(
     checkpoint_gb: float,
     storage_gbps: float,
     save_s: float | None = None,
+    load_s: float | None = None,
     overrides: dict[str, float] | None = None,
     queue_wait: float = 0.0,
     save_source: str = "given (--save-seconds)",
@@ -169,13 +183,13 @@ def measured(
         )
     for name, seconds in (overrides or {}).items():
         steps[name] = Step(seconds, "given", "as given")
-    transfer = checkpoint_gb / storage_gbps
-    save = (
-        Step(save_s, save_source, "as given")
-        if save_s is not None
-        else Step(transfer, "--checkpoint-gb / --storage-gbps", "grows with the checkpoint")
+    transfer = Step(
+        checkpoint_gb / storage_gbps,
+        "the whole checkpoint at the storage's rate (size / rate)",
+        "grows with the checkpoint",
     )
-    load = Step(transfer, "--checkpoint-gb / --storage-gbps", "grows with the checkpoint")
+    save = Step(save_s, save_source, "as given") if save_s is not None else transfer
+    load = Step(load_s, "given (--load-seconds)", "as given") if load_s is not None else transfer
     return Costs(steps, save, load, queue_wait)
 
 

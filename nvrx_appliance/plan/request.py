@@ -30,9 +30,10 @@ class Request:
     days: float = 90.0
     time_limit_s: float = 24 * 3600.0
     rates: Rates = field(default_factory=Rates)
-    checkpoint_gb: float | None = None  # None: CHECKPOINT_GB_PER_GPU per GPU
-    storage_gbps: float = STORAGE_GBPS
+    checkpoint_gb: float | None = None  # None: CHECKPOINT_GB_PER_GPU per GPU, assumed
+    storage_gbps: float | None = None  # None: STORAGE_GBPS, assumed
     save_s: float | None = None
+    load_s: float | None = None
     queue_wait_s: float = 0.0
     response_s: float = 3600.0
     storage_stall_s: float = STORAGE_STALL_S
@@ -126,11 +127,12 @@ def problems(request: Request) -> list[str]:
         f"0 to {MOST_CHECKPOINT_GB:,.0f} GB",
     )
     need(
-        _within(r.storage_gbps, 0, MOST_STORAGE_GBPS, above=True),
+        r.storage_gbps is None or _within(r.storage_gbps, 0, MOST_STORAGE_GBPS, above=True),
         "--storage-gbps",
         f"the storage's write and read rate, above 0 and at most {MOST_STORAGE_GBPS:,.0f} GB/s",
     )
     seconds(r.save_s, "--save-seconds", "the seconds a save blocks training")
+    seconds(r.load_s, "--load-seconds", "the seconds a load takes")
     seconds(r.queue_wait_s, "--queue-wait", "the seconds a generation waits for nodes")
     seconds(r.response_s, "--response-minutes", "a person's answer (in seconds here)")
     seconds(r.storage_stall_s, "--storage-stall", "the stall's seconds")
@@ -166,6 +168,11 @@ def with_history(request: Request, history: ChainHistory) -> Request:
             task0_loss=history.task0_loss,
             unloadable=request.rates.unloadable,
             source=history.source,
+            gpu_share=0.0,
+            counted=(
+                ("rank_crash", history.in_job_restarts, history.training_node_days),
+                ("task0_loss", history.hand_offs, history.task0_node_days),
+            ),
         )
     )
     return replace(
@@ -183,17 +190,30 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
     checkpoint = request.checkpoint_gb
     if checkpoint is None:
         checkpoint = CHECKPOINT_GB_PER_GPU * shape.gpus
+    gbps = STORAGE_GBPS if request.storage_gbps is None else request.storage_gbps
     costs = priced.measured(
         shape,
         checkpoint_gb=checkpoint,
-        storage_gbps=request.storage_gbps,
+        storage_gbps=gbps,
         save_s=request.save_s,
+        load_s=request.load_s,
         overrides=request.overrides,
         queue_wait=request.queue_wait_s,
         save_source=(
             f"chain {history.name}: mean of its saves"
             if history is not None and request.save_s == history.save_s
             else "given (--save-seconds)"
+        ),
+    )
+    costs = replace(
+        costs,
+        checkpoint=priced.Checkpoint(
+            gb=checkpoint,
+            gb_given=request.checkpoint_gb is not None,
+            storage_gbps=gbps,
+            storage_given=request.storage_gbps is not None,
+            save_given=request.save_s is not None,
+            load_given=request.load_s is not None,
         ),
     )
     if history is not None:

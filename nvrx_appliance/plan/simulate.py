@@ -108,7 +108,7 @@ def per_second(scenario: Scenario) -> dict[str, float]:
     r, shape = scenario.rates, scenario.shape
     scale = shape.nodes / 1000.0 / DAY
     return {
-        "node_death": r.node_death * scale,
+        "node_death": r.node_death_at(shape.gpus_per_node) * scale,
         "rank_crash": r.rank_crash * scale,
         "hang": r.hang * scale,
         "task0_loss": r.task0_loss * min(shape.nodes_per_task, shape.nodes) / 1000.0 / DAY,

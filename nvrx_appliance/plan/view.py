@@ -6,9 +6,10 @@ import math
 from typing import Any
 
 from nvrx_appliance.goodput.account import CATEGORIES, PRODUCTIVE
+from nvrx_appliance.plan import assumptions as assumed
 from nvrx_appliance.plan.costs import Costs, Step
 from nvrx_appliance.plan.model import Plan
-from nvrx_appliance.plan.simulate import QUEUE_WAIT, STOPPED, Summary
+from nvrx_appliance.plan.simulate import DURING_RECOVERY, QUEUE_WAIT, STOPPED, Summary
 
 # report's categories, then what only a plan has: time no node trains and none is held.
 LABELS = {
@@ -56,7 +57,7 @@ def _setting(name: str, value: float) -> str:
 def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     sc, shape, rec = plan.scenario, plan.scenario.shape, plan.recommended
     horizon = sc.horizon_s
-    r, c = sc.rates, sc.costs
+    c = sc.costs
     out = [
         f"Plan for {shape.gpus:,} GPUs ({shape.nodes:,} node{'s' if shape.nodes != 1 else ''} "
         f"x {shape.gpus_per_node}, "
@@ -68,11 +69,8 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
             if math.isinf(sc.time_limit_s)
             else f"generations of {_minutes(sc.time_limit_s)}"
         ),
-        f"  failure rates per 1,000 node-days: node death {r.node_death:.3g}, rank crash "
-        f"{r.rank_crash:.3g}, hang {r.hang:.3g}, task 0 loss {r.task0_loss:.3g}; "
-        f"unloadable checkpoints {r.unloadable:.1%} of loads",
-        f"    from {r.source}",
     ]
+    out += [f"  {line}" for line in assumed.rate_lines(sc)]
     seen = plan.appliance.interruptions
     total = sum(seen.get(k, 0.0) for k in CLASS_LABELS)
     if total:
@@ -80,21 +78,32 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
             f"{CLASS_LABELS[k]} {seen.get(k, 0.0):.0f}" for k in CLASS_LABELS if seen.get(k)
         )
         out.append(
-            f"  one interruption every {_minutes(horizon / total)}: {total:.0f} in the run "
-            f"({kinds}; on task 0's nodes: {seen.get('node_death_on_task0', 0.0):.1f} node "
-            f"deaths, {seen.get('hang_on_task0', 0.0):.1f} hangs)"
+            f"    simulated: {total:.0f} in the run ({kinds}; on task 0's nodes: "
+            f"{seen.get('node_death_on_task0', 0.0):.1f} node deaths, "
+            f"{seen.get('hang_on_task0', 0.0):.1f} hangs; during a recovery, restarting it: "
+            f"{seen.get(DURING_RECOVERY, 0.0):.0f})"
         )
-    out.append(
-        f"  a save blocks training {_minutes(c.save.seconds)} ({c.save.source}); "
-        f"a load takes {_minutes(c.load.seconds)}"
-    )
+    out += [f"  {line}" for line in assumed.checkpoint_lines(c)]
+    out.append("  failure model: " + "; ".join(assumed.FAILURE_MODEL))
     a = plan.appliance
+    cautions = assumed.cautions(plan)
+    if cautions:
+        out += ["", *(f"Caution: {line}" for line in cautions)]
+    budget = assumed.simulated(plan)
+    spread = assumed.range_ettr(plan)
     out += [
         "",
         f"Predicted ETTR: {a.ettr:.1%} ({a.seeds} seeds: {a.ettr_low:.1%}-{a.ettr_high:.1%}); "
         f"closed form {plan.closed_form:.1%}; goodput of the allocation "
         f"{plan.allocation_goodput(a, rec):.1%} (hot spares' idle nodes count)",
     ]
+    if spread:
+        out.append(
+            f"  over the counted rates' {assumed.CONFIDENCE:.0%} range: closed form "
+            f"{spread[0]:.1%} to {spread[1]:.1%}"
+        )
+    if budget:
+        out.append(f"  {budget}")
     for key, share in shares(a, horizon).items():
         if share >= 5e-4 or key == PRODUCTIVE:
             out.append(f"  {LABELS[key]:<22} {share:6.1%}")
@@ -259,6 +268,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
                 )
             },
         },
+        "assumptions": assumed.to_json(plan),
         "response_seconds": sc.response_s,
         "storage_stall_seconds": plan.storage_stall_s,
     }
