@@ -14,9 +14,9 @@ from nvrx_appliance import api, jsondoc
 from nvrx_appliance.cli.fail import fail
 from nvrx_appliance.cli.target import METAVAR, not_readable, unreachable
 from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan import profiles, view
 from nvrx_appliance.plan import rates as published
 from nvrx_appliance.plan import request as asked
-from nvrx_appliance.plan import view
 from nvrx_appliance.plan.simulate import Settings
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.settings.generation_end import slurm_seconds
@@ -125,6 +125,14 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
     metavar="NAME=SECONDS",
     help=f"Your own figure for a step ({', '.join(priced.STEPS)}); repeatable.",
 )
+@click.option(
+    "--profile",
+    type=click.Choice(profiles.NAMES),
+    default=profiles.LOCAL,
+    show_default=True,
+    help="Recovery costs: local (measured on this machine's CPU stand-in) or cluster (a "
+    "real GPU cluster: published figures where they exist, said assumptions elsewhere).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(**o) -> None:
     """Plan a run at scale: its effective training time (ETTR), by cause.
@@ -184,6 +192,7 @@ def plan_command(**o) -> None:
         grace_s=float(_SPEC.closed_flag_grace),
         step_s=o["step_seconds"],
         overrides=o["costs"],
+        profile=o["profile"],
         seeds=o["seeds"],
         rates_given=bool(given) or o["total_rate"] is not None,
     )

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from nvrx_appliance.plan import profiles
+
 BENCH = "docs/benchmarks.md, run of 2026-12-03"
 MEASURED_NODES = 16  # the largest size the growth table measured
 
@@ -142,6 +144,7 @@ class Costs:
     hand_off_whole: Step | None = None
     first_start_whole: Step | None = None  # the run's first start-up, to training
     checkpoint: Checkpoint | None = None
+    profile: str = profiles.LOCAL
 
     def s(self, name: str) -> float:
         return self.steps[name].seconds
@@ -162,6 +165,7 @@ def measured(
     load_s: float | None = None,
     overrides: dict[str, float] | None = None,
     queue_wait: float = 0.0,
+    profile: str = profiles.LOCAL,
     save_source: str = "given (--save-seconds)",
 ) -> Costs:
     """The committed figures at this shape; `overrides` (a person's own figures or a
@@ -181,6 +185,8 @@ def measured(
             seconds=wait.seconds + poll,
             growth=wait.growth + f"; + {poll:.1f} s segment poll (nodes / 2000, NVRx's rule)",
         )
+    for name, figure in profiles.figures(profile).items():
+        steps[name] = Step(figure.seconds, f"{profile} profile: {figure.source}", "as the profile")
     for name, seconds in (overrides or {}).items():
         steps[name] = Step(seconds, "given", "as given")
     transfer = Step(
@@ -190,7 +196,7 @@ def measured(
     )
     save = Step(save_s, save_source, "as given") if save_s is not None else transfer
     load = Step(load_s, "given (--load-seconds)", "as given") if load_s is not None else transfer
-    return Costs(steps, save, load, queue_wait)
+    return Costs(steps, save, load, queue_wait, profile=profile)
 
 
 # --- what one recovery costs, split as `report` splits it -----------------------------------

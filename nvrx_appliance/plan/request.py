@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan import profiles
 from nvrx_appliance.plan.history import ChainHistory
 from nvrx_appliance.plan.rates import Rates
 from nvrx_appliance.plan.simulate import Scenario, Settings
@@ -42,6 +43,7 @@ class Request:
     grace_s: float = 3.0
     step_s: float | None = None
     overrides: dict[str, float] = field(default_factory=dict)
+    profile: str = profiles.LOCAL
     seeds: int = 10
     # The rates were given (--node-death ...): with --from-chain they stand, and the
     # chain gives only its costs (what it measured) and its step.
@@ -145,6 +147,7 @@ def problems(request: Request) -> list[str]:
     need(0 <= t.cold_spares <= MOST_SPARES, "--cold-spares", f"0 to {MOST_SPARES:,} tasks")
     need(1 <= t.depth <= MOST_DEPTH, "--depth", f"1 to {MOST_DEPTH:,} generations")
     need(1 <= r.seeds <= MOST_SEEDS, "--seeds", f"between 1 and {MOST_SEEDS}")
+    need(r.profile in profiles.NAMES, "--profile", f"one of {', '.join(profiles.NAMES)}")
     for name, value in r.overrides.items():
         need(
             name in priced.STEPS,
@@ -198,6 +201,7 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
         save_s=request.save_s,
         load_s=request.load_s,
         overrides=request.overrides,
+        profile=request.profile,
         queue_wait=request.queue_wait_s,
         save_source=(
             f"chain {history.name}: mean of its saves"

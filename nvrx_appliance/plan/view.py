@@ -7,7 +7,8 @@ from typing import Any
 
 from nvrx_appliance.goodput.account import CATEGORIES, PRODUCTIVE
 from nvrx_appliance.plan import assumptions as assumed
-from nvrx_appliance.plan.costs import Costs, Step
+from nvrx_appliance.plan import profiles
+from nvrx_appliance.plan.costs import MEASURED, Costs, Step
 from nvrx_appliance.plan.model import Plan
 from nvrx_appliance.plan.simulate import DURING_RECOVERY, QUEUE_WAIT, STOPPED, Summary
 
@@ -145,10 +146,19 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
         f"(training lost {shares(s, horizon)['training_lost']:.1%} against "
         f"{shares(a, horizon)['training_lost']:.1%}), an unloadable checkpoint stops the chain",
         "",
-        "What each step costs here (source; how it grows):",
+        f"What each step costs here, the {c.profile} profile (source; how it grows; whether "
+        "a figure measured here holds on real hardware):",
     ]
     for name, step in c.steps.items():
         note = f" [{step.extrapolated}]" if step.extrapolated else ""
+        held = holds(c, name)
+        if held is not None:
+            why = profiles.HOLDS[name][1]
+            note += (
+                f" [holds on real hardware: {why}]"
+                if held
+                else f" [CPU stand-in, not real hardware: {why}; {_instead(name)}]"
+            )
         out.append(f"  {name:<17} {step.seconds:8.2f} s  {step.source}; {step.growth}{note}")
     for label, whole in _wholes(c).items():
         if whole is not None:
@@ -159,6 +169,20 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     if c.queue_wait:
         out.append(f"  {'queue wait':<17} {c.queue_wait:8.2f} s  given (--queue-wait)")
     return out
+
+
+def _instead(name: str) -> str:
+    if name in profiles.CLUSTER_FIGURES:
+        return "--profile cluster"
+    return f"no published figure: pass yours, --cost {name}=SECONDS"
+
+
+def holds(c: Costs, name: str) -> bool | None:
+    """Whether a step as measured here holds on real hardware; None: not measured here
+    (a profile's figure, or given)."""
+    if c.steps[name].source != MEASURED[name][1]:
+        return None
+    return profiles.HOLDS[name][0]
 
 
 def _wholes(c: Costs) -> dict[str, Step | None]:
@@ -248,12 +272,14 @@ def to_json(plan: Plan) -> dict[str, Any]:
                     "source": step.source,
                     "growth": step.growth,
                     "extrapolated": step.extrapolated or None,
+                    "holds_on_real_hardware": holds(sc.costs, name),
                 }
                 for name, step in sc.costs.steps.items()
             },
             "save": {"seconds": sc.costs.save.seconds, "source": sc.costs.save.source},
             "load": {"seconds": sc.costs.load.seconds, "source": sc.costs.load.source},
             "queue_wait": {"seconds": sc.costs.queue_wait},
+            "profile": sc.costs.profile,
             **{
                 key: {"seconds": whole.seconds, "source": whole.source} if whole else None
                 for key, whole in zip(

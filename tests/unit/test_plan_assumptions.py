@@ -113,3 +113,46 @@ def test_cautions_where_recovery_is_long_or_the_interval_long_for_a_generation()
     short = plan("--nodes", "2048", "--time", "00:10:00")
     assert "is over half a generation (10.0 min)" in short
     assert "Caution" not in plan("--nodes", "64")
+
+
+# --- cost profiles -------------------------------------------------------------------------
+
+
+def test_each_local_cost_says_whether_it_holds_on_real_hardware():
+    out = plan("--nodes", "2048")
+    line = {x.split()[0]: x for x in out.splitlines() if x.startswith("  ") and " s  " in x}
+    assert "[holds on real hardware: NVRx's constants]" in line["nvrx_waits"]
+    assert "[CPU stand-in, not real hardware: the CPU trainer's start" in line["worker_start"]
+    assert "--profile cluster]" in line["worker_start"]
+    assert (
+        "no published figure: pass yours, --cost time_limit_end=SECONDS]" in line["time_limit_end"]
+    )
+    doc = json.loads(plan("--nodes", "2048", "--json"))["costs"]
+    assert doc["profile"] == "local"
+    assert doc["detect_node_death"]["holds_on_real_hardware"] is False
+    assert doc["store_wait"]["holds_on_real_hardware"] is True
+
+
+def test_the_cluster_profile_cites_its_figures_and_says_which_are_assumed():
+    out = plan("--nodes", "2048", "--profile", "cluster")
+    assert "What each step costs here, the cluster profile" in out
+    line = {x.split()[0]: x for x in out.splitlines() if x.startswith("  ") and " s  " in x}
+    assert (
+        "300.00 s  cluster profile: Slurm's default SlurmdTimeout, 300 s (slurm.conf(5))"
+        in (line["detect_node_death"])
+    )
+    for assumed in ("worker_start", "start_gate"):
+        assert "assumed, no published figure found" in line[assumed]
+    doc = json.loads(plan("--nodes", "2048", "--profile", "cluster", "--json"))["costs"]
+    assert doc["profile"] == "cluster" and doc["worker_start"]["holds_on_real_hardware"] is None
+
+
+def test_at_16k_gpus_the_cluster_profile_advises_a_hot_spare_where_the_local_one_does_not():
+    # A cold spare admitted in 3.8 s (local) costs little more than a hot one; one that
+    # takes 300 s to start its container and 300 s its ranks (cluster) does.
+    def hot(*args: str) -> int:
+        doc = json.loads(plan("--nodes", "2048", "--seeds", "4", *args, "--json"))
+        return doc["recommended"]["hot_spares"]
+
+    assert hot() == 0
+    assert hot("--profile", "cluster") == 1
