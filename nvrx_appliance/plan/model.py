@@ -42,7 +42,7 @@ MOST_HOT_SPARES = 4
 # FEWEST_SEEDS: a large run's seed is already steady, its spread shrinking as one over the
 # root of its interruptions), then one seed plays a window of the run and its counts are
 # scaled to the whole (ETTR and the shares are ratios; the window is said).
-EVENTS_PER_RUN = 30_000
+EVENTS_PER_RUN = 20_000
 FEWEST_SEEDS = 2
 
 

@@ -91,3 +91,17 @@ def test_time_0_is_no_time_limit_as_for_submit():
                           "--json").output)  # fmt: skip
     assert doc["time_limit_seconds"] is None
     assert doc["recommended"]["depth"] <= 3  # no time-limit ends: the hand-offs alone
+
+
+def test_a_run_too_large_for_every_seed_plays_fewer_then_a_window_and_says_so():
+    # 100,000 nodes for 10 days: about 3,800 interruptions a run, so 5 seeds, not 100.
+    fewer = plan("--nodes", "100000", "--days", "10", "--seeds", "100")
+    assert "  simulated 5 seed(s) of 10 of the 10 days (asked: 100 seeds)" in fewer.output
+    # A million nodes: 38,000 a run; 2 seeds each play a window, the counts scaled.
+    window = plan("--nodes", "1000000", "--days", "10", "--json")
+    doc = json.loads(window.output)
+    assert doc["assumptions"]["simulated"]["seeds"] == 2
+    assert doc["assumptions"]["simulated"]["days_per_seed"] == pytest.approx(2.64, abs=0.01)
+    assert doc["appliance"]["interruptions"]["node_death"] == pytest.approx(
+        10 * 1e6 * 356 / 110_592, rel=0.05
+    )
