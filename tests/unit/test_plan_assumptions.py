@@ -77,6 +77,10 @@ def test_gpu_deaths_scale_per_gpu_so_4_gpu_nodes_see_fewer_each_and_more_in_all(
     out = plan("--nodes", "4096", "--gpus-per-node", "4")
     assert "failure rates per 1,000 node-days of 4-GPU nodes: node death 2.01," in out
     assert "the GPU's own deaths 0.303 per 1,000 GPU-days (75% of the node deaths at 8" in out
+    # A node death given is per node of the planned shape: nothing of it rescaled.
+    given = plan("--nodes", "4096", "--gpus-per-node", "4", "--node-death", "4")
+    assert "of 4-GPU nodes: node death 4, rank crash" in given
+    assert "the GPU's own deaths" not in given
 
 
 def test_a_total_rate_in_the_form_meta_publishes_gives_the_rates_mttf():
