@@ -256,9 +256,11 @@ class Sampler:
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             # A blocking dump that timed out was killed while it held the rank stopped:
-            # the rank must not stay so.
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGCONT)
+            # the rank must not stay so. A non-blocking one never stopped it, and a rank
+            # stopped by something else (a SIGSTOP, the fault itself) is not ours to wake.
+            if "--nonblocking" not in how:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGCONT)
             self.said = f"py-spy took over {PYSPY_TIMEOUT_S:g} s"
             return None
         except OSError as exc:
