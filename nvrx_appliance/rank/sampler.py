@@ -326,9 +326,11 @@ class Sampler:
         return sample
 
     def blocked(self, sample: dict[str, Any]) -> bool:
-        """Asleep (not stopped: a stopped rank cannot be read natively), still since the
-        last sample, and no native frames of this stillness yet."""
-        return sample["state"] in ("S", "D") and not sample["native"]
+        """Asleep (not stopped: a stopped rank cannot be read natively; not in the kernel
+        either: py-spy's attach to a rank stuck in state D hung past its timeout on the
+        cluster and starved the sampler), still since the last sample, and no native
+        frames of this stillness yet."""
+        return sample["state"] == "S" and not sample["native"]
 
     def past_legit_waits(self, sample: dict[str, Any]) -> bool:
         """Has the rank stood still longer than any wait the run itself reports (its

@@ -132,3 +132,14 @@ def test_a_timed_out_non_blocking_dump_leaves_a_rank_stopped_by_something_else_s
     finally:
         workload.kill()
         workload.wait()
+
+
+def test_no_blocking_dump_is_taken_of_a_rank_stopped_or_stuck_in_the_kernel():
+    # py-spy --native attaches with ptrace: on the cluster its attach to a rank frozen in
+    # state D outlived the timeout and starved the sampler, so the judgement found that
+    # node's stacks stale and named nobody.
+    s = sampler.Sampler(1, None, 1.0, {}, lambda _: None)
+    assert s.blocked({"state": "S", "native": []})
+    assert not s.blocked({"state": "D", "native": []})
+    assert not s.blocked({"state": "T", "native": []})
+    assert not s.blocked({"state": "S", "native": ["c10d::Reducer::finalize_backward"]})
