@@ -64,8 +64,10 @@ bench: deps
 
 # On a GPU machine (no Slurm needed): the Megatron hand-off, two generations on one node.
 # Needs GPU_CHECK_MEGATRON (a Megatron-LM checkout at the pinned commit); see the script.
+# The project's venv where there is one (make python-deps), else the machine's python3;
+# `make gpu-check GPU_CHECK_ARGS=--dry-run` prints the plans without a GPU.
 gpu-check:
-	python3 scripts/gpu_check.py
+	$(if $(wildcard $(BIN)/python),$(BIN)/python,python3) scripts/gpu_check.py $(GPU_CHECK_ARGS)
 
 # The host tool as a wheel for login nodes (docs/install.md): it needs
 # only click and rich; spython comes with the `apptainer` extra.

@@ -28,7 +28,7 @@ from pathlib import Path
 from bench.harness import BenchError, Harness
 from bench.report import Metric, Result
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.rank import guard, stacks
+from nvrx_appliance.rank import guard, sampler
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.workloads import workload_argv
 
@@ -87,7 +87,7 @@ def _pair(ddp: bool) -> list[subprocess.Popen]:
 
 
 def dump_costs(repeat: int) -> dict[str, list[tuple[float, float]]]:
-    pyspy = stacks.pyspy()
+    pyspy = sampler.pyspy()
     if pyspy is None:
         raise BenchError("py-spy is not installed (make python-deps)")
     found: dict[str, list[tuple[float, float]]] = {}

@@ -283,7 +283,7 @@ class Layout:
 
     def stacks(self, array_job_id: str | int) -> Path:
         """Each rank's last stack, per cycle (`cycle<N>/<node>.rank<R>.json`), kept by its
-        guard's sampler (rank/stacks.py), owner-only."""
+        guard's sampler (rank/sampler.py), owner-only."""
         return self.generation(array_job_id) / "stacks"
 
     def hangs(self, array_job_id: str | int) -> Path:

@@ -68,8 +68,10 @@ class Freezer:
     """Freezes every worker on `nodes` FREEZE_AFTER_S after its cycle's first step, each
     cycle anew, until stopped."""
 
-    def __init__(self, work: Path, nodes: set[str]):
-        self.work, self.nodes = work, nodes
+    def __init__(self, work: Path, nodes: set[str], *, kernel: bool = False):
+        # kernel: freeze in the kernel (cgroup v1 freezer: state D, as a driver call that
+        # never returns; py-spy cannot read such a process) instead of SIGSTOP (state T).
+        self.work, self.nodes, self.kernel = work, nodes, kernel
         self.frozen: dict[int, float] = {}  # pid -> when
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="sick-node", daemon=True)
@@ -82,6 +84,8 @@ class Freezer:
         self.done.set()
         self.thread.join(5)
         for pid in self.frozen:
+            if self.kernel:
+                _thaw(pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
 
@@ -102,6 +106,33 @@ class Freezer:
                     since = trained.get(_cycle_of(pid))
                     if pid in self.frozen or not since or time.time() - since < FREEZE_AFTER_S:
                         continue
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGSTOP)
+                    with contextlib.suppress(ProcessLookupError, FileNotFoundError):
+                        if self.kernel:
+                            _freeze(pid)
+                        else:
+                            os.kill(pid, signal.SIGSTOP)
                         self.frozen[pid] = time.time()
+
+
+FREEZER = Path("/sys/fs/cgroup/freezer")  # cgroup v1's freezer hierarchy
+
+
+def _group(pid: int) -> Path:
+    return FREEZER / f"nvrx-sick-node-{pid}"
+
+
+def _freeze(pid: int) -> None:
+    """Move the worker into a freezer cgroup of its own and freeze it (state D)."""
+    group = _group(pid)
+    group.mkdir(exist_ok=True)
+    (group / "cgroup.procs").write_text(str(pid))
+    (group / "freezer.state").write_text("FROZEN")
+
+
+def _thaw(pid: int) -> None:
+    group = _group(pid)
+    with contextlib.suppress(OSError):
+        (group / "freezer.state").write_text("THAWED")
+        (FREEZER / "cgroup.procs").write_text(str(pid))
+    with contextlib.suppress(OSError):
+        group.rmdir()

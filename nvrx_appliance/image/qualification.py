@@ -254,3 +254,29 @@ def matches(qualification: dict[str, Any], image_manifest: dict[str, Any]) -> bo
         and qualification.get("result") == "passed"
         and qualification.get("combination") == combination(image_manifest)
     )
+
+
+def stack_sampling(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether each node's rank guards could read their ranks' stacks (rank/sampler.py),
+    from the samples of the qualification run: a hang is attributed from them, so a node
+    where the kernel refused py-spy (Yama's ptrace_scope, no CAP_SYS_PTRACE) is one where
+    a hang names nobody. {"sampled": [nodes], "refused": {node: py-spy's words and the fix}}."""
+    sampled: set[str] = set()
+    refused: dict[str, str] = {}
+    for sample in samples:
+        node = str(sample.get("node", ""))
+        if sample.get("no_stacks"):
+            refused.setdefault(node, str(sample["no_stacks"]))
+        elif sample.get("frames"):
+            sampled.add(node)
+    return {"sampled": sorted(sampled - set(refused)), "refused": dict(sorted(refused.items()))}
+
+
+def stack_lines(found: dict[str, Any]) -> list[str]:
+    """What qualify says about stack sampling, one line per fact."""
+    lines = [f"stacks cannot be sampled on {node}: {why}" for node, why in found["refused"].items()]
+    if found["sampled"]:
+        lines.append("stacks sampled on " + ", ".join(found["sampled"]))
+    if not found["sampled"] and not found["refused"]:
+        lines.append("no stacks were sampled (--stack-sampling 0, or no rank ran long enough)")
+    return lines

@@ -44,6 +44,7 @@ from nvrx_appliance.node import (
     looks,
     node_probe,
     rendezvous,
+    stack_publisher,
     straggler_leave,
     time_limit,
 )
@@ -188,6 +189,14 @@ def run(manifest_path: Path | None) -> int:
             replacing=replacing, started=started, workload=pre.workload, log=say,
         )  # fmt: skip
         slow.start()
+    # One writer per node for the ranks' stack samples (node/stack_publisher.py); the
+    # guards find its node-local directory in their environment, inherited from ours.
+    publisher = stack_publisher.start(
+        manifest.layout.stacks(node.array_job_id), node.array_job_id,
+        health_check.slurm_node(node), float(manifest.spec.stack_sampling), say,
+    )  # fmt: skip
+    if publisher is not None:
+        os.environ[stack_publisher.LOCAL_STACKS_ENV] = str(publisher.local)
     lease_watch = controldir.LeaseWatch(directory, record.generation)
     stop_signals: list[int] = []
     try:
@@ -203,6 +212,8 @@ def run(manifest_path: Path | None) -> int:
             kept.stop()
         if slow is not None:
             slow.stop()
+        if publisher is not None:
+            publisher.stop()
     if keeper is not None:
         mark_megatron_done(manifest)
     if outcome.stopped is not None and outcome.stopped.over:

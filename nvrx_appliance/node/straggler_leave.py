@@ -39,6 +39,7 @@ from nvrx_appliance.goodput import gather, straggler
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.node import control, time_limit
 from nvrx_appliance.observe import workdir
+from nvrx_appliance.rank import kill_cause
 from nvrx_appliance.settings.generation_end import slurm_seconds
 
 try:  # an NVRx dependency, so present wherever ft_launcher is
@@ -223,6 +224,10 @@ class StragglerLeave(threading.Thread):
         now = workdir.checkpoint_iteration(self.layout)
         if now is None or now <= after:
             return  # until the next checkpoint: a restart then loses no training
+        # Said before the kill: the ranks' guards must not judge this SIGKILL a hang.
+        mark = self.layout.stragglers(self.array_job_id) / kill_cause.ended_name(self.node)
+        write_atomic(mark, json.dumps({"generation": self.generation, "node": self.node,
+                                       "time": now_iso()}) + "\n", 0o600)  # fmt: skip
         ended = self._end_ranks()
         self._ended = True
         self.log(f"{self.node} is a straggler told to leave; the checkpoint at iteration "

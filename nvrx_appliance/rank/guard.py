@@ -51,7 +51,7 @@ from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.observe import run_files
-from nvrx_appliance.rank import stacks, workload_exit
+from nvrx_appliance.rank import flight, kill_cause, sampler, stacks, stillness, workload_exit
 from nvrx_appliance.settings import exit_actions
 
 MODULE = "nvrx_appliance.rank.guard"
@@ -162,10 +162,17 @@ class Guard:
         # The checkpoint the workload is about to load: a failed load that names none is
         # this one (the tracker may have moved by then: another rank's fall-back).
         self.tracked_at_start = _tracked()
+        oom_before = kill_cause.oom_kills()  # a SIGKILL the OOM killer sent is no hang
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
-            child = subprocess.Popen(workload, stdout=out_w, stderr=err_w)
+            # Traceable by the guard's children (py-spy) under Yama's ptrace_scope 1; its
+            # environment switches on the flight-recorder watch (rank/flight.py).
+            child = subprocess.Popen(
+                workload, stdout=out_w, stderr=err_w,
+                env=flight.child_env(os.environ, self.args.generation),
+                preexec_fn=sampler.traceable_by(os.getpid()),
+            )  # fmt: skip
         except OSError as exc:
             say(f"cannot start the workload {workload[0]}: {exc}")
             return 127
@@ -179,13 +186,20 @@ class Guard:
         )
         # Its stack, sampled; when NVRx's timeout kills it, the cycle's hang is judged.
         stack_watch = stacks.watch(self.args.generation, child.pid, say)
+        # A script that never connects to NVRx's rank monitor: its out-of-section timeout.
+        still = stillness.watch(
+            self.args.generation, child.pid, stack_watch.sampler if stack_watch else None, say
+        )
         code = _wait(child)
         # Whether the worker was stopped, as it exited: a TERM that comes while its output
         # drains (torch elastic stopping the group after this failure) stops nothing the
         # worker did, and a failed load seen only in rank 0's window must still be judged.
         stopped = self.stopping.is_set()
+        if still is not None:
+            still.close()
         if stack_watch is not None:
-            stack_watch.after_exit(code, stopping=self.stopping.is_set())
+            not_hang = code == stacks.KILLED and self.not_a_hang(oom_before)
+            stack_watch.after_exit(code, stopping=stopped or bool(not_hang))
         for tee in tees:
             tee.thread.join(DRAIN_S)
         if stopped:
@@ -195,6 +209,23 @@ class Guard:
         except Exception as exc:  # the exit code is always the workload's own
             say(f"could not judge exit {code} ({exc!r}): it passes through as it is")
             return code
+
+    def not_a_hang(self, oom_before: int | None) -> str | None:
+        """Why the workload's SIGKILL was not a hang's timeout (said), or None."""
+        try:
+            manifest = run_manifest.load(Path(os.environ["NVRX_RUN_MANIFEST"]))
+        except (KeyError, run_manifest.ManifestError):
+            return None
+        parts = self.args.generation.split("/")
+        why = kill_cause.not_a_hang(
+            oom_before=oom_before, oom_now=kill_cause.oom_kills(),
+            stragglers=manifest.layout.stragglers(parts[1] if len(parts) > 2 else ""),
+            node=os.environ.get("SLURMD_NODENAME") or self.who()["node"],
+            generation=self.args.generation,
+        )  # fmt: skip
+        if why:
+            say(why)
+        return why
 
     def judge(self, code: int, lines: list[str]) -> int:
         try:

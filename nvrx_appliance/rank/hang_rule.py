@@ -41,6 +41,8 @@ COLLECTIVES = frozenset(
         "broadcast", "broadcast_object_list", "reduce", "gather", "gather_object", "scatter",
         "scatter_object_list", "barrier", "monitored_barrier", "send", "recv", "isend",
         "irecv", "batch_isend_irecv", "send_object_list", "recv_object_list", "wait",
+        # a cycle's start-up: the group is formed only when every rank has come
+        "init_process_group", "new_group",
     }
 )  # fmt: skip
 DISTRIBUTED_FILES = ("torch/distributed/",)
@@ -102,6 +104,11 @@ class Judgement:
     nodes: tuple[str, ...]  # the hung node(s); () for no verdict
     words: str  # the verdict, or why there is none
     groups: tuple[Group, ...] = field(default=())
+    # "hung" (a node named), "workload" (the workload's own stall: no node), "" (none)
+    kind: str = ""
+    # The workload's stall: {node: [its ranks that held the others]} (stall_rule.py)
+    stalled: dict[str, list[int]] = field(default_factory=dict)
+    flight: tuple[str, ...] = ()  # what the flight recorder said, for the record
 
     @property
     def verdict(self) -> bool:

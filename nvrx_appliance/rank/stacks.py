@@ -1,14 +1,11 @@
-"""Each rank's stack, sampled by its guard; and the judgement when a hang is cut short.
+"""The judgement when a hang is cut short, from each rank's stack.
 
-The guard is its workload's parent, so it may read the workload's memory (ptrace rules:
-a parent, the same user, no root). Every `stack_sampling` seconds it runs
-`py-spy dump --nonblocking --json` on the workload (about 8 ms of one core, measured:
-docs/hangs.md) and keeps the last stack in the generation's work dir:
+Every rank's guard keeps its workload's last stack (rank/sampler.py), and each node's
+entrypoint publishes its ranks' stacks in the generation's work dir (one file per node,
+node/stack_publisher.py; a guard outside the entrypoint writes its own):
 
-    nvrx/<array job id>/stacks/cycle<N>/<node>.rank<R>.json     (owner-only)
-
---nonblocking reads without stopping the workload, so it also reads a rank that is
-itself stopped (SIGSTOP, state T) where the blocking mode fails.
+    nvrx/<array job id>/stacks/cycle<N>/<node>.json             (owner-only)
+    nvrx/<array job id>/stacks/cycle<N>/<node>.rank<R>.json
 
 When NVRx's step or section timeout fires, its rank monitor sends the workload SIGCONT
 then SIGKILL (rank_monitor_server.py, _shutdown_rank). The guard sees that death first,
@@ -31,11 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import socket
-import subprocess
-import sys
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -48,54 +41,26 @@ from nvrx_appliance.clock import now_iso
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.slurm_output import expand_nodelist
-from nvrx_appliance.rank import hang_rule
+from nvrx_appliance.rank import flight, hang_rule, stall_rule
+from nvrx_appliance.rank.sampler import Sampler
 
 RECORD_VERSION = 1
-PYSPY_TIMEOUT_S = 10.0  # a dump takes ~8 ms; one that takes this long is given up
 SAMPLE_BYTES = 256 << 10  # a sample file read back (deep stacks are a few kB)
+NODE_SAMPLES_BYTES = 8 << 20  # a node's published samples: its ranks' together
 # A guard that did not judge its cycle waits this long for the judging one's record; a
 # judgement reads one small file per rank (milliseconds for thousands).
 JUDGE_WAIT_S = 10.0
 JUDGE_POLL_S = 0.1
-MAX_FRAMES = 64  # innermost frames kept per stack
 KILLED = 128 + 9  # the code a guard sees for a workload that SIGKILL ended
 # NVRx's rank monitor looks every workload_check_interval (config.py: 5 s by default).
 NVRX_CHECK_INTERVAL_S = 5.0
 # The node's NVLink domain in segment mode, as the entrypoint tells the workload.
 DOMAIN_ENV = "NVRX_APPLIANCE_NVLINK_DOMAIN"
 CYCLE_INFO_BYTES = 64 << 10
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-# A rank that used less than this share of one core between two alike samples is blocked.
-QUIET_SHARE = 0.1
 MAX_CYCLE_INFOS = 1000
 
 
-def pyspy() -> str | None:
-    """py-spy beside this Python (the image's venv), else on PATH."""
-    here = Path(sys.executable).parent / "py-spy"
-    return str(here) if here.exists() else shutil.which("py-spy")
-
-
 # --- pure ---------------------------------------------------------------------------
-
-
-def main_thread_frames(dump: Any, pid: int) -> list[dict[str, Any]] | None:
-    """The workload's main thread (its os thread id is the pid) from py-spy's JSON, as
-    [{name, file, line}] innermost first; None when it is not there."""
-    if not isinstance(dump, list):
-        return None
-    for thread in dump:
-        if isinstance(thread, dict) and thread.get("os_thread_id") == pid:
-            return [
-                {
-                    "name": str(f.get("name", "")),
-                    "file": str(f.get("short_filename") or f.get("filename") or ""),
-                    "line": int(f.get("line") or 0),
-                }
-                for f in thread.get("frames") or []
-                if isinstance(f, dict)
-            ][:MAX_FRAMES]
-    return None
 
 
 def rank_stack(sample: dict[str, Any]) -> hang_rule.RankStack:
@@ -142,15 +107,20 @@ def record_of(
     hand_off: bool,
 ) -> dict[str, Any]:
     """The hang record: what was decided, why, and the stacks grouped as a person reads
-    them ("4 ranks on node1, node2 waited in all_reduce: <stack>")."""
+    them ("4 ranks on node1, node2 waited in all_reduce: <stack>"). Where py-spy could not
+    read the ranks at all, the record says so and why (rank/sampler.py: no_stacks)."""
+    no_stacks = sorted({str(s["no_stacks"]) for s in samples if s.get("no_stacks")})
     return {
         "version": RECORD_VERSION,
         "generation": generation,
         "cycle": cycle,
         "time": now_iso(),
-        "verdict": "hung" if judgement.verdict else "none",
+        "verdict": judgement.kind or "none",  # hung, workload (its own stall) or none
+        "stalled": judgement.stalled,
+        "flight": list(judgement.flight),
         "nodes": list(judgement.nodes),
-        "words": judgement.words,
+        "words": judgement.words + (f"; no stacks: {no_stacks[0]}" if no_stacks else ""),
+        "no_stacks": no_stacks,
         "hand_off": hand_off and judgement.verdict,
         "judged_by": judged_by,
         "groups": [
@@ -170,127 +140,6 @@ def record_of(
 # --- shell ---------------------------------------------------------------------------
 
 
-def proc_state(pid: int) -> tuple[str, int]:
-    """(state letter, CPU ticks used) from /proc; ("", 0) when gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "", 0
-    fields = text.rsplit(")", 1)[-1].split()
-    try:
-        return fields[0], int(fields[11]) + int(fields[12])
-    except (IndexError, ValueError):
-        return "", 0
-
-
-class Sampler:
-    """A thread that keeps the workload's last stack in `path`, every `period` s."""
-
-    def __init__(
-        self,
-        pid: int,
-        path: Path,
-        period: float,
-        who: dict[str, Any],
-        say: Callable[[str], None],
-        on_sample: Callable[[dict[str, Any]], None] | None = None,
-    ):
-        self.pid, self.path, self.period, self.who, self.say = pid, path, period, who, say
-        self.on_sample = on_sample
-        self.stop = threading.Event()
-        self.last: dict[str, Any] | None = None
-        self.binary = pyspy()
-        self.thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
-
-    def start(self) -> None:
-        if self.binary is None:
-            self.say("no stacks sampled: py-spy is not installed (a hang names no node)")
-            return
-        try:
-            files.make_private_dirs(self.path.parent)
-        except OSError as exc:
-            self.say(f"no stacks sampled: {self.path.parent}: {exc}")
-            return
-        self.thread.start()
-
-    def _run(self) -> None:
-        failures = 0
-        while not self.stop.wait(self.period if self.last is not None else 1.0):
-            sample = self.take()
-            if sample is None:
-                failures += 1
-                if failures == 3:
-                    self.say("py-spy could not read the workload's stack 3 times in a row")
-                continue
-            failures = 0
-            self.last = sample
-            try:
-                files.write_atomic(self.path, json.dumps(sample) + "\n", 0o600, durable=False)
-            except OSError as exc:
-                self.say(f"could not keep the workload's stack in {self.path}: {exc}")
-            if self.on_sample is not None:
-                self.on_sample(sample)
-
-    def dump(self, *how: str) -> list[dict[str, Any]] | None:
-        """The main thread's frames by one py-spy dump; None when it could not read them."""
-        assert self.binary is not None
-        try:
-            done = subprocess.run(
-                [self.binary, "dump", *how, "--json", "--pid", str(self.pid)],
-                capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        if done.returncode != 0 or self.stop.is_set():
-            return None  # the workload ended meanwhile: its last stack stands
-        try:
-            return main_thread_frames(json.loads(done.stdout), self.pid)
-        except ValueError:
-            return None
-
-    def take(self) -> dict[str, Any] | None:
-        frames = self.dump("--nonblocking")
-        if frames is None:
-            return None
-        state, ticks = proc_state(self.pid)
-        now = time.time()
-        last = self.last if self.last is not None and self.last["frames"] == frames else None
-        sample = {
-            **self.who,
-            "version": RECORD_VERSION,
-            "pid": self.pid,
-            "time": now_iso(),
-            "epoch": now,
-            "frames": frames,
-            "still_since": last["still_since"] if last else now,
-            "state": state,
-            "cpu_ticks": ticks,
-            "native": last.get("native", []) if last else [],
-            "native_at": last.get("native_at") if last else None,
-        }
-        if last is not None and self.blocked(last, sample):
-            # A rank that waits in C++ (DDP's gradient all-reduce runs inside backward)
-            # shows only its Python caller: its native frames say what it waits for.
-            # Blocking mode pauses the rank for ~0.5 s, so only a blocked one, once.
-            native = self.dump("--native")
-            if native is not None:
-                sample["native"] = [f["name"] for f in native][:MAX_FRAMES]
-                sample["native_at"] = now
-        return sample
-
-    def blocked(self, last: dict[str, Any], sample: dict[str, Any]) -> bool:
-        """The same stack as last time, asleep (not stopped: a stopped rank cannot be read
-        natively), hardly any CPU since, and no native frames of this stillness yet."""
-        quiet = (sample["cpu_ticks"] - last["cpu_ticks"]) <= QUIET_SHARE * self.period * CLOCK_TICKS
-        asleep = sample["state"] in ("S", "D")
-        return asleep and quiet and not sample["native"]
-
-    def close(self) -> None:
-        self.stop.set()
-        if self.thread.is_alive():
-            self.thread.join(PYSPY_TIMEOUT_S)
-
-
 def read_json(path: Path, limit: int = SAMPLE_BYTES) -> dict[str, Any] | None:
     """A small JSON object file; None when absent, torn or not an object."""
     try:
@@ -301,13 +150,25 @@ def read_json(path: Path, limit: int = SAMPLE_BYTES) -> dict[str, Any] | None:
 
 
 def read_samples(directory: Path) -> list[dict[str, Any]]:
-    """Every rank's last sample of one cycle; a torn or foreign file is skipped."""
+    """Every rank's last sample of one cycle; a torn or foreign file is skipped. A node's
+    publisher keeps its ranks' samples in one file (`<node>.json`, {"samples": [...]},
+    node/stack_publisher.py); a guard without one keeps its own (`<node>.rank<R>.json`)."""
     try:
         names = sorted(os.listdir(directory))
     except OSError:
         return []
-    found = (read_json(directory / n) for n in names if n.endswith(".json") and n[0] != ".")
-    return [sample for sample in found if sample is not None]
+    found = (
+        read_json(directory / n, NODE_SAMPLES_BYTES)
+        for n in names
+        if n.endswith(".json") and n[0] != "."
+    )
+    samples: list[dict[str, Any]] = []
+    for data in found:
+        if data is not None and isinstance(data.get("samples"), list):
+            samples += [s for s in data["samples"] if isinstance(s, dict)]
+        elif data is not None:
+            samples.append(data)
+    return samples
 
 
 def read_cycles(directory: Path) -> list[tuple[set[str], set[str]]]:
@@ -444,9 +305,11 @@ class StackWatch:
         for sample in samples:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 stacks.append(rank_stack(sample))
-        judgement = hang_rule.judge(
-            stacks, world_size=self.world_size, cycle=self.cycle, now=time.time(),
+        judgement = stall_rule.judge(
+            stacks, flight.read_dumps(flight.flight_dir(self.samples), self.generation, self.cycle),
+            world_size=self.world_size, cycle=self.cycle, now=time.time(),
             fresh_s=fresh_s(self.period), still_s=still_s(self.period), segment=self.segment,
+            earlier=flight.earlier_stalls(self.hangs, self.generation),
         )  # fmt: skip
         spares = free_hot_spares(self.hot_spare_nodes, read_cycles(self.cycle_infos))
         hand_off = judgement.verdict and spares < len(judgement.nodes)

@@ -310,7 +310,8 @@ class ChainSpec:
     )
     out_of_section_timeout: int = _opt(
         600,
-        "Timeout (s) outside any section.",
+        "Timeout (s) outside any section (a script that never connects to NVRx's rank "
+        "monitor: its guard keeps it, docs/hangs.md).",
         "NVRX_OUT_OF_SECTION_TIMEOUT",
         minimum=1,
         unit=SECONDS,

@@ -564,6 +564,25 @@ def node_hung(snap: Snapshot, t: Thresholds) -> list[Finding]:
     ]
 
 
+def workload_stalled(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """A hang of the newest generation was the workload's own stall (docs/hangs.md)."""
+    return [
+        _finding(
+            snap,
+            "workload_stalled",
+            f"{hang.record.get('generation', '')}/cycle{hang.cycle}",
+            WARNING,
+            summary=sentence(hang, snap.run.exclude_for),
+            detail="The ranks the others waited for stood in the workload's own code (or a "
+            "file-system call), neither stopped nor stuck in the kernel: the code's stall, "
+            "no node's. Nothing is kept out; `nvrx-appliance logs <chain> --stacks` shows "
+            "where they stood.",
+        )
+        for hang in snap.hangs
+        if hang.record.get("verdict") == "workload"
+    ]
+
+
 def straggler(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """A node of the running generation is persistently slower than its peers, who wait for it at every step."""
     findings = []
@@ -720,6 +739,13 @@ ALL: tuple[Detector, ...] = (
         severity=WARNING,
         needs=(HANGS,),
         fn=node_hung,
+    ),
+    Detector(
+        name="workload_stalled",
+        family="restart",
+        severity=WARNING,
+        needs=(HANGS,),
+        fn=workload_stalled,
     ),
     Detector(
         name="straggler",

@@ -48,6 +48,21 @@ def _megatron_resumed(layout: Layout, array_job_id: str) -> int | None:
     return q.megatron_resumed_iteration("\n".join(texts))
 
 
+def _stack_samples(layout: Layout, generations: Sequence[str]) -> list[dict[str, Any]]:
+    """Every rank's last stack sample of the qualification run, on every node it ran on."""
+    found = []
+    for array in generations:
+        for path in sorted(layout.stacks(array).glob("cycle*/*.json")):
+            with contextlib.suppress(OSError, ValueError):
+                data = json.loads(path.read_text())
+                # A node's published file holds its ranks' samples (node/stack_publisher.py).
+                if isinstance(data, dict) and isinstance(data.get("samples"), list):
+                    found += [s for s in data["samples"] if isinstance(s, dict)]
+                elif isinstance(data, dict):
+                    found.append(data)
+    return found
+
+
 def _live(slurm: Slurm, job_name: str, work_dir: str, user: str) -> bool:
     try:
         rows = slurm.squeue(user=user, name=job_name)
@@ -215,11 +230,14 @@ def run(
         # Already over, or Slurm unreachable: then the chain's own teardown ends it.
         with contextlib.suppress(api.ChainNotFound, api.SlurmUnreachable):
             api.cancel(done)
+    stacks = q.stack_sampling(_stack_samples(layout, done.job_ids))
+    for line in q.stack_lines(stacks):
+        (warn if line.startswith("stacks cannot") else say)(line)
     data = q.record(
         image=str(Path(spec.image).resolve()),
         image_manifest=image_manifest,
         checks=checks,
-        cluster=cluster_facts(evidence, spec),
+        cluster={**cluster_facts(evidence, spec), "stacks": stacks},
         chain={"job_name": spec.job_name, "generations": done.job_ids, "work_dir": spec.work_dir},
         started=started,
         finished=now_iso(),

@@ -6,7 +6,9 @@ entrypoint's health check takes it out of the next rendezvous and the hot spare 
 The sick node is made from outside, as a user meets one: every worker on it is frozen
 (SIGSTOP) a few seconds into each cycle, once that cycle trains: no error, no exit.
 Under the built-in trainer and under a user's script that keeps the contract
-(examples/train_script.py, through verdict_script.py for its optional progress log).
+(examples/train_script.py, through verdict_script.py for its optional progress log),
+with NVRx's sections and without them: then NVRx's rank monitor does not watch the
+script, and each rank's guard keeps --out-of-section-timeout (rank/stillness.py).
 """
 
 from __future__ import annotations
@@ -44,27 +46,29 @@ pytestmark = [pytest.mark.cluster]
 
 CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
 STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
+OUT_OF_SECTION_S = 30  # for the script without sections (the demo's 60 is long here)
+STACK_PERIOD_S = 5  # --stack-sampling's default: stillness is seen a period late at most
 CPU = ("--mode", "train", "--train-samples", "10000000", "--cpu-step-pause", "0.1")
 SCRIPT = Path(__file__).parent / "verdict_script.py"
 
 
-def _script(cluster: Cluster, label: str) -> tuple[str, ...]:
+def _script(cluster: Cluster, label: str, *extra: str) -> tuple[str, ...]:
     """The flags of a user's script workload, paced as the cpu trainer below."""
     args = cluster.work_root / f"{unique(label)}.args"
-    args.write_text("--progress\n--iterations 10000000\n--step-seconds 0.1\n")
+    args.write_text("".join(f"{a}\n" for a in ("--progress", "--iterations", "10000000",
+                                                "--step-seconds", "0.1", *extra)))  # fmt: skip
     return ("--workload", "script", "--script", str(SCRIPT), "--script-args", str(args))
 
 
 @contextmanager
 def _chain(
-    cluster: Cluster, label: str, *flags: str, workload: tuple[str, ...] = CPU
+    cluster: Cluster, label: str, *flags: str, workload: tuple[str, ...] = CPU, save_every: int = 50
 ) -> Iterator[tuple[Path, str, list[str]]]:
     work, name = cluster.workdir(label), unique(label)
-    # Ten steps a second and a checkpoint every 50, not the demo's every 5: a rank frozen
-    # in the middle of a save makes the others wait in the save's barrier, and a save in
-    # the stacks is rightly no verdict (docs/hangs.md). The freeze, 3 s into the cycle's
-    # training, comes about 2 s before its first save.
-    generations = submit(cluster, work, name, *workload, "--save-interval", "50",
+    # Ten steps a second and, unless a test asks otherwise, a checkpoint every 50 (not
+    # the demo's every 5), so that the checkpoint held at the hang is known: the freeze,
+    # 3 s into the cycle's training, comes about 2 s before its first save.
+    generations = submit(cluster, work, name, *workload, "--save-interval", str(save_every),
                          *flags)  # fmt: skip
     try:
         yield work, name, generations
@@ -90,7 +94,7 @@ def _held(work: Path, gen: str, before: float) -> int:
     return max(saved, default=0)
 
 
-@pytest.mark.parametrize("kind", ["cpu", "script"])
+@pytest.mark.parametrize("kind", ["cpu", "script", "script-without-sections"])
 def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_at_the_hang(
     cluster: Cluster, kind: str
 ):
@@ -99,6 +103,13 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
     flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "1", "--depth", "1")
     label = f"hang-{kind}"
     workload = CPU if kind == "cpu" else _script(cluster, label)
+    timeout = STEP_TIMEOUT_S
+    if kind == "script-without-sections":
+        # Never connected to NVRx's rank monitor: the guard keeps the out-of-section
+        # timeout (rank/stillness.py), as the contract says.
+        workload = (*_script(cluster, label, "--no-sections"), "--out-of-section-timeout",
+                    str(OUT_OF_SECTION_S))  # fmt: skip
+        timeout = OUT_OF_SECTION_S + STACK_PERIOD_S
     with _chain(cluster, label, *flags, workload=workload) as (work, name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
@@ -113,7 +124,11 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             # gradient all-reduce in backward, or its buffers' broadcast before forward.
             assert re.fullmatch(
                 rf"{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+` while the 2 others "
-                r"waited in `(all_reduce|broadcast_coalesced)`( / `(all_reduce|broadcast_coalesced)`)?",
+                r"waited in `(all_reduce|broadcast_coalesced)`( / `(all_reduce|broadcast_coalesced)`)?"
+                # gloo's flight recorder, dumped by the waiting ranks' own watch, says whom
+                # they waited for (docs/hangs.md)
+                r" \(flight recorder: rank\(s\) \d, \d waited in `gloo:[a-z_]+` #\d+ of "
+                r"process group 0 for rank\(s\) \d, \d\)",
                 record["words"],
             ), record
             assert not record["hand_off"]  # the hot spare is free
@@ -122,13 +137,18 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
                     f"the pending cold spare to exclude {sick}")  # fmt: skip
             hangs = sorted(p.name for p in (work / "nvrx" / gen / "hangs").glob("[!.]*"))
             assert hangs == ["cycle0.json", f"hung.{sick}"]  # no other node blamed
+            if kind == "script-without-sections":
+                still = list((work / "nvrx" / gen / "hangs").glob(".still.cycle0.*.json"))
+                assert still, "the guard ended no rank for its stillness"
+                assert "never connected to NVRx's rank monitor" in json.loads(
+                    still[0].read_text())["words"]  # fmt: skip
             # Training goes on past the checkpoint held at the hang, in the next cycle:
-            # one step timeout and one in-job restart.
+            # one timeout and one in-job restart.
             moved = wait_event(
                 work,
                 lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == gen
                 and e["iteration"] > held,
-                STEP_TIMEOUT_S + CYCLE_S,
+                timeout + CYCLE_S,
                 f"a checkpoint past iteration {held}",
             )  # fmt: skip
             assert moved["cycle"] == 1, logs_on_failure(work)
@@ -182,6 +202,90 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         )
         assert len(record["stacks"]) == 4 and record["groups"]  # kept for a person
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
+
+
+def test_a_node_that_hangs_in_a_run_saving_every_5_iterations_is_named_at_its_first_hang(
+    cluster: Cluster,
+):
+    # As the issue's user met it: a save every 5 iterations (every 0.5 s here). Whether
+    # the freeze lands in a save or in a step, the flight recorder says the others wait
+    # for the frozen node's ranks (in a save: tests/unit/test_stall_rule.py, over dumps
+    # of a save's broadcast); the run of 2026-12-05 froze them in a step.
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
+    with _chain(cluster, "hang-save", *flags, save_every=5) as (work, _name, [gen]):
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        active, _ = cycle_nodes(work, gen, 0)
+        (sick,) = active - {_node_of_task0(work, gen)}
+        with Freezer(work, {sick}):
+            record = _hang_record(work, gen, 0)
+            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+            assert re.search(
+                rf"^{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+`( / `[^`]+`)* while "
+                r"the 2 others waited in .* \(flight recorder: rank\(s\) \d, \d waited in "
+                r"`gloo:[a-z_]+` #\d+ of process group 0 for rank\(s\) \d, \d\)$",
+                record["words"],
+            ), record["words"]
+            started_in_cycle(work, gen, 1, CYCLE_S)
+            assert sick not in cycle_nodes(work, gen, 1)[0], logs_on_failure(work)
+
+
+def test_a_node_whose_workers_are_stuck_in_the_kernel_is_named_at_its_first_hang(
+    cluster: Cluster,
+):
+    # The issue's state-D case: one node's workers frozen by the cgroup freezer (a driver
+    # call that never returns); py-spy cannot read them, their samples say so with their
+    # state, and the others' flight recorders say whom they wait for.
+    pytest.importorskip("nvrx_appliance.rank.sampler", reason="needs unreadable samples")
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
+    with _chain(cluster, "hang-d", *flags) as (work, _name, [gen]):
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        active, _ = cycle_nodes(work, gen, 0)
+        (sick,) = active - {_node_of_task0(work, gen)}
+        with Freezer(work, {sick}, kernel=True):
+            record = _hang_record(work, gen, 0)
+            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+            assert (
+                f"{sick} hung in cycle 0: its 2 ranks stuck in the kernel (state D)"
+                in (record["words"])
+            ), record["words"]
+            assert "(flight recorder: rank(s) " in record["words"]
+            started_in_cycle(work, gen, 1, CYCLE_S)
+            assert sick not in cycle_nodes(work, gen, 1)[0], logs_on_failure(work)
+
+
+def test_a_ranks_stall_in_the_scripts_own_code_is_the_workloads_and_names_no_node(
+    cluster: Cluster,
+):
+    # The issue's W&B case: the last rank (not on task 0's node) stands 100 s in its own
+    # `upload_metrics` at iteration 45, outside NVRx's step section, while the others wait
+    # in the script's all_reduce; the out-of-section timeout (60 s) ends the cycle.
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
+    args = cluster.work_root / f"{unique('stall')}.args"
+    args.write_text("--progress\n--iterations 10000000\n--step-seconds 0.1\n--stall-at\n45:3:100\n")
+    workload = ("--workload", "script", "--script", str(SCRIPT), "--script-args", str(args))
+    with _chain(cluster, "stall", *flags, workload=workload) as (work, name, [gen]):
+        started_in_cycle(work, gen, 0, CYCLE_S)
+        task0 = _node_of_task0(work, gen)
+        record = _hang_record(work, gen, 0)
+        assert record["verdict"] == "workload" and record["nodes"] == [], record["words"]
+        [(node, ranks)] = record["stalled"].items()
+        assert node != task0 and ranks == [3], record["stalled"]
+        words = record["words"]
+        assert words.startswith(
+            f"the workload stalled in cycle 0: rank 3 on {node} stood in its own code in "
+            "`upload_metrics` (state S) while the 3 others waited in `all_reduce` for it; "
+            "flight recorder: rank(s) 0, 1, 2 waited in `gloo:all_reduce` #"
+        ), words
+        assert words.endswith("no node is at fault, none is kept out"), words
+        assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))  # no node blamed
+        # The same words wherever a person looks.
+        status = cli(cluster, "status", name).stdout
+        assert f"generation {gen}: the workload stalled in cycle 0" in status, status
+        assert words in cli(cluster, "logs", name, "--stacks").stdout
+        started_in_cycle(work, gen, 1, CYCLE_S)
+        # Not kept out: the node is in the next cycle's rendezvous (NVRx may make it the
+        # standby and the hot spare active; either way nothing took it out).
+        assert node in set.union(*cycle_nodes(work, gen, 1)), logs_on_failure(work)
 
 
 def _excluded(cluster: Cluster, name: str, task: int) -> list[str]:

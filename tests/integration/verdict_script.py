@@ -11,6 +11,11 @@ cluster tests:
   the last to exit): the first guard to write the verdict names no iteration;
 - `--data-error-at N:RANK` makes rank RANK raise `EOFError: Ran out of input` when it
   reaches iteration N, every time (a truncated data shard);
+- `--no-sections`: the example without NVRx's optional sections (it never creates a
+  `RankMonitorClient`), as a script written from the contract alone;
+- `--stall-at N:RANK:SECONDS` makes rank RANK stand SECONDS in its own
+  `upload_metrics` when it reaches iteration N, every time (Megatron's W&B writer on the
+  last rank stuck in an upload: the workload's own stall);
 - `--progress` keeps the contract's optional progress log (rank 0's start, step and
   checkpoint events, docs/workload-contract.md), which the hang tests' sick node
   (devcluster/sick_node.py) reads to know when a cycle trains.
@@ -33,6 +38,7 @@ STEP_EVENT_EVERY = 10  # iterations, as the cpu trainer's log interval
 
 def main() -> None:
     argv, at, once, again, quiet, data_error, progress = [], "", "", False, False, "", False
+    stall = ""
     words = iter(sys.argv[1:])
     for word in words:
         if word == "--verdict-at":
@@ -45,13 +51,20 @@ def main() -> None:
             quiet = True
         elif word == "--data-error-at":
             data_error = next(words)
+        elif word == "--stall-at":
+            stall = next(words)
         elif word == "--progress":
             progress = True
+        elif word == "--no-sections":
+            os.environ.pop("FT_RANK_MONITOR_IPC_SOCKET", None)  # the example's test for them
         else:
             argv.append(word)
     iteration, code = (int(part) for part in at.split(":")) if at else (-1, 0)
     bad_iteration, bad_rank = (
         (int(part) for part in data_error.split(":")) if data_error else (-1, -1)
+    )
+    stall_iteration, stall_rank, stall_s = (
+        (float(part) for part in stall.split(":")) if stall else (-1, -1, 0.0)
     )
     armed = bool(at) and not (once and os.path.exists(once))
     triggers = {f"saved checkpoint at iteration {iteration}"}
@@ -69,6 +82,8 @@ def main() -> None:
         tell(rank, line)
         if rank == bad_rank and line.startswith(f"iteration {bad_iteration} "):
             raise EOFError("Ran out of input")
+        if rank == stall_rank and line.startswith(f"iteration {int(stall_iteration)} "):
+            upload_metrics(stall_s)
         if armed and line in triggers:
             if once and rank == 0:
                 Path(once).touch()
@@ -81,6 +96,11 @@ def main() -> None:
     example.log = log
     sys.argv = [str(EXAMPLE), *argv]
     example.main()
+
+
+def upload_metrics(seconds: float) -> None:
+    """The workload's own code, stuck: an upload that does not return for `seconds`."""
+    time.sleep(seconds)
 
 
 def _progress():

@@ -139,3 +139,22 @@ def test_progress_while_waiting_tells_the_hand_off_as_it_happens():
         "generation 101 ended; waiting for 102 to start; last checkpoint: iteration 10",
         "generation 102 resumed; last checkpoint: iteration 15",
     ]
+
+
+def test_qualify_says_on_which_nodes_stacks_cannot_be_sampled_and_why():
+    why = "py-spy cannot read the workload (py-spy said: Operation not permitted (os error 1)); ..."
+    samples = [
+        {"node": "node1", "frames": [{"name": "all_reduce"}]},
+        {"node": "node2", "frames": [], "unreadable": why, "no_stacks": why},
+        {"node": "node3", "frames": [], "unreadable": "py-spy took over 10 s"},  # passing
+        {"node": "node3", "frames": [{"name": "_train_step"}]},
+    ]
+    found = q.stack_sampling(samples)
+    assert found == {"sampled": ["node1", "node3"], "refused": {"node2": why}}
+    assert q.stack_lines(found) == [
+        f"stacks cannot be sampled on node2: {why}",
+        "stacks sampled on node1, node3",
+    ]
+    assert q.stack_lines(q.stack_sampling([])) == [
+        "no stacks were sampled (--stack-sampling 0, or no rank ran long enough)"
+    ]

@@ -9,7 +9,7 @@ from nvrx_appliance import manifest
 from nvrx_appliance.jobhost import node_memory
 from nvrx_appliance.node.health_check import Identity, judge_hang
 from nvrx_appliance.observe import hangs
-from nvrx_appliance.rank import stacks
+from nvrx_appliance.rank import sampler, stacks
 from nvrx_appliance.rank.hang_rule import Frame, RankStack, judge
 from nvrx_appliance.settings.chain import ChainSpec, check
 
@@ -29,13 +29,13 @@ DUMP = [
 
 
 def test_the_main_thread_is_read_from_py_spys_json_by_its_thread_id():
-    frames = stacks.main_thread_frames(DUMP, 7)
+    frames = sampler.main_thread_frames(DUMP, 7)
     assert frames == [
         {"name": "all_reduce", "file": "torch/distributed/distributed_c10d.py", "line": 3252},
         {"name": "_train_step", "file": "nvrx_appliance/workloads/trainer.py", "line": 233},
     ]
-    assert stacks.main_thread_frames(DUMP, 8) is None
-    assert stacks.main_thread_frames({"not": "a dump"}, 7) is None
+    assert sampler.main_thread_frames(DUMP, 8) is None
+    assert sampler.main_thread_frames({"not": "a dump"}, 7) is None
 
 
 def test_free_hot_spares_count_the_spares_already_used_since_cycle_0():

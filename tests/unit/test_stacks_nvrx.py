@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import psutil
 import pytest
 
 from nvrx_appliance import manifest as run_manifest
-from nvrx_appliance.rank import guard, stacks
+from nvrx_appliance.rank import guard, sampler
 from nvrx_appliance.workloads import workload_argv
 
 from .test_cpu_trainer import FT_LAUNCHER, cpu_manifest, free_port, kill_tree, read_events
@@ -56,7 +57,7 @@ def _worker_on(m: run_manifest.Manifest, node: str) -> int | None:
     return None
 
 
-@pytest.mark.skipif(stacks.pyspy() is None, reason="py-spy is installed by make python-deps")
+@pytest.mark.skipif(sampler.pyspy() is None, reason="py-spy is installed by make python-deps")
 def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(tmp_path):
     m = cpu_manifest(tmp_path / "w", iterations=100_000, save_interval=100_000, stack_sampling=1)
     m.layout.work_dir.mkdir(parents=True)
@@ -67,7 +68,9 @@ def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(t
     logs, launchers = [tmp_path / "node1.log", tmp_path / "node2.log"], []
     for i, log in enumerate(logs, start=1):
         env = {**os.environ, "NVRX_ENABLE_MULTI_LAUNCHERS_PER_NODE": "1",
-               "NVRX_RUN_MANIFEST": str(m.layout.run_json), "SLURMD_NODENAME": f"node{i}"}  # fmt: skip
+               "NVRX_RUN_MANIFEST": str(m.layout.run_json), "SLURMD_NODENAME": f"node{i}",
+               # As the entrypoint says it (node/env.py): the guards read the run's waits.
+               "NVRX_APPLIANCE_PROGRESS_LOG": str(m.layout.progress_log)}  # fmt: skip
         with log.open("w") as out:
             launchers.append(subprocess.Popen(
                 _launcher(m, endpoint), cwd=m.layout.work_dir, env=env, stdout=out,
@@ -96,14 +99,26 @@ def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(t
     # all-reduce, which only its native frames show (py-spy --native of a blocked rank).
     words = record["words"]
     assert words.startswith("node2 hung in cycle 0: its 1 rank stopped in `"), words
-    assert words.endswith(" while the 1 other waited in `all_reduce`"), words
+    # The workload's own thread of ours (rank/flight_site) dumped the waiting rank's flight
+    # recorder; it says whom that rank waited for.
+    assert re.search(
+        r" while the 1 other waited in `all_reduce` \(flight recorder: rank\(s\) \d waited in "
+        r"`gloo:all_reduce` #\d+ of process group 0 for rank\(s\) \d\)$",
+        words,
+    ), words
     assert record["hand_off"]  # no hot spare in this world
     assert {s["node"] for s in record["stacks"]} == {"node1", "node2"}
     marker = json.loads((m.layout.hangs("4242") / "hung.node2").read_text())
     assert marker["generation"] == GENERATION and marker["words"] == record["words"]
     samples = m.layout.stacks("4242") / "cycle0"
-    assert sorted(p.name for p in samples.iterdir()) == [
+    # One dump, the waiting rank's: a stopped rank writes none.
+    (dump,) = (samples / "flight").iterdir()
+    assert dump.name.startswith("node1.rank"), dump.name
+    assert sorted(p.name for p in samples.iterdir() if p.is_file()) == [
         "node1.rank0.json",
         "node2.rank1.json",
-    ] or (sorted(p.name for p in samples.iterdir()) == ["node1.rank1.json", "node2.rank0.json"])
+    ] or (
+        sorted(p.name for p in samples.iterdir() if p.is_file())
+        == ["node1.rank1.json", "node2.rank0.json"]
+    )
     assert oct(samples.stat().st_mode & 0o777) == "0o700"

@@ -362,3 +362,30 @@ def test_a_straggler_on_task_0s_own_node_or_not_worth_a_restart_is_kept(tmp_path
         "cycle's own start-up (a lower bound))"
     )
     assert not m.layout.straggler_leave("7", "node2").exists()
+
+
+def test_the_leaving_straggler_marks_that_it_ended_its_ranks_so_no_guard_judges_a_hang(
+    tmp_path,
+):
+    import time
+
+    from nvrx_appliance.node.straggler_leave import StragglerLeave
+    from nvrx_appliance.rank import kill_cause
+
+    m = _replace_chain(tmp_path)
+    _judge(m, "node1")  # task 0 decides: node2 leaves after the next checkpoint
+    stragglers = m.layout.stragglers("7")
+    m.layout.tracker.parent.mkdir(parents=True, exist_ok=True)
+    m.layout.tracker.write_text("10\n")  # the next checkpoint
+    said: list[str] = []
+    leaver = StragglerLeave(
+        m, array_job_id="7", generation=GEN_7, node="node2", is_task0=False, replacing=True,
+        started=time.monotonic(), workload=[], log=said.append,
+    )  # fmt: skip
+    assert kill_cause.not_a_hang(oom_before=0, oom_now=0, stragglers=stragglers,
+                                 node="node2", generation=GEN_7) is None  # fmt: skip
+    leaver._leave_if_told()
+    assert said and "is a straggler told to leave" in said[-1]
+    why = kill_cause.not_a_hang(oom_before=0, oom_now=0, stragglers=stragglers, node="node2",
+                                generation=GEN_7)  # fmt: skip
+    assert why is not None and why.startswith("the straggler leaver ended this node's ranks")

@@ -540,6 +540,22 @@ def test_a_hung_node_is_a_finding_in_the_words_status_uses():
     assert "no free hot spare, so the generation handed off" in handed[0].summary
 
 
+def test_the_workloads_own_stall_is_a_finding_in_the_words_of_the_hang_record():
+    words = (
+        "the workload stalled in cycle 2: rank 3 on node3 stood in its own code in "
+        "`upload_metrics` (state S) while the 3 others waited in `all_reduce` for it; no node "
+        "is at fault, none is kept out"
+    )
+    record = {"generation": "c/4343/", "cycle": 2, "verdict": "workload"}
+    hang = Hang(2, (), words, False, (), "2026-12-04T10:00:00Z", record)
+    found = detectors.workload_stalled(
+        snapshot(run=replace(RUN, exclude_for=86400), hangs=(hang,)), T
+    )
+    assert [f.summary for f in found] == [words]
+    assert detectors.node_hung(snapshot(hangs=(hang,)), T) == []
+    assert detectors.workload_stalled(snapshot(hangs=(_hang(()), _hang(("node3",)))), T) == []
+
+
 def test_no_verdict_and_a_withdrawn_verdict_are_no_finding():
     hangs = (_hang(()), _hang(("node3",), withdrawn=("node3",)))
     assert detectors.node_hung(snapshot(hangs=hangs), T) == []

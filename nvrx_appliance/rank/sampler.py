@@ -1,0 +1,352 @@
+"""The guard's stack sampler: the workload's last stack, kept where the judgement reads it.
+
+The guard is its workload's parent, so it may read the workload's memory (ptrace rules:
+a parent, the same user, no root). Every `stack_sampling` seconds it runs
+`py-spy dump --nonblocking --json` on the workload (about 8 ms of one core, measured:
+docs/hangs.md) and keeps the last stack on the node, in the directory the entrypoint
+names (LOCAL_STACKS_ENV), which its publisher puts on the shared file system once per
+period for the whole node (node/stack_publisher.py); a guard without one writes the
+generation's work dir itself:
+
+    nvrx/<array job id>/stacks/cycle<N>/<node>.rank<R>.json     (owner-only)
+
+--nonblocking reads without stopping the workload, so it also reads a rank that is
+itself stopped (SIGSTOP, state T) where the blocking mode fails. rank/stacks.py reads
+the samples back and judges a hang from them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from nvrx_appliance import files
+from nvrx_appliance.clock import now_iso
+from nvrx_appliance.jobhost import hostlib
+
+SAMPLE_VERSION = 1
+# A node-local directory the entrypoint names (node/stack_publisher.py): where set, the
+# guard keeps its samples there, and the node's one publisher puts them on the shared
+# file system, one file per node per period instead of one per rank.
+LOCAL_STACKS_ENV = "NVRX_APPLIANCE_LOCAL_STACKS"
+PYSPY_TIMEOUT_S = 10.0  # a dump takes ~8 ms; one that takes this long is given up
+MAX_FRAMES = 64  # innermost frames kept per stack
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# A rank that used less than this share of one core between two alike samples is blocked.
+QUIET_SHARE = 0.1
+# ... and woke less than once a second on average (a blocked main thread does not wake).
+QUIET_WAKEUPS_PER_S = 1.0
+
+
+def pyspy() -> str | None:
+    """py-spy beside this Python (the image's venv), else on PATH."""
+    here = Path(sys.executable).parent / "py-spy"
+    return str(here) if here.exists() else shutil.which("py-spy")
+
+
+def main_thread_frames(dump: Any, pid: int) -> list[dict[str, Any]] | None:
+    """The workload's main thread (its os thread id is the pid) from py-spy's JSON, as
+    [{name, file, line}] innermost first; None when it is not there."""
+    if not isinstance(dump, list):
+        return None
+    for thread in dump:
+        if isinstance(thread, dict) and thread.get("os_thread_id") == pid:
+            return [
+                {
+                    "name": str(f.get("name", "")),
+                    "file": str(f.get("short_filename") or f.get("filename") or ""),
+                    "line": int(f.get("line") or 0),
+                }
+                for f in thread.get("frames") or []
+                if isinstance(f, dict)
+            ][:MAX_FRAMES]
+    return None
+
+
+def proc_state(pid: int) -> tuple[str, int]:
+    """(state letter, CPU ticks used) from /proc; ("", 0) when gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "", 0
+    fields = text.rsplit(")", 1)[-1].split()
+    try:
+        return fields[0], int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return "", 0
+
+
+YAMA_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")
+# prctl(PR_SET_PTRACER, pid): under Yama's ptrace_scope 1 only an ancestor of a process,
+# or the process it names (and that one's descendants), may read its memory. py-spy is
+# the guard's child, the workload's sibling: the workload names the guard before exec.
+PR_SET_PTRACER = 0x59616D61
+# py-spy's words when the kernel refused it the workload's memory (EPERM from
+# process_vm_readv or ptrace): sampling is impossible for the run, not for this sample.
+_REFUSED = ("permission denied", "operation not permitted", "os error 1)")
+
+
+def traceable_by(tracer: int) -> Callable[[], None]:
+    """What the workload's child runs before exec: name `tracer` as its ptracer, so that
+    tracer's children (py-spy) may read it under ptrace_scope 1. Without Yama (EINVAL) or
+    without libc nothing is needed or possible: the call's result is not looked at."""
+
+    def name_tracer() -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PTRACER, tracer, 0, 0, 0)
+
+    return name_tracer
+
+
+def ptrace_scope() -> str:
+    """Yama's ptrace_scope, or "" on a kernel without Yama."""
+    try:
+        return YAMA_SCOPE.read_text().strip()
+    except OSError:
+        return ""
+
+
+def refused(said: str) -> bool:
+    """Did py-spy say the kernel refused it the workload (not a passing failure)?"""
+    lowered = said.lower()
+    return any(word in lowered for word in _REFUSED)
+
+
+def no_stacks_words(said: str, scope: str) -> str:
+    """Why no rank's stack can be read on this host, in py-spy's own words, and the fix."""
+    told = " ".join(said.split())[:300] or "nothing"
+    if scope in ("2", "3"):
+        fix = (f"kernel.yama.ptrace_scope is {scope} here; set it to 1 "
+               "(sysctl -w kernel.yama.ptrace_scope=1): the guard names itself each "
+               "rank's tracer, which 1 allows")  # fmt: skip
+    else:
+        fix = ("give the job the ptrace capability (a container: --cap-add SYS_PTRACE, "
+               "or the runtime's equivalent), or run py-spy where the kernel allows it")  # fmt: skip
+    return f"py-spy cannot read the workload (py-spy said: {told}); {fix}"
+
+
+def wakeups(pid: int) -> int:
+    """How often the workload's main thread has blocked and woken (its voluntary context
+    switches); 0 when unknown. A rank paced by short sleeps or I/O wakes many times a
+    second with the same Python stack and little CPU; a rank blocked in a collective, or
+    stopped, does not wake (measured: 0 in 4 s for a gloo all_reduce waiting on a peer)."""
+    try:
+        for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines():
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+PROGRESS_ENV = "NVRX_APPLIANCE_PROGRESS_LOG"  # the workload's progress log (the contract)
+PROGRESS_TAIL = 256 << 10  # what is read of it: this cycle's last events
+
+
+def run_waits(text: str, array_job_id: str | None, cycle: int) -> tuple[bool, float]:
+    """(has this cycle trained, the longest save the run reported, s) from the progress
+    log's text: the waits a healthy rank stands still in, which a blocking dump must
+    not interrupt. A log the workload does not keep says neither."""
+    trained, longest = False, 0.0
+    for line in text.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(event, dict) or event.get("slurm_array_job_id") != array_job_id:
+            continue
+        if event.get("event") == "checkpoint":
+            with contextlib.suppress(TypeError, ValueError):
+                longest = max(longest, float(event.get("seconds") or 0.0))
+        if event.get("cycle") == cycle and event.get("event") in ("step", "checkpoint"):
+            trained = True
+    return trained, longest
+
+
+def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
+    """Did the rank neither compute nor wake between two samples `period` apart?"""
+    ticks = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0)
+    woke = sample.get("wakeups", 0) - last.get("wakeups", 0)
+    return ticks <= QUIET_SHARE * period * CLOCK_TICKS and woke <= QUIET_WAKEUPS_PER_S * period
+
+
+class Sampler:
+    """A thread that keeps the workload's last stack in `path`, every `period` s.
+
+    Every sample has the process's state and CPU ticks from /proc. A rank py-spy cannot
+    read still gets one, with `frames: []` and `unreadable` (py-spy's words): a rank
+    stuck in the kernel is evidence, not a gap. Where the kernel refuses py-spy every
+    rank (Yama's ptrace_scope 2 or 3, no capability), the guard says so once and stops
+    running py-spy (`no_stacks` says why in every sample from then on)."""
+
+    def __init__(
+        self,
+        pid: int,
+        path: Path | None,
+        period: float,
+        who: dict[str, Any],
+        say: Callable[[str], None],
+        on_sample: Callable[[dict[str, Any]], None] | None = None,
+    ):
+        local = os.environ.get(LOCAL_STACKS_ENV)
+        if path is not None and local:
+            path = Path(local) / path.parent.name / path.name  # cycle<N>/<node>.rank<R>.json
+        self.pid, self.path, self.period, self.who, self.say = pid, path, period, who, say
+        self.on_sample = on_sample
+        self.stop = threading.Event()
+        self.last: dict[str, Any] | None = None
+        self.binary = pyspy()
+        self.no_stacks = "" if path is None or self.binary else "py-spy is not installed"
+        self.said = ""  # py-spy's last words on a failed dump
+        self.thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    def start(self) -> None:
+        if self.no_stacks:
+            self.say(f"no stacks sampled: {self.no_stacks} (a hang names no node from them)")
+        if self.path is not None:
+            try:
+                files.make_private_dirs(self.path.parent)
+            except OSError as exc:
+                self.say(f"no stacks sampled: {self.path.parent}: {exc}")
+                self.path = None
+        self.thread.start()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self.stop.wait(self.period if self.last is not None else 1.0):
+            sample = self.take()
+            if sample is None:
+                return  # the workload is gone
+            if sample.get("unreadable") and not self.no_stacks:
+                failures += 1
+                if failures == 3:
+                    self.say("py-spy could not read the workload's stack 3 times in a row: "
+                             + sample["unreadable"])  # fmt: skip
+            else:
+                failures = 0
+            self.last = sample
+            if self.path is not None:
+                try:
+                    files.write_atomic(self.path, json.dumps(sample) + "\n", 0o600, durable=False)
+                except OSError as exc:
+                    self.say(f"could not keep the workload's stack in {self.path}: {exc}")
+            if self.on_sample is not None:
+                self.on_sample(sample)
+
+    def dump(self, *how: str) -> list[dict[str, Any]] | None:
+        """The main thread's frames by one py-spy dump; None when it could not read them
+        (`said` keeps py-spy's words)."""
+        if self.binary is None or self.no_stacks or self.path is None:
+            return None
+        try:
+            done = subprocess.run(
+                [self.binary, "dump", *how, "--json", "--pid", str(self.pid)],
+                capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            # A blocking dump that timed out was killed while it held the rank stopped:
+            # the rank must not stay so. A non-blocking one never stopped it, and a rank
+            # stopped by something else (a SIGSTOP, the fault itself) is not ours to wake.
+            if "--nonblocking" not in how:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGCONT)
+            self.said = f"py-spy took over {PYSPY_TIMEOUT_S:g} s"
+            return None
+        except OSError as exc:
+            self.said = str(exc)
+            return None
+        if done.returncode != 0 or self.stop.is_set():
+            self.said = (done.stderr or done.stdout).strip()
+            if refused(self.said) and not self.stop.is_set():
+                self.no_stacks = no_stacks_words(self.said, ptrace_scope())
+                self.say(f"no stacks sampled from now on: {self.no_stacks}")
+            return None  # the workload ended meanwhile: its last stack stands
+        try:
+            return main_thread_frames(json.loads(done.stdout), self.pid)
+        except ValueError:
+            self.said = "py-spy's output was not JSON"
+            return None
+
+    def take(self) -> dict[str, Any] | None:
+        """A sample of the workload now; None when it is gone."""
+        frames = self.dump("--nonblocking")
+        state, ticks = proc_state(self.pid)
+        if not state:
+            return None
+        now = time.time()
+        last = self.last
+        sample = {
+            **self.who,
+            "version": SAMPLE_VERSION,
+            "pid": self.pid,
+            "time": now_iso(),
+            "epoch": now,
+            "frames": frames or [],
+            "still_since": now,
+            "state": state,
+            "cpu_ticks": ticks,
+            "wakeups": wakeups(self.pid),
+            "native": [],
+            "native_at": None,
+        }
+        # Still since the last sample only when nothing moved: the same stack, no CPU
+        # and no wakeups (a running rank's Python stack can stay the same for long).
+        alike = last is not None and last["frames"] == sample["frames"]
+        alike = alike and last is not None and quiet(last, sample, self.period)
+        if alike and last is not None:
+            sample["still_since"] = last["still_since"]
+            sample["native"] = last.get("native", [])
+            sample["native_at"] = last.get("native_at")
+        if frames is None:
+            sample["unreadable"] = self.no_stacks or self.said or "py-spy did not run"
+        if self.no_stacks:
+            sample["no_stacks"] = self.no_stacks
+        if alike and frames and self.blocked(sample) and self.past_legit_waits(sample):
+            # A rank that waits in C++ (DDP's gradient all-reduce runs inside backward)
+            # shows only its Python caller: its native frames say what it waits for.
+            # Blocking mode pauses the rank for ~0.5 s, so only a blocked one, once.
+            native = self.dump("--native")
+            # The dump's own stop of every thread wakes the rank: counted from after it.
+            sample["wakeups"] = wakeups(self.pid)
+            sample["cpu_ticks"] = proc_state(self.pid)[1] or sample["cpu_ticks"]
+            if native is not None:
+                sample["native"] = [f["name"] for f in native][:MAX_FRAMES]
+                sample["native_at"] = now
+        return sample
+
+    def blocked(self, sample: dict[str, Any]) -> bool:
+        """Asleep (not stopped: a stopped rank cannot be read natively; not in the kernel
+        either: py-spy's attach to a rank stuck in state D hung past its timeout on the
+        cluster and starved the sampler), still since the last sample, and no native
+        frames of this stillness yet."""
+        return sample["state"] == "S" and not sample["native"]
+
+    def past_legit_waits(self, sample: dict[str, Any]) -> bool:
+        """Has the rank stood still longer than any wait the run itself reports (its
+        longest save so far), and, in the first cycle, after it trained (not in its
+        start-up: the rendezvous, a peer's load)? A blocking dump stops every thread of
+        the rank, NCCL's watchdog included: only of a rank that waits for longer than a
+        healthy one does."""
+        cycle = int(self.who.get("cycle") or 0)
+        log = os.environ.get(PROGRESS_ENV)
+        text = (hostlib.read_text(log, PROGRESS_TAIL, tail=True) if log else None) or ""
+        trained, longest = run_waits(text, os.environ.get("SLURM_ARRAY_JOB_ID"), cycle)
+        if cycle == 0 and not trained:
+            return False
+        return sample["epoch"] - sample["still_since"] > longest
+
+    def close(self) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join(PYSPY_TIMEOUT_S)

@@ -1,0 +1,145 @@
+"""The guard's sampler where py-spy cannot read the workload, with a real workload
+process: a py-spy stand-in (named so) answers as py-spy does when the kernel refuses it
+the workload's memory (Yama's ptrace_scope, no CAP_SYS_PTRACE)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+from nvrx_appliance.rank import hang_rule, sampler, stacks
+
+REFUSAL = "Error: Operation not permitted (os error 1)"
+
+
+def _pyspy_standin(tmp_path):
+    """A stand-in for py-spy that counts its runs and fails as py-spy does under Yama."""
+    path = tmp_path / "py-spy-standin"
+    path.write_text(f"#!/bin/sh\necho run >> {tmp_path / 'runs'}\necho '{REFUSAL}' >&2\nexit 1\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_a_refused_py_spy_is_said_once_not_retried_and_every_sample_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(sampler, "pyspy", lambda: str(_pyspy_standin(tmp_path)))
+    monkeypatch.setattr(sampler, "ptrace_scope", lambda: "2")
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    said: list[str] = []
+    try:
+        s = sampler.Sampler(workload.pid, tmp_path / "s" / "node1.rank0.json", 0.1,
+                            {"rank": 0, "node": "node1"}, said.append)  # fmt: skip
+        samples = [s.take() for _ in range(4)]
+    finally:
+        workload.kill()
+        workload.wait()
+    assert (tmp_path / "runs").read_text().count("run") == 1  # no retry loop
+    assert len(said) == 1, said
+    assert said[0].startswith("no stacks sampled from now on: py-spy cannot read the "
+                              f"workload (py-spy said: {REFUSAL}); kernel.yama.ptrace_scope "
+                              "is 2 here; set it to 1")  # fmt: skip
+    for sample in samples:
+        assert sample is not None and sample["frames"] == [] and sample["state"] in "SR"
+        assert sample["unreadable"] == sample["no_stacks"] == said[0].split(": ", 1)[1]
+    # Read back as the rule reads a sample, and judged: no stacks, said in the record.
+    stack = stacks.rank_stack(samples[-1])
+    judgement = hang_rule.judge([stack], world_size=2, cycle=0, now=stack.taken, fresh_s=10,
+                                still_s=0, segment=False)  # fmt: skip
+    record = stacks.record_of(judgement, samples[-1:], generation="c/1/t", cycle=0,
+                              judged_by={}, hand_off=False)  # fmt: skip
+    assert record["verdict"] == "none" and record["nodes"] == []
+    assert record["no_stacks"] == [samples[-1]["no_stacks"]]
+    assert record["words"].endswith(f"; no stacks: {samples[-1]['no_stacks']}"), record
+    json.dumps(record)
+
+
+def test_a_passing_failure_is_not_a_refusal_and_without_yama_the_fix_is_the_capability():
+    assert not sampler.refused("Error: Failed to find python version from target process")
+    assert sampler.refused("Permission Denied: Try running again with elevated permissions")
+    words = sampler.no_stacks_words("Operation not permitted (os error 1)", "")
+    assert "SYS_PTRACE" in words and "py-spy said: Operation not permitted" in words
+
+
+def test_a_sample_inherits_its_stillness_only_when_the_rank_used_no_cpu_in_between(tmp_path):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        s = sampler.Sampler(busy.pid, tmp_path / "r.json", 0.01, {}, lambda _: None)
+        s.binary = None  # no py-spy: every sample is /proc's alone, frames alike ([])
+        first = s.take()
+        s.last = first
+        assert first is not None
+        first["still_since"] = first["epoch"] - 100
+        deadline = time.monotonic() + 30
+        while sampler.proc_state(busy.pid)[1] <= first["cpu_ticks"]:  # it runs on
+            assert time.monotonic() < deadline
+        second = s.take()
+    finally:
+        busy.kill()
+        busy.wait()
+    assert second is not None and second["cpu_ticks"] > first["cpu_ticks"]
+    assert second["still_since"] == second["epoch"]  # it ran: still since now, not before
+
+
+def test_a_blocking_dump_waits_out_the_runs_own_waits_and_the_first_cycles_start_up(
+    tmp_path, monkeypatch
+):
+    events = [
+        {"event": "start", "slurm_array_job_id": "41", "cycle": 0, "iteration": 0},
+        {"event": "checkpoint", "slurm_array_job_id": "41", "cycle": 0, "seconds": 12.5},
+        {"event": "checkpoint", "slurm_array_job_id": "40", "cycle": 0, "seconds": 99.0},
+        {"event": "step", "slurm_array_job_id": "41", "cycle": 1, "iteration": 3},
+    ]
+    text = "\n".join(json.dumps(e) for e in events) + "\n{torn"
+    assert sampler.run_waits(text, "41", 1) == (True, 12.5)  # another generation's: not ours
+    assert sampler.run_waits(text, "41", 2) == (False, 12.5)
+    log = tmp_path / "progress.jsonl"
+    monkeypatch.setenv(sampler.PROGRESS_ENV, str(log))
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
+    s = sampler.Sampler(1, None, 5.0, {"cycle": 0}, lambda _: None)
+    still_for = {"epoch": 100.0, "still_since": 80.0}  # 20 s still
+    assert not s.past_legit_waits(still_for)  # no log: the first cycle's start-up
+    log.write_text(json.dumps(events[0]) + "\n")
+    assert not s.past_legit_waits(still_for)  # started, not trained yet
+    log.write_text(text)
+    assert s.past_legit_waits(still_for)  # trained (a save), still longer than 12.5 s
+    assert not s.past_legit_waits({"epoch": 100.0, "still_since": 90.0})  # 10 s: a save's
+
+
+def test_a_timed_out_non_blocking_dump_leaves_a_rank_stopped_by_something_else_stopped(
+    tmp_path, monkeypatch
+):
+    # On the cluster py-spy --nonblocking sometimes outlasted its timeout on a SIGSTOPped
+    # rank; the SIGCONT meant for a killed blocking dump then woke the hung rank, which
+    # went on into its collective and read as waiting (the hang test's words were wrong).
+    hang = tmp_path / "py-spy-standin"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")  # a stand-in that never answers
+    hang.chmod(0o755)
+    monkeypatch.setattr(sampler, "pyspy", lambda: str(hang))
+    monkeypatch.setattr(sampler, "PYSPY_TIMEOUT_S", 0.2)
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        workload.send_signal(signal.SIGSTOP)
+        s = sampler.Sampler(workload.pid, tmp_path / "s" / "node1.rank0.json", 1.0,
+                            {"rank": 0, "node": "node1"}, lambda _: None)  # fmt: skip
+        sample = s.take()
+        assert sample is not None and sample["unreadable"] == "py-spy took over 0.2 s"
+        assert sample["state"] == "T" and sampler.proc_state(workload.pid)[0] == "T"
+        # A blocking dump that times out is the one whose own stop must be undone.
+        assert s.dump("--native") is None
+        assert sampler.proc_state(workload.pid)[0] in "SR"
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+def test_no_blocking_dump_is_taken_of_a_rank_stopped_or_stuck_in_the_kernel():
+    # py-spy --native attaches with ptrace: on the cluster its attach to a rank frozen in
+    # state D outlived the timeout and starved the sampler, so the judgement found that
+    # node's stacks stale and named nobody.
+    s = sampler.Sampler(1, None, 1.0, {}, lambda _: None)
+    assert s.blocked({"state": "S", "native": []})
+    assert not s.blocked({"state": "D", "native": []})
+    assert not s.blocked({"state": "T", "native": []})
+    assert not s.blocked({"state": "S", "native": ["c10d::Reducer::finalize_backward"]})

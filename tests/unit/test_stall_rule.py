@@ -1,0 +1,244 @@
+"""The combined hang rule (rank/stall_rule.py) over flight-recorder dumps that real gloo
+ranks wrote with the appliance's own watch (fixtures/flight_recorder/record.py: four
+ranks, ranks 0-1 on nodeA and 2-3 on nodeB), and py-spy's frames of the built-in
+trainer (test_hang_rule.py).
+
+The recorder says the others wait for rank 3; its stack and process state say why: a
+stopped rank or one stuck in the kernel names its node, one in the workload's own code is
+the workload's stall and names nobody (the issue's false-blame cases)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from nvrx_appliance.rank import flight_record, stall_rule
+from nvrx_appliance.rank.hang_rule import Frame, RankStack
+from tests.unit.test_hang_rule import FRESH_S, FROZEN, NOW, SAVING, STILL_S, WAITING
+
+FIXTURES = Path(__file__).parent / "fixtures" / "flight_recorder"
+NODES = {0: "nodeA", 1: "nodeA", 2: "nodeB", 3: "nodeB"}
+UPLOAD = (
+    Frame("upload_metrics", "train_script.py", 88),
+    Frame("train", "train_script.py", 120),
+    Frame("<module>", "train_script.py", 150),
+)
+LOG_WRITE = (
+    Frame("write", "train_script.py", 40),
+    Frame("log_progress", "train_script.py", 61),
+    Frame("<module>", "train_script.py", 150),
+)
+BROADCAST_IN_SAVE = (
+    Frame("broadcast_object_list", "torch/distributed/distributed_c10d.py", 3478),
+    Frame("save_checkpoint", "train_script.py", 70),
+    Frame("<module>", "train_script.py", 150),
+)
+
+
+def dumps(scenario: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted(FIXTURES.glob(f"{scenario}.*.json"))]
+
+
+def stack(rank: int, frames: tuple[Frame, ...], state: str = "S", node: str = "") -> RankStack:
+    return RankStack(
+        rank, node or NODES[rank], frames, taken=NOW - 1, still_since=NOW - 30, state=state
+    )
+
+
+def others_wait(late: RankStack, waiting=WAITING) -> list[RankStack]:
+    return [*(stack(r, waiting) for r in range(4) if r != late.rank), late]
+
+
+def judge(stacks, found, **kw):
+    return stall_rule.judge(stacks, found, world_size=4, cycle=1, now=NOW, fresh_s=FRESH_S,
+                            still_s=STILL_S, **kw)  # fmt: skip
+
+
+def test_the_recorded_dumps_say_the_others_waited_for_rank_3_in_glooss_all_reduce():
+    flight = flight_record.analyse(dumps("late"), 4)
+    (stall,) = flight.stalls
+    assert (stall.group, stall.seq, stall.op) == ("0", 4, "gloo:all_reduce")
+    assert stall.waiting == (0, 1, 2) and stall.behind == (3,)
+    assert flight.held_by() == (3,)
+    assert sorted(stall.arrived) == [0, 1, 2]  # each waiting rank's entry time
+
+
+def test_a_stopped_rank_the_others_wait_for_names_its_node():
+    found = judge(others_wait(stack(3, FROZEN, "T")), dumps("late"))
+    assert found.nodes == ("nodeB",) and found.kind == "hung"
+    assert found.words.startswith(
+        "nodeB hung in cycle 1: its 1 rank stopped in `_train_step` while the 3 "
+        "others waited in `all_reduce`"
+    ), found.words
+    assert "flight recorder: rank(s) 0, 1, 2 waited in `gloo:all_reduce` #4 of process group 0 " \
+        "for rank(s) 3" in found.words  # fmt: skip
+
+
+def test_a_rank_stuck_in_the_kernel_that_py_spy_cannot_read_names_its_node():
+    unreadable = stack(3, (), "D")
+    found = judge(others_wait(unreadable), dumps("late"))
+    assert found.nodes == ("nodeB",)
+    assert "its 1 rank stuck in the kernel (state D) while" in found.words, found.words
+
+
+def test_a_rank_in_its_own_code_is_the_workloads_stall_and_names_no_node():
+    found = judge(others_wait(stack(3, UPLOAD, "S")), dumps("late"))
+    assert found.nodes == () and found.kind == "workload"
+    assert found.stalled == {"nodeB": [3]}
+    assert found.words.startswith(
+        "the workload stalled in cycle 1: rank 3 on nodeB stood in its own code in "
+        "`upload_metrics` (state S) while the 3 others waited in `all_reduce` for it"
+    ), found.words
+    assert found.words.endswith("no node is at fault, none is kept out")
+
+
+def test_a_busy_rank_spinning_in_its_own_code_is_the_workloads_too():
+    found = judge(others_wait(stack(3, UPLOAD, "R")), dumps("late"))
+    assert found.kind == "workload" and found.nodes == ()
+
+
+def test_rank_0_blocked_writing_its_log_on_a_stalled_file_system_is_the_workloads():
+    # The issue's case is rank 0; the dumps' late rank is 3: the rule reads ranks, not numbers.
+    found = judge(others_wait(stack(3, LOG_WRITE, "D")), dumps("late"))
+    assert found.kind == "workload" and found.nodes == ()
+    assert "blocked in the file system (state D) in `write`" in found.words
+
+
+def test_the_same_node_stalling_again_after_its_ranks_moved_is_named():
+    late = stack(3, UPLOAD, "S")
+    assert judge(others_wait(late), dumps("late"), earlier={"nodeB": [3]}).kind == "workload"
+    again = judge(others_wait(late), dumps("late"), earlier={"nodeB": [2]})
+    assert again.nodes == ("nodeB",) and again.kind == "hung"
+    assert "held the others again with other ranks on it" in again.words
+
+
+def test_a_hang_inside_a_save_is_judged_like_any_other():
+    # gloo's broadcast tree: rank 0 waits in the save's 2nd broadcast, rank 1 in the 1st,
+    # rank 2 wrote no dump (its stack waits in the save's broadcast): the others wait for 3.
+    flight = flight_record.analyse(dumps("save"), 4)
+    assert flight.held_by() == (2, 3)
+    stacks = [stack(0, SAVING), stack(1, BROADCAST_IN_SAVE), stack(2, BROADCAST_IN_SAVE),
+              stack(3, FROZEN, "T")]  # fmt: skip
+    found = judge(stacks, dumps("save"))
+    assert found.nodes == ("nodeB",), found.words
+    assert "`gloo:broadcast` #5 of process group 0" in found.words
+
+
+def test_a_rank_waiting_in_a_subgroup_is_not_the_cause_the_rank_it_waits_for_is():
+    flight = flight_record.analyse(dumps("subgroup"), 4)
+    assert {s.group for s in flight.stalls} == {"0", "1"}
+    assert flight.held_by() == (3,)
+    found = judge(others_wait(stack(3, FROZEN, "T")), dumps("subgroup"))
+    assert found.nodes == ("nodeB",), found.words
+
+
+def test_recorder_and_stacks_disagreeing_is_no_verdict_with_both():
+    found = judge(others_wait(stack(3, WAITING, "S")), dumps("late"))
+    assert found.nodes == () and found.kind == ""
+    assert found.words.startswith("no verdict in cycle 1: the flight recorder shows every rank")
+    assert "the stacks of rank(s) 3 wait in a collective too" in found.words
+
+
+def test_a_held_rank_without_a_fresh_stack_is_no_verdict():
+    old = replace(stack(3, FROZEN, "T"), taken=NOW - 60)
+    found = judge(others_wait(old), dumps("late"))
+    assert found.nodes == ()
+    assert "rank(s) 3 has no fresh stack: the stacks cannot say why" in found.words
+
+
+def test_a_collective_enqueued_but_never_started_on_its_device_names_the_node():
+    # NCCL's states on the recorded gloo dumps (gloo reports no device state): ranks 0-2
+    # started #4 on their GPUs, rank 3 (its dump edited in) only enqueued it.
+    found_dumps = dumps("late")
+    for d in found_dumps:
+        d["trace"]["entries"][-1]["state"] = "started"
+    late = json.loads(json.dumps(found_dumps[-1]))
+    late["rank"] = 3
+    late["trace"]["entries"][-1]["state"] = "scheduled"
+    spinning = stack(3, (Frame("item", "train_script.py", 90),), "R")
+    found = judge(others_wait(spinning), [*found_dumps, late])
+    assert found.nodes == ("nodeB",), found.words
+    assert "never started on its device" in found.words
+
+
+def test_without_any_dump_a_stopped_outlier_names_its_node_and_own_code_does_not():
+    stopped = judge(others_wait(stack(3, FROZEN, "T")), [])
+    assert stopped.nodes == ("nodeB",) and stopped.kind == "hung"
+    own = judge(others_wait(stack(3, UPLOAD, "S")), [])
+    assert own.nodes == () and own.kind == "workload"
+    assert own.words.startswith("the workload stalled in cycle 1: rank 3 on nodeB stood in")
+
+
+def test_a_cycles_start_up_names_a_stopped_node_while_the_others_form_the_group():
+    forming = (
+        Frame("init_process_group", "torch/distributed/distributed_c10d.py", 1600),
+        Frame("_init_distributed", "nvrx_appliance/workloads/trainer.py", 60),
+    )
+    found = judge(others_wait(stack(3, FROZEN, "T"), forming), [])
+    assert found.nodes == ("nodeB",), found.words
+
+
+def test_a_stall_of_every_rank_names_no_node():
+    found = judge([stack(r, UPLOAD, "S") for r in range(4)], [])
+    assert found.nodes == () and found.kind == ""
+
+
+def test_a_one_node_evaluation_while_the_other_node_waits_is_the_workloads():
+    # Only nodeA's ranks stalled in the all-reduce (rank 2's dump left out: it never
+    # entered it); both of nodeB's ranks run their own evaluation.
+    found_dumps = [d for d in dumps("late") if d["rank"] != 2]
+    evaluating = (
+        Frame("evaluate", "train_script.py", 101),
+        Frame("<module>", "train_script.py", 150),
+    )
+    stacks = [
+        stack(0, WAITING),
+        stack(1, WAITING),
+        stack(2, evaluating, "R"),
+        stack(3, evaluating, "R"),
+    ]
+    found = judge(stacks, found_dumps)
+    assert found.kind == "workload" and found.nodes == ()
+    assert found.stalled == {"nodeB": [2, 3]}
+
+
+def test_nvrxs_analyser_cannot_read_glooss_dumps_as_torch_writes_them(tmp_path):
+    import asyncio
+    import pickle
+
+    import pytest
+    from nvidia_resiliency_ext.attribution.trace_analyzer.fr_attribution import CollectiveAnalyzer
+
+    for d in dumps("late"):
+        (tmp_path / f"_dump_{d['rank']}.json").write_text(json.dumps(d["trace"]))
+    with pytest.raises(TypeError):  # pg_status counts are strings in the JSON form
+        asyncio.run(CollectiveAnalyzer({"fr_path": str(tmp_path)}).preprocess_FR_dumps())
+    # The pickle form (`_dump_fr_trace`) holds them as ints; gloo's default group is then
+    # keyed "" in pg_config while its entries say "0".
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    for d in dumps("late"):
+        trace = d["trace"]
+        for counts in trace["pg_status"].values():
+            counts.update({k: int(v) for k, v in counts.items()})
+        (pickled / f"_dump_{d['rank']}").write_bytes(pickle.dumps(trace))
+    with pytest.raises(KeyError, match="'0'"):
+        asyncio.run(CollectiveAnalyzer({"fr_path": str(pickled)}).preprocess_FR_dumps())
+
+
+def test_the_workloads_stall_is_recorded_as_such_and_read_back_in_the_same_words():
+    from nvrx_appliance.observe import hangs
+    from nvrx_appliance.rank import stacks as rank_stacks
+
+    found = judge(others_wait(stack(3, UPLOAD, "S")), dumps("late"))
+    record = rank_stacks.record_of(found, [], generation="c/7/1", cycle=1,
+                                   judged_by={"node": "nodeA", "rank": "0"}, hand_off=True)  # fmt: skip
+    assert record["verdict"] == "workload" and record["nodes"] == [] and not record["hand_off"]
+    assert record["stalled"] == {"nodeB": [3]}
+    assert record["flight"] == [
+        "rank(s) 0, 1, 2 waited in `gloo:all_reduce` #4 of process group 0 for rank(s) 3"
+    ]
+    read = hangs.parse(json.dumps(record), set())
+    assert read is not None and hangs.sentence(read, 86400) == found.words
+    assert hangs.grouped(read)[0] == found.words  # logs --stacks
