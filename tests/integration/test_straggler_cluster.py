@@ -110,6 +110,10 @@ def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
                 2.0,
             )
             found = watch(cluster, tmp_path, "--work-dir", str(work))
+            # Task 0's own look (every 10 s) names it for the ledger: status can say it
+            # first, and a cancel before that look would leave the ledger without it.
+            named = work / "nvrx" / gen / "stragglers" / f"named.{slow}"
+            cluster.wait_until(named.exists, NAMED_S, f"task 0 to name {slow} in {named.name}", 2.0)
         assert f"in cycle 0 of generation {gen}: its own step takes" in text
         slowdown = float(text.split(f"{slow} is a straggler")[1].split("x over the last")[0]
                          .rsplit("(", 1)[1])  # fmt: skip
