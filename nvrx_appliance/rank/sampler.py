@@ -74,17 +74,25 @@ def main_thread_frames(dump: Any, pid: int) -> list[dict[str, Any]] | None:
     return None
 
 
+# A process that has died and waits to be reaped (Z) or is being torn down (X): gone. Its
+# state is no evidence of what it did: NVRx's rank monitor ends a hung rank with SIGCONT
+# then SIGKILL, and a stopped rank's last sample read as Z named no state T (the frames,
+# read a moment before, still showed the collective it was stopped on the way into).
+DEAD_STATES = frozenset({"Z", "X", "x"})
+
+
 def proc_state(pid: int) -> tuple[str, int]:
-    """(state letter, CPU ticks used) from /proc; ("", 0) when gone."""
+    """(state letter, CPU ticks used) from /proc; ("", 0) when gone (dead included)."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return "", 0
     fields = text.rsplit(")", 1)[-1].split()
     try:
-        return fields[0], int(fields[11]) + int(fields[12])
+        state, ticks = fields[0], int(fields[11]) + int(fields[12])
     except (IndexError, ValueError):
         return "", 0
+    return ("", 0) if state in DEAD_STATES else (state, ticks)
 
 
 YAMA_SCOPE = Path("/proc/sys/kernel/yama/ptrace_scope")

@@ -5,10 +5,12 @@ the workload's memory (Yama's ptrace_scope, no CAP_SYS_PTRACE)."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from nvrx_appliance.rank import hang_rule, sampler, stacks
 
@@ -143,3 +145,25 @@ def test_no_blocking_dump_is_taken_of_a_rank_stopped_or_stuck_in_the_kernel():
     assert not s.blocked({"state": "D", "native": []})
     assert not s.blocked({"state": "T", "native": []})
     assert not s.blocked({"state": "S", "native": ["c10d::Reducer::finalize_backward"]})
+
+
+def test_a_rank_that_died_is_gone_and_its_last_sample_stands(tmp_path):
+    # NVRx's rank monitor ends a hung rank with SIGCONT then SIGKILL: a sample taken as it
+    # died read state Z beside the frames of the collective it had been stopped on the way
+    # into, and the judgement took the stopped rank for a waiting one (no verdict).
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        s = sampler.Sampler(workload.pid, tmp_path / "s" / "node1.rank0.json", 1.0,
+                            {"rank": 0, "node": "node1"}, lambda _: None)  # fmt: skip
+        workload.send_signal(signal.SIGSTOP)
+        stopped = s.take()
+        assert stopped is not None and stopped["state"] == "T"
+        workload.kill()
+        os.waitid(os.P_PID, workload.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: Z
+        stat = Path(f"/proc/{workload.pid}/stat").read_text()
+        assert stat.rsplit(")", 1)[1].split()[0] == "Z"
+        assert sampler.proc_state(workload.pid) == ("", 0)
+        assert s.take() is None  # gone: the sampler keeps the stopped sample it had
+    finally:
+        workload.kill()
+        workload.wait()
