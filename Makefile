@@ -26,14 +26,16 @@ lint: python-deps
 	 elif [ "$$CI" = true ]; then echo "lint: promtool is missing (make system-deps)" >&2; exit 1; \
 	 else echo "lint: promtool is missing, $(RULES) not checked (make system-deps installs it)"; fi
 
-# Unit tests, then integration tests on the real local Slurm cluster (brought up once
-# per session, torn down at the end). Without root they skip, with the reason; under
-# CI=true they must not.
+# Unit tests (one worker per core: each test has its own tmp dir), then integration
+# tests on the real local Slurm cluster, one at a time (brought up once per session,
+# torn down at the end). Without root they skip, with the reason; under CI=true they
+# must not.
 test: deps
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest -n auto tests/unit
+	$(BIN)/python -m pytest tests/integration
 
 test-unit: python-deps
-	$(BIN)/python -m pytest tests/unit
+	$(BIN)/python -m pytest -n auto tests/unit
 
 test-integration: deps
 	$(BIN)/python -m pytest tests/integration

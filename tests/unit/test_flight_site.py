@@ -15,6 +15,7 @@ from pathlib import Path
 
 from nvrx_appliance.rank import flight
 from nvrx_appliance.rank.flight_site import sitecustomize as site
+from tests.unit.test_cpu_trainer import free_port
 
 
 def env(tmp_path: Path, *more: str) -> dict[str, str]:
@@ -68,7 +69,7 @@ dist.destroy_process_group()
 def test_a_stalled_collective_leaves_a_dump_that_goes_when_it_completes(tmp_path):
     script = tmp_path / "ranks.py"
     script.write_text(RANKS)
-    port = str(29500 + os.getpid() % 400)
+    port = str(free_port())  # a port no other test (xdist runs them side by side) holds
     procs = [
         subprocess.Popen(
             [sys.executable, str(script), str(rank), port, str(tmp_path / "flight")],
