@@ -107,3 +107,34 @@ def test_published_figures_are_read_for_their_generation_and_cycle_only():
     }  # fmt: skip
     found = collective_waits.parse(body, "42", 1)
     assert [(w.rank, w.history) for w in found] == [(0, ((1.0, 10, 3), (2.0, 20, 9)))]
+
+
+def test_the_newest_generations_newest_cycle_is_read_back_even_without_a_progress_log(tmp_path):
+    import json
+
+    from nvrx_appliance.goodput import wait_record
+    from nvrx_appliance.layout import Layout
+
+    layout = Layout(tmp_path)
+    late = run({"node1": 0.7, "node2": 0.1})
+
+    def publish(generation: str, cycle: int, node: str) -> None:
+        entries = [
+            {"generation": generation, "cycle": cycle, "node": w.node, "rank": w.rank,
+             "history": [list(h) for h in w.history]}
+            for w in late if w.node == node
+        ]  # fmt: skip
+        where = layout.stacks(generation) / f"cycle{cycle}"
+        where.mkdir(parents=True, exist_ok=True)
+        (where / f"{node}.json").write_text(json.dumps({"node": node, "waits": entries}))
+
+    for generation, cycle in (("7", 0), ("8", 0), ("8", 1)):
+        for node in ("node1", "node2"):
+            publish(generation, cycle, node)
+    work: dict = {}
+    wait_record.attach(layout, work, ["7", "8"], create=False)
+    assert work == {}  # the goodput account: only what the workload recorded
+    wait_record.attach(layout, work, ["7", "8"])
+    assert list(work) == [("8", 1)] and work["8", 1].source == wait_record.SOURCE
+    [found] = straggler.judge(work["8", 1])
+    assert (found.node, found.generation, found.cycle) == ("node2", "8", 1)
