@@ -19,6 +19,7 @@ and names nobody.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from collections.abc import Sequence
@@ -59,6 +60,7 @@ class Straggler:
     # OWN_STEP: own_s and peers_s are step times; WAITS: shares of time inside
     # collectives, and steps is the window in seconds
     measure: str = OWN_STEP
+    also: str = ""  # the other measure's words, where it names the node too
 
     @property
     def who(self) -> str:
@@ -88,7 +90,7 @@ class Straggler:
             f"{self.who} is a straggler in cycle {self.cycle} of generation "
             f"{self.generation}: its own step takes {_s(self.own_s)} against {_s(self.peers_s)} "
             f"on its peers ({self.slowdown:.2f}x over the last {self.steps} steps); the run "
-            f"has lost {self.lost_s:.0f} s waiting for it"
+            f"has lost {self.lost_s:.0f} s waiting for it" + (f"; {self.also}" if self.also else "")
         )
 
 
@@ -152,9 +154,19 @@ def _wall_step(window: list[OwnSteps]) -> float:
 def judge(work: CycleWork) -> list[Straggler]:
     """The stragglers of one cycle in its last window, slowest first."""
     found = _by_own_step(work)
-    named = {s.node for s in found}
-    found += [_late(work, n) for n in late_node.judge(work.waits) if n.node not in named]
+    late = {n.node: n for n in late_node.judge(work.waits)}
+    # named by both: by its own step (the finer figure), its words saying the second too
+    found = [dataclasses.replace(s, also=_also(late.pop(s.node))) if s.node in late else s
+             for s in found]  # fmt: skip
+    found += [_late(work, n) for n in late.values()]
     return sorted(found, key=lambda s: -s.slowdown)
+
+
+def _also(late: late_node.LateNode) -> str:
+    return (
+        f"its peers also wait inside collectives {late.peers:.0%} of the time against "
+        f"{late.own:.0%} on its ranks"
+    )
 
 
 def _by_own_step(work: CycleWork) -> list[Straggler]:

@@ -91,6 +91,9 @@ def test_a_node_named_by_its_own_step_is_named_once_by_that_measure():
     waits = run({"node1": 0.7, "node2": 0.1})
     [found] = straggler.judge(CycleWork("42", 0, "progress log", own_steps=own, waits=waits))
     assert (found.node, found.measure) == ("node2", straggler.OWN_STEP)
+    assert found.words.startswith("node2 is a straggler in cycle 0 of generation 42: its own step")
+    assert found.words.endswith("; its peers also wait inside collectives 70% of the time "
+                                "against 10% on its ranks")  # fmt: skip
 
 
 def test_published_figures_are_read_for_their_generation_and_cycle_only():
