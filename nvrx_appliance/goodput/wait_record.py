@@ -77,7 +77,8 @@ def attach(
     key = (generation, cycle)
     if key not in work and not create:
         return
-    if key not in work:
+    if key not in work:  # its only sign of life: the figures (a workload's record is
+        # never moved by them, so that the goodput account reads what the workload said)
         work[key] = CycleWork(generation, cycle, SOURCE)
+        work[key].seen(max(w.history[-1][0] for w in waits))
     work[key].waits = waits
-    work[key].seen(max(w.history[-1][0] for w in waits))
