@@ -47,6 +47,10 @@ WHO_ENV = "NVRX_APPLIANCE_FLIGHT_WHO"  # {"generation", "cycle"} as JSON
 WAITS_ENV = "NVRX_APPLIANCE_FLIGHT_WAITS"  # {"dir", "period", "generation"} as JSON
 TICK_S = 0.1  # the status costs microseconds (bench/flight_watch.py): ten times a second
 LOOK_TICKS = 10  # a stall is looked for each second, far below any step timeout
+# A poll that comes this long after the last one follows a stop of the whole process
+# (SIGSTOP, a descheduled node): it sees the state the rank was stopped in, most often
+# inside a collective, not a share of the time it ran, so it is not counted.
+GAP_S = 3 * TICK_S
 KEEP_S = 120.0  # the figures' history kept: four times the late-node rule's window
 KEEP_ENTRIES = 256  # the newest entries kept in a dump (2,000 are ~1 MB of JSON)
 VERSION = 1
@@ -84,8 +88,11 @@ class _Watch:
 
     def run(self) -> None:
         tick = 0
+        last = time.monotonic()
         while True:
             time.sleep(TICK_S)
+            now = time.monotonic()
+            gap, last = now - last, now
             # Read only what the workload imported, and only once torch.distributed is
             # whole: its module is in sys.modules while torch is still importing it.
             dist: Any = sys.modules.get("torch.distributed")
@@ -95,7 +102,7 @@ class _Watch:
             found = {n: getattr(c10d, n) for n in RECORDERS if hasattr(c10d, n)}
             pending = self.pending(found)
             if self.waits is not None:
-                self.waits.count(bool(pending), dist.get_rank())
+                self.waits.count(bool(pending), dist.get_rank(), gap)
             tick += 1
             if tick % LOOK_TICKS == 0:
                 self.look(found, dist.get_rank(), pending)
@@ -162,9 +169,10 @@ class _Waits:
         self.next_write = 0.0
         self.keep = int(KEEP_S / self.period) + 2
 
-    def count(self, waiting: bool, rank: int) -> None:
-        self.polls += 1
-        self.waiting += waiting
+    def count(self, waiting: bool, rank: int, gap: float) -> None:
+        if gap <= GAP_S:
+            self.polls += 1
+            self.waiting += waiting
         now = time.time()
         if now < self.next_write:
             return
