@@ -194,3 +194,16 @@ def test_the_watch_measures_who_waits_inside_collectives_and_the_publisher_carri
     # rank 0 waits for the late rank 1 inside every all-reduce; rank 1 barely waits
     assert shares["node0", 0] > 0.5 > 0.3 > shares["node1", 1], shares
     assert oct((local[0] / "cycle0" / "waits").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_poll_after_the_process_was_stopped_is_not_counted(tmp_path, monkeypatch):
+    # After a SIGSTOP the first poll sees the state the rank was stopped in, not a share
+    # of the time it ran.
+    monkeypatch.setenv("SLURMD_NODENAME", "nodeA")
+    waits = site._Waits(str(tmp_path / "w"), 0.5, "7", 0)
+    waits.count(True, 3, site.TICK_S)
+    waits.count(True, 3, 0.4)  # the poll after a 0.4 s stop
+    waits.count(False, 3, site.TICK_S)
+    assert (waits.polls, waits.waiting) == (2, 1)
+    written = json.loads((tmp_path / "w" / "nodeA.rank3.json").read_text())
+    assert (written["generation"], written["rank"], written["history"][0][1:]) == ("7", 3, [1, 1])
