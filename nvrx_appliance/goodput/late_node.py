@@ -6,7 +6,7 @@ loader, a slow NIC, or a slow compute) arrives last and barely waits, while its 
 wait for it. Its own step time can stay as fast as theirs. The rule
 (docs/stragglers.md): over the last WINDOW_S seconds of each rank's own clock, cut into
 PARTS consecutive parts, a node is late when in every part the median of its peers'
-shares of polls inside a collective exceeds its own share by at least EXCESS. Shares
+shares of wall time inside a collective exceeds its own share by at least EXCESS. Shares
 only are compared across nodes, never their clocks. The excess over the whole window is
 the share of the run's time spent waiting for it; the time lost is that excess over
 the whole cycle the figures cover.
@@ -28,6 +28,7 @@ EXCESS = 0.2
 PARTS = 3
 WINDOW_S = 30.0  # the recent past: a node that recovers is let go
 MIN_POLLS = 10  # a part a node's ranks polled fewer times in (1 s at 10 Hz) judges nothing
+TICK_S = 0.1  # the watch's poll interval (rank/flight_site/sitecustomize.py TICK_S)
 
 
 @dataclass(frozen=True)
@@ -50,34 +51,37 @@ class LateNode:
         return 1.0 / max(1e-3, 1.0 - self.excess)
 
 
-def _at(history: Sequence[tuple[float, int, int]], when: float) -> tuple[int, int]:
-    """The cumulative counts at `when`: the newest snapshot not after it, else the oldest."""
+def _at(history: Sequence[tuple[float, int, int]], when: float) -> tuple[float, int, int]:
+    """The snapshot at `when`: the newest not after it, else the oldest."""
     found = history[0]
     for snap in history:
         if snap[0] > when:
             break
         found = snap
-    return found[1], found[2]
+    return found
 
 
-def _span(ranks: Sequence[RankWaits], start: float, end: float) -> tuple[int, int]:
-    """(polls, polls inside a collective) of a node's ranks from `start` to `end`
-    before each rank's newest figure, by its own clock."""
-    polls = waiting = 0
+def _span(ranks: Sequence[RankWaits], start: float, end: float) -> tuple[float, int, int]:
+    """(seconds, polls, polls inside a collective) of a node's ranks from `start` to
+    `end` seconds before each rank's newest figure, by its own clock."""
+    seconds, polls, waiting = 0.0, 0, 0
     for rank in ranks:
         newest = rank.history[-1][0]
-        p0, w0 = _at(rank.history, newest - start)
-        p1, w1 = _at(rank.history, newest - end)
-        polls, waiting = polls + p1 - p0, waiting + w1 - w0
-    return polls, waiting
+        t0, p0, w0 = _at(rank.history, newest - start)
+        t1, p1, w1 = _at(rank.history, newest - end)
+        seconds, polls, waiting = seconds + t1 - t0, polls + p1 - p0, waiting + w1 - w0
+    return seconds, polls, waiting
 
 
 def _shares(by_node: dict[str, list[RankWaits]], start: float, end: float) -> dict[str, float]:
+    """Each node's share of wall time seen inside a collective: a poll inside one stands
+    for the TICK_S until the next. Time a rank took no polls (stopped, descheduled) is
+    time it did not wait, which is what makes a descheduled node late."""
     out = {}
     for node, ranks in by_node.items():
-        polls, waiting = _span(ranks, start, end)
-        if polls >= MIN_POLLS:
-            out[node] = waiting / polls
+        seconds, polls, waiting = _span(ranks, start, end)
+        if polls >= MIN_POLLS and seconds > 0:
+            out[node] = min(1.0, waiting * TICK_S / seconds)
     return out
 
 

@@ -141,3 +141,23 @@ def test_the_newest_generations_newest_cycle_is_read_back_even_without_a_progres
     assert list(work) == [("8", 1)] and work["8", 1].source == wait_record.SOURCE
     [found] = straggler.judge(work["8", 1])
     assert (found.node, found.generation, found.cycle) == ("node2", "8", 1)
+
+
+def test_the_local_clusters_descheduled_node_is_named_from_its_recorded_figures():
+    # The published figures of tests/integration/test_straggler_cluster.py's descheduled
+    # node (node2: its ranks run 0.2 s of every 0.6 s), as the nodes' files held them.
+    import json
+    from pathlib import Path
+
+    from nvrx_appliance.rank.flight_site import sitecustomize as site
+
+    assert late_node.TICK_S == site.TICK_S
+    recorded = Path(__file__).parent / "fixtures" / "late_node" / "descheduled.json"
+    bodies = json.loads(recorded.read_text())
+    waits = [w for body in bodies.values() for w in collective_waits.parse(body, "268", 0)]
+    # per poll its ranks looked as busy in collectives as their peers (0.74 against 0.88);
+    # by wall time they were not: they were stopped
+    [found] = late_node.judge(waits)
+    assert found.node == "node2"
+    assert found.own == pytest.approx(0.24, abs=0.02)
+    assert found.peers == pytest.approx(0.88, abs=0.02)
