@@ -30,6 +30,7 @@ from bench import (
     machine,
     norestart,
     plan,
+    plan_inputs,
     readme,
     report,
     restart,
@@ -53,10 +54,10 @@ SCENARIOS = {
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
         completion, healthcheck, segment, segsilent, scale, sick_node, watcher, plan,
-        stack_sampling,
+        stack_sampling, plan_inputs,
     )
 }  # fmt: skip
-NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME}
+NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME, plan_inputs.NAME}
 RESULTS = Path(__file__).parent / "results"
 RESULTS_DOC = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 MIN_REPEAT = 5  # issue 7: every figure over at least five samples

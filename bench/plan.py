@@ -24,9 +24,12 @@ moment, task 0's included (all seeded, so a sample is repeatable):
 - hang: every training process on the node frozen (SIGSTOP) once, thawed once training
   is back without it; the stacks name it, a spare takes its place (task 0's: a hand-off).
 
-A failure due while the run recovers is dropped (counted): failures strike training
-time, as the plan's simulation has them, and their rates are per training time. Then the
-chain is cancelled and read. The plan is asked at the chain's own settings with those
+Failures strike in wall time, as the plan's simulation has them: one due while the run
+recovers lands too, on a node that has training processes then (a restart's starting
+workers: it starts the recovery over), and one due when no node has any (the chain
+between generations) or a hang due while another is frozen finds nothing to strike and
+is counted as absorbed. Their rates are per the training nodes' held (wall) time. Then
+the chain is cancelled and read. The plan is asked at the chain's own settings with those
 realised rates and the chain's own costs (`--from-chain`); its ETTR is held against
 report's share of the training nodes' held time that trained (productive over the
 allocation less idle spares and the chain's end: a spare's node never trains, in the
@@ -105,14 +108,15 @@ def _back(h: Harness, work: Path, hit: tuple[str, int] | None, after: float) -> 
 
 class _Injector:
     """FAILURES failures on a Poisson clock of wall time (MEAN_GAP_S), each of a class
-    drawn by WEIGHTS, aimed at a node training then. One due while the run recovers is
-    dropped (counted): failures strike training time, as the plan's simulation has
-    them. A dead node is revived, a frozen one thawed, once training is back without it."""
+    drawn by WEIGHTS, aimed at a node with training processes then, recovering or not:
+    failures strike in wall time, as the plan's simulation has them. One that finds no
+    such node (or a hang while another is frozen) is absorbed (counted). A dead node is
+    revived, a frozen one thawed, once training is back without it."""
 
     def __init__(self, h: Harness, work: Path, name: str, seed: int):
         self.h, self.work, self.name, self.rng = h, work, name, random.Random(seed)
         self.landed: list[dict] = []
-        self.dropped: Counter[str] = Counter()
+        self.absorbed: Counter[str] = Counter()
         self.dead: list[tuple[str, float, tuple[str, int] | None]] = []  # revive when back
         self.freezer: tuple[Freezer, float, tuple[str, int] | None] | None = None
 
@@ -132,7 +136,7 @@ class _Injector:
             kind = self.rng.choices(list(WEIGHTS), list(WEIGHTS.values()))[0]
             due += self.rng.expovariate(1.0 / MEAN_GAP_S)
             if not self.inject(kind):
-                self.dropped[kind] += 1
+                self.absorbed[kind] += 1
         while time.time() < due:  # the run goes on to the next failure it would have had
             self.tend()
             time.sleep(POLL_S)
@@ -151,15 +155,15 @@ class _Injector:
                 self.freezer = None
 
     def inject(self, kind: str) -> bool:
-        hit = _training(self.h, self.work)
-        if hit is None or self.freezer is not None:
-            return False  # nothing trains: a failure strikes training time only
+        hit = _training(self.h, self.work)  # None: the run recovers
+        if kind == "hang" and self.freezer is not None:
+            return False  # one frozen node at a time: the second finds nothing to freeze
         gone = {node for node, _, _ in self.dead}
         nodes = [n for n in self.h.nodes if n not in gone and sick_node.workers(self.work, n)]
         if not nodes:
             return False
         node = self.rng.choice(sorted(nodes))
-        task0 = node == _task0_host(self.work, hit[0])
+        task0 = node == _task0_host(self.work, hit[0] if hit else _generation(self.h, self.work))
         if kind == "rank_crash":
             pids = sick_node.workers(self.work, node)
             if not pids:
@@ -182,6 +186,12 @@ class _Injector:
             self.freezer[0].__exit__(None, None, None)
         for node, _, _ in self.dead:
             self.h.revive_node(node)
+
+
+def _generation(h: Harness, work: Path) -> str:
+    """The generation that logged the last step (the one recovering, or ending)."""
+    steps = [e for e in h.progress(work) if e["event"] == "step"]
+    return _step_key(steps[-1])[0] if steps else ""
 
 
 def _task0_host(work: Path, generation: str) -> str:
@@ -207,7 +217,7 @@ def _inject_chain(h: Harness, seed: int) -> dict:
     finally:
         injector.stop()
         h.drain(name)
-    return {"work": str(work), "landed": injector.landed, "dropped": dict(injector.dropped)}
+    return {"work": str(work), "landed": injector.landed, "absorbed": dict(injector.absorbed)}
 
 
 def _json(h: Harness, *args: str) -> dict:
@@ -222,17 +232,16 @@ def _category(report: dict, name: str) -> float:
     return next(c["node_seconds"] for c in report["categories"] if c["name"] == name)
 
 
-TRAINING = ("productive", "checkpoint_saves", "training_lost", "not_yet_saved")
-
-
-def _rates(report: dict, landed: list[dict]) -> tuple[dict[str, float], float]:
-    """Each class's realised rate per 1,000 node-days of the training nodes' training
-    time (failures strike it only, in the harness as in the simulation), and the
-    training nodes' held time in days, the chain's own end left out."""
-    trained = sum(_category(report, name) for name in TRAINING)
-    counts = Counter(f["kind"] for f in landed)
-    rates = {k: counts[k] * 1000.0 * 86400.0 / trained for k in WEIGHTS}
-    return rates, _held(report) / 86400.0 / TRAIN_TASKS
+def _rates(
+    report: dict, landed: list[dict], absorbed: dict[str, int]
+) -> tuple[dict[str, float], float]:
+    """Each class's realised rate per 1,000 node-days of the training nodes' held (wall)
+    time, the absorbed ones counted (they came, in wall time, as the simulation's do),
+    and that held time in days, the chain's own end left out."""
+    held = _held(report)
+    counts = Counter(f["kind"] for f in landed) + Counter(absorbed)
+    rates = {k: counts[k] * 1000.0 * 86400.0 / held for k in WEIGHTS}
+    return rates, held / 86400.0 / TRAIN_TASKS
 
 
 def _held(report: dict) -> float:
@@ -248,10 +257,10 @@ def measured_ettr(report: dict) -> float:
     return report["productive_node_seconds"] / held if held else 0.0
 
 
-def predict(h: Harness, work: str, landed: list[dict]) -> dict:
+def predict(h: Harness, work: str, landed: list[dict], absorbed: dict[str, int]) -> dict:
     """report's account of a finished chain and plan's prediction for it."""
     report = _json(h, "report", "--work-dir", work)
-    rates, days = _rates(report, landed)
+    rates, days = _rates(report, landed, absorbed)
     step_s = report["step_seconds"] or STEP_PAUSE_S
     plan = _json(
         h, "plan", "--work-dir", work,
@@ -292,11 +301,11 @@ def collect(h: Harness, repeat: int, result: Result) -> None:
         chain = _inject_chain(h, seed)
         h.say(f"{NAME}: chain {json.dumps(chain)}")  # kept in the log: a plan can be redone
         try:
-            sample = predict(h, chain["work"], chain["landed"])
+            sample = predict(h, chain["work"], chain["landed"], chain["absorbed"])
         except (BenchError, KeyError, StopIteration) as exc:
             result.notes.append(f"seed {seed}: no comparison ({exc}); chain {chain['work']}")
             continue
-        sample["dropped"] = chain["dropped"]
+        sample["absorbed"] = chain["absorbed"]
         result.samples.append(sample)
         h.say(f"{NAME}: seed {seed}: report {sample['measured']:.3f}, plan "
               f"{sample['predicted']:.3f}")  # fmt: skip
@@ -307,8 +316,8 @@ def note(seed: int, sample: dict) -> str:
     low, high = sample["predicted_range"]
     spread = "inside" if low <= sample["measured"] <= high else "OUTSIDE"
     return (
-        f"seed {seed}: {sample['failures']} ({sample['on_task0']} on task 0's node; dropped "
-        f"while recovering: {sample.get('dropped', {})}) in "
+        f"seed {seed}: {sample['failures']} ({sample['on_task0']} on task 0's node; absorbed "
+        f"with nothing to strike: {sample.get('absorbed', {})}) in "
         f"{sample['training_days'] * 86400:.0f} s, {sample['generations']} generations; report "
         f"{sample['measured']:.3f}, plan {sample['predicted']:.3f} ({spread} the plan's "
         f"seeds, {low:.3f}-{high:.3f}); report {_shares(sample['measured_breakdown'])}; plan "

@@ -3,6 +3,7 @@ the settings that maximise it, and the seeds' design beside it; a thin face of a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -13,9 +14,9 @@ from nvrx_appliance import api, jsondoc
 from nvrx_appliance.cli.fail import fail
 from nvrx_appliance.cli.target import METAVAR, not_readable, unreachable
 from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan import profiles, view
 from nvrx_appliance.plan import rates as published
 from nvrx_appliance.plan import request as asked
-from nvrx_appliance.plan import view
 from nvrx_appliance.plan.simulate import Settings
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.settings.generation_end import slurm_seconds
@@ -44,9 +45,10 @@ def _time(ctx: click.Context, param: click.Parameter, value: str) -> float:
     seconds = slurm_seconds(value)
     if seconds is None:
         raise click.BadParameter(
-            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day) or 04:00:00"
+            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00 or 0 (none)"
         )
-    return float(seconds)
+    # 0 is Slurm's "no time limit", as submit's --time 0 is (no save before a limit).
+    return float(seconds) if seconds else math.inf
 
 
 # (flag, type, default, help): the options with a default; click shows it.
@@ -57,8 +59,6 @@ WITH_DEFAULTS = (
     ("--segment", int, 0, "NVLink domain's nodes in segment mode (0: off)."),
     ("--days", float, _DEFAULTS.days, "The run's wall time."),
     ("--unloadable", float, 0.0, "Share of checkpoint loads that fail (0.01: one in 100)."),
-    ("--storage-gbps", float, asked.STORAGE_GBPS,
-     "Storage write and read rate, GB/s (Llama 3's: 2,000 sustained)."),
     ("--queue-wait", float, 0.0,
      "Seconds a generation waits for nodes after the last (0: a reservation)."),
     ("--response-minutes", float, 60.0, "A person's answer to a stopped chain (assumed)."),
@@ -78,8 +78,13 @@ WITHOUT = (
     ("--hang", f"Hangs {RATE_HELP}"),
     ("--task0-loss", "Losses of task 0 beyond node deaths on its nodes, per 1,000 node-days "
      "of its nodes  [default: 0]"),
+    ("--total-rate", "Every interruption together, per 1,000 node-days (arXiv 2410.21680's "
+     "form), split as Llama 3's classes are; instead of --node-death ..."),
     ("--checkpoint-gb", "The whole checkpoint, GB  [default: 4 GB per GPU, Llama 3's largest]"),
-    ("--save-seconds", "Seconds a save blocks training (an async save's), not size / rate."),
+    ("--storage-gbps", "Storage write and read rate, GB/s  [default: 2,000, Llama 3's sustained]"),
+    ("--save-seconds", "Seconds a save blocks training, not size / rate: under --async-save "
+     "(Megatron chains' default) only its staging copy blocks."),
+    ("--load-seconds", "Seconds a load takes, not size / rate (a local or in-memory restore)."),
     ("--step-seconds", "A training step's seconds: the save interval in iterations too."),
 )  # fmt: skip
 
@@ -103,7 +108,7 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
     default="1-00:00:00",
     show_default=True,
     callback=_time,
-    help="One generation's Slurm time limit (your cluster's most).",
+    help="One generation's Slurm time limit (your cluster's most); 0: none, as submit's.",
 )
 @click.option(
     "--from-chain",
@@ -120,6 +125,14 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
     metavar="NAME=SECONDS",
     help=f"Your own figure for a step ({', '.join(priced.STEPS)}); repeatable.",
 )
+@click.option(
+    "--profile",
+    type=click.Choice(profiles.NAMES),
+    default=profiles.LOCAL,
+    show_default=True,
+    help="Recovery costs: local (measured on this machine's CPU stand-in) or cluster (a "
+    "real GPU cluster: published figures where they exist, said assumptions elsewhere).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(**o) -> None:
     """Plan a run at scale: its effective training time (ETTR), by cause.
@@ -134,12 +147,25 @@ def plan_command(**o) -> None:
         for k in ("node_death", "rank_crash", "hang", "task0_loss")
         if o[k] is not None
     ]
-    defaults = published.Rates()
+    if o["total_rate"] is not None and given:
+        fail(f"--total-rate: give it or {', '.join(given)}, not both", prefix=PREFIX)
+    total = o["total_rate"]
+    if total is not None and not (math.isfinite(total) and 0 <= total <= asked.MOST_RATE):
+        fail(
+            f"--total-rate: interruptions per 1,000 node-days, 0 to {asked.MOST_RATE:,.0f} "
+            "(Llama 3's: 3.8)",
+            prefix=PREFIX,
+        )
+    defaults = (
+        published.Rates() if o["total_rate"] is None else published.from_total(o["total_rate"])
+    )
     rates = replace(
         defaults,
         **{k: o[k] for k in ("node_death", "rank_crash", "hang", "task0_loss") if o[k] is not None},
         unloadable=o["unloadable"],
         source=defaults.source if not given else "given on the command line",
+        # A node death given is per node of the planned shape: no share of it rescaled.
+        gpu_share=0.0 if o["node_death"] is not None else defaults.gpu_share,
     )
     request = asked.Request(
         nodes=o["nodes"],
@@ -152,6 +178,7 @@ def plan_command(**o) -> None:
         checkpoint_gb=o["checkpoint_gb"],
         storage_gbps=o["storage_gbps"],
         save_s=o["save_seconds"],
+        load_s=o["load_seconds"],
         queue_wait_s=o["queue_wait"],
         response_s=o["response_minutes"] * 60.0,
         storage_stall_s=o["storage_stall"],
@@ -165,8 +192,9 @@ def plan_command(**o) -> None:
         grace_s=float(_SPEC.closed_flag_grace),
         step_s=o["step_seconds"],
         overrides=o["costs"],
+        profile=o["profile"],
         seeds=o["seeds"],
-        rates_given=bool(given),
+        rates_given=bool(given) or o["total_rate"] is not None,
     )
     try:
         plan = api.plan(request, from_chain=o["from_chain"], work_dir=o["work_dir"])

@@ -89,7 +89,9 @@ def expected_goodput(tau: float, save_s: float, restart_s: float, rate: float) -
         return 0.0
     if rate <= 0:
         return tau / (tau + save_s)
-    return rate * tau * math.exp(-rate * restart_s) / math.expm1(rate * (tau + save_s))
+    exposed = rate * (tau + save_s)
+    # Divided through by e^exposed: expm1 overflows past ~709 where the answer is ~0.
+    return rate * tau * math.exp(-rate * restart_s - exposed) / -math.expm1(-exposed)
 
 
 def optimal_tau(save_s: float, rate: float) -> float:

@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from nvrx_appliance.plan import profiles
+
 BENCH = "docs/benchmarks.md, run of 2026-12-03"
 MEASURED_NODES = 16  # the largest size the growth table measured
 
@@ -114,6 +116,18 @@ STEPS = tuple(MEASURED)
 
 
 @dataclass(frozen=True)
+class Checkpoint:
+    """The checkpoint a save writes and a load reads, and which figure was given."""
+
+    gb: float
+    gb_given: bool
+    storage_gbps: float
+    storage_given: bool
+    save_given: bool  # --save-seconds (an async save's staging copy, say), not size / rate
+    load_given: bool  # --load-seconds (a local or in-memory restore, say)
+
+
+@dataclass(frozen=True)
 class Costs:
     """Every step a recovery is made of, at one shape, plus the checkpoint's save and
     load and the settings that act as costs (the lease, the queue wait)."""
@@ -129,6 +143,8 @@ class Costs:
     replaced_whole: Step | None = None
     hand_off_whole: Step | None = None
     first_start_whole: Step | None = None  # the run's first start-up, to training
+    checkpoint: Checkpoint | None = None
+    profile: str = profiles.LOCAL
 
     def s(self, name: str) -> float:
         return self.steps[name].seconds
@@ -146,8 +162,10 @@ def measured(
     checkpoint_gb: float,
     storage_gbps: float,
     save_s: float | None = None,
+    load_s: float | None = None,
     overrides: dict[str, float] | None = None,
     queue_wait: float = 0.0,
+    profile: str = profiles.LOCAL,
     save_source: str = "given (--save-seconds)",
 ) -> Costs:
     """The committed figures at this shape; `overrides` (a person's own figures or a
@@ -167,16 +185,18 @@ def measured(
             seconds=wait.seconds + poll,
             growth=wait.growth + f"; + {poll:.1f} s segment poll (nodes / 2000, NVRx's rule)",
         )
+    for name, figure in profiles.figures(profile).items():
+        steps[name] = Step(figure.seconds, f"{profile} profile: {figure.source}", "as the profile")
     for name, seconds in (overrides or {}).items():
         steps[name] = Step(seconds, "given", "as given")
-    transfer = checkpoint_gb / storage_gbps
-    save = (
-        Step(save_s, save_source, "as given")
-        if save_s is not None
-        else Step(transfer, "--checkpoint-gb / --storage-gbps", "grows with the checkpoint")
+    transfer = Step(
+        checkpoint_gb / storage_gbps,
+        "the whole checkpoint at the storage's rate (size / rate)",
+        "grows with the checkpoint",
     )
-    load = Step(transfer, "--checkpoint-gb / --storage-gbps", "grows with the checkpoint")
-    return Costs(steps, save, load, queue_wait)
+    save = Step(save_s, save_source, "as given") if save_s is not None else transfer
+    load = Step(load_s, "given (--load-seconds)", "as given") if load_s is not None else transfer
+    return Costs(steps, save, load, queue_wait, profile=profile)
 
 
 # --- what one recovery costs, split as `report` splits it -----------------------------------

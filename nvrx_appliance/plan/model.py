@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from statistics import NormalDist
 
 from nvrx_appliance import lease
 from nvrx_appliance.goodput import save_interval as interval
@@ -35,6 +36,14 @@ RISK = 0.01
 SHORTEST_INTERVAL_S = 1.0
 # Hot spares tried: each one is a task of idle nodes for the whole run.
 MOST_HOT_SPARES = 4
+# Events (interruptions and generations) one simulated run plays, its seeds together: a
+# plan plays about a dozen such runs, each event a few microseconds here, so the answer
+# comes within a second or two at any size. Past it the seeds are fewer (at least
+# FEWEST_SEEDS: a large run's seed is already steady, its spread shrinking as one over the
+# root of its interruptions), then one seed plays a window of the run and its counts are
+# scaled to the whole (ETTR and the shares are ratios; the window is said).
+EVENTS_PER_RUN = 20_000
+FEWEST_SEEDS = 2
 
 
 def interrupting_rate(scenario: Scenario) -> float:
@@ -89,12 +98,17 @@ def closed_form(scenario: Scenario, settings: Settings, design: Design) -> float
     limit = scenario.time_limit_s
     if math.isinf(limit):
         return kept
-    if design.saves_at_time_limit:
-        boundary = sum(priced.boundary_appliance(scenario.costs).values())
-        return kept * limit / (limit + boundary)
-    boundary = sum(priced.boundary_seeds(scenario.costs).values())
-    lost = min(tau, limit) / 2 * kept  # on average half a segment's work, killed at the limit
-    return kept * (limit - lost) / (limit + boundary) if limit > lost else 0.0
+    # The successor's start-up runs inside its own time limit (Slurm's clock starts with
+    # the job); the rest of the boundary (the last save, the end, the queue) outside it.
+    parts = (priced.boundary_appliance if design.saves_at_time_limit else priced.boundary_seeds)(
+        scenario.costs
+    )
+    start_up = parts.get("start_up", 0.0)
+    outside = sum(parts.values()) - start_up
+    trains = max(0.0, limit - start_up)
+    if not design.saves_at_time_limit:
+        trains -= min(tau, trains) / 2 * kept  # on average half a segment's work, killed
+    return kept * trains / (limit + outside)
 
 
 def best_interval(scenario: Scenario) -> float:
@@ -105,15 +119,56 @@ def young_interval(scenario: Scenario) -> float:
     return interval.young_tau(scenario.costs.save.seconds, interrupting_rate(scenario))
 
 
-def _poisson_tail(k: int, mean: float) -> float:
-    """P(N > k) for N ~ Poisson(mean)."""
+def _log_pmf(i: int, mean: float) -> float:
+    return i * math.log(mean) - mean - math.lgamma(i + 1)
+
+
+# Terms below this share of the sum so far change no digit a plan prints.
+_NEGLIGIBLE = 1e-17
+# Past this mean the tail is the normal one (continuity-corrected): its skew, one over
+# the root of the mean, moves a quantile by under a count, and the exact sum would take
+# tens of thousands of terms a tail.
+NORMAL_PAST = 1e6
+
+
+def poisson_tail(k: int, mean: float) -> float:
+    """P(N > k) for N ~ Poisson(mean), summed from k outward in log space: exp(-mean)
+    underflows past a mean of ~745, and a sum from 0 would take `mean` terms; from k the
+    terms fall off within a few dozen standard deviations (sqrt(mean))."""
     if mean <= 0:
         return 0.0
-    term, cdf = math.exp(-mean), 0.0
-    for i in range(k + 1):
-        cdf += term
-        term *= mean / (i + 1)
-    return max(0.0, 1.0 - cdf)
+    if k < 0:
+        return 1.0
+    if mean > NORMAL_PAST:
+        return 1.0 - NormalDist(mean, math.sqrt(mean)).cdf(k + 0.5)
+    if k >= mean:  # the upper tail itself, from k + 1 up
+        i, term, total = k + 1, 1.0, 0.0
+        while term > _NEGLIGIBLE * total or not total:
+            total += term
+            i += 1
+            term *= mean / i
+        return min(1.0, math.exp(_log_pmf(k + 1, mean)) * total)
+    i, term, total = k, 1.0, 0.0  # one less the lower tail, from k down
+    while i >= 0 and (term > _NEGLIGIBLE * total or not total):
+        total += term
+        term *= i / mean
+        i -= 1
+    return max(0.0, 1.0 - math.exp(_log_pmf(k, mean)) * total)
+
+
+def poisson_quantile(mean: float, risk: float) -> int:
+    """The fewest k with P(N > k) <= risk: a bisection, so a mean of millions answers in
+    a few dozen tails rather than one tail per count."""
+    if poisson_tail(0, mean) <= risk:
+        return 0
+    low, high = 0, math.ceil(mean + 12 * math.sqrt(mean) + 12)  # tail(high) is far below
+    while high - low > 1:  # tail(low) > risk >= tail(high)
+        mid = (low + high) // 2
+        if poisson_tail(mid, mean) > risk:
+            low = mid
+        else:
+            high = mid
+    return high
 
 
 def _leaving(scenario: Scenario) -> float:
@@ -134,22 +189,21 @@ def spare_deaths_per_generation(scenario: Scenario) -> float:
 def spares_out_chance(scenario: Scenario, settings: Settings) -> float:
     """The chance that one generation loses more nodes than it has spares."""
     spares = settings.hot_spares + settings.cold_spares
-    return _poisson_tail(spares, spare_deaths_per_generation(scenario))
+    return poisson_tail(spares, spare_deaths_per_generation(scenario))
 
 
 def cold_spares_for(scenario: Scenario, hot: int) -> int:
     """The fewest cold spares that keep the chance of running out below RISK."""
-    mean = spare_deaths_per_generation(scenario)
-    cold = 0
-    while _poisson_tail(hot + cold, mean) > RISK:
-        cold += 1
-    return cold
+    return max(0, poisson_quantile(spare_deaths_per_generation(scenario), RISK) - hot)
 
 
 def shortest_lease(storage_stall_s: float, grace: float) -> int:
     """The shortest lease a live task 0 rides out a `storage_stall_s` stall of the shared
     file system with (it stops itself only after that long), nesting with the grace."""
-    stale = lease.shortest(grace)
+    e = lease.CLOCK_RATE_ERROR
+    # self_fence_after grows linearly with the lease: start at its inverse, not at 1 s.
+    inverse = ((storage_stall_s + lease.POLL_S + grace) / (1 - e) + lease.SAFETY_S) * (1 + e)
+    stale = max(lease.shortest(grace), math.floor(inverse) - 2)
     while lease.self_fence_after(stale, grace) < storage_stall_s or lease.problem(stale, grace):
         stale += 1
     return stale
@@ -163,10 +217,36 @@ def depth_for(scenario: Scenario, settings: Settings, design: Design) -> int:
     rates = per_second(scenario)
     ends = rates["task0_loss"] + _leaving(scenario) * _task0_share(scenario)
     mean = ends * horizon + spares_out_chance(scenario, settings) * max(boundaries, 1)
-    extra = 0
-    while _poisson_tail(extra, mean) > RISK:
-        extra += 1
-    return boundaries + extra + 1
+    return boundaries + poisson_quantile(mean, RISK) + 1
+
+
+@dataclass(frozen=True)
+class Budget:
+    seeds: int
+    window_s: float  # the wall time each seed plays (the horizon, or less)
+    events_per_seed: float  # expected in the whole run
+
+
+def budget(scenario: Scenario, asked: int) -> Budget:
+    """The seeds and window a plan simulates, within EVENTS_PER_RUN."""
+    horizon, limit = scenario.horizon_s, scenario.time_limit_s
+    events = interrupting_rate(scenario) * horizon + (0 if math.isinf(limit) else horizon / limit)
+    seeds = min(asked, max(FEWEST_SEEDS, math.floor(EVENTS_PER_RUN / max(events, 1.0))))
+    window = min(horizon, horizon * EVENTS_PER_RUN / seeds / max(events, 1.0))
+    return Budget(seeds, window, events)
+
+
+def _scaled(summary: Summary, factor: float) -> Summary:
+    """A window's counts and seconds as the whole run's."""
+    if factor == 1.0:
+        return summary
+    return replace(
+        summary,
+        seconds={k: v * factor for k, v in summary.seconds.items()},
+        interruptions={k: v * factor for k, v in summary.interruptions.items()},
+        generations=summary.generations * factor,
+        resubmits=summary.resubmits * factor,
+    )
 
 
 # --- the search ------------------------------------------------------------------------------
@@ -198,6 +278,8 @@ class Plan:
     spares_out_closed_form: float
     choices: tuple[Choice, ...]
     storage_stall_s: float
+    budget: Budget
+    seeds_asked: int
     step_s: float | None = None  # a training step, for the interval in iterations
 
     def allocation_goodput(self, summary: Summary, settings: Settings) -> float:
@@ -218,8 +300,12 @@ def plan(
     """Each setting in turn at the value that maximises the allocation's goodput, then
     what each change from today is worth with the others recommended."""
 
+    sized = budget(scenario, seeds)
+    window = replace(scenario, horizon_s=sized.window_s)
+
     def run(settings: Settings, design: Design = APPLIANCE) -> Summary:
-        return run_seeds(scenario, settings, design, seeds)
+        summary = run_seeds(window, settings, design, sized.seeds)
+        return _scaled(summary, scenario.horizon_s / sized.window_s)
 
     tau = best_interval(scenario)
     if math.isinf(tau):
@@ -270,4 +356,6 @@ def plan(
         spares_out_closed_form=spares_out_chance(scenario, best),
         choices=tuple(choices),
         storage_stall_s=storage_stall_s,
+        budget=sized,
+        seeds_asked=seeds,
     )

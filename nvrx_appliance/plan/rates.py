@@ -9,7 +9,7 @@ that table is put in the class whose recovery it needs here (docs/plan.md lists 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 LLAMA3_NODES = 16_384 // 8
 LLAMA3_DAYS = 54
@@ -23,6 +23,11 @@ LLAMA3_RANK_CRASHES = 54 + 2
 # data corruption, thermal, network switch and cable, NIC, host hardware and unplanned
 # host maintenance (356).
 LLAMA3_NODE_DEATHS = 419 - LLAMA3_HANGS - LLAMA3_RANK_CRASHES
+# Of the node deaths, the GPU's own (faulty GPU 148, HBM3 72, SRAM 19, GPU system
+# processor 17, silent data corruption 6, thermal interface and sensor 6: 268, 64% of the
+# 419): they come per GPU, so a node of 4 GPUs sees half as many of them as one of 8.
+LLAMA3_GPU_DEATHS = 148 + 72 + 19 + 17 + 6 + 6
+LLAMA3_GPUS_PER_NODE = 8
 # The 47 planned interruptions (automated maintenance) of the same 54 days.
 LLAMA3_PLANNED = 466 - 419
 SOURCE = "Llama 3 (arXiv 2407.21783): 419 unexpected interruptions in 54 days on 2,048 nodes"
@@ -46,10 +51,42 @@ class Rates:
     # No publication gives it; the appliance's fall-back exists because it happens.
     unloadable: float = 0.0
     source: str = SOURCE
+    # The share of node_death that is the GPU's own, on nodes of `gpus_per_node` GPUs:
+    # that share scales with a planned node's GPUs (0: node_death is per node, as given).
+    gpu_share: float = LLAMA3_GPU_DEATHS / LLAMA3_NODE_DEATHS
+    gpus_per_node: int = LLAMA3_GPUS_PER_NODE
+    # Rates a chain counted: (class, interruptions, node-days), so the plan gives each as a
+    # range (a Poisson interval), not a point from a handful of events.
+    counted: tuple[tuple[str, int, float], ...] = ()
+
+    def node_death_at(self, gpus_per_node: int) -> float:
+        """Node deaths per 1,000 node-days of nodes of `gpus_per_node` GPUs."""
+        scale = gpus_per_node / self.gpus_per_node
+        return self.node_death * (1 - self.gpu_share + self.gpu_share * scale)
+
+    def gpu_deaths_per_thousand_gpu_days(self) -> float | None:
+        """The GPU's own deaths per 1,000 GPU-days; None where not known apart."""
+        if not self.gpu_share:
+            return None
+        return self.node_death * self.gpu_share / self.gpus_per_node
 
     def interrupting(self) -> float:
         """The rate of everything that stops training at random, per 1,000 node-days."""
         return self.node_death + self.rank_crash + self.hang + self.task0_loss
 
 
-RATE_FIELDS = tuple(f.name for f in fields(Rates) if f.name not in ("source", "unloadable"))
+RATE_FIELDS = ("node_death", "rank_crash", "hang", "task0_loss")
+
+
+def from_total(total: float) -> Rates:
+    """A total rate, all causes (per 1,000 node-days, as arXiv 2410.21680 states a
+    cluster's), split among the classes in Llama 3's proportions (356 : 56 : 7)."""
+    share = total / (LLAMA3_NODE_DEATHS + LLAMA3_RANK_CRASHES + LLAMA3_HANGS)
+    return Rates(
+        node_death=LLAMA3_NODE_DEATHS * share,
+        rank_crash=LLAMA3_RANK_CRASHES * share,
+        hang=LLAMA3_HANGS * share,
+        gpu_share=0.0,  # a total given is per node of the planned shape
+        source=f"given as a total, {total:g} per 1,000 node-days of every cause "
+        "(--total-rate), split as Llama 3's 356 node deaths : 56 rank crashes : 7 hangs",
+    )

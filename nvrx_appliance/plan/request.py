@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from nvrx_appliance.plan import costs as priced
+from nvrx_appliance.plan import profiles
 from nvrx_appliance.plan.history import ChainHistory
 from nvrx_appliance.plan.rates import Rates
 from nvrx_appliance.plan.simulate import Scenario, Settings
@@ -30,9 +31,10 @@ class Request:
     days: float = 90.0
     time_limit_s: float = 24 * 3600.0
     rates: Rates = field(default_factory=Rates)
-    checkpoint_gb: float | None = None  # None: CHECKPOINT_GB_PER_GPU per GPU
-    storage_gbps: float = STORAGE_GBPS
+    checkpoint_gb: float | None = None  # None: CHECKPOINT_GB_PER_GPU per GPU, assumed
+    storage_gbps: float | None = None  # None: STORAGE_GBPS, assumed
     save_s: float | None = None
+    load_s: float | None = None
     queue_wait_s: float = 0.0
     response_s: float = 3600.0
     storage_stall_s: float = STORAGE_STALL_S
@@ -41,10 +43,32 @@ class Request:
     grace_s: float = 3.0
     step_s: float | None = None
     overrides: dict[str, float] = field(default_factory=dict)
+    profile: str = profiles.LOCAL
     seeds: int = 10
     # The rates were given (--node-death ...): with --from-chain they stand, and the
     # chain gives only its costs (what it measured) and its step.
     rates_given: bool = False
+
+
+# Upper bounds: past them a figure is a typo, and it would only slow the answer.
+# Ten thousand interruptions a node a day, one every 9 s: above the local benchmarks'
+# injected failures (row 11: one every 20 s on 4 nodes, about a million), millions of
+# times Llama 3's 3.8.
+MOST_RATE = 1e7
+MOST_NODES = 10_000_000
+# A month: no recovery step, wait or save of a run that trains takes longer.
+MOST_SECONDS = 30 * 86400.0
+MOST_CHECKPOINT_GB = 1e9  # an exabyte
+MOST_STORAGE_GBPS = 1e6  # a petabyte a second
+MOST_SPARES = 1_000_000
+MOST_DEPTH = 100_000
+
+
+def _within(value: float, low: float, high: float, *, above: bool = False) -> bool:
+    """Finite (inf and nan are no figure), at most `high`, at least (`above`: over) `low`."""
+    if not math.isfinite(value):
+        return False
+    return (value > low if above else value >= low) and value <= high
 
 
 def problems(request: Request) -> list[str]:
@@ -55,42 +79,83 @@ def problems(request: Request) -> list[str]:
         if not ok:
             out.append(f"{option}: {fix}")
 
+    def seconds(value: float | None, option: str, what: str, *, above: bool = False) -> None:
+        if value is not None:
+            low = "above 0" if above else "0 or more"
+            need(
+                _within(value, 0, MOST_SECONDS, above=above),
+                option,
+                f"{what}, {low} and at most {MOST_SECONDS:,.0f} (30 days)",
+            )
+
     r, t = request, request.today
-    need(r.nodes >= 1, "--nodes", "the nodes that train, at least 1 (e.g. --nodes 2048)")
-    need(r.gpus_per_node >= 1, "--gpus-per-node", "at least 1 (8 on an HGX node)")
+    need(
+        1 <= r.nodes <= MOST_NODES,
+        "--nodes",
+        f"the nodes that train, 1 to {MOST_NODES:,} (e.g. --nodes 2048)",
+    )
+    need(1 <= r.gpus_per_node <= 1024, "--gpus-per-node", "1 to 1,024 (8 on an HGX node)")
     need(1 <= r.nodes_per_task <= r.nodes, "--nodes-per-task", f"between 1 and --nodes ({r.nodes})")
-    need(r.segment >= 0, "--segment", "0 (off) or the nodes of one NVLink domain")
-    need(0 < r.days <= 3650, "--days", "the run's length in days, above 0 (e.g. --days 90)")
-    need(r.time_limit_s > 0, "--time", "a Slurm time limit above 0 (e.g. --time 1-00:00:00)")
+    need(
+        0 <= r.segment <= r.nodes,
+        "--segment",
+        f"0 (off) or the nodes of one NVLink domain, at most --nodes ({r.nodes})",
+    )
+    need(
+        _within(r.days, 0, 3650, above=True),
+        "--days",
+        "the run's length in days, above 0 and at most 3,650 (e.g. --days 90)",
+    )
+    need(
+        r.time_limit_s > 0 and not math.isnan(r.time_limit_s),
+        "--time",
+        "a Slurm time limit, 0 for none (e.g. --time 1-00:00:00)",
+    )
     for name in ("node_death", "rank_crash", "hang", "task0_loss"):
-        value = getattr(r.rates, name)
         need(
-            value >= 0 and math.isfinite(value),
+            _within(getattr(r.rates, name), 0, MOST_RATE),
             f"--{name.replace('_', '-')}",
-            "interruptions per 1,000 node-days, 0 or more",
+            f"interruptions per 1,000 node-days, 0 to {MOST_RATE:,.0f} (Llama 3's, all "
+            "causes: 3.8)",
         )
-    need(0 <= r.rates.unloadable < 1, "--unloadable", "a share of loads, from 0 up to below 1")
-    need(r.checkpoint_gb is None or r.checkpoint_gb >= 0, "--checkpoint-gb", "0 or more GB")
-    need(r.storage_gbps > 0, "--storage-gbps", "the storage's write and read rate, above 0 GB/s")
-    need(r.save_s is None or r.save_s >= 0, "--save-seconds", "0 or more seconds")
-    need(r.queue_wait_s >= 0, "--queue-wait", "0 or more seconds")
-    need(r.response_s >= 0, "--response-minutes", "0 or more minutes")
-    need(r.storage_stall_s >= 0, "--storage-stall", "0 or more seconds")
-    need(t.save_interval_s > 0, "--save-minutes", "today's save interval, above 0 minutes")
-    need(t.hot_spares >= 0, "--hot-spares", "0 or more tasks")
-    need(t.cold_spares >= 0, "--cold-spares", "0 or more tasks")
-    need(t.lease_s > 0, "--lease-stale-after", "today's lease, above 0 seconds")
-    need(t.depth >= 1, "--depth", "at least 1 generation")
-    need(r.step_s is None or r.step_s > 0, "--step-seconds", "a training step's seconds, above 0")
+    need(
+        _within(r.rates.unloadable, 0, 1) and r.rates.unloadable < 1,
+        "--unloadable",
+        "a share of loads, from 0 up to below 1",
+    )
+    need(
+        r.checkpoint_gb is None or _within(r.checkpoint_gb, 0, MOST_CHECKPOINT_GB),
+        "--checkpoint-gb",
+        f"0 to {MOST_CHECKPOINT_GB:,.0f} GB",
+    )
+    need(
+        r.storage_gbps is None or _within(r.storage_gbps, 0, MOST_STORAGE_GBPS, above=True),
+        "--storage-gbps",
+        f"the storage's write and read rate, above 0 and at most {MOST_STORAGE_GBPS:,.0f} GB/s",
+    )
+    seconds(r.save_s, "--save-seconds", "the seconds a save blocks training")
+    seconds(r.load_s, "--load-seconds", "the seconds a load takes")
+    seconds(r.queue_wait_s, "--queue-wait", "the seconds a generation waits for nodes")
+    seconds(r.response_s, "--response-minutes", "a person's answer (in seconds here)")
+    seconds(r.storage_stall_s, "--storage-stall", "the stall's seconds")
+    seconds(
+        t.save_interval_s, "--save-minutes", "today's save interval (in seconds here)", above=True
+    )
+    seconds(t.lease_s, "--lease-stale-after", "today's lease in seconds", above=True)
+    seconds(r.step_s, "--step-seconds", "a training step's seconds", above=True)
+    need(0 <= t.hot_spares <= MOST_SPARES, "--hot-spares", f"0 to {MOST_SPARES:,} tasks")
+    need(0 <= t.cold_spares <= MOST_SPARES, "--cold-spares", f"0 to {MOST_SPARES:,} tasks")
+    need(1 <= t.depth <= MOST_DEPTH, "--depth", f"1 to {MOST_DEPTH:,} generations")
     need(1 <= r.seeds <= MOST_SEEDS, "--seeds", f"between 1 and {MOST_SEEDS}")
-    for name, seconds in r.overrides.items():
+    need(r.profile in profiles.NAMES, "--profile", f"one of {', '.join(profiles.NAMES)}")
+    for name, value in r.overrides.items():
         need(
             name in priced.STEPS,
             "--cost",
             f"{name!r} is no step; choose from {', '.join(priced.STEPS)}",
         )
-        need(seconds >= 0, "--cost", f"{name}: 0 or more seconds")
-    return out
+        seconds(value, "--cost", f"{name}: the step's seconds")
+    return out  # fmt: skip
 
 
 def with_history(request: Request, history: ChainHistory) -> Request:
@@ -106,6 +171,11 @@ def with_history(request: Request, history: ChainHistory) -> Request:
             task0_loss=history.task0_loss,
             unloadable=request.rates.unloadable,
             source=history.source,
+            gpu_share=0.0,
+            counted=(
+                ("rank_crash", history.in_job_restarts, history.training_node_days),
+                ("task0_loss", history.hand_offs, history.task0_node_days),
+            ),
         )
     )
     return replace(
@@ -123,17 +193,31 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
     checkpoint = request.checkpoint_gb
     if checkpoint is None:
         checkpoint = CHECKPOINT_GB_PER_GPU * shape.gpus
+    gbps = STORAGE_GBPS if request.storage_gbps is None else request.storage_gbps
     costs = priced.measured(
         shape,
         checkpoint_gb=checkpoint,
-        storage_gbps=request.storage_gbps,
+        storage_gbps=gbps,
         save_s=request.save_s,
+        load_s=request.load_s,
         overrides=request.overrides,
+        profile=request.profile,
         queue_wait=request.queue_wait_s,
         save_source=(
             f"chain {history.name}: mean of its saves"
             if history is not None and request.save_s == history.save_s
             else "given (--save-seconds)"
+        ),
+    )
+    costs = replace(
+        costs,
+        checkpoint=priced.Checkpoint(
+            gb=checkpoint,
+            gb_given=request.checkpoint_gb is not None,
+            storage_gbps=gbps,
+            storage_given=request.storage_gbps is not None,
+            save_given=request.save_s is not None,
+            load_given=request.load_s is not None,
         ),
     )
     if history is not None:

@@ -3,13 +3,14 @@ run of 65,536 GPUs passes through in a few hundredths of a second.
 Pure: the random source is its own `random.Random(seed)`.
 
 What happens (docs/plan.md): training runs in segments of `save_interval_s` of work,
-each closed by a save. Interruptions of every class arrive as one Poisson process (the
-sum of the classes' rates over the training nodes), so the time to the next one is drawn
-afresh at any moment (one that comes while the run recovers is dropped: failures strike
-training time, see the comment above _Run); an interruption loses
-the work since the last completed save and
-whatever recovery was under way, and starts its own recovery, made of the steps that
-costs.py prices. A node death takes a hot spare (and the array throttle admits a cold
+each closed by a save. Interruptions of every class arrive as one Poisson process in wall
+time (the sum of the classes' rates over the training nodes, held or not by a recovery),
+so the time to the next one is drawn afresh at any moment. An interruption loses the
+work since the last completed save and starts its own recovery, made of the steps that
+costs.py prices; one that strikes a recovery restarts it (its own recovery in place of
+what was left of the other, the renewal model's rule); one that strikes a generation's
+end (its last save, the dying path, the successor's scheduling) goes with that
+generation. A node death takes a hot spare (and the array throttle admits a cold
 spare, which becomes a hot one after it starts); with none left the generation ends. A
 death on task 0's nodes, or a task-0 loss, ends the generation after the design's
 detection (the appliance's lease, the seeds' store wait). The time limit ends each
@@ -33,6 +34,10 @@ DAY = 86400.0
 QUEUE_WAIT = "queue_wait"
 STOPPED = "waiting_for_a_person"
 NO_NODES = (QUEUE_WAIT, STOPPED)
+# Interruptions counted again by when they struck: a recovery (restarted), a generation's
+# end (nothing more to recover).
+DURING_RECOVERY = "during_a_recovery"
+ENDING = "during_a_generations_end"
 
 
 @dataclass(frozen=True)
@@ -103,17 +108,20 @@ def per_second(scenario: Scenario) -> dict[str, float]:
     r, shape = scenario.rates, scenario.shape
     scale = shape.nodes / 1000.0 / DAY
     return {
-        "node_death": r.node_death * scale,
+        "node_death": r.node_death_at(shape.gpus_per_node) * scale,
         "rank_crash": r.rank_crash * scale,
         "hang": r.hang * scale,
         "task0_loss": r.task0_loss * min(shape.nodes_per_task, shape.nodes) / 1000.0 / DAY,
     }
 
 
-# Failures strike a run that trains (the Poisson process thinned to training time): a
-# rank's crash or a hang needs a training process; a node's death during a recovery is
-# left out, a second-order loss (at scale a run recovers a few percent of its time) whose
-# cost the recovery under way would mostly absorb.
+# Where an interruption that strikes a recovery restarts it: a recovery of the generation
+# that runs (the step timeout of a hang, an in-job restart, a new generation's start-up).
+# Anywhere else a generation is ending (its last save, the dying path, the successor's
+# scheduling): the node that fails goes with it, and costs nothing more.
+RESTARTED = ("hangs_until_detected", "in_job_restarts", "start_up")
+
+
 class _Run:
     """One simulated run; `play` drives it to the horizon."""
 
@@ -256,10 +264,13 @@ class _Run:
     def _failure(self) -> None:
         rng, c = self.rng, self.sc.costs
         kind = _choose(rng, self.rates, self.total_rate)
-        if self.pending:
-            return  # it strikes training time only (the comment above _Run)
-        self._lose_work()
         self.out.interruptions[kind] += 1
+        if self.pending:
+            if self.pending[0][0] not in RESTARTED:
+                self.out.interruptions[ENDING] += 1
+                return
+            self.out.interruptions[DURING_RECOVERY] += 1
+        self._lose_work()
         if kind == "rank_crash" or (kind == "hang" and not self.design.names_hung_node):
             detect = "detect_hang" if kind == "hang" else "detect_crash"
             self._restart(_ordered(priced.in_job_restart(c, detect)))

@@ -6,9 +6,11 @@ import math
 from typing import Any
 
 from nvrx_appliance.goodput.account import CATEGORIES, PRODUCTIVE
-from nvrx_appliance.plan.costs import Costs, Step
+from nvrx_appliance.plan import assumptions as assumed
+from nvrx_appliance.plan import profiles
+from nvrx_appliance.plan.costs import MEASURED, Costs, Step
 from nvrx_appliance.plan.model import Plan
-from nvrx_appliance.plan.simulate import QUEUE_WAIT, STOPPED, Summary
+from nvrx_appliance.plan.simulate import DURING_RECOVERY, QUEUE_WAIT, STOPPED, Summary
 
 # report's categories, then what only a plan has: time no node trains and none is held.
 LABELS = {
@@ -56,18 +58,20 @@ def _setting(name: str, value: float) -> str:
 def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     sc, shape, rec = plan.scenario, plan.scenario.shape, plan.recommended
     horizon = sc.horizon_s
-    r, c = sc.rates, sc.costs
+    c = sc.costs
     out = [
         f"Plan for {shape.gpus:,} GPUs ({shape.nodes:,} node{'s' if shape.nodes != 1 else ''} "
         f"x {shape.gpus_per_node}, "
         f"{shape.nodes_per_task} node(s) per task"
         + (f", segment {shape.segment}" if shape.segment else "")
-        + f"), {horizon / 86400:.0f} days, generations of {_minutes(sc.time_limit_s)}",
-        f"  failure rates per 1,000 node-days: node death {r.node_death:.3g}, rank crash "
-        f"{r.rank_crash:.3g}, hang {r.hang:.3g}, task 0 loss {r.task0_loss:.3g}; "
-        f"unloadable checkpoints {r.unloadable:.1%} of loads",
-        f"    from {r.source}",
+        + f"), {horizon / 86400:.0f} days, "
+        + (
+            "no time limit (--time 0)"
+            if math.isinf(sc.time_limit_s)
+            else f"generations of {_minutes(sc.time_limit_s)}"
+        ),
     ]
+    out += [f"  {line}" for line in assumed.rate_lines(sc)]
     seen = plan.appliance.interruptions
     total = sum(seen.get(k, 0.0) for k in CLASS_LABELS)
     if total:
@@ -75,21 +79,32 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
             f"{CLASS_LABELS[k]} {seen.get(k, 0.0):.0f}" for k in CLASS_LABELS if seen.get(k)
         )
         out.append(
-            f"  one interruption every {_minutes(horizon / total)}: {total:.0f} in the run "
-            f"({kinds}; on task 0's nodes: {seen.get('node_death_on_task0', 0.0):.1f} node "
-            f"deaths, {seen.get('hang_on_task0', 0.0):.1f} hangs)"
+            f"    simulated: {total:.0f} in the run ({kinds}; on task 0's nodes: "
+            f"{seen.get('node_death_on_task0', 0.0):.1f} node deaths, "
+            f"{seen.get('hang_on_task0', 0.0):.1f} hangs; during a recovery, restarting it: "
+            f"{seen.get(DURING_RECOVERY, 0.0):.0f})"
         )
-    out.append(
-        f"  a save blocks training {_minutes(c.save.seconds)} ({c.save.source}); "
-        f"a load takes {_minutes(c.load.seconds)}"
-    )
+    out += [f"  {line}" for line in assumed.checkpoint_lines(c)]
+    out.append("  failure model: " + "; ".join(assumed.FAILURE_MODEL))
     a = plan.appliance
+    cautions = assumed.cautions(plan)
+    if cautions:
+        out += ["", *(f"Caution: {line}" for line in cautions)]
+    budget = assumed.simulated(plan)
+    spread = assumed.range_ettr(plan)
     out += [
         "",
         f"Predicted ETTR: {a.ettr:.1%} ({a.seeds} seeds: {a.ettr_low:.1%}-{a.ettr_high:.1%}); "
         f"closed form {plan.closed_form:.1%}; goodput of the allocation "
         f"{plan.allocation_goodput(a, rec):.1%} (hot spares' idle nodes count)",
     ]
+    if spread:
+        out.append(
+            f"  over the counted rates' {assumed.CONFIDENCE:.0%} range: closed form "
+            f"{spread[0]:.1%} to {spread[1]:.1%}"
+        )
+    if budget:
+        out.append(f"  {budget}")
     for key, share in shares(a, horizon).items():
         if share >= 5e-4 or key == PRODUCTIVE:
             out.append(f"  {LABELS[key]:<22} {share:6.1%}")
@@ -131,10 +146,19 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
         f"(training lost {shares(s, horizon)['training_lost']:.1%} against "
         f"{shares(a, horizon)['training_lost']:.1%}), an unloadable checkpoint stops the chain",
         "",
-        "What each step costs here (source; how it grows):",
+        f"What each step costs here, the {c.profile} profile (source; how it grows; whether "
+        "a figure measured here holds on real hardware):",
     ]
     for name, step in c.steps.items():
         note = f" [{step.extrapolated}]" if step.extrapolated else ""
+        held = holds(c, name)
+        if held is not None:
+            why = profiles.HOLDS[name][1]
+            note += (
+                f" [holds on real hardware: {why}]"
+                if held
+                else f" [CPU stand-in, not real hardware: {why}; {_instead(name)}]"
+            )
         out.append(f"  {name:<17} {step.seconds:8.2f} s  {step.source}; {step.growth}{note}")
     for label, whole in _wholes(c).items():
         if whole is not None:
@@ -145,6 +169,20 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     if c.queue_wait:
         out.append(f"  {'queue wait':<17} {c.queue_wait:8.2f} s  given (--queue-wait)")
     return out
+
+
+def _instead(name: str) -> str:
+    if name in profiles.CLUSTER_FIGURES:
+        return "--profile cluster"
+    return f"no published figure: pass yours, --cost {name}=SECONDS"
+
+
+def holds(c: Costs, name: str) -> bool | None:
+    """Whether a step as measured here holds on real hardware; None: not measured here
+    (a profile's figure, or given)."""
+    if c.steps[name].source != MEASURED[name][1]:
+        return None
+    return profiles.HOLDS[name][0]
 
 
 def _wholes(c: Costs) -> dict[str, Step | None]:
@@ -234,12 +272,14 @@ def to_json(plan: Plan) -> dict[str, Any]:
                     "source": step.source,
                     "growth": step.growth,
                     "extrapolated": step.extrapolated or None,
+                    "holds_on_real_hardware": holds(sc.costs, name),
                 }
                 for name, step in sc.costs.steps.items()
             },
             "save": {"seconds": sc.costs.save.seconds, "source": sc.costs.save.source},
             "load": {"seconds": sc.costs.load.seconds, "source": sc.costs.load.source},
             "queue_wait": {"seconds": sc.costs.queue_wait},
+            "profile": sc.costs.profile,
             **{
                 key: {"seconds": whole.seconds, "source": whole.source} if whole else None
                 for key, whole in zip(
@@ -254,6 +294,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
                 )
             },
         },
+        "assumptions": assumed.to_json(plan),
         "response_seconds": sc.response_s,
         "storage_stall_seconds": plan.storage_stall_s,
     }

@@ -256,9 +256,11 @@ class Sampler:
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             # A blocking dump that timed out was killed while it held the rank stopped:
-            # the rank must not stay so.
-            with contextlib.suppress(OSError):
-                os.kill(self.pid, signal.SIGCONT)
+            # the rank must not stay so. A non-blocking one never stopped it, and a rank
+            # stopped by something else (a SIGSTOP, the fault itself) is not ours to wake.
+            if "--nonblocking" not in how:
+                with contextlib.suppress(OSError):
+                    os.kill(self.pid, signal.SIGCONT)
             self.said = f"py-spy took over {PYSPY_TIMEOUT_S:g} s"
             return None
         except OSError as exc:
@@ -324,9 +326,11 @@ class Sampler:
         return sample
 
     def blocked(self, sample: dict[str, Any]) -> bool:
-        """Asleep (not stopped: a stopped rank cannot be read natively), still since the
-        last sample, and no native frames of this stillness yet."""
-        return sample["state"] in ("S", "D") and not sample["native"]
+        """Asleep (not stopped: a stopped rank cannot be read natively; not in the kernel
+        either: py-spy's attach to a rank stuck in state D hung past its timeout on the
+        cluster and starved the sampler), still since the last sample, and no native
+        frames of this stillness yet."""
+        return sample["state"] == "S" and not sample["native"]
 
     def past_legit_waits(self, sample: dict[str, Any]) -> bool:
         """Has the rank stood still longer than any wait the run itself reports (its

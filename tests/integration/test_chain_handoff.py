@@ -96,7 +96,10 @@ def test_losing_task_0s_node_hands_off_after_an_in_job_restart(cluster: Cluster)
         # next generation starts on a new task 0 from the checkpoint.
         start = _resumed(work, second, left)
         gen1 = tasks(cluster, first)
-        assert state(gen1[0]) == "CANCELLED"
+        # The peer's fence cancels task 0's job, unless slurmctld, which declares the node
+        # dead after SlurmdTimeout (10 s here), ends it first (NODE_FAIL): under CI's load
+        # either comes first. The fence's closed flag is asserted below either way.
+        assert state(gen1[0]) in ("CANCELLED", "NODE_FAIL"), gen1
         assert start["host"] != victim
         assert tasks(cluster, second)[0]["NodeList"] != victim
         # g) the dead generation's record and closed flag did not stop gen 2.

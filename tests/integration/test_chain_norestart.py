@@ -37,7 +37,9 @@ def test_exit_93_cancels_every_queued_generation(cluster: Cluster):
 
     assert entry["exit_code"] == 93, logs_on_failure(work)
     assert entry["action"] == "cancelled_chain" and entry["array_job_id"] == first
-    # Slurm: task 0 ended with NVRx's 93, untouched by the trap.
+    # Slurm: task 0 ended with NVRx's 93, untouched by the trap. Accounting lags squeue:
+    # once its three tasks are final there (under load it still said 0:0 at once).
+    cluster.wait_finished(first, 3, timeout=60)
     gen1 = tasks(cluster, first)
     assert gen1[0]["ExitCode"] == "93:0"
     # Every later generation was cancelled before a single task of it ran.

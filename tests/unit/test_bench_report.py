@@ -91,9 +91,11 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "watcher",
         "plan",
         "stacks",
+        "planinputs",
     ]
     assert parse_args([]).chosen == everything
     assert parse_args(["--only", "stacks"]).chosen == ["stacks"]  # no cluster: no floor
+    assert parse_args(["--only", "planinputs"]).chosen == ["planinputs"]
 
 
 @pytest.mark.parametrize(

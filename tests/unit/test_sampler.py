@@ -5,6 +5,7 @@ the workload's memory (Yama's ptrace_scope, no CAP_SYS_PTRACE)."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -104,3 +105,41 @@ def test_a_blocking_dump_waits_out_the_runs_own_waits_and_the_first_cycles_start
     log.write_text(text)
     assert s.past_legit_waits(still_for)  # trained (a save), still longer than 12.5 s
     assert not s.past_legit_waits({"epoch": 100.0, "still_since": 90.0})  # 10 s: a save's
+
+
+def test_a_timed_out_non_blocking_dump_leaves_a_rank_stopped_by_something_else_stopped(
+    tmp_path, monkeypatch
+):
+    # On the cluster py-spy --nonblocking sometimes outlasted its timeout on a SIGSTOPped
+    # rank; the SIGCONT meant for a killed blocking dump then woke the hung rank, which
+    # went on into its collective and read as waiting (the hang test's words were wrong).
+    hang = tmp_path / "py-spy-standin"
+    hang.write_text("#!/bin/sh\nexec sleep 30\n")  # a stand-in that never answers
+    hang.chmod(0o755)
+    monkeypatch.setattr(sampler, "pyspy", lambda: str(hang))
+    monkeypatch.setattr(sampler, "PYSPY_TIMEOUT_S", 0.2)
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        workload.send_signal(signal.SIGSTOP)
+        s = sampler.Sampler(workload.pid, tmp_path / "s" / "node1.rank0.json", 1.0,
+                            {"rank": 0, "node": "node1"}, lambda _: None)  # fmt: skip
+        sample = s.take()
+        assert sample is not None and sample["unreadable"] == "py-spy took over 0.2 s"
+        assert sample["state"] == "T" and sampler.proc_state(workload.pid)[0] == "T"
+        # A blocking dump that times out is the one whose own stop must be undone.
+        assert s.dump("--native") is None
+        assert sampler.proc_state(workload.pid)[0] in "SR"
+    finally:
+        workload.kill()
+        workload.wait()
+
+
+def test_no_blocking_dump_is_taken_of_a_rank_stopped_or_stuck_in_the_kernel():
+    # py-spy --native attaches with ptrace: on the cluster its attach to a rank frozen in
+    # state D outlived the timeout and starved the sampler, so the judgement found that
+    # node's stacks stale and named nobody.
+    s = sampler.Sampler(1, None, 1.0, {}, lambda _: None)
+    assert s.blocked({"state": "S", "native": []})
+    assert not s.blocked({"state": "D", "native": []})
+    assert not s.blocked({"state": "T", "native": []})
+    assert not s.blocked({"state": "S", "native": ["c10d::Reducer::finalize_backward"]})

@@ -1,0 +1,162 @@
+"""What `plan` assumed is in what it prints and in --json: the checkpoint and the
+storage (given or assumed), what a save blocks, the load apart, the failure model, the
+rates per GPU where the cause is a GPU, a total rate, a chain's rates as ranges, and
+the cautions where the model stops holding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from nvrx_appliance.cli.main import cli
+from nvrx_appliance.goodput.account import account
+from nvrx_appliance.plan import assumptions, history, model, rates, request, view
+from tests.unit.test_goodput_interval import recorded_chain
+
+
+def plan(*args: str):
+    result = CliRunner().invoke(cli, ["plan", "--days", "10", "--seeds", "2", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def plan_json(*args: str) -> dict:
+    return json.loads(plan(*args, "--json"))["assumptions"]
+
+
+def test_an_assumed_checkpoint_and_storage_say_so_and_a_given_one_says_given():
+    out = plan("--nodes", "2048")
+    assert (
+        "  checkpoint 65,536 GB (assumed: 4 GB per GPU, Llama 3's largest), storage 2,000 GB/s "
+        "(assumed: Llama 3's 2 TB/s sustained)"
+    ) in out
+    assert (
+        "  a save blocks training 32.8 s: the whole write, size / rate (a synchronous save; " in out
+    )
+    assert "under --async-save, Megatron chains' default, only its staging copy blocks" in out
+    doc = plan_json("--nodes", "2048", "--checkpoint-gb", "30000", "--storage-gbps", "800")
+    assert doc["checkpoint_gb"] == {"value": 30000.0, "given": True}
+    assert doc["storage_gbps"] == {"value": 800.0, "given": True}
+    assert doc["save"] == {
+        "seconds": 37.5,
+        "given": False,
+        "blocks": "the whole write (synchronous)",
+    }
+    assert plan_json("--nodes", "2048")["checkpoint_gb"]["given"] is False
+
+
+def test_a_load_is_priced_apart_from_the_save():
+    out = plan("--nodes", "2048", "--save-seconds", "3", "--load-seconds", "5")
+    assert "  a save blocks training 3 s (given (--save-seconds))" in out
+    assert "  a load takes 5 s (given (--load-seconds))" in out
+    doc = plan_json("--nodes", "2048", "--save-seconds", "3", "--load-seconds", "5")
+    assert doc["save"]["blocks"] == "as given" and doc["load"] == {"seconds": 5.0, "given": True}
+    default = plan("--nodes", "2048")
+    assert "a load takes 32.8 s (the whole read, size / rate; --load-seconds for a local" in default
+
+
+def test_the_failure_model_is_printed_and_carried():
+    out = plan("--nodes", "64")
+    line = next(x for x in out.splitlines() if x.startswith("  failure model: "))
+    assert "Poisson process in wall time" in line
+    assert "one that strikes a recovery restarts it" in line
+    assert "spares never fail while idle" in line
+    assert plan_json("--nodes", "64")["failure_model"] == list(assumptions.FAILURE_MODEL)
+
+
+def test_gpu_deaths_scale_per_gpu_so_4_gpu_nodes_see_fewer_each_and_more_in_all():
+    eight = request.scenario(request.Request(nodes=2048, gpus_per_node=8))
+    four = request.scenario(request.Request(nodes=4096, gpus_per_node=4))
+    # 268 of Llama 3's 356 node deaths were the GPU's own: per GPU, not per node.
+    per_node = rates.Rates().node_death
+    assert rates.Rates().node_death_at(4) == pytest.approx(per_node * (88 + 268 / 2) / 356)
+    # The same 16,384 GPUs on twice the nodes: more interruptions in all.
+    assert model.interrupting_rate(four) > 1.2 * model.interrupting_rate(eight)
+    out = plan("--nodes", "4096", "--gpus-per-node", "4")
+    assert "failure rates per 1,000 node-days of 4-GPU nodes: node death 2.01," in out
+    assert "the GPU's own deaths 0.303 per 1,000 GPU-days (75% of the node deaths at 8" in out
+    # A node death given is per node of the planned shape: nothing of it rescaled.
+    given = plan("--nodes", "4096", "--gpus-per-node", "4", "--node-death", "4")
+    assert "of 4-GPU nodes: node death 4, rank crash" in given
+    assert "the GPU's own deaths" not in given
+
+
+def test_a_total_rate_in_the_form_meta_publishes_gives_the_rates_mttf():
+    # 6.5 per 1,000 node-days on 16,384 nodes: 106.5 a day, one every 0.225 h.
+    out = plan("--nodes", "16384", "--total-rate", "6.5")
+    assert "one interruption every 0.225 h over the 16,384 training nodes" in out
+    assert "split as Llama 3's 356 node deaths : 56 rank crashes : 7 hangs" in out
+    assert plan_json("--nodes", "16384", "--total-rate", "6.5")["mttf_hours"] == pytest.approx(
+        24 / (16.384 * 6.5)
+    )
+    refused = CliRunner().invoke(cli, ["plan", "--total-rate", "6.5", "--hang", "1"])
+    assert refused.exit_code == 2
+    assert "--total-rate: give it or --hang, not both" in refused.output
+
+
+def test_a_chains_counts_are_ranges_and_the_closed_form_is_given_over_them():
+    seen = history.read(account(recorded_chain([17, 23, 9], [20.0, 30.0, 25.0])), 1)
+    req = request.with_history(request.Request(nodes=64, days=10, seeds=2), seen)
+    sc = request.scenario(req, seen)
+    found = model.plan(sc, req.today, seeds=2, grace=3.0, storage_stall_s=40.0)
+    (name, low, high, count, _), _ = assumptions.ranges(sc.rates)
+    assert (name, count) == ("rank_crash", 3)
+    assert low < sc.rates.rank_crash / 2 and high > sc.rates.rank_crash * 2  # three events
+    text = "\n".join(view.lines(found))
+    assert "    rank crash: 3 in " in text and "(90% Poisson interval)" in text
+    worst, best = assumptions.range_ettr(found)
+    assert worst < found.closed_form < best
+    assert f"over the counted rates' 90% range: closed form {worst:.1%} to {best:.1%}" in text
+
+
+def test_cautions_where_recovery_is_long_or_the_interval_long_for_a_generation():
+    big = plan("--nodes", "16384", "--total-rate", "6.5")
+    assert "Caution: recovery takes 3" in big and "of the wall time (over 10%)" in big
+    short = plan("--nodes", "2048", "--time", "00:10:00")
+    assert "is over half a generation (10.0 min)" in short
+    assert "Caution" not in plan("--nodes", "64")
+
+
+# --- cost profiles -------------------------------------------------------------------------
+
+
+def test_each_local_cost_says_whether_it_holds_on_real_hardware():
+    out = plan("--nodes", "2048")
+    line = {x.split()[0]: x for x in out.splitlines() if x.startswith("  ") and " s  " in x}
+    assert "[holds on real hardware: NVRx's constants]" in line["nvrx_waits"]
+    assert "[CPU stand-in, not real hardware: the CPU trainer's start" in line["worker_start"]
+    assert "--profile cluster]" in line["worker_start"]
+    assert (
+        "no published figure: pass yours, --cost time_limit_end=SECONDS]" in line["time_limit_end"]
+    )
+    doc = json.loads(plan("--nodes", "2048", "--json"))["costs"]
+    assert doc["profile"] == "local"
+    assert doc["detect_node_death"]["holds_on_real_hardware"] is False
+    assert doc["store_wait"]["holds_on_real_hardware"] is True
+
+
+def test_the_cluster_profile_cites_its_figures_and_says_which_are_assumed():
+    out = plan("--nodes", "2048", "--profile", "cluster")
+    assert "What each step costs here, the cluster profile" in out
+    line = {x.split()[0]: x for x in out.splitlines() if x.startswith("  ") and " s  " in x}
+    assert (
+        "300.00 s  cluster profile: Slurm's default SlurmdTimeout, 300 s (slurm.conf(5))"
+        in (line["detect_node_death"])
+    )
+    for assumed in ("worker_start", "start_gate"):
+        assert "assumed, no published figure found" in line[assumed]
+    doc = json.loads(plan("--nodes", "2048", "--profile", "cluster", "--json"))["costs"]
+    assert doc["profile"] == "cluster" and doc["worker_start"]["holds_on_real_hardware"] is None
+
+
+def test_at_16k_gpus_the_cluster_profile_advises_a_hot_spare_where_the_local_one_does_not():
+    # A cold spare admitted in 3.8 s (local) costs little more than a hot one; one that
+    # takes 300 s to start its container and 300 s its ranks (cluster) does.
+    def hot(*args: str) -> int:
+        doc = json.loads(plan("--nodes", "2048", "--seeds", "4", *args, "--json"))
+        return doc["recommended"]["hot_spares"]
+
+    assert hot() == 0
+    assert hot("--profile", "cluster") == 1

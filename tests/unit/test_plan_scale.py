@@ -1,0 +1,107 @@
+"""`plan` at any scale: the Poisson tails past where exp(-mean) underflows, the
+simulation against the closed form from 128 to 131,072 GPUs with failures in wall time,
+and the inputs that once never returned. How fast each answers is bench/plan_inputs.py's
+(no timed test here); these pin what each answers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from nvrx_appliance.cli.main import cli
+from nvrx_appliance.plan import model
+from nvrx_appliance.plan import request as asked
+from nvrx_appliance.plan.rates import Rates
+from nvrx_appliance.plan.simulate import APPLIANCE, SEEDS, Settings, run_seeds
+
+
+def _summed_tail(k: int, mean: float) -> float:
+    """P(N > k) the plain way, from 0: good while exp(-mean) is a normal float."""
+    term, cdf = math.exp(-mean), 0.0
+    for i in range(k + 1):
+        cdf += term
+        term *= mean / (i + 1)
+    return 1.0 - cdf
+
+
+@pytest.mark.parametrize(("k", "mean"), [(0, 0.5), (3, 2.0), (10, 5.0), (30, 60.0), (700, 650.0)])
+def test_the_tail_summed_from_k_is_the_tail_summed_from_0(k, mean):
+    assert model.poisson_tail(k, mean) == pytest.approx(_summed_tail(k, mean), rel=1e-9, abs=1e-15)
+
+
+@pytest.mark.parametrize("mean", [745.0, 2_000.0, 1e5, 1e7, 1e9])
+def test_past_where_exp_underflows_the_tail_and_its_quantile_stay_true(mean):
+    # The 99% quantile of a Poisson of a large mean is mean + 2.326 sqrt(mean), within a
+    # count or two (its skew); and the median's tail is a half.
+    quantile = model.poisson_quantile(mean, 0.01)
+    assert quantile == pytest.approx(
+        mean + 2.3263 * math.sqrt(mean), abs=3 + 0.01 * math.sqrt(mean)
+    )
+    assert model.poisson_tail(quantile, mean) <= 0.01 < model.poisson_tail(quantile - 1, mean)
+    assert model.poisson_tail(round(mean), mean) == pytest.approx(0.5, abs=0.02)
+
+
+def test_a_quarter_million_nodes_gets_its_spares_and_depth():
+    # 230,000 nodes, Llama 3's rates, 24 h generations: about 830 deaths outside task 0 a
+    # generation (past exp's underflow at ~745), so cold spares for their 99% quantile.
+    sc = asked.scenario(asked.Request(nodes=230_000))
+    mean = model.spare_deaths_per_generation(sc)
+    assert mean > 745
+    cold = model.cold_spares_for(sc, hot=1)
+    assert cold + 1 == model.poisson_quantile(mean, model.RISK)
+    assert model.poisson_tail(cold + 1, mean) <= model.RISK
+    today = Settings(1800.0, 1, cold, 46.0, 3)
+    assert 91 <= model.depth_for(sc, today, APPLIANCE) <= 100  # 90 ends, a few hand-offs
+
+
+META = 6.5 / 419  # Llama 3's class shares at 6.5 interruptions per 1,000 node-days
+
+
+@pytest.mark.parametrize(
+    ("nodes", "rates", "days", "seeds"),
+    [
+        (16, Rates(), 90.0, 20),  # 128 GPUs: a handful of failures a run
+        (2048, Rates(), 30.0, 6),  # 16,384 GPUs: about 230 a run
+        (16_384, Rates(node_death=356 * META, rank_crash=56 * META, hang=7 * META), 20.0, 3),
+    ],
+)
+def test_the_simulation_and_the_closed_form_agree_within_half_a_point(nodes, rates, days, seeds):
+    # Failures in wall time in both: one during a recovery restarts it. At 131,072 GPUs
+    # and 6.5 per 1,000 node-days a recovery (mostly the 262 s load) is a quarter of the
+    # time, and the two still agree.
+    sc = asked.scenario(asked.Request(nodes=nodes, rates=rates, days=days))
+    settings = Settings(model.best_interval(sc), 0, model.cold_spares_for(sc, 0), 46.0, 10**5)
+    for design in (APPLIANCE, SEEDS):
+        simulated = run_seeds(sc, settings, design, seeds).ettr
+        assert simulated == pytest.approx(model.closed_form(sc, settings, design), abs=0.005)
+
+
+def plan(*args: str):
+    return CliRunner().invoke(cli, ["plan", *args])
+
+
+def test_time_0_is_no_time_limit_as_for_submit():
+    result = plan("--nodes", "64", "--days", "10", "--seeds", "2", "--time", "0")
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0].endswith("10 days, no time limit (--time 0)")
+    doc = json.loads(plan("--nodes", "64", "--days", "10", "--seeds", "2", "--time", "0",
+                          "--json").output)  # fmt: skip
+    assert doc["time_limit_seconds"] is None
+    assert doc["recommended"]["depth"] <= 3  # no time-limit ends: the hand-offs alone
+
+
+def test_a_run_too_large_for_every_seed_plays_fewer_then_a_window_and_says_so():
+    # 100,000 nodes for 10 days: about 3,800 interruptions a run, so 5 seeds, not 100.
+    fewer = plan("--nodes", "100000", "--days", "10", "--seeds", "100")
+    assert "  simulated 5 seed(s) of 10 of the 10 days (asked: 100 seeds)" in fewer.output
+    # A million nodes: 38,000 a run; 2 seeds each play a window, the counts scaled.
+    window = plan("--nodes", "1000000", "--days", "10", "--json")
+    doc = json.loads(window.output)
+    assert doc["assumptions"]["simulated"]["seeds"] == 2
+    assert doc["assumptions"]["simulated"]["days_per_seed"] == pytest.approx(2.64, abs=0.01)
+    assert doc["appliance"]["interruptions"]["node_death"] == pytest.approx(
+        10 * 1e6 * 356 / 110_592, rel=0.05
+    )
