@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nvrx_appliance.goodput import wait_record
 from nvrx_appliance.goodput.account import Allocation, Inputs
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import training_log, workdir
@@ -121,6 +122,7 @@ def read(
         ids = {a.generation for a in held or ()} | {str(e["array_job_id"]) for e in ledger}
         cycles = workdir.cycles(layout, sorted(ids | _generation_dirs(layout)))
     work, source = _training_record(layout, spec, cycles, memo or LogMemo())
+    wait_record.attach(layout, work, cycles, create=False)
     set_aside(work, workdir.json_lines(layout.fallbacks))
     return Inputs(
         published=_published(layout, cycles),
@@ -189,7 +191,10 @@ def training_record(
     """The chain's training record alone (the watcher's straggler detector). Raises
     workdir.NotFound for a work dir without a manifest."""
     manifest = workdir.load_manifest(work_dir)
-    return _training_record(Layout(work_dir), manifest["spec"], cycles, memo)[0]
+    layout = Layout(work_dir)
+    work = _training_record(layout, manifest["spec"], cycles, memo)[0]
+    wait_record.attach(layout, work, cycles)
+    return work
 
 
 def _training_record(

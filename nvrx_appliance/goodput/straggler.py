@@ -10,18 +10,22 @@ Megatron's `--log-straggler` report gives only its fastest and slowest rank.
 The rule (docs/stragglers.md): over the last WINDOW_STEPS steps of a cycle, cut into
 PARTS consecutive parts, a node is a straggler when in every part its mean own step
 time is at least FACTOR times the median of its peers'. Its slowdown is that ratio
-over the whole window. A one-off slow step, or a slow spell, lifts one part and not the
+over the whole window. A node late for any other reason is named by the second measure,
+who the others wait for inside the collectives (goodput/late_node.py): a node is named
+on either, and its words say which. A one-off slow step, or a slow spell, lifts one part and not the
 others; jitter between healthy nodes stays under FACTOR; a run of one node has no peers
 and names nobody.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from nvrx_appliance.goodput import late_node
 from nvrx_appliance.observe.training_log import CycleWork, OwnSteps
 
 # At 1.2 the run trains at five sixths of its speed. A healthy node's own step time
@@ -33,6 +37,8 @@ PARTS = 3
 # The window the verdict is about: the recent past, so a node that recovers is let go.
 # 120 steps: 12 of the cpu trainer's logged intervals, 6 of Megatron's (20 iterations).
 WINDOW_STEPS = 120
+OWN_STEP = "own step"  # the measures that can name a node (Straggler.measure)
+WAITS = "collective waits"
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,10 @@ class Straggler:
     nodes: int = 0  # the nodes that trained (and waited) in the window
     wall_step_s: float = 0.0  # the run's wall time per step in the window (0: unknown)
     by_rank: bool = False  # the evidence names a rank, not a node: nobody acts on it
+    # OWN_STEP: own_s and peers_s are step times; WAITS: shares of time inside
+    # collectives, and steps is the window in seconds
+    measure: str = OWN_STEP
+    also: str = ""  # the other measure's words, where it names the node too
 
     @property
     def who(self) -> str:
@@ -59,13 +69,28 @@ class Straggler:
         return self.node
 
     @property
+    def pace(self) -> str:
+        """Its slowdown and the measure that found it, in a few words."""
+        if self.measure == WAITS:
+            return f"{self.slowdown:.2f}x, late to its peers' collectives"
+        return f"{self.slowdown:.2f}x its peers' step"
+
+    @property
     def words(self) -> str:
         """One line a person reads: who, how slow, over what, what it cost."""
+        if self.measure == WAITS:
+            return (
+                f"{self.who} is a straggler in cycle {self.cycle} of generation "
+                f"{self.generation}: its peers wait inside collectives {self.peers_s:.0%} of "
+                f"the time against {self.own_s:.0%} on its ranks, late to each one "
+                f"({self.slowdown:.2f}x over the last {self.steps} s); the run has lost "
+                f"{self.lost_s:.0f} s waiting for it"
+            )
         return (
             f"{self.who} is a straggler in cycle {self.cycle} of generation "
             f"{self.generation}: its own step takes {_s(self.own_s)} against {_s(self.peers_s)} "
             f"on its peers ({self.slowdown:.2f}x over the last {self.steps} steps); the run "
-            f"has lost {self.lost_s:.0f} s waiting for it"
+            f"has lost {self.lost_s:.0f} s waiting for it" + (f"; {self.also}" if self.also else "")
         )
 
 
@@ -128,6 +153,23 @@ def _wall_step(window: list[OwnSteps]) -> float:
 
 def judge(work: CycleWork) -> list[Straggler]:
     """The stragglers of one cycle in its last window, slowest first."""
+    found = _by_own_step(work)
+    late = {n.node: n for n in late_node.judge(work.waits)}
+    # named by both: by its own step (the finer figure), its words saying the second too
+    found = [dataclasses.replace(s, also=_also(late.pop(s.node))) if s.node in late else s
+             for s in found]  # fmt: skip
+    found += [_late(work, n) for n in late.values()]
+    return sorted(found, key=lambda s: -s.slowdown)
+
+
+def _also(late: late_node.LateNode) -> str:
+    return (
+        f"its peers also wait inside collectives {late.peers:.0%} of the time against "
+        f"{late.own:.0%} on its ranks"
+    )
+
+
+def _by_own_step(work: CycleWork) -> list[Straggler]:
     window = _window(work.own_steps)
     if len(window) < PARTS:
         return []
@@ -155,7 +197,16 @@ def judge(work: CycleWork) -> list[Straggler]:
                 by_rank=work.own_steps_by_rank,
             )
         )
-    return sorted(found, key=lambda s: -s.slowdown)
+    return found
+
+
+def _late(work: CycleWork, late: late_node.LateNode) -> Straggler:
+    return Straggler(
+        generation=work.generation, cycle=work.cycle, node=late.node,
+        slowdown=late.slowdown, own_s=late.own, peers_s=late.peers,
+        steps=round(late.window_s), lost_s=late.lost_s, at=late.at, nodes=late.nodes,
+        wall_step_s=1.0, measure=WAITS,
+    )  # fmt: skip
 
 
 def cost_words(found: Straggler) -> str:
@@ -175,6 +226,8 @@ def cost_ahead(straggler: Straggler, seconds_left: float, steps_left: int | None
     """What keeping it costs until the generation ends: its excess per step (the measure
     of what the run lost so far, too) times the steps the time left holds at the run's
     wall pace, or the steps left to train when training ends first."""
+    if straggler.measure == WAITS:  # the share of the run's time spent waiting for it
+        return max(0.0, straggler.peers_s - straggler.own_s) * max(0.0, seconds_left)
     if straggler.wall_step_s <= 0:
         return 0.0
     steps = max(0.0, seconds_left) / straggler.wall_step_s

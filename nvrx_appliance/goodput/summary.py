@@ -101,8 +101,7 @@ def lines(account: Account) -> list[str]:
         action = _straggler_action(account, found)
         out.append(
             f"    straggler in generation {found.generation}, cycle {found.cycle}: {found.who}, "
-            f"{found.slowdown:.2f}x its peers' step; {straggler.cost_words(found)}"
-            + (f"; {action}" if action else "")
+            f"{found.pace}; {straggler.cost_words(found)}" + (f"; {action}" if action else "")
         )
     return out + save_interval_lines(save_interval.recommend(account))
 

@@ -7,9 +7,12 @@ mkdir, stat, create, rename), about 16 thousand a second at 2,048 nodes of 8 ran
 the entrypoint names a node-local directory (LOCAL_STACKS_ENV, in /tmp) where its
 ranks' guards keep their samples, and publishes them every period as one file per node:
 
-    nvrx/<array job id>/stacks/cycle<N>/<node>.json     {"node", "time", "samples": [...]}
+    nvrx/<array job id>/stacks/cycle<N>/<node>.json     {"node", "time", "samples": [...],
+                                                         "waits": [...]}
 
-by rename, only when a sample changed: O(1) per node per period, whatever the ranks.
+`waits` are its ranks' times inside collectives, which their flight-recorder watch keeps
+in `cycle<N>/waits/` of the same local directory (rank/flight_site/sitecustomize.py,
+docs/stragglers.md). Written by rename, only when a sample or a figure changed: O(1) per node per period, whatever the ranks.
 rank/stacks.py's read_samples reads these files back into one sample per rank, so the
 judgement reads what it read before. A published sample is at most one period older
 than the guard's own: the judgement's freshness bound (two periods and NVRx's check
@@ -30,6 +33,7 @@ from typing import Any
 
 from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
+from nvrx_appliance.rank.flight import WAITS_DIR
 from nvrx_appliance.rank.sampler import LOCAL_STACKS_ENV
 
 SAMPLE_BYTES = 256 << 10  # one rank's sample, read back locally
@@ -74,6 +78,8 @@ class Publisher(threading.Thread):
             return 0
         for cycle in cycles:
             stamp, samples = self._read(self.local / cycle)
+            waits_stamp, waits = self._read(self.local / cycle / WAITS_DIR)
+            stamp += waits_stamp
             if not stamp or self._seen.get(cycle) == stamp:
                 continue
             target = self.shared / cycle / f"{self.node}.json"
@@ -81,7 +87,7 @@ class Publisher(threading.Thread):
                 if cycle not in self._made:
                     files.make_private_dirs(target.parent)
                     self._made.add(cycle)
-                body = {"node": self.node, "time": now_iso(), "samples": samples}
+                body = {"node": self.node, "time": now_iso(), "samples": samples, "waits": waits}
                 files.write_atomic(target, json.dumps(body) + "\n", 0o600, durable=False)
             except OSError as exc:
                 if not self._failed:

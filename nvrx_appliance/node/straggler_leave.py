@@ -161,7 +161,7 @@ class StragglerLeave(threading.Thread):
     # --- task 0 -----------------------------------------------------------------------
 
     def _judge(self) -> None:
-        work = gather.training_record(self.layout.work_dir, {}, self._memo)
+        work = gather.training_record(self.layout.work_dir, {self.array_job_id: []}, self._memo)
         mine = [w for (g, _), w in work.items() if g == self.array_job_id]
         if not mine:
             return

@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nvrx_appliance.observe.collective_waits import RankWaits
 from nvrx_appliance.observe.times import parse_time
 
 PROGRESS_LOG = "progress log"
@@ -74,6 +75,9 @@ class CycleWork:
     finished: float | None = None  # training reached its end (not a failure)
     own_steps: list[OwnSteps] = field(default_factory=list)  # each node's own step time
     own_steps_by_rank: bool = False  # own_steps name ranks (Megatron's report), not nodes
+    # each rank's time inside collectives (observe/collective_waits.py), from the
+    # published stacks, whatever the workload
+    waits: list[RankWaits] = field(default_factory=list)
     last_sign: float | None = None  # the last moment the workload showed life
 
     def seen(self, when: float) -> None:
@@ -157,7 +161,7 @@ def _copy(work: CycleWork) -> CycleWork:
     return dataclasses.replace(
         work, setup=list(work.setup), steps=list(work.steps),
         step_seconds=list(work.step_seconds), saves=list(work.saves), faults=list(work.faults),
-        own_steps=list(work.own_steps),
+        own_steps=list(work.own_steps), waits=list(work.waits),
     )  # fmt: skip
 
 

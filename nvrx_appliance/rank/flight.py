@@ -20,6 +20,7 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.rank.flight_site import sitecustomize as site
+from nvrx_appliance.rank.sampler import LOCAL_STACKS_ENV
 
 SITE_DIR = str(Path(site.__file__).resolve().parent)
 # PyTorch records collectives only with a buffer (TORCH_FR_BUFFER_SIZE, read once at
@@ -29,6 +30,7 @@ BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
 BUFFER_ENTRIES = "2000"
 DUMP_BYTES = 4 << 20  # a dump read back: 256 entries are ~130 kB
 MAX_DUMPS = 100_000
+WAITS_DIR = "waits"  # in a cycle's node-local stacks directory
 
 
 def flight_dir(stacks_of_cycle: Path) -> Path:
@@ -57,6 +59,14 @@ def child_env(environ: Mapping[str, str], generation: str) -> dict[str, str] | N
     cycle = cycle if cycle.isdecimal() else "0"
     where = flight_dir(manifest.layout.stacks(array_job_id) / f"cycle{cycle}")
     path = environ.get("PYTHONPATH", "")
+    local = environ.get(LOCAL_STACKS_ENV)
+    # the ranks' time inside collectives, kept on the node for its publisher
+    # (node/stack_publisher.py); never per rank on the shared file system
+    waits = (
+        {site.WAITS_ENV: json.dumps({"dir": str(Path(local) / f"cycle{cycle}" / WAITS_DIR),
+                                     "period": period, "generation": array_job_id})}
+        if local and array_job_id else {}
+    )  # fmt: skip
     return {
         **environ,
         "PYTHONPATH": SITE_DIR + (os.pathsep + path if path else ""),
@@ -64,6 +74,7 @@ def child_env(environ: Mapping[str, str], generation: str) -> dict[str, str] | N
         site.STALL_ENV: f"{stall_s(period):g}",
         site.WHO_ENV: json.dumps({"generation": generation, "cycle": int(cycle)}),
         BUFFER_ENV: environ.get(BUFFER_ENV) or BUFFER_ENTRIES,
+        **waits,
     }
 
 

@@ -111,6 +111,13 @@ def test_the_guard_switches_the_watch_on_only_where_the_chain_samples_stacks(tmp
     assert child[site.STALL_ENV] == "10"  # two sampling periods
     assert json.loads(child[site.WHO_ENV]) == {"generation": "c/4242/1", "cycle": 2}
     assert child[flight.BUFFER_ENV] == "2000"
+    assert site.WAITS_ENV not in child  # no node-local directory: no figures at all
+    local = flight.child_env({**environ, flight.LOCAL_STACKS_ENV: "/tmp/n"}, "c/4242/1") or {}
+    assert json.loads(local[site.WAITS_ENV]) == {
+        "dir": "/tmp/n/cycle2/waits",
+        "period": 5.0,
+        "generation": "4242",
+    }
     assert (
         flight.child_env({**environ, flight.BUFFER_ENV: "64"}, "c/4242/1")[flight.BUFFER_ENV]
         == "64"
@@ -138,3 +145,66 @@ def test_the_judgement_reads_this_cycles_dumps_and_the_generations_earlier_workl
     (hangs / "cycle1.json").write_text(json.dumps({**stall, "generation": "c/8/1"}))
     (hangs / "cycle2.json").write_text(json.dumps({**stall, "verdict": "hung"}))
     assert flight.earlier_stalls(hangs, "c/7/1") == {"node3": [3]}
+
+
+LATE = r"""
+import sys, time
+import torch, torch.distributed as dist
+rank, port = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+t = torch.ones(2)
+for _ in range(60):
+    if rank == 1:  # late to every collective, away from its own compute
+        time.sleep(0.05)
+    dist.all_reduce(t)
+time.sleep(0.6)  # one more period: the last figures are written
+dist.destroy_process_group()
+"""
+
+
+def test_the_watch_measures_who_waits_inside_collectives_and_the_publisher_carries_it(tmp_path):
+    from nvrx_appliance.goodput import wait_record
+    from nvrx_appliance.layout import Layout
+    from nvrx_appliance.node.stack_publisher import Publisher
+
+    script = tmp_path / "late.py"
+    script.write_text(LATE)
+    port = str(29100 + os.getpid() % 400)
+    local = {r: tmp_path / f"local{r}" for r in (0, 1)}  # each node's own directory
+
+    def figures(rank: int) -> str:
+        where = local[rank] / "cycle0" / flight.WAITS_DIR
+        return json.dumps({"dir": str(where), "period": 0.5, "generation": "7"})
+
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(rank), port],
+            env={**env(tmp_path), "SLURMD_NODENAME": f"node{rank}", site.WAITS_ENV: figures(rank)},
+        )
+        for rank in (0, 1)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    layout = Layout(tmp_path / "work")
+    # Each node's one publisher puts its ranks' figures in its one shared file.
+    for rank in (0, 1):
+        assert Publisher(local[rank], layout.stacks("7"), f"node{rank}", 1.0, print).publish() == 1
+    cycle, waits = wait_record.read(layout, "7") or (None, [])
+    assert cycle == 0
+    shares = {(w.node, w.rank): w.history[-1][2] / w.history[-1][1] for w in waits}
+    assert sorted(shares) == [("node0", 0), ("node1", 1)]
+    # rank 0 waits for the late rank 1 inside every all-reduce; rank 1 barely waits
+    assert shares["node0", 0] > 0.5 > 0.3 > shares["node1", 1], shares
+    assert oct((local[0] / "cycle0" / "waits").stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_poll_after_the_process_was_stopped_is_not_counted(tmp_path, monkeypatch):
+    # After a SIGSTOP the first poll sees the state the rank was stopped in, not a share
+    # of the time it ran.
+    monkeypatch.setenv("SLURMD_NODENAME", "nodeA")
+    waits = site._Waits(str(tmp_path / "w"), 0.5, "7", 0)
+    waits.count(True, 3, site.TICK_S)
+    waits.count(True, 3, 0.4)  # the poll after a 0.4 s stop
+    waits.count(False, 3, site.TICK_S)
+    assert (waits.polls, waits.waiting) == (2, 1)
+    written = json.loads((tmp_path / "w" / "nodeA.rank3.json").read_text())
+    assert (written["generation"], written["rank"], written["history"][0][1:]) == ("7", 3, [1, 1])
