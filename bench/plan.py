@@ -4,15 +4,15 @@ deaths, hangs), its goodput as `report` measures it, and what `plan` predicts fo
 same shape, wall time and settings, given the injected rates and the chain's own
 measured costs (`--from-chain`; docs/plan.md, "Checked against this machine").
 
-One chain per sample (`--repeat`): two training tasks of two ranks, a hot and a cold
-spare on the 4-node cluster, steps paced at 0.1 s, a save every 50 iterations (5 s of
-training), the demo's timeouts (a 30 s step timeout: what a hang costs until NVRx sees
-it), a deep chain (a task 0 lost or the spares run out: the next generation takes
-over), no node memory across generations (`--exclude-for 0`: the harness revives what
-it killed, and a hang here is a one-off) and no burn guard nor NVRx's progress
-rule (`--burn-guard 0 --max-no-progress-cycles 0`: at a failure every minute, two
-generations, or two cycles, in a row can end before their first save, which those
-rightly take for a run that cannot train, and stop the chain).
+One chain per sample (`--repeat`; seeds 0, 1, ..., or from NVRX_BENCH_PLAN_FIRST_SEED):
+two training tasks of two ranks, a hot and a cold spare on the 4-node cluster, steps
+paced at 0.1 s, a save every 50 iterations (5 s of training), the demo's timeouts (a 30
+s step timeout: what a hang costs until NVRx sees it), a deep chain (a task 0 lost or
+the spares run out: the next generation takes over), no node memory across generations
+(`--exclude-for 0`: the harness revives what it killed, and a hang here is a one-off)
+and no burn guard nor NVRx's progress rule (`--burn-guard 0 --max-no-progress-cycles 0`:
+at a failure every minute, two generations, or two cycles, in a row can end before their
+first save, which those rightly take for a run that cannot train, and stop the chain).
 
 FAILURES failures land on a Poisson clock of wall time (MEAN_GAP_S apart on average),
 each of a class drawn by WEIGHTS and aimed at a node drawn among those training at that
@@ -42,6 +42,7 @@ over the samples against TOLERANCE.
 from __future__ import annotations
 
 import json
+import os
 import random
 import time
 from collections import Counter
@@ -296,8 +297,17 @@ def predict(h: Harness, work: str, landed: list[dict], absorbed: dict[str, int])
     }  # fmt: skip
 
 
+# The first seed (the samples take FIRST_SEED, FIRST_SEED + 1, ...): a later run adds
+# new seeds to the earlier ones' instead of replaying seed 0's clock.
+SEED_ENV = "NVRX_BENCH_PLAN_FIRST_SEED"
+
+
 def collect(h: Harness, repeat: int, result: Result) -> None:
-    for seed in range(repeat):
+    try:
+        first = int(os.environ.get(SEED_ENV) or 0)
+    except ValueError:
+        raise BenchError(f"{SEED_ENV}: a whole number, the first seed") from None
+    for seed in range(first, first + repeat):
         chain = _inject_chain(h, seed)
         h.say(f"{NAME}: chain {json.dumps(chain)}")  # kept in the log: a plan can be redone
         try:
