@@ -42,7 +42,7 @@ class Stall:
     op: str  # its profiling name (gloo:all_reduce, nccl:all_reduce, ...)
     ranks: tuple[int, ...]  # the group's global ranks, as far as known
     waiting: tuple[int, ...]  # ranks whose dump shows a collective of it pending
-    behind: tuple[int, ...]  # ranks of the group that had not entered it
+    behind: tuple[int, ...]  # ranks of the group not in it yet, nor waiting in an earlier one
     device: tuple[int, ...] = ()  # ranks that enqueued it, never started on their device
     arrived: dict[int, int] = field(default_factory=dict)  # rank -> time it entered (ns)
 
@@ -127,7 +127,10 @@ def analyse(dumps: Sequence[dict[str, Any]], world_size: int) -> Flight:
         # name, when they entered it, and how far their device got.
         inside = sorted(r for r, enq in waiting.items() if enq == seq)
         members = _members(name, dumps, world_size) or tuple(sorted(at))
-        behind = tuple(r for r in members if at.get(r, (-1, -1))[0] < seq)
+        # Behind: not in it yet, nor waiting in an earlier one of the group (a node that
+        # froze inside a ring all-reduce can leave one rank done with it and the next
+        # still in it: both wait for that node).
+        behind = tuple(r for r in members if at.get(r, (-1, -1))[0] < seq and r not in waiting)
         entries = {r: entry_at.get((name, r, seq)) or {} for r in inside}
         started = any(e.get("state") == "started" for e in entries.values())
         device = tuple(r for r in inside if started and entries[r].get("state") == "scheduled")

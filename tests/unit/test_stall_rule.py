@@ -64,6 +64,23 @@ def test_the_recorded_dumps_say_the_others_waited_for_rank_3_in_glooss_all_reduc
     assert sorted(stall.arrived) == [0, 1, 2]  # each waiting rank's entry time
 
 
+def test_a_rank_still_in_the_collective_before_is_waiting_not_waited_for():
+    # On the cluster a node froze inside a ring all-reduce after rank 0 had its result:
+    # rank 0 went on to the next one, rank 1 stayed in it. Both wait for the frozen node;
+    # the words once said they waited "for rank(s) 1, 2, 3".
+    found = dumps("late")
+    earlier = next(d for d in found if d["rank"] == 1)
+    earlier["trace"]["pg_status"]["0"].update(
+        last_enqueued_collective="3", last_completed_collective="2"
+    )
+    flight = flight_record.analyse(found, 4)
+    (stall,) = flight.stalls
+    assert stall.seq == 4 and stall.waiting == (0, 1, 2) and stall.behind == (3,)
+    assert flight.held_by() == (3,)
+    words = judge(others_wait(stack(3, FROZEN, "T")), found).words
+    assert "waited in `gloo:all_reduce` #4 of process group 0 for rank(s) 3)" in words, words
+
+
 def test_a_stopped_rank_the_others_wait_for_names_its_node():
     found = judge(others_wait(stack(3, FROZEN, "T")), dumps("late"))
     assert found.nodes == ("nodeB",) and found.kind == "hung"
