@@ -160,10 +160,10 @@ def _kept_in_the_ledger(
     assert f"{slow} was a straggler in cycle {named[0]['cycle']}" in text, text
 
 
+@PACES
 def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_trains(
-    cluster: Cluster,
+    cluster: Cluster, pace: tuple[float, float, str]
 ):
-    pace = OWN_STEP
     # A longer time limit than the quick settings' 10 min: replacing pays by what the
     # straggler would cost until the generation ends, which the time left bounds.
     work, name, gen, task0, slow = _train(
