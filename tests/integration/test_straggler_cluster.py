@@ -160,10 +160,12 @@ def _kept_in_the_ledger(
     assert f"{slow} was a straggler in cycle {named[0]['cycle']}" in text, text
 
 
-@PACES
 def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_trains(
-    cluster: Cluster, pace: tuple[float, float, str]
+    cluster: Cluster,
 ):
+    # The issue's descheduled node (issue 45); the own-step pace takes the same path to
+    # the leave, and its naming is the test above (one pace here keeps CI's time).
+    pace = DESCHEDULED
     # A longer time limit than the quick settings' 10 min: replacing pays by what the
     # straggler would cost until the generation ends, which the time left bounds.
     work, name, gen, task0, slow = _train(
