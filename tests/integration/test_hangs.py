@@ -123,8 +123,10 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             # Where the others wait depends on the moment: the step's all_reduce, DDP's
             # gradient all-reduce in backward, or its buffers' broadcast before forward.
             assert re.fullmatch(
-                rf"{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+` while the 2 others "
-                r"waited in `(all_reduce|broadcast_coalesced)`( / `(all_reduce|broadcast_coalesced)`)?"
+                # Its two ranks may stop in different places (a script's `anyone_asked` and
+                # `main`): the words name each.
+                rf"{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+`( / `[^`]+`)* while the 2 "
+                r"others waited in `(all_reduce|broadcast_coalesced)`( / `(all_reduce|broadcast_coalesced)`)?"
                 # gloo's flight recorder, dumped by the waiting ranks' own watch, says whom
                 # they waited for (docs/hangs.md)
                 r" \(flight recorder: rank\(s\) \d, \d waited in `gloo:[a-z_]+` #\d+ of "
