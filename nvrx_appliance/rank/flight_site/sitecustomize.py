@@ -132,12 +132,11 @@ class _Watch:
             self.written = key
 
     def path(self, rank: int) -> str:
-        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
-        return os.path.join(self.directory, f"{node}.rank{rank}.json")
+        return os.path.join(self.directory, f"{_node()}.rank{rank}.json")
 
     def write(self, trace: dict, key: tuple[str, str, int], rank: int) -> None:
         trace["entries"] = (trace.get("entries") or [])[-KEEP_ENTRIES:]
-        node = os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".", 1)[0]
+        node = _node()
         record = {
             **self.who, "version": VERSION, "rank": rank, "node": node, "epoch": time.time(),
             "recorder": key[0], "stalled": {"pg": key[1], "seq": key[2], "since": self.since[key]},
