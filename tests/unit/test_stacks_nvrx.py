@@ -100,9 +100,12 @@ def test_a_frozen_rank_is_named_from_the_stacks_when_nvrx_kills_the_hung_cycle(t
     words = record["words"]
     assert words.startswith("node2 hung in cycle 0: its 1 rank stopped in `"), words
     # The workload's own thread of ours (rank/flight_site) dumped the waiting rank's flight
-    # recorder; it says whom that rank waited for.
+    # recorder; it says whom that rank waited for. The collective's name from the stacks
+    # needs the native dump, which a loaded machine may not fit in before NVRx's kill
+    # (seen once under two xdist workers): then the words say "a collective", still true.
     assert re.search(
-        r" while the 1 other waited in `all_reduce` \(flight recorder: rank\(s\) \d waited in "
+        r" while the 1 other waited in (`all_reduce`|a collective) \(flight recorder: rank\(s\) "
+        r"\d waited in "
         r"`gloo:all_reduce` #\d+ of process group 0 for rank\(s\) \d\)$",
         words,
     ), words
