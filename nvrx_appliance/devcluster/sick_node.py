@@ -19,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 
+from nvrx_appliance.checkpoints import checkpoint_dir
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import workdir
 
@@ -68,10 +69,13 @@ class Freezer:
     """Freezes every worker on `nodes` FREEZE_AFTER_S after its cycle's first step, each
     cycle anew, until stopped."""
 
-    def __init__(self, work: Path, nodes: set[str], *, kernel: bool = False):
+    def __init__(self, work: Path, nodes: set[str], *, kernel: bool = False, in_save: bool = False):
         # kernel: freeze in the kernel (cgroup v1 freezer: state D, as a driver call that
         # never returns; py-spy cannot read such a process) instead of SIGSTOP (state T).
-        self.work, self.nodes, self.kernel = work, nodes, kernel
+        # in_save: only while a checkpoint is being written (a .partial_iter_ directory in
+        # the chain's checkpoints), as a fault that lands in a save; the save must last
+        # longer than a poll for that to be certain (tests/integration/slow_storage.c).
+        self.work, self.nodes, self.kernel, self.in_save = work, nodes, kernel, in_save
         self.frozen: dict[int, float] = {}  # pid -> when
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="sick-node", daemon=True)
@@ -93,9 +97,18 @@ class Freezer:
         """When the first worker was frozen; None before."""
         return min(self.frozen.values(), default=None)
 
+    def _saving(self) -> bool:
+        try:
+            names = os.listdir(Layout(self.work).checkpoints)
+        except OSError:
+            return False
+        return any(checkpoint_dir.is_partial_dir(name) for name in names)
+
     def _run(self) -> None:
         log = Layout(self.work).progress_log
         while not self.done.wait(POLL_S):
+            if self.in_save and not self._saving():
+                continue
             trained = {
                 (str(e.get("slurm_array_job_id")), str(e.get("cycle"))): e["time"]
                 for e in reversed(workdir.json_lines(log))

@@ -56,18 +56,41 @@ def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
-def cli(cluster: Cluster, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+def cli(
+    cluster: Cluster, *args: str, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [CLI, *args], env=cluster.env(), capture_output=True, text=True, timeout=timeout
-    )
+        [CLI, *args], env=cluster.env(**(env or {})), capture_output=True, text=True,
+        timeout=timeout,
+    )  # fmt: skip
 
 
-def submit(cluster: Cluster, work: Path, name: str, *flags: str) -> list[str]:
+def submit(
+    cluster: Cluster, work: Path, name: str, *flags: str, env: dict[str, str] | None = None
+) -> list[str]:
+    """Submit a chain with the demo's quick timeouts; `env` reaches every process of the
+    job (sbatch exports the submitter's environment)."""
     done = cli(
-        cluster, "submit", *FAST, "--work-dir", str(work), "--job-name", name, *flags, "--json"
-    )
+        cluster, "submit", *FAST, "--work-dir", str(work), "--job-name", name, *flags, "--json",
+        env=env,
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)["job_ids"]
+
+
+_BUILT: dict[str, Path] = {}
+
+
+def slow_storage(cluster: Cluster, **seconds: int) -> dict[str, str]:
+    """The environment that makes the job's checkpoint storage slow (slow_storage.c,
+    built once per session): slow_storage(cluster, NVRX_SLOW_SAVE_S=3)."""
+    if "so" not in _BUILT:
+        built = cluster.workdir("slow-storage") / "slow_storage.so"
+        source = Path(__file__).with_name("slow_storage.c")
+        subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-o", str(built), str(source)],
+                       check=True)  # fmt: skip
+        _BUILT["so"] = built
+    return {"LD_PRELOAD": str(_BUILT["so"]), **{k: str(v) for k, v in seconds.items()}}
 
 
 def squeue_ids(cluster: Cluster, name: str) -> list[str]:

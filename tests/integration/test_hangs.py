@@ -31,6 +31,7 @@ from .chain_support import (
     logs_on_failure,
     progress,
     ran,
+    slow_storage,
     started_in_cycle,
     submit,
     tasks,
@@ -45,8 +46,12 @@ from .conftest import Cluster
 pytestmark = [pytest.mark.cluster]
 
 CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
-STEP_TIMEOUT_S = 30  # the demo's (chain_support.FAST)
-OUT_OF_SECTION_S = 30  # for the script without sections (the demo's 60 is long here)
+# Shorter than the demo's (30 s and 60 s, chain_support.FAST), which only lengthen
+# each test here: submit's floor is three sampling periods (15 s), and 20 s leaves the
+# stacks their two periods to call a rank still and a period to spare.
+STEP_TIMEOUT_S = 20
+OUT_OF_SECTION_S = 20
+SAVE_S = 3  # each file a save creates waits this long, in the save test
 STACK_PERIOD_S = 5  # --stack-sampling's default: stillness is seen a period late at most
 CPU = ("--mode", "train", "--train-samples", "10000000", "--cpu-step-pause", "0.1")
 SCRIPT = Path(__file__).parent / "verdict_script.py"
@@ -62,14 +67,21 @@ def _script(cluster: Cluster, label: str, *extra: str) -> tuple[str, ...]:
 
 @contextmanager
 def _chain(
-    cluster: Cluster, label: str, *flags: str, workload: tuple[str, ...] = CPU, save_every: int = 50
+    cluster: Cluster,
+    label: str,
+    *flags: str,
+    workload: tuple[str, ...] = CPU,
+    save_every: int = 50,
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[Path, str, list[str]]]:
     work, name = cluster.workdir(label), unique(label)
     # Ten steps a second and, unless a test asks otherwise, a checkpoint every 50 (not
     # the demo's every 5), so that the checkpoint held at the hang is known: the freeze,
     # 3 s into the cycle's training, comes about 2 s before its first save.
+    timeouts = ("--step-timeout", str(STEP_TIMEOUT_S),
+                "--out-of-section-timeout", str(OUT_OF_SECTION_S))  # fmt: skip
     generations = submit(cluster, work, name, *workload, "--save-interval", str(save_every),
-                         *flags)  # fmt: skip
+                         *timeouts, *flags, env=env)  # fmt: skip
     try:
         yield work, name, generations
     finally:
@@ -107,8 +119,7 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
     if kind == "script-without-sections":
         # Never connected to NVRx's rank monitor: the guard keeps the out-of-section
         # timeout (rank/stillness.py), as the contract says.
-        workload = (*_script(cluster, label, "--no-sections"), "--out-of-section-timeout",
-                    str(OUT_OF_SECTION_S))  # fmt: skip
+        workload = _script(cluster, label, "--no-sections")
         timeout = OUT_OF_SECTION_S + STACK_PERIOD_S
     with _chain(cluster, label, *flags, workload=workload) as (work, name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
@@ -206,19 +217,22 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))
 
 
-def test_a_node_that_hangs_in_a_run_saving_every_5_iterations_is_named_at_its_first_hang(
+def test_a_node_that_hangs_inside_a_checkpoint_save_is_named_at_its_first_hang(
     cluster: Cluster,
 ):
-    # As the issue's user met it: a save every 5 iterations (every 0.5 s here). Whether
-    # the freeze lands in a save or in a step, the flight recorder says the others wait
-    # for the frozen node's ranks (in a save: tests/unit/test_stall_rule.py, over dumps
-    # of a save's broadcast); the run of 2026-12-05 froze them in a step.
-    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
-    with _chain(cluster, "hang-save", *flags, save_every=5) as (work, _name, [gen]):
+    # As the issue's user met it: saves are long on real storage, so a fault often lands
+    # in one. Here each save waits SAVE_S on slow storage (slow_storage.c), and the sick
+    # node's workers are frozen inside the first save after 3 s of training: the others
+    # wait in the save's own collectives, and their flight recorders say for whom.
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1",
+             "--checkpointing-timeout", str(STEP_TIMEOUT_S))  # fmt: skip
+    slow = slow_storage(cluster, NVRX_SLOW_SAVE_S=SAVE_S)
+    with _chain(cluster, "hang-save", *flags, save_every=20, env=slow) as (work, _name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
         (sick,) = active - {_node_of_task0(work, gen)}
-        with Freezer(work, {sick}):
+        with Freezer(work, {sick}, in_save=True) as freezer:
+            frozen_at = Cluster.wait_until(freezer.first, CYCLE_S, "a worker frozen in a save", 0.5)
             record = _hang_record(work, gen, 0)
             assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
             assert re.search(
@@ -227,8 +241,17 @@ def test_a_node_that_hangs_in_a_run_saving_every_5_iterations_is_named_at_its_fi
                 r"`gloo:[a-z_]+` #\d+ of process group 0 for rank\(s\) \d, \d\)$",
                 record["words"],
             ), record["words"]
-            started_in_cycle(work, gen, 1, CYCLE_S)
+            # The sick node's ranks stood inside the save (torch.distributed.checkpoint).
+            frozen = [s for s in record["stacks"] if s["node"] == sick]
+            assert frozen and all(
+                any("distributed/checkpoint" in f.get("file", "") for f in s["frames"])
+                for s in frozen
+            ), frozen
+            # Named at this first hang: the next cycle starts without it, within the
+            # section's timeout and one in-job restart.
+            started = started_in_cycle(work, gen, 1, CYCLE_S)
             assert sick not in cycle_nodes(work, gen, 1)[0], logs_on_failure(work)
+            assert started["time"] - frozen_at < STEP_TIMEOUT_S + CYCLE_S
 
 
 def test_a_node_whose_workers_are_stuck_in_the_kernel_is_named_at_its_first_hang(
@@ -260,7 +283,7 @@ def test_a_ranks_stall_in_the_scripts_own_code_is_the_workloads_and_names_no_nod
 ):
     # The issue's W&B case: the last rank (not on task 0's node) stands 100 s in its own
     # `upload_metrics` at iteration 45, outside NVRx's step section, while the others wait
-    # in the script's all_reduce; the out-of-section timeout (60 s) ends the cycle.
+    # in the script's all_reduce; the out-of-section timeout (20 s here) ends the cycle.
     flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
     args = cluster.work_root / f"{unique('stall')}.args"
     args.write_text("--progress\n--iterations 10000000\n--step-seconds 0.1\n--stall-at\n45:3:100\n")
