@@ -69,13 +69,24 @@ class Freezer:
     """Freezes every worker on `nodes` FREEZE_AFTER_S after its cycle's first step, each
     cycle anew, until stopped."""
 
-    def __init__(self, work: Path, nodes: set[str], *, kernel: bool = False, in_save: bool = False):
+    def __init__(
+        self,
+        work: Path,
+        nodes: set[str],
+        *,
+        kernel: bool = False,
+        in_save: bool = False,
+        at_start: bool = False,
+    ):
         # kernel: freeze in the kernel (cgroup v1 freezer: state D, as a driver call that
         # never returns; py-spy cannot read such a process) instead of SIGSTOP (state T).
         # in_save: only while a checkpoint is being written (a .partial_iter_ directory in
         # the chain's checkpoints), as a fault that lands in a save; the save must last
         # longer than a poll for that to be certain (tests/integration/slow_storage.c).
-        self.work, self.nodes, self.kernel, self.in_save = work, nodes, kernel, in_save
+        # at_start: as soon as a worker is seen (a poll after it starts), before its cycle
+        # trains: a node that hangs in a cycle's start-up.
+        self.work, self.nodes, self.kernel = work, nodes, kernel
+        self.in_save, self.at_start = in_save, at_start
         self.frozen: dict[int, float] = {}  # pid -> when
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._run, name="sick-node", daemon=True)
@@ -117,7 +128,8 @@ class Freezer:
             for node in self.nodes:
                 for pid in workers(self.work, node):
                     since = trained.get(_cycle_of(pid))
-                    if pid in self.frozen or not since or time.time() - since < FREEZE_AFTER_S:
+                    due = self.at_start or (since and time.time() - since >= FREEZE_AFTER_S)
+                    if pid in self.frozen or not due:
                         continue
                     with contextlib.suppress(ProcessLookupError, FileNotFoundError):
                         if self.kernel:

@@ -9,7 +9,8 @@ picture is clear (docs/hangs.md says it in words):
    judgement (a rank without one could be the culprit: nobody is named);
 2. no rank is in a checkpoint save or load, the data loader or a file-system call:
    those stall every rank alike when the shared file system does, and which node is
-   slow cannot be told from the stacks;
+   slow cannot be told from the stacks (a stopped rank, state T, is not held by the
+   file system wherever its frame: the stop caught it there);
 3. some ranks wait in a collective and the others (the outliers) are not in one; a
    stopped rank (state T), or one in an uninterruptible call (D), never waits, whatever
    its frame;
@@ -53,6 +54,7 @@ NATIVE_NAMES = {"Reducer::finalize_backward": "all_reduce"}  # DDP's gradient re
 # /proc states of a rank that cannot be waiting for its peers: stopped, traced, or in an
 # uninterruptible call (a gloo or NCCL wait sleeps in S, or spins in R).
 NOT_WAITING_STATES = frozenset({"T", "t", "D"})
+STOPPED_STATES = frozenset({"T", "t"})  # stopped or traced
 # Library code a stopped rank may stand in; its words name the workload's frame instead.
 LIBRARY_FILES = ("torch/", "numpy/", "<frozen ", "threading.py")
 # Frames that say a checkpoint, the data or the file system holds the rank: a stall
@@ -229,7 +231,9 @@ def judge(
     if stale:
         return none(f"the last stacks of rank(s) {_list(stale)} are older than {fresh_s:.0f} s")
     for stack in stacks:
-        frame = io_frame(stack)
+        # A stopped rank stands wherever the stop caught it (importlib's `_load_unlocked`
+        # at a cycle's start-up reads as I/O): its frame says nothing of the file system.
+        frame = io_frame(stack) if stack.state not in STOPPED_STATES else None
         if frame is not None:
             return none(
                 f"rank {stack.rank} on {stack.node} was in `{frame.name}` ({frame.file}): a "

@@ -30,10 +30,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from nvrx_appliance.rank import flight_record, hang_rule
-from nvrx_appliance.rank.hang_rule import Judgement, RankStack
+from nvrx_appliance.rank.hang_rule import STOPPED_STATES, Judgement, RankStack
 
 NODE, WORKLOAD, WAITING, UNKNOWN = "node", "workload", "waiting", "unknown"
-STOPPED_STATES = frozenset({"T", "t"})
 
 
 def why(stack: RankStack | None, device: bool, *, now: float, fresh_s: float) -> tuple[str, str]:

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from nvrx_appliance.devcluster.sick_node import Freezer
+from nvrx_appliance.observe.run_files import cycle_info
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.workdir import json_lines
 
@@ -51,6 +52,7 @@ CYCLE_S = 180  # a fault noticed, the next rendezvous formed, training resumed
 # stacks their two periods to call a rank still and a period to spare.
 STEP_TIMEOUT_S = 20
 OUT_OF_SECTION_S = 20
+SETUP_TIMEOUT_S = 30  # the start-up test's (the demo's 120 s only lengthens it)
 SAVE_S = 3  # each file a save creates waits this long, in the save test
 STACK_PERIOD_S = 5  # --stack-sampling's default: stillness is seen a period late at most
 CPU = ("--mode", "train", "--train-samples", "10000000", "--cpu-step-pause", "0.1")
@@ -233,25 +235,35 @@ def test_a_node_that_hangs_inside_a_checkpoint_save_is_named_at_its_first_hang(
         (sick,) = active - {_node_of_task0(work, gen)}
         with Freezer(work, {sick}, in_save=True) as freezer:
             frozen_at = Cluster.wait_until(freezer.first, CYCLE_S, "a worker frozen in a save", 0.5)
-            record = _hang_record(work, gen, 0)
-            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
-            assert re.search(
-                rf"^{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+`( / `[^`]+`)* while "
-                r"the 2 others waited in .* \(flight recorder: rank\(s\) \d, \d waited in "
-                r"`gloo:[a-z_]+` #\d+ of process group 0 for rank\(s\) \d, \d\)$",
-                record["words"],
-            ), record["words"]
+            record = _named_alone(work, gen, sick, rf".* {FLIGHT}")
             # The sick node's ranks stood inside the save (torch.distributed.checkpoint).
             frozen = [s for s in record["stacks"] if s["node"] == sick]
             assert frozen and all(
                 any("distributed/checkpoint" in f.get("file", "") for f in s["frames"])
                 for s in frozen
             ), frozen
-            # Named at this first hang: the next cycle starts without it, within the
-            # section's timeout and one in-job restart.
-            started = started_in_cycle(work, gen, 1, CYCLE_S)
-            assert sick not in cycle_nodes(work, gen, 1)[0], logs_on_failure(work)
-            assert started["time"] - frozen_at < STEP_TIMEOUT_S + CYCLE_S
+            _trains_again_without(work, gen, sick, frozen_at + STEP_TIMEOUT_S)
+
+
+def test_a_node_that_hangs_in_a_cycles_start_up_is_named_at_its_first_hang(cluster: Cluster):
+    # The issue's second hang: a node whose workers stop as they start, frozen here as
+    # soon as they are seen, before their process group forms. No collective has run, so
+    # no flight recorder has anything to say: the stacks decide alone (docs/hangs.md).
+    # They never connect to NVRx's rank monitor; the others' setup timeout ends the cycle.
+    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1",
+             "--setup-timeout", str(SETUP_TIMEOUT_S))  # fmt: skip
+    with _chain(cluster, "hang-start", *flags) as (work, _name, [gen]):
+        info = work / "nvrx" / gen / "cycle_infos" / f"cycle_info.{gen}.0.0"
+        wait_in(work, lambda: info.exists() and cycle_info(info.read_text()), CYCLE_S,
+                "cycle 0's rendezvous")  # fmt: skip
+        active, _ = cycle_nodes(work, gen, 0)
+        (sick,) = active - {_node_of_task0(work, gen)}
+        with Freezer(work, {sick}, at_start=True) as freezer:
+            frozen_at = Cluster.wait_until(freezer.first, CYCLE_S, "a worker frozen", 0.5)
+            # Frozen in their imports, or a moment later; the others form the group.
+            _named_alone(work, gen, sick, "`init_process_group`")
+            _trains_again_without(work, gen, sick, frozen_at + SETUP_TIMEOUT_S)
+            assert not [e for e in progress(work) if e.get("cycle") == 0 and e["event"] == "step"]
 
 
 def test_a_node_whose_workers_are_stuck_in_the_kernel_is_named_at_its_first_hang(
@@ -311,6 +323,33 @@ def test_a_ranks_stall_in_the_scripts_own_code_is_the_workloads_and_names_no_nod
         # Not kept out: the node is in the next cycle's rendezvous (NVRx may make it the
         # standby and the hot spare active; either way nothing took it out).
         assert node in set.union(*cycle_nodes(work, gen, 1)), logs_on_failure(work)
+
+
+FLIGHT = (  # the words' flight-recorder part, as a regular expression
+    r"\(flight recorder: rank\(s\) \d, \d waited in `gloo:[a-z_]+` #\d+ of process group 0 "
+    r"for rank\(s\) \d, \d\)"
+)
+
+
+def _named_alone(work: Path, gen: str, sick: str, waited: str) -> dict:
+    """Cycle 0's hang record, which names `sick` alone: its 2 ranks stopped, the 2 others
+    waited in `waited` (a regular expression for the rest of the words)."""
+    record = _hang_record(work, gen, 0)
+    assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+    assert re.fullmatch(
+        rf"{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+`( / `[^`]+`)* while the 2 "
+        rf"others waited in {waited}",
+        record["words"],
+    ), record["words"]
+    return record
+
+
+def _trains_again_without(work: Path, gen: str, sick: str, timed_out_by: float) -> None:
+    """Named at its first hang: cycle 1 starts without the node, within the section's
+    timeout (`timed_out_by`) and one in-job restart."""
+    started = started_in_cycle(work, gen, 1, CYCLE_S)
+    assert sick not in cycle_nodes(work, gen, 1)[0], logs_on_failure(work)
+    assert started["time"] - timed_out_by < CYCLE_S
 
 
 def _excluded(cluster: Cluster, name: str, task: int) -> list[str]:

@@ -84,6 +84,29 @@ def test_a_sample_inherits_its_stillness_only_when_the_rank_used_no_cpu_in_betwe
     assert second["still_since"] == second["epoch"]  # it ran: still since now, not before
 
 
+STORE_WAIT = [  # rank 0 forming the group at a cycle's start-up, as py-spy read it
+    {"name": "_create_c10d_store", "file": "torch/distributed/rendezvous.py", "line": 199},
+    {"name": "_env_rendezvous_handler", "file": "torch/distributed/rendezvous.py", "line": 280},
+    {"name": "init_process_group", "file": "torch/distributed/distributed_c10d.py", "line": 1700},
+]
+OWN_LOOP = [{"name": "poll_queue", "file": "train_script.py", "line": 40}]
+
+
+def test_a_wait_in_a_collective_that_polls_stays_still_and_a_loop_of_its_own_does_not():
+    # Recorded on the local cluster (a node frozen at start-up): rank 0's TCPStore woke
+    # 1,400 times in 5 s waiting for its workers, at 5 ticks; its stillness was reset at
+    # every sample, and the rule said "still moving" of a rank that had waited 30 s.
+    def samples(frames, woke, ticks):
+        last = {"frames": frames, "wakeups": 5479, "cpu_ticks": 182}
+        return last, {"frames": frames, "wakeups": 5479 + woke, "cpu_ticks": 182 + ticks}
+
+    assert sampler.quiet(*samples(STORE_WAIT, 1400, 5), 5.0)
+    # The same wakeups in the workload's own code are a loop paced by sleeps: moving.
+    assert not sampler.quiet(*samples(OWN_LOOP, 1400, 5), 5.0)
+    # CPU still counts in a collective: a training rank calling it again and again.
+    assert not sampler.quiet(*samples(STORE_WAIT, 0, 5 * 100), 5.0)
+
+
 def test_a_blocking_dump_waits_out_the_runs_own_waits_and_the_first_cycles_start_up(
     tmp_path, monkeypatch
 ):

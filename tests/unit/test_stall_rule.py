@@ -29,6 +29,10 @@ LOG_WRITE = (
     Frame("log_progress", "train_script.py", 61),
     Frame("<module>", "train_script.py", 150),
 )
+FORMING = (  # a cycle's start-up: the process group forms once every rank has come
+    Frame("init_process_group", "torch/distributed/distributed_c10d.py", 1600),
+    Frame("_init_distributed", "nvrx_appliance/workloads/trainer.py", 60),
+)
 BROADCAST_IN_SAVE = (
     Frame("broadcast_object_list", "torch/distributed/distributed_c10d.py", 3478),
     Frame("save_checkpoint", "train_script.py", 70),
@@ -188,12 +192,26 @@ def test_without_any_dump_a_stopped_outlier_names_its_node_and_own_code_does_not
 
 
 def test_a_cycles_start_up_names_a_stopped_node_while_the_others_form_the_group():
-    forming = (
-        Frame("init_process_group", "torch/distributed/distributed_c10d.py", 1600),
-        Frame("_init_distributed", "nvrx_appliance/workloads/trainer.py", 60),
-    )
-    found = judge(others_wait(stack(3, FROZEN, "T"), forming), [])
+    found = judge(others_wait(stack(3, FROZEN, "T"), FORMING), [])
     assert found.nodes == ("nodeB",), found.words
+
+
+def test_a_node_stopped_while_its_ranks_import_names_it_though_the_frame_reads_as_a_load():
+    # Seen on the local cluster (a node frozen as its workers started): the stopped ranks
+    # stood in importlib's `_load_unlocked`, whose name reads as I/O, and the old rule
+    # gave "a checkpoint, the data or the file system held the ranks". A stopped rank
+    # stands wherever the stop caught it; that frame says nothing about the file system.
+    importing = (
+        Frame("_load_unlocked", "<frozen importlib._bootstrap>", 690),
+        Frame("_find_and_load", "<frozen importlib._bootstrap>", 1176),
+        Frame("<module>", "nvrx_appliance/workloads/cpu.py", 12),
+    )
+    found = judge(others_wait(stack(3, importing, "T"), FORMING), [])
+    assert found.nodes == ("nodeB",) and found.kind == "hung", found.words
+    # Asleep in the same frame (imports from a stalled shared file system) it is still
+    # the file system's: no node.
+    slow = judge(others_wait(stack(3, importing, "S"), FORMING), [])
+    assert slow.nodes == (), slow.words
 
 
 def test_a_stall_of_every_rank_names_no_node():
