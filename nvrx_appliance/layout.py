@@ -115,8 +115,11 @@ class Layout:
 
     @property
     def host_code(self) -> tuple[Path, ...]:
-        # What runs on the job's host (nvrx_appliance/jobhost/), copied beside run.json.
-        return (self.teardown, self.drain_poller, self.node_memory, self.hostlib)
+        # What runs on the job's host (nvrx_appliance/jobhost/), copied beside run.json:
+        # the three above, their helper module, and the pure halves of the teardown
+        # (ending.py) and the node memory (bad_nodes.py).
+        pure = (self.work_dir / "ending.py", self.work_dir / "bad_nodes.py")
+        return (self.teardown, self.drain_poller, self.node_memory, self.hostlib, *pure)
 
     @property
     def exclusions(self) -> Path:

@@ -31,7 +31,8 @@ poller only does this.
 
 Why stdlib only, and Python 3.6 syntax: it runs on the host's python3, as the teardown
 does; submit copies this file beside run.json (Layout.drain_poller), with the helper
-modules it imports (hostlib.py, which says what 3.6 rules out, and node_memory.py).
+modules it imports (hostlib.py, which says what 3.6 rules out, node_memory.py and
+bad_nodes.py).
 """
 
 import argparse
@@ -42,8 +43,9 @@ import time
 from typing import Dict, List, NamedTuple, Optional, Set, Tuple
 
 if __package__:
-    from . import hostlib, node_memory
+    from . import bad_nodes, hostlib, node_memory
 else:  # run as a script on the job's host: the copies beside this file
+    import bad_nodes  # type: ignore[import-not-found,no-redef]
     import hostlib  # type: ignore[import-not-found,no-redef]
     import node_memory  # type: ignore[import-not-found,no-redef]
 
@@ -129,7 +131,7 @@ def generation_drained(running: List[RunningTask], drained: Dict[str, str]) -> L
 
 def pending_exclusions(pending: List[Tuple[str, str, str]], hung: List[str]) -> Dict[str, str]:
     """Pending task -> the ExcNodeList to give it: its own list (squeue's `%K|%P|%x`
-    rows, as node_memory.parse_pending reads them) and every hung node it lacks. A task
+    rows, as bad_nodes.parse_pending reads them) and every hung node it lacks. A task
     that already keeps them all out is left alone."""
     targets = {}  # type: Dict[str, str]
     for task, _partition, current in pending:
@@ -213,7 +215,7 @@ def exclude_hung(args: argparse.Namespace, done: Set[str]) -> Set[str]:
     if out is None:
         _log(f"could not list the pending tasks to keep them off hung {' '.join(hung)}: {why}")
         return done
-    for task, excluded in sorted(pending_exclusions(node_memory.parse_pending(out), hung).items()):
+    for task, excluded in sorted(pending_exclusions(bad_nodes.parse_pending(out), hung).items()):
         job = f"{args.array_job_id}_{task}"
         update = ["scontrol", "update", "JobId=" + job, "ExcNodeList=" + excluded]
         if hostlib.slurm(update, args.timeout)[0] is None:

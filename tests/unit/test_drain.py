@@ -407,7 +407,7 @@ def test_a_hang_marker_of_another_generation_is_ignored(tmp_path):
 
 
 def test_a_pending_task_gets_the_hung_node_beside_its_own_exclusions():
-    pending = drain_poller.node_memory.parse_pending(
+    pending = drain_poller.bad_nodes.parse_pending(
         "3|debug|node1\n4|debug|node[3,7]\n5|debug|(null)\n"
     )
     assert drain_poller.pending_exclusions(pending, ["node3"]) == {

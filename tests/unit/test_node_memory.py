@@ -1,6 +1,6 @@
-"""Memory across generations (chain/node_memory.py, loaded by the teardown): which nodes
-a generation leaves behind as bad, the exclusion record, the cap, and what it asks of
-Slurm for the queued generations.
+"""Memory across generations (jobhost/node_memory.py and its pure half bad_nodes.py,
+loaded by the teardown): which nodes a generation leaves behind as bad, the exclusion
+record, the cap, and what it asks of Slurm for the queued generations.
 
 The Slurm calls run against stand-ins for squeue, sinfo and scontrol (shell scripts on
 PATH that record their argv); the real ones are tests/integration/test_bad_nodes.py.
@@ -16,7 +16,7 @@ import pytest
 
 from nvrx_appliance import manifest
 from nvrx_appliance.chain import render, submit
-from nvrx_appliance.jobhost import node_memory
+from nvrx_appliance.jobhost import bad_nodes, node_memory
 from nvrx_appliance.observe import exclusions
 from nvrx_appliance.settings.chain import ChainSpec
 
@@ -37,20 +37,20 @@ E1202 16:16:57.967000 31168 torch/distributed/elastic/multiprocessing/api.py:100
 
 
 def test_a_generations_log_says_which_node_left_unhealthy_and_whose_ranks_failed():
-    unhealthy, failures = node_memory.evidence(LOG.splitlines(keepends=True))
+    unhealthy, failures = bad_nodes.evidence(LOG.splitlines(keepends=True))
     assert unhealthy == {
         "node4": "Node node4_31168_0 has an unhealthy GPU.",
         "node6": "Node node6_1_0 is unhealthy.",
-        "node8": node_memory.LEFT_DRAINED,  # the drain check's verdict, not a health fault
+        "node8": bad_nodes.LEFT_DRAINED,  # the drain check's verdict, not a health fault
     }
     # node1 only joined the restarts the others caused; a domain name is Slurm's short name
     assert failures == {"node2": 3, "node3": 1}
 
 
 def test_judged_bad_the_unhealthy_the_dead_task_0_and_repeated_rank_failures_never_a_drain():
-    unhealthy, failures = node_memory.evidence(LOG.splitlines())
+    unhealthy, failures = bad_nodes.evidence(LOG.splitlines())
     found = dict(
-        node_memory.judge(
+        bad_nodes.judge(
             unhealthy, failures, drained=["node6"], fenced_task0="node7.example", threshold=3
         )
     )
@@ -60,16 +60,16 @@ def test_judged_bad_the_unhealthy_the_dead_task_0_and_repeated_rank_failures_nev
     assert found["node4"].startswith("failed NVRx's health check: ")
     assert "fenced" in found["node7"]
     assert "node2" not in dict(
-        node_memory.judge(unhealthy, failures, drained=[], fenced_task0="", threshold=0)
+        bad_nodes.judge(unhealthy, failures, drained=[], fenced_task0="", threshold=0)
     )
 
 
 def test_the_cap_keeps_the_arrays_size_usable_oldest_exclusions_first():
     usable = {"n1", "n2", "n3", "n4"}
-    assert node_memory.cap(["n1", "n2", "n3"], usable, need=2) == (["n1", "n2"], ["n3"])
+    assert bad_nodes.cap(["n1", "n2", "n3"], usable, need=2) == (["n1", "n2"], ["n3"])
     # a node that is down or drained anyway costs nothing to keep out
-    assert node_memory.cap(["gone", "n1"], usable, need=3) == (["gone", "n1"], [])
-    assert node_memory.cap(["n1"], usable, need=4) == ([], ["n1"])
+    assert bad_nodes.cap(["gone", "n1"], usable, need=3) == (["gone", "n1"], [])
+    assert bad_nodes.cap(["n1"], usable, need=4) == ([], ["n1"])
 
 
 def test_an_exclusion_expires_and_the_latest_line_of_a_node_wins():
@@ -88,9 +88,7 @@ def test_an_exclusion_expires_and_the_latest_line_of_a_node_wins():
     text = "".join(lines)
     now = "2026-01-02T13:00:00Z"
     # the teardown's reader and the host tools' agree on what is in force
-    theirs = [
-        (e["node"], e["reason"]) for e in node_memory.active(node_memory.parse_record(text), now)
-    ]
+    theirs = [(e["node"], e["reason"]) for e in bad_nodes.active(bad_nodes.parse_record(text), now)]
     ours = [(e.node, e.reason) for e in exclusions.read(text, now).active]
     assert theirs == ours == [("n2", "x"), ("n1", "again")]
     assert exclusions.read(text, "2026-01-04T00:00:00Z").active == ()
@@ -266,11 +264,9 @@ def test_a_job_whose_applied_line_was_lost_gets_ours_back_when_they_expire():
     # The append of the `applied` line failed (a full quota), or the teardown was killed
     # between the update and the append: job 501's list holds our node2 (expired) and
     # node3 beside its own node9, and the record says nothing of what it held before.
-    entries = node_memory.parse_record(
-        _line("node2", until="2000-01-01T00:00:00Z") + _line("node3")
-    )
+    entries = bad_nodes.parse_record(_line("node2", until="2000-01-01T00:00:00Z") + _line("node3"))
     usable = {"debug": {"node1", "node2", "node3", "node4"}}
-    targets, baselines, _kept, _capped = node_memory.plan(
+    targets, baselines, _kept, _capped = bad_nodes.plan(
         [("501", "debug", "node[2-3],node9")], ["node3"], usable, 1, entries
     )
     assert baselines == {"501": "node9"}  # its own, without any node the record excluded

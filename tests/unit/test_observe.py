@@ -8,7 +8,7 @@ import pytest
 
 from nvrx_appliance import manifest
 from nvrx_appliance.chain import status
-from nvrx_appliance.jobhost import teardown
+from nvrx_appliance.jobhost import ending, teardown
 from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files, slurm_output, workdir
 from nvrx_appliance.observe.slurmcli import Slurm, SlurmUnavailable
@@ -31,17 +31,17 @@ def test_what_the_teardown_appends_is_what_status_and_the_watcher_read(tmp_path)
     assert (line["array_job_id"], line["task0_node"], line["exit_code"]) == ("4242", "node1", 1)
     assert (line["checkpoint_iteration_start"], line["checkpoint_iteration"]) == (20, 40)
     [entry] = run_files.ledger_entries(layout.ledger.read_text())
-    assert (entry.array_job_id, entry.exit_code, entry.action) == ("4242", 1, teardown.NONE)
+    assert (entry.array_job_id, entry.exit_code, entry.action) == ("4242", 1, ending.NONE)
     assert entry.end is not None and entry.reason
 
 
 def test_the_ledgers_action_words_the_watcher_reads_are_the_teardowns():
     from nvrx_appliance.observe.types import COMPLETED
 
-    assert teardown.COMPLETED == COMPLETED
+    assert ending.COMPLETED == COMPLETED
     assert set(status.ACTION_WORDS) >= {
-        teardown.RELEASED_SPARES, teardown.SAVED_AT_TIME_LIMIT, teardown.COMPLETED,
-        teardown.CANCELLED_CHAIN, teardown.BURN_GUARD, teardown.FENCED, teardown.NONE,
+        ending.RELEASED_SPARES, ending.SAVED_AT_TIME_LIMIT, ending.COMPLETED,
+        ending.CANCELLED_CHAIN, ending.BURN_GUARD, ending.FENCED, ending.NONE,
     }  # fmt: skip
 
 

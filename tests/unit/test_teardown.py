@@ -19,7 +19,7 @@ import pytest
 from nvrx_appliance import manifest
 from nvrx_appliance.chain import render, submit
 from nvrx_appliance.devcluster.poll import wait_until
-from nvrx_appliance.jobhost import teardown
+from nvrx_appliance.jobhost import ending, teardown
 from nvrx_appliance.node import control
 from nvrx_appliance.settings.chain import ChainSpec
 
@@ -35,18 +35,18 @@ def _entry(exit_code, start, end, chain="c1"):
 
 
 def test_exit_93_cancels_the_whole_chain():
-    action, reason = teardown.decide(93, [], _entry(93, 20, 20), burn_guard=2)
-    assert action == teardown.CANCELLED_CHAIN and "93" in reason
+    action, reason = ending.decide(93, [], _entry(93, 20, 20), burn_guard=2)
+    assert action == ending.CANCELLED_CHAIN and "93" in reason
 
 
 def test_a_no_restart_witness_cancels_the_chain_even_when_srun_said_143():
-    action, _ = teardown.decide(143, [], _entry(143, 20, 40), 2, no_restart_witness=True)
-    assert action == teardown.CANCELLED_CHAIN
+    action, _ = ending.decide(143, [], _entry(143, 20, 40), 2, no_restart_witness=True)
+    assert action == ending.CANCELLED_CHAIN
 
 
 def test_an_ordinary_end_releases_only_this_generations_spares():
-    action, _ = teardown.decide(1, [], _entry(1, 20, 40), burn_guard=2)
-    assert action == teardown.RELEASED_SPARES
+    action, _ = ending.decide(1, [], _entry(1, 20, 40), burn_guard=2)
+    assert action == ending.RELEASED_SPARES
 
 
 @pytest.mark.parametrize(
@@ -60,52 +60,52 @@ def test_an_ordinary_end_releases_only_this_generations_spares():
     ],
 )
 def test_a_generation_is_burnt_when_it_neither_ended_cleanly_nor_moved_the_checkpoint(entry, burnt):
-    assert teardown.burnt(entry) is burnt
+    assert ending.burnt(entry) is burnt
 
 
 def test_the_burn_guard_fires_on_the_nth_consecutive_burnt_generation():
     burnt = _entry(1, 40, 40)
-    assert teardown.decide(1, [], burnt, burn_guard=2)[0] == teardown.RELEASED_SPARES
-    action, reason = teardown.decide(1, [burnt], burnt, burn_guard=2)
-    assert action == teardown.BURN_GUARD
+    assert ending.decide(1, [], burnt, burn_guard=2)[0] == ending.RELEASED_SPARES
+    action, reason = ending.decide(1, [burnt], burnt, burn_guard=2)
+    assert action == ending.BURN_GUARD
     assert reason.startswith("burn guard: 2 consecutive generations ended without training")
 
 
 def test_a_generation_that_trained_resets_the_burn_count():
     history = [_entry(1, 0, 0), _entry(1, 0, 20)]
-    assert teardown.decide(1, history, _entry(1, 20, 20), 2)[0] == teardown.RELEASED_SPARES
+    assert ending.decide(1, history, _entry(1, 20, 20), 2)[0] == ending.RELEASED_SPARES
 
 
 def test_burn_guard_zero_is_off():
     burnt = _entry(1, 40, 40)
-    assert teardown.decide(1, [burnt] * 5, burnt, burn_guard=0)[0] == teardown.RELEASED_SPARES
+    assert ending.decide(1, [burnt] * 5, burnt, burn_guard=0)[0] == ending.RELEASED_SPARES
 
 
 def test_an_earlier_chain_in_the_same_work_dir_does_not_count():
     text = "\n".join(json.dumps(_entry(1, 0, 0, chain="old")) for _ in range(3))
-    history = teardown.chain_history(teardown.parse_ledger(text + "\n{torn"), "c1")
+    history = ending.chain_history(ending.parse_ledger(text + "\n{torn"), "c1")
     assert history == []
 
 
 def test_training_done_ends_the_chain_whatever_the_exit_code():
-    action, reason = teardown.decide(0, [], _entry(0, 180, 200), 2, done=200)
-    assert action == teardown.COMPLETED and "training completed at iteration 200" in reason
-    assert teardown.decide(93, [], _entry(93, 180, 200), 2, done=200)[0] == teardown.CANCELLED_CHAIN
+    action, reason = ending.decide(0, [], _entry(0, 180, 200), 2, done=200)
+    assert action == ending.COMPLETED and "training completed at iteration 200" in reason
+    assert ending.decide(93, [], _entry(93, 180, 200), 2, done=200)[0] == ending.CANCELLED_CHAIN
 
 
 def test_a_save_at_the_time_limit_is_not_a_failure_and_not_burnt():
     entry = _entry(0, 40, 40)  # told to save before anything new was trained
-    action, reason = teardown.decide(0, [entry], entry, 2, time_limit_notice=True)
-    assert action == teardown.SAVED_AT_TIME_LIMIT and "saved at the time limit" in reason
-    assert not teardown.burnt(entry)
+    action, reason = ending.decide(0, [entry], entry, 2, time_limit_notice=True)
+    assert action == ending.SAVED_AT_TIME_LIMIT and "saved at the time limit" in reason
+    assert not ending.burnt(entry)
 
 
 def test_exit_0_without_the_notice_or_the_marker_is_neither_completion_nor_a_save():
     # e.g. an exit duration of the workload's own, or a script that simply returned
-    assert teardown.decide(0, [], _entry(0, 20, 40), 2)[0] == teardown.RELEASED_SPARES
+    assert ending.decide(0, [], _entry(0, 20, 40), 2)[0] == ending.RELEASED_SPARES
     # the notice came, but the workload did not save (it ignored the signal): killed
-    assert teardown.decide(143, [], _entry(143, 20, 20), 2, time_limit_notice=True)[0] == (
-        teardown.RELEASED_SPARES
+    assert ending.decide(143, [], _entry(143, 20, 20), 2, time_limit_notice=True)[0] == (
+        ending.RELEASED_SPARES
     )
 
 
@@ -116,21 +116,19 @@ def test_exit_0_without_the_notice_or_the_marker_is_neither_completion_nor_a_sav
     ("", 200, None),
 ])  # fmt: skip
 def test_the_marker_counts_only_when_it_names_the_tracked_checkpoint(marker, tracked, done):
-    assert teardown.training_done(marker, tracked) == done
+    assert ending.training_done(marker, tracked) == done
 
 
 def test_cancelling_the_chain_is_by_its_job_ids_and_user_and_pending_only():
-    argv = teardown.scancel_argv(
-        teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7", chain_ids=["5", "6"]
+    argv = ending.scancel_argv(
+        ending.BURN_GUARD, job_name="demo", user="alice", array_job_id="7", chain_ids=["5", "6"]
     )
     assert argv == ["scancel", "--state=PENDING", "--user=alice", "5", "6", "7"]
     # No recorded ids (a work dir without submitted.json): by name, as before.
-    argv = teardown.scancel_argv(
-        teardown.BURN_GUARD, job_name="demo", user="alice", array_job_id="7"
-    )
+    argv = ending.scancel_argv(ending.BURN_GUARD, job_name="demo", user="alice", array_job_id="7")
     assert argv == ["scancel", "--state=PENDING", "--name=demo", "--user=alice"]
-    argv = teardown.scancel_argv(
-        teardown.RELEASED_SPARES, job_name="demo", user="alice", array_job_id="7"
+    argv = ending.scancel_argv(
+        ending.RELEASED_SPARES, job_name="demo", user="alice", array_job_id="7"
     )
     assert argv == ["scancel", "--state=PENDING", "--user=alice", "7"]
 
@@ -453,7 +451,7 @@ def test_a_ledger_line_that_is_not_utf8_is_skipped_and_the_burn_guard_still_fire
     )
     done = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True)
     calls = (tmp_path / "calls").read_text().splitlines()
-    ledger = teardown.parse_ledger((work / "chain.jsonl").read_bytes().decode(errors="replace"))
+    ledger = ending.parse_ledger((work / "chain.jsonl").read_bytes().decode(errors="replace"))
     assert "skipped 1 unreadable line(s) of the ledger" in done.stderr
     assert ledger[-1]["action"] == "burn_guard" and ledger[-1]["array_job_id"] == "500"
     assert "scancel --state=PENDING --name=demo --user=alice" in calls
@@ -483,7 +481,9 @@ def test_a_run_json_others_can_write_does_not_steer_the_teardown(tmp_path):
         (lambda path: path.parent.chmod(0o777), "writable by group or others (mode 777)"),
     ],
 )
-@pytest.mark.parametrize("name", ["teardown.py", "hostlib.py", "node_memory.py"])
+@pytest.mark.parametrize(
+    "name", ["teardown.py", "ending.py", "hostlib.py", "node_memory.py", "bad_nodes.py"]
+)
 def test_a_teardown_file_others_could_have_written_is_not_run(tmp_path, spoil, why, name):
     # The planted teardown (or a module it imports) would record a ledger entry; the bash
     # fallback records none.
@@ -596,7 +596,7 @@ def test_the_peer_that_won_the_fence_cancels_task_0_and_the_pending_spares_and_r
     assert entry["exit_code"] is None and entry["scancel_ok"] is True
     assert "fenced by task 1" in entry["reason"]
     # It did not train after all: it counts as burnt for the burn guard.
-    assert teardown.burnt(entry)
+    assert ending.burnt(entry)
 
 
 def _relay_claim(work, job_id):
@@ -636,16 +636,16 @@ def test_the_peer_that_won_the_relay_cancels_every_other_task_but_task_0_once(tm
     [(1, 1, ""), (1, 2, "[2]"), (2, 2, "[1]"), (3, 7, "[1-2,4-7]"), (1, 7, "[2-7]")],
 )
 def test_a_relay_names_every_task_of_the_array_but_task_0_and_itself(task, last, expression):
-    assert teardown.others(task, last) == expression
-    argv = teardown.relay_argv(user="u", array_job_id="9", task_id=task, last_task=last)
+    assert ending.others(task, last) == expression
+    argv = ending.relay_argv(user="u", array_job_id="9", task_id=task, last_task=last)
     assert argv == (["scancel", "--user=u", f"9_{expression}"] if expression else [])
 
 
 def test_a_fenced_generation_whose_task_0_ends_after_all_counts_once_for_the_burn_guard():
     fenced = _entry(None, 5, 5, chain="c1") | {"action": "fenced"}
     own = _entry(143, 5, 5, chain="c1")
-    assert teardown.chain_history([fenced, own], "c1") == [own]
-    assert teardown.consecutive_burnt(teardown.chain_history([fenced, own], "c1")) == 1
+    assert ending.chain_history([fenced, own], "c1") == [own]
+    assert ending.consecutive_burnt(ending.chain_history([fenced, own], "c1")) == 1
 
 
 # --- what the batch script and the teardown read: bounded, never blocking -----------------

@@ -4,7 +4,7 @@
 import json
 import subprocess
 
-from nvrx_appliance.jobhost import node_memory, teardown
+from nvrx_appliance.jobhost import bad_nodes, ending, node_memory
 
 CHAIN = "2026-12-03T00:00:00Z"
 
@@ -22,81 +22,81 @@ def _verdict(code=17, action="stop-chain", iteration=60, **extra):
 
 
 def test_a_17_stops_the_chain_with_the_code_the_iteration_and_the_line():
-    action, reason = teardown.decide(78, [], _entry(), burn_guard=2, verdict=_verdict())
-    assert action == teardown.STOPPED_BY_WORKLOAD
+    action, reason = ending.decide(78, [], _entry(), burn_guard=2, verdict=_verdict())
+    assert action == ending.STOPPED_BY_WORKLOAD
     assert "exit 17 at iteration 60" in reason and "'Exiting now.'" in reason
     assert "every checkpoint is kept" in reason
-    assert teardown.scancel_argv(action, job_name="j", user="u", array_job_id="7")[2] == "--name=j"
+    assert ending.scancel_argv(action, job_name="j", user="u", array_job_id="7")[2] == "--name=j"
 
 
 def test_a_16_resumes_elsewhere_once_and_stops_when_it_comes_back_at_that_iteration():
-    first, reason = teardown.decide(78, [], _entry(), 2, verdict=_verdict(16, "resume-elsewhere"))
-    assert first == teardown.RESUME_ELSEWHERE and "kept off this generation's nodes" in reason
-    before = _entry(array_job_id="6", action=teardown.RESUME_ELSEWHERE,
+    first, reason = ending.decide(78, [], _entry(), 2, verdict=_verdict(16, "resume-elsewhere"))
+    assert first == ending.RESUME_ELSEWHERE and "kept off this generation's nodes" in reason
+    before = _entry(array_job_id="6", action=ending.RESUME_ELSEWHERE,
                     verdict={"code": 16, "iteration": 60, "nodes": ["node1"]})  # fmt: skip
-    again, reason = teardown.decide(
+    again, reason = ending.decide(
         78, [before], _entry(), 2, verdict=_verdict(16, "resume-elsewhere")
     )
-    assert again == teardown.STOPPED_BY_WORKLOAD
+    assert again == ending.STOPPED_BY_WORKLOAD
     assert "after generation 6 already ran it on other nodes (node1; " in reason
     # At another iteration it is a new question: resumed elsewhere again.
-    other, _ = teardown.decide(
+    other, _ = ending.decide(
         78, [before], _entry(), 2, verdict=_verdict(16, "resume-elsewhere", 80)
     )
-    assert other == teardown.RESUME_ELSEWHERE
+    assert other == ending.RESUME_ELSEWHERE
 
 
 def test_a_16_comes_back_at_one_iteration_whichever_rank_wrote_the_verdict_first():
     # Measured on the cluster: the second 16 was written by a rank that printed no
     # training line (no iteration), and the chain ran a third generation before stopping.
-    before = _entry(array_job_id="6", action=teardown.RESUME_ELSEWHERE, checkpoint_iteration=60,
+    before = _entry(array_job_id="6", action=ending.RESUME_ELSEWHERE, checkpoint_iteration=60,
                     verdict={"code": 16, "iteration": 60, "nodes": ["node1"]})  # fmt: skip
     blind = _verdict(16, "resume-elsewhere", None, nodes=["node2"])
-    again, reason = teardown.decide(78, [before], _entry(checkpoint_iteration=60), 2, verdict=blind)
-    assert again == teardown.STOPPED_BY_WORKLOAD
+    again, reason = ending.decide(78, [before], _entry(checkpoint_iteration=60), 2, verdict=blind)
+    assert again == ending.STOPPED_BY_WORKLOAD
     assert "at iteration 60 after generation 6" in reason
     assert "(node1; this time on node2)" in reason  # the nodes of both runs
     # Neither names one: the checkpoint both ended at says where.
     unnamed = {**before, "verdict": {"code": 16, "iteration": None, "nodes": ["node1"]}}
-    _, said = teardown.decide(78, [unnamed], _entry(checkpoint_iteration=60), 2, verdict=blind)
+    _, said = ending.decide(78, [unnamed], _entry(checkpoint_iteration=60), 2, verdict=blind)
     assert "at checkpoint 60 after generation 6" in said
     # Trained on past that checkpoint: another question, resumed elsewhere again.
-    moved, _ = teardown.decide(78, [before], _entry(checkpoint_iteration=80), 2, verdict=blind)
-    assert moved == teardown.RESUME_ELSEWHERE
+    moved, _ = ending.decide(78, [before], _entry(checkpoint_iteration=80), 2, verdict=blind)
+    assert moved == ending.RESUME_ELSEWHERE
 
 
 def test_the_verdicts_iteration_comes_from_any_guard_of_its_generation_that_named_it():
     blind = _verdict(16, "resume-elsewhere", None)
     accounts = [{"code": 16, "iteration": None}, {"code": 16, "iteration": 60},
                 {"code": 1, "iteration": 75}]  # fmt: skip
-    assert teardown.verdict_iteration(blind, accounts) == 60
-    assert teardown.verdict_iteration(_verdict(16, "resume-elsewhere", 59), accounts) == 59
-    assert teardown.verdict_iteration(blind, accounts[:1]) is None
+    assert ending.verdict_iteration(blind, accounts) == 60
+    assert ending.verdict_iteration(_verdict(16, "resume-elsewhere", 59), accounts) == 59
+    assert ending.verdict_iteration(blind, accounts[:1]) is None
 
 
 def test_93_after_the_workload_failed_the_same_way_says_what_the_workload_did():
     exits = [{"code": 1, "iteration": 60, "meaning": "the workload exited 1", "cycle": str(c)}
              for c in range(4)]  # fmt: skip
-    action, reason = teardown.decide(93, [], _entry(), 2, exits=exits)
-    assert action == teardown.CANCELLED_CHAIN
+    action, reason = ending.decide(93, [], _entry(), 2, exits=exits)
+    assert action == ending.CANCELLED_CHAIN
     assert "after the workload failed 4 times at iteration 60 with exit 1" in reason
 
 
 def test_93_stays_93_whatever_the_workload_said():
-    action, _ = teardown.decide(93, [], _entry(), 2, verdict=_verdict(16, "resume-elsewhere"))
-    assert action == teardown.CANCELLED_CHAIN
+    action, _ = ending.decide(93, [], _entry(), 2, verdict=_verdict(16, "resume-elsewhere"))
+    assert action == ending.CANCELLED_CHAIN
 
 
 def test_a_verdict_of_another_generation_is_never_obeyed():
     text = json.dumps(_verdict(generation=f"{CHAIN}/6/"))
-    assert teardown.verdict_of(text, CHAIN, "7") is None
-    assert teardown.verdict_of(json.dumps(_verdict()), CHAIN, "7") is not None
+    assert ending.verdict_of(text, CHAIN, "7") is None
+    assert ending.verdict_of(json.dumps(_verdict()), CHAIN, "7") is not None
 
 
 def test_each_cycles_cause_is_its_earliest_failure():
     texts = [json.dumps({"generation": f"{CHAIN}/7/", "cycle": "0", "node": n, "epoch": t})
              for n, t in (("node2", 10.2), ("node1", 10.0))]  # fmt: skip
-    assert [e["node"] for e in teardown.parse_exits(texts, CHAIN, "7")] == ["node1"]
+    assert [e["node"] for e in ending.parse_exits(texts, CHAIN, "7")] == ["node1"]
 
 
 def test_node_memory_never_counts_what_the_workload_explains():
@@ -108,7 +108,7 @@ def test_node_memory_never_counts_what_the_workload_explains():
         {"node": "node4", "action": "restart", "iteration": 12},  # the node's own
         {"node": "node4", "action": "restart", "iteration": 40},
     ]
-    failures, iterations = node_memory.node_failures(exits)
+    failures, iterations = bad_nodes.node_failures(exits)
     assert failures == {"node4": 2} and iterations == {"node4": [12, 40]}
 
 
@@ -121,8 +121,8 @@ def test_an_exclusion_for_failures_that_recur_elsewhere_is_cleared(tmp_path):
     said = []
     node_memory.clear(record=str(record), nodes=[], chain=CHAIN, reason="recurred", log=said.append,
                       recurring={60: {"node2", "node3"}})  # fmt: skip
-    entries = node_memory.parse_record(record.read_text())
-    assert node_memory.active(entries, node_memory.hostlib.record_time()) == []
+    entries = bad_nodes.parse_record(record.read_text())
+    assert bad_nodes.active(entries, node_memory.hostlib.record_time()) == []
     assert said == ["node1 no longer kept out: recurred"]
 
 
