@@ -34,7 +34,6 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.jobhost import hostlib
-from nvrx_appliance.rank import hang_rule
 
 SAMPLE_VERSION = 1
 # A node-local directory the entrypoint names (node/stack_publisher.py): where set, the
@@ -184,29 +183,31 @@ def run_waits(text: str, array_job_id: str | None, cycle: int) -> tuple[bool, fl
 
 
 def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
-    """Did the rank neither compute nor wake between two samples `period` apart? Inside a
-    torch.distributed collective its wakeups do not count, only its CPU: a wait there
-    may poll and still be one wait (at a cycle's start-up, rank 0's TCPStore woke ~280
-    times a second waiting for its workers, at 1% of a core, on the local cluster)."""
+    """Did the rank neither compute nor wake between two samples `period` apart? While
+    its process group forms, its wakeups do not count, only its CPU: nothing can move
+    before the group exists, and the wait polls (at a cycle's start-up, rank 0's TCPStore
+    woke ~280 times a second waiting for its workers, at 1% of a core, on the local
+    cluster). Anywhere else a rank that wakes may be stepping slowly through collectives
+    with little CPU (a straggler's peers): not still."""
     ticks = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0)
     woke = sample.get("wakeups", 0) - last.get("wakeups", 0)
     computed = ticks > QUIET_SHARE * period * CLOCK_TICKS
-    if in_collective(sample.get("frames") or []):
+    if forming_group(sample.get("frames") or []):
         return not computed
     return not computed and woke <= QUIET_WAKEUPS_PER_S * period
 
 
-def in_collective(frames: list[dict[str, Any]]) -> bool:
-    """Do these py-spy frames (innermost first) stand in a torch.distributed collective,
-    or in the forming of a process group at start-up? (hang_rule's own test.)"""
-    stack = hang_rule.RankStack(
-        rank=0, node="", taken=0.0, still_since=0.0,
-        frames=tuple(
-            hang_rule.Frame(str(f.get("name", "")), str(f.get("file", "")), int(f.get("line") or 0))
-            for f in frames
-        ),
-    )  # fmt: skip
-    return hang_rule.collective(stack) is not None
+# torch.distributed's calls that form a process group: no collective completes before.
+FORMING = frozenset({"init_process_group", "new_group"})
+
+
+def forming_group(frames: list[dict[str, Any]]) -> bool:
+    """Do these py-spy frames (innermost first) stand in the forming of a process group?"""
+    return any(
+        str(f.get("name", "")).rsplit(".", 1)[-1] in FORMING
+        and "torch/distributed/" in str(f.get("file", ""))
+        for f in frames
+    )
 
 
 class Sampler:
