@@ -66,8 +66,8 @@ def _cycle_of(pid: int) -> tuple[str, str]:
 
 
 class Freezer:
-    """Freezes every worker on `nodes` FREEZE_AFTER_S after its cycle's first step, each
-    cycle anew, until stopped."""
+    """Freezes every worker on `nodes` FREEZE_AFTER_S after its cycle's first step (or,
+    in its modes, during a save or at its start), each cycle anew, until stopped."""
 
     def __init__(
         self,
