@@ -34,6 +34,7 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.jobhost import hostlib
+from nvrx_appliance.rank.hang_rule import STOPPED_STATES
 
 SAMPLE_VERSION = 1
 # A node-local directory the entrypoint names (node/stack_publisher.py): where set, the
@@ -330,8 +331,12 @@ class Sampler:
             "native_at": None,
         }
         # Still since the last sample only when nothing moved: the same stack, no CPU
-        # and no wakeups (a running rank's Python stack can stay the same for long).
-        alike = last is not None and last["frames"] == sample["frames"]
+        # and no wakeups (a running rank's Python stack can stay the same for long). A
+        # rank stopped at both samples (T) that used no CPU has not moved, whatever py-spy
+        # read: a non-blocking read of a stopped rank can time out (no frames) and the
+        # next read succeed, which reset the stillness of a rank frozen for 30 s.
+        stopped = last is not None and {last.get("state"), state} <= STOPPED_STATES
+        alike = last is not None and (last["frames"] == sample["frames"] or stopped)
         alike = alike and last is not None and quiet(last, sample, self.period)
         if alike and last is not None:
             sample["still_since"] = last["still_since"]

@@ -114,6 +114,34 @@ def test_a_group_forming_that_polls_stays_still_and_nothing_else_that_wakes_does
     assert not sampler.quiet(*samples(STORE_WAIT, 0, 5 * 100), 5.0)
 
 
+def test_a_stopped_rank_stays_still_though_py_spy_read_it_differently(tmp_path):
+    # Seen on the local cluster: a frozen rank's non-blocking read timed out (no frames)
+    # and the next one succeeded; the frames differed, its stillness was reset, and the
+    # rule said "still moving" of a rank stopped for 30 s.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while sampler.proc_state(sleeper.pid)[0] != "T":
+            assert time.monotonic() < deadline
+        s = sampler.Sampler(sleeper.pid, tmp_path / "r.json", 5.0, {}, lambda _: None)
+        importing = [
+            {"name": "_load_unlocked", "file": "<frozen importlib._bootstrap>", "line": 690}
+        ]
+        reads = iter([None, importing])
+        s.dump = lambda *_: next(reads)  # type: ignore[method-assign]
+        first = s.take()
+        assert first is not None and first["frames"] == []
+        first["still_since"] = first["epoch"] - 30
+        s.last = first
+        second = s.take()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert second is not None and second["state"] == "T" and second["frames"] == importing
+    assert second["still_since"] == first["still_since"]  # stopped throughout: still
+
+
 def test_a_blocking_dump_waits_out_the_runs_own_waits_and_the_first_cycles_start_up(
     tmp_path, monkeypatch
 ):
