@@ -32,6 +32,7 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
+from nvrx_appliance.rank.hang_rule import STOPPED_STATES
 from nvrx_appliance.rank.sampler import CLOCK_TICKS, QUIET_SHARE, QUIET_WAKEUPS_PER_S, Sampler
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"  # NVRx's name (launcher.py)
@@ -62,15 +63,18 @@ def moved(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
     """Did the workload move between two samples? Its stack changed; its main thread
     woke (a loop paced by sleeps or I/O: the same stack, little CPU); or, asleep (or not
     readable by py-spy), it used CPU. A rank running in one Python call (state R, the
-    same stack, no wakeups) is not moving: a GPU wait spins there."""
+    same stack, no wakeups) is not moving: a GPU wait spins there. A rank stopped (T) at
+    both samples that used no CPU has not moved, whatever py-spy read of it."""
+    busy = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0) > (
+        QUIET_SHARE * period * CLOCK_TICKS
+    )
+    if {last.get("state"), sample.get("state")} <= STOPPED_STATES:
+        return busy
     if last.get("frames") != sample.get("frames"):
         return True
     if sample.get("wakeups", 0) - last.get("wakeups", 0) > QUIET_WAKEUPS_PER_S * period:
         return True
     unseen = not sample.get("frames") or sample.get("state") in ASLEEP
-    busy = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0) > (
-        QUIET_SHARE * period * CLOCK_TICKS
-    )
     return unseen and busy
 
 

@@ -42,6 +42,9 @@ def test_moving_is_a_changed_stack_or_cpu_while_asleep_or_unread():
     assert stillness.moved(_sample(0, WAIT), _sample(5, WAIT, ticks=100), 5)
     assert not stillness.moved(_sample(0, WAIT, "R"), _sample(5, WAIT, "R", 400), 5)  # spins
     assert stillness.moved(_sample(0, [], "R"), _sample(5, [], "R", 400), 5)  # unread, busy
+    # Stopped at both samples and no CPU: not moved, though py-spy read it differently
+    # (one read timed out, the next did not).
+    assert not stillness.moved(_sample(0, [], "T"), _sample(5, WAIT, "T"), 5)
 
 
 def _watch(tmp_path, pid: int, said: list[str]) -> stillness.Stillness:
