@@ -342,6 +342,10 @@ class Sampler:
             sample["still_since"] = last["still_since"]
             sample["native"] = last.get("native", [])
             sample["native_at"] = last.get("native_at")
+            if stopped and not frames and last["frames"]:
+                # A read of a rank stopped since its last sample failed: its stack is the
+                # one read then (it ran no code since).
+                sample["frames"], frames = last["frames"], last["frames"]
         if frames is None:
             sample["unreadable"] = self.no_stacks or self.said or "py-spy did not run"
         if self.no_stacks:

@@ -128,18 +128,22 @@ def test_a_stopped_rank_stays_still_though_py_spy_read_it_differently(tmp_path):
         importing = [
             {"name": "_load_unlocked", "file": "<frozen importlib._bootstrap>", "line": 690}
         ]
-        reads = iter([None, importing])
+        reads = iter([None, importing, None])
         s.dump = lambda *_: next(reads)  # type: ignore[method-assign]
         first = s.take()
         assert first is not None and first["frames"] == []
         first["still_since"] = first["epoch"] - 30
         s.last = first
         second = s.take()
+        s.last = second
+        third = s.take()  # the read fails again: the stack read last stands
     finally:
         sleeper.kill()
         sleeper.wait()
     assert second is not None and second["state"] == "T" and second["frames"] == importing
     assert second["still_since"] == first["still_since"]  # stopped throughout: still
+    assert third is not None and third["frames"] == importing and "unreadable" not in third
+    assert third["still_since"] == first["still_since"]
 
 
 def test_a_blocking_dump_waits_out_the_runs_own_waits_and_the_first_cycles_start_up(
