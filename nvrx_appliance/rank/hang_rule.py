@@ -46,6 +46,8 @@ COLLECTIVES = frozenset(
         "init_process_group", "new_group",
     }
 )  # fmt: skip
+# Of those, the calls that form a process group: no collective completes before them.
+FORMING = frozenset({"init_process_group", "new_group"})
 DISTRIBUTED_FILES = ("torch/distributed/",)
 # A native frame of these waits on a collective of PyTorch's c10d (py-spy --native, taken
 # of a blocked rank), and what a person calls it.

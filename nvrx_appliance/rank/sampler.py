@@ -34,7 +34,7 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.jobhost import hostlib
-from nvrx_appliance.rank.hang_rule import STOPPED_STATES
+from nvrx_appliance.rank.hang_rule import FORMING, STOPPED_STATES
 
 SAMPLE_VERSION = 1
 # A node-local directory the entrypoint names (node/stack_publisher.py): where set, the
@@ -196,10 +196,6 @@ def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
     if forming_group(sample.get("frames") or []):
         return not computed
     return not computed and woke <= QUIET_WAKEUPS_PER_S * period
-
-
-# torch.distributed's calls that form a process group: no collective completes before.
-FORMING = frozenset({"init_process_group", "new_group"})
 
 
 def forming_group(frames: list[dict[str, Any]]) -> bool:
