@@ -108,23 +108,21 @@ def _held(work: Path, gen: str, before: float) -> int:
     return max(saved, default=0)
 
 
-# A user's script, with NVRx's sections and without. The built-in trainer's stopped node
-# is the hand-off test's (in a step) and the save, start-up and kernel tests' (each with
-# the hot spare training on): one more run of it here would only lengthen CI.
-@pytest.mark.parametrize("kind", ["script", "script-without-sections"])
+# A user's script without NVRx's sections. A workload with them, stopped in a step, is
+# the built-in trainer of the hand-off test and of the save, start-up and kernel tests
+# (each with the hot spare training on); a user's script with them reaches NVRx's step
+# timeout the same way, and one more run of it here would only lengthen CI.
 def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_at_the_hang(
-    cluster: Cluster, kind: str
+    cluster: Cluster,
 ):
     # A cold spare waits behind the throttle: when the hung node's task ends, it must not
     # take that node (the cluster's fourth node is free).
     flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "1", "--depth", "1")
-    label = f"hang-{kind}"
-    workload, timeout = _script(cluster, label), STEP_TIMEOUT_S
-    if kind == "script-without-sections":
-        # Never connected to NVRx's rank monitor: the guard keeps the out-of-section
-        # timeout (rank/stillness.py), as the contract says.
-        workload = _script(cluster, label, "--no-sections")
-        timeout = OUT_OF_SECTION_S + STACK_PERIOD_S
+    label = "hang-script-without-sections"
+    # Never connected to NVRx's rank monitor: the guard keeps the out-of-section timeout
+    # (rank/stillness.py), as the contract says.
+    workload = _script(cluster, label, "--no-sections")
+    timeout = OUT_OF_SECTION_S + STACK_PERIOD_S
     with _chain(cluster, label, *flags, workload=workload) as (work, name, [gen]):
         started_in_cycle(work, gen, 0, CYCLE_S)
         active, _ = cycle_nodes(work, gen, 0)
@@ -154,11 +152,10 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
                     f"the pending cold spare to exclude {sick}")  # fmt: skip
             hangs = sorted(p.name for p in (work / "nvrx" / gen / "hangs").glob("[!.]*"))
             assert hangs == ["cycle0.json", f"hung.{sick}"]  # no other node blamed
-            if kind == "script-without-sections":
-                still = list((work / "nvrx" / gen / "hangs").glob(".still.cycle0.*.json"))
-                assert still, "the guard ended no rank for its stillness"
-                assert "never connected to NVRx's rank monitor" in json.loads(
-                    still[0].read_text())["words"]  # fmt: skip
+            still = list((work / "nvrx" / gen / "hangs").glob(".still.cycle0.*.json"))
+            assert still, "the guard ended no rank for its stillness"
+            assert "never connected to NVRx's rank monitor" in json.loads(
+                still[0].read_text())["words"]  # fmt: skip
             # Training goes on past the checkpoint held at the hang, in the next cycle:
             # one timeout and one in-job restart.
             moved = wait_event(

@@ -20,6 +20,9 @@ from pathlib import Path
 
 import pytest
 
+from nvrx_appliance.devcluster.poll import Timeout
+from nvrx_appliance.goodput import straggler
+
 from .chain_support import (
     cli,
     cycle_nodes,
@@ -41,6 +44,7 @@ pytestmark = [pytest.mark.cluster]
 
 START_S = 180  # the generation placed and training under way
 NAMED_S = 90  # 120 steps at the slow node's pace, and a look
+SAVE_INTERVAL = 50
 # (of every period_s, stopped_s stopped; the words of the measure that names it)
 # OWN_STEP: well under a logged interval (10 steps), so each interval sees the same share,
 # and about a threefold slowdown of its own steps, far above the rule's 1.2.
@@ -92,9 +96,13 @@ def _train(cluster: Cluster, *flags: str) -> tuple[Path, str, str, str, str]:
     other training node)."""
     work = cluster.workdir("straggler")
     name = unique("straggler")
+    # A checkpoint every SAVE_INTERVAL steps, not the quick settings' 5: saves every few
+    # steps took most of the wall time, and a pause that lands in a save, while its peers
+    # write theirs, slows the run without showing in either measure (in CI neither named
+    # the node in 3 minutes). Training, not saving, is what a straggler slows.
     [gen] = submit(
         cluster, work, name, "--mode", "train", "--train-tasks", "2", "--cold-spares", "0",
-        "--depth", "1", *flags,
+        "--depth", "1", "--save-interval", str(SAVE_INTERVAL), *flags,
     )  # fmt: skip
     started_in_cycle(work, gen, 0, START_S)
     task0 = _node(cluster, gen, 0)
@@ -149,13 +157,24 @@ def test_a_node_paused_most_of_the_time_is_named_a_straggler_with_its_slowdown(
     _kept_in_the_ledger(cluster, work, name, gen, slow, "reported: ")
 
 
+def _verdicts(cluster: Cluster, work: Path, name: str, gen: str) -> str:
+    """What status says of the chain and what task 0 wrote of its stragglers."""
+    files = sorted((work / "nvrx" / gen / "stragglers").glob("*"))
+    kept = "".join(f"==== {p.name}\n{p.read_text()[-2000:]}\n" for p in files)
+    return f"==== status\n{_status(cluster, name)}\n{kept or 'no straggler files'}"
+
+
 def _kept_in_the_ledger(
     cluster: Cluster, work: Path, name: str, gen: str, slow: str, action: str
 ) -> None:
     [entry] = [e for e in ledger(work) if e["array_job_id"] == gen]
     named = entry.get("stragglers") or []
     assert [s["node"] for s in named] == [slow], entry
-    assert named[0]["action"].startswith(action) and named[0]["slowdown"] >= 1.5, named
+    # Task 0 rewrites the file at each look that names the node: after the pause ends its
+    # window takes unpaused steps in and the slowdown falls (1.48 in one run), but a node
+    # is named only while every part of the window is over the rule's factor.
+    assert named[0]["action"].startswith(action), named
+    assert named[0]["slowdown"] >= straggler.FACTOR, named
     text = _status(cluster, name)
     assert f"{slow} was a straggler in cycle {named[0]['cycle']}" in text, text
 
@@ -173,7 +192,10 @@ def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_tr
     )
     try:
         with paused_share(work, slow, pace):
-            resumed = started_in_cycle(work, gen, 1, START_S)
+            try:
+                resumed = started_in_cycle(work, gen, 1, START_S)
+            except Timeout as exc:  # what status and task 0's files said by then
+                raise Timeout(f"{exc}\n{_verdicts(cluster, work, name, gen)}") from None
         active, _ = cycle_nodes(work, gen, 1)
         assert task0 in active and slow not in active and len(active) == 2, logs_on_failure(work)
         (spare,) = active - {task0}
