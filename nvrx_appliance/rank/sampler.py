@@ -183,6 +183,19 @@ def run_waits(text: str, array_job_id: str | None, cycle: int) -> tuple[bool, fl
     return trained, longest
 
 
+def computed(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
+    """Did the rank use more than QUIET_SHARE of a core between two samples?"""
+    ticks = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0)
+    return ticks > QUIET_SHARE * period * CLOCK_TICKS
+
+
+def stopped_throughout(last: dict[str, Any], sample: dict[str, Any]) -> bool:
+    """Was the rank stopped (T) at both samples? With no CPU between them it ran no code,
+    whatever py-spy read of it: a non-blocking read of a stopped rank can time out (no
+    frames) and the next one succeed."""
+    return {last.get("state"), sample.get("state")} <= STOPPED_STATES
+
+
 def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
     """Did the rank neither compute nor wake between two samples `period` apart? While
     its process group forms, its wakeups do not count, only its CPU: nothing can move
@@ -190,12 +203,11 @@ def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
     woke ~280 times a second waiting for its workers, at 1% of a core, on the local
     cluster). Anywhere else a rank that wakes may be stepping slowly through collectives
     with little CPU (a straggler's peers): not still."""
-    ticks = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0)
     woke = sample.get("wakeups", 0) - last.get("wakeups", 0)
-    computed = ticks > QUIET_SHARE * period * CLOCK_TICKS
+    busy = computed(last, sample, period)
     if forming_group(sample.get("frames") or []):
-        return not computed
-    return not computed and woke <= QUIET_WAKEUPS_PER_S * period
+        return not busy
+    return not busy and woke <= QUIET_WAKEUPS_PER_S * period
 
 
 def forming_group(frames: list[dict[str, Any]]) -> bool:
@@ -327,14 +339,11 @@ class Sampler:
             "native_at": None,
         }
         # Still since the last sample only when nothing moved: the same stack, no CPU
-        # and no wakeups (a running rank's Python stack can stay the same for long). A
-        # rank stopped at both samples (T) that used no CPU has not moved, whatever py-spy
-        # read: a non-blocking read of a stopped rank can time out (no frames) and the
-        # next read succeed, which reset the stillness of a rank frozen for 30 s.
-        stopped = last is not None and {last.get("state"), state} <= STOPPED_STATES
+        # and no wakeups (a running rank's Python stack can stay the same for long), or
+        # stopped throughout (a differing read of a frozen rank once reset its stillness).
+        stopped = last is not None and stopped_throughout(last, sample)
         alike = last is not None and (last["frames"] == sample["frames"] or stopped)
-        alike = alike and last is not None and quiet(last, sample, self.period)
-        if alike and last is not None:
+        if last is not None and alike and quiet(last, sample, self.period):
             sample["still_since"] = last["still_since"]
             sample["native"] = last.get("native", [])
             sample["native_at"] = last.get("native_at")

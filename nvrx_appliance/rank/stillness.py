@@ -32,8 +32,12 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.clock import now_iso
-from nvrx_appliance.rank.hang_rule import STOPPED_STATES
-from nvrx_appliance.rank.sampler import CLOCK_TICKS, QUIET_SHARE, QUIET_WAKEUPS_PER_S, Sampler
+from nvrx_appliance.rank.sampler import (
+    QUIET_WAKEUPS_PER_S,
+    Sampler,
+    computed,
+    stopped_throughout,
+)
 
 SOCKET_ENV = "FT_RANK_MONITOR_IPC_SOCKET"  # NVRx's name (launcher.py)
 UNIX_TABLE = Path("/proc/net/unix")
@@ -65,10 +69,8 @@ def moved(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
     readable by py-spy), it used CPU. A rank running in one Python call (state R, the
     same stack, no wakeups) is not moving: a GPU wait spins there. A rank stopped (T) at
     both samples that used no CPU has not moved, whatever py-spy read of it."""
-    busy = sample.get("cpu_ticks", 0) - last.get("cpu_ticks", 0) > (
-        QUIET_SHARE * period * CLOCK_TICKS
-    )
-    if {last.get("state"), sample.get("state")} <= STOPPED_STATES:
+    busy = computed(last, sample, period)
+    if stopped_throughout(last, sample):
         return busy
     if last.get("frames") != sample.get("frames"):
         return True

@@ -29,7 +29,7 @@ CLI = str(Path(sys.executable).parent / "nvrx-appliance")
 # iterations, timeouts short enough that a lost node costs seconds, not minutes.
 FAST = tuple(cli_flags(QUICK))
 # How often a wait looks again: each look is a squeue or a read of a small log, and every
-# wait returns this much sooner on average (85 cluster tests wait a few hundred times).
+# wait returns this much sooner on average (the cluster tests wait a few hundred times).
 POLL_S = 0.5
 
 
