@@ -42,6 +42,7 @@ SAMPLE_VERSION = 1
 # file system, one file per node per period instead of one per rank.
 LOCAL_STACKS_ENV = "NVRX_APPLIANCE_LOCAL_STACKS"
 PYSPY_TIMEOUT_S = 10.0  # a dump takes ~8 ms; one that takes this long is given up
+MIN_READ_S = 1.0  # ... and a non-blocking one at a period's length, though no less than this
 MAX_FRAMES = 64  # innermost frames kept per stack
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # A rank that used less than this share of one core between two alike samples is blocked.
@@ -196,6 +197,11 @@ def stopped_throughout(last: dict[str, Any], sample: dict[str, Any]) -> bool:
     return {last.get("state"), sample.get("state")} <= STOPPED_STATES
 
 
+def still_stopped(last: dict[str, Any], state: str, ticks: int) -> bool:
+    """Stopped (T) at the last sample and now, with no CPU in between: it ran no code."""
+    return stopped_throughout(last, {"state": state}) and ticks == last.get("cpu_ticks")
+
+
 def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
     """Did the rank neither compute nor wake between two samples `period` apart? While
     its process group forms, its wakeups do not count, only its CPU: nothing can move
@@ -287,10 +293,16 @@ class Sampler:
         (`said` keeps py-spy's words)."""
         if self.binary is None or self.no_stacks or self.path is None:
             return None
+        # A non-blocking read is given a period at most (a second at least): one that
+        # ran longer would hold up the next look at the rank (its state and CPU), which
+        # the judgement needs at most a couple of periods old.
+        limit = PYSPY_TIMEOUT_S
+        if "--nonblocking" in how:
+            limit = min(limit, max(self.period, MIN_READ_S))
         try:
             done = subprocess.run(
                 [self.binary, "dump", *how, "--json", "--pid", str(self.pid)],
-                capture_output=True, text=True, timeout=PYSPY_TIMEOUT_S, check=False,
+                capture_output=True, text=True, timeout=limit, check=False,
             )  # fmt: skip
         except subprocess.TimeoutExpired:
             # A blocking dump that timed out was killed while it held the rank stopped:
@@ -299,7 +311,7 @@ class Sampler:
             if "--nonblocking" not in how:
                 with contextlib.suppress(OSError):
                     os.kill(self.pid, signal.SIGCONT)
-            self.said = f"py-spy took over {PYSPY_TIMEOUT_S:g} s"
+            self.said = f"py-spy took over {limit:g} s"
             return None
         except OSError as exc:
             self.said = str(exc)
@@ -318,12 +330,22 @@ class Sampler:
 
     def take(self) -> dict[str, Any] | None:
         """A sample of the workload now; None when it is gone."""
-        frames = self.dump("--nonblocking")
+        last = self.last
         state, ticks = proc_state(self.pid)
         if not state:
             return None
+        if last is not None and last["frames"] and still_stopped(last, state, ticks):
+            # It ran no code since its stack was read: that stack is its stack now. py-spy
+            # is not run on it, as a non-blocking read of a stopped rank sometimes ran
+            # past its timeout on the cluster, and such a read delayed the sample that
+            # the judgement needs fresh.
+            frames: list[dict[str, Any]] | None = last["frames"]
+        else:
+            frames = self.dump("--nonblocking")
+            state, ticks = proc_state(self.pid)
+            if not state:
+                return None
         now = time.time()
-        last = self.last
         sample = {
             **self.who,
             "version": SAMPLE_VERSION,

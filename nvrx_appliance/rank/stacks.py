@@ -196,9 +196,12 @@ def read_cycles(directory: Path) -> list[tuple[set[str], set[str]]]:
 
 
 def fresh_s(period: float) -> float:
-    """How old a rank's last stack may be at the judgement: two periods, and NVRx's
-    rank check interval (5 s), since a peer killed a check earlier stopped sampling."""
-    return 2 * period + NVRX_CHECK_INTERVAL_S
+    """How old a rank's last stack may be at the judgement while its guard still samples
+    it: a period's wait between two looks, a non-blocking read of up to a period
+    (rank/sampler.py), a period before the node's publisher puts it on the shared file
+    system, and NVRx's rank check interval (5 s), since a peer killed a check earlier
+    stopped sampling. An older one is no evidence: its sampler stopped."""
+    return 3 * period + NVRX_CHECK_INTERVAL_S
 
 
 def still_s(period: float) -> float:

@@ -8,7 +8,7 @@ For each rank the recorder shows the others waiting for (flight_record.Flight.he
   sampler cannot read counts by its state): the node's fault;
 - in the workload's own code (or blocked in a file-system call): the workload's stall;
 - waiting in a collective by its stack: not the cause after all (a peer of its own);
-- no fresh stack: unknown.
+- no stack, or none fresh: unknown.
 
 All held ranks the node's fault, on one node (segment mode: one NVLink domain) while
 ranks elsewhere wait: that node hung. All of them the workload's: the workload stalled,
@@ -39,8 +39,10 @@ def why(stack: RankStack | None, device: bool, *, now: float, fresh_s: float) ->
     """(NODE | WORKLOAD | WAITING | UNKNOWN, how a person says it) for one held rank."""
     if device:
         return NODE, "enqueued its collective, which never started on its device"
-    if stack is None or now - stack.taken > fresh_s:
-        return UNKNOWN, "has no fresh stack"
+    if stack is None:
+        return UNKNOWN, "has no stack"
+    if now - stack.taken > fresh_s:
+        return UNKNOWN, f"has no fresh stack (its last is {now - stack.taken:.0f} s old)"
     own = hang_rule.own_frame(stack)
     at = f" in `{own.name}`" if own is not None else ""
     if stack.state in STOPPED_STATES:

@@ -198,6 +198,45 @@ def test_a_timed_out_non_blocking_dump_leaves_a_rank_stopped_by_something_else_s
         workload.wait()
 
 
+def test_a_stopped_ranks_sample_is_fresh_though_py_spy_would_not_answer(tmp_path, monkeypatch):
+    # In CI a frozen rank had no fresh sample at the judgement (no verdict) while its
+    # node's other rank had: a non-blocking read of a stopped rank sometimes outlasts its
+    # timeout on the cluster, and every look after it waits for it.
+    hang = tmp_path / "py-spy-standin"
+    hang.write_text("#!/bin/sh\nexec sleep 60\n")  # a stand-in that never answers
+    hang.chmod(0o755)
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        workload.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while sampler.proc_state(workload.pid)[0] != "T":
+            assert time.monotonic() < deadline
+        s = sampler.Sampler(workload.pid, tmp_path / "s" / "node1.rank0.json", 5.0,
+                            {"rank": 0, "node": "node1"}, lambda _: None)  # fmt: skip
+        # Its first look reads the stack (read by py-spy as the rank was stopped) ...
+        read = [{"name": "train_step", "file": "train.py", "line": 7}]
+        reads = iter([read])
+        s.dump = lambda *_: next(reads)  # type: ignore[method-assign]
+        s.last = s.take()
+        del s.dump  # ... and from now on py-spy (the stand-in) never answers.
+        s.binary = str(hang)
+        asked = time.time()
+        sample = s.take()
+        # A stopped rank that used no CPU since runs no code: its stack is the one read.
+        assert sample is not None and sample["state"] == "T" and sample["frames"] == read
+        assert "unreadable" not in sample
+        assert sample["epoch"] - asked < 2.0  # not after a read that timed out (5 s)
+        # A rank not read before is read, for a period at most (a second at least).
+        fresh = sampler.Sampler(workload.pid, tmp_path / "t" / "node1.rank0.json", 1.0,
+                                {"rank": 0, "node": "node1"}, lambda _: None)  # fmt: skip
+        fresh.binary = str(hang)
+        first = fresh.take()
+        assert first is not None and first["unreadable"] == "py-spy took over 1 s"
+    finally:
+        workload.kill()
+        workload.wait()
+
+
 def test_no_blocking_dump_is_taken_of_a_rank_stopped_or_stuck_in_the_kernel():
     # py-spy --native attaches with ptrace: on the cluster its attach to a rank frozen in
     # state D outlived the timeout and starved the sampler, so the judgement found that

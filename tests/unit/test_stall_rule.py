@@ -165,7 +165,12 @@ def test_a_held_rank_without_a_fresh_stack_is_no_verdict():
     old = replace(stack(3, FROZEN, "T"), taken=NOW - 60)
     found = judge(others_wait(old), dumps("late"))
     assert found.nodes == ()
-    assert "rank(s) 3 has no fresh stack: the stacks cannot say why" in found.words
+    assert (
+        "rank(s) 3 has no fresh stack (its last is 60 s old): the stacks cannot say why"
+        in found.words
+    )
+    gone = judge([s for s in others_wait(old) if s.rank != 3], dumps("late"))
+    assert gone.nodes == () and "rank(s) 3 has no stack: the stacks cannot say why" in gone.words
 
 
 def test_a_collective_enqueued_but_never_started_on_its_device_names_the_node():
