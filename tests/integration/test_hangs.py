@@ -13,6 +13,7 @@ script, and each rank's guard keeps --out-of-section-timeout (rank/stillness.py)
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 from collections.abc import Iterator
@@ -132,7 +133,7 @@ def test_a_hung_node_is_named_and_the_hot_spare_trains_past_the_checkpoint_held_
             frozen_at = Cluster.wait_until(freezer.first, CYCLE_S, "a frozen worker", 0.5)
             held = _held(work, gen, frozen_at)
             record = _hang_record(work, gen, 0)
-            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+            assert record["verdict"] == "hung" and record["nodes"] == [sick], _read(record)
             # Where the others wait depends on the moment: the step's all_reduce, DDP's
             # gradient all-reduce in backward, or its buffers' broadcast before forward.
             assert re.fullmatch(
@@ -188,7 +189,7 @@ def test_without_a_free_hot_spare_the_hung_node_is_handed_off_and_the_next_gener
         (sick,) = active - {_node_of_task0(work, first)}
         with Freezer(work, {sick}):
             record = _hang_record(work, first, 0)
-            assert record["nodes"] == [sick] and record["hand_off"], record["words"]
+            assert record["nodes"] == [sick] and record["hand_off"], _read(record)
             [entry] = wait_ledger(work, 1, CYCLE_S)
             assert "no hot spare was free, so the generation handed off" in entry["reason"]
             assert [h["node"] for h in entry["hung"]] == [sick]
@@ -209,7 +210,7 @@ def test_a_hang_on_every_rank_blames_no_node(cluster: Cluster):
         active, _ = cycle_nodes(work, gen, 0)
         with Freezer(work, active):
             record = _hang_record(work, gen, 0)
-        assert record["verdict"] == "none" and record["nodes"] == [], record
+        assert record["verdict"] == "none" and record["nodes"] == [], _read(record)
         assert record["words"] == (
             "no verdict in cycle 0: no rank waited in a collective: every rank stopped in its "
             "own code"
@@ -279,7 +280,7 @@ def test_a_node_whose_workers_are_stuck_in_the_kernel_is_named_at_its_first_hang
         (sick,) = active - {_node_of_task0(work, gen)}
         with Freezer(work, {sick}, kernel=True):
             record = _hang_record(work, gen, 0)
-            assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+            assert record["verdict"] == "hung" and record["nodes"] == [sick], _read(record)
             assert (
                 f"{sick} hung in cycle 0: its 2 ranks stuck in the kernel (state D)"
                 in (record["words"])
@@ -303,7 +304,7 @@ def test_a_ranks_stall_in_the_scripts_own_code_is_the_workloads_and_names_no_nod
         started_in_cycle(work, gen, 0, CYCLE_S)
         task0 = _node_of_task0(work, gen)
         record = _hang_record(work, gen, 0)
-        assert record["verdict"] == "workload" and record["nodes"] == [], record["words"]
+        assert record["verdict"] == "workload" and record["nodes"] == [], _read(record)
         [(node, ranks)] = record["stalled"].items()
         assert node != task0 and ranks == [3], record["stalled"]
         words = record["words"]
@@ -334,13 +335,27 @@ def _named_alone(work: Path, gen: str, sick: str, waited: str) -> dict:
     """Cycle 0's hang record, which names `sick` alone: its 2 ranks stopped, the 2 others
     waited in `waited` (a regular expression for the rest of the words)."""
     record = _hang_record(work, gen, 0)
-    assert record["verdict"] == "hung" and record["nodes"] == [sick], record["words"]
+    assert record["verdict"] == "hung" and record["nodes"] == [sick], _read(record)
     assert re.fullmatch(
         rf"{sick} hung in cycle 0: its 2 ranks stopped in `[^`]+`( / `[^`]+`)* while the 2 "
         rf"others waited in {waited}",
         record["words"],
     ), record["words"]
     return record
+
+
+def _read(record: dict) -> str:
+    """The words, and what each rank's last sample said when they were judged."""
+    judged = datetime.datetime.fromisoformat(record["time"]).timestamp()
+    lines = [record["words"]]
+    for s in record.get("stacks", []):
+        age, still = judged - float(s.get("epoch", 0)), judged - float(s.get("still_since", 0))
+        unreadable = f", unreadable: {s['unreadable']}" if s.get("unreadable") else ""
+        lines.append(
+            f"  rank {s.get('rank')} on {s.get('node')}: state {s.get('state')}, {age:.1f} s old, "
+            f"still {still:.1f} s, {len(s.get('frames') or [])} frames{unreadable}"
+        )
+    return "\n".join(lines)
 
 
 def _trains_again_without(work: Path, gen: str, sick: str, timed_out_by: float) -> None:
