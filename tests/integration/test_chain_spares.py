@@ -18,6 +18,7 @@ from .chain_support import (
     submit,
     tasks,
     unique,
+    wait_event,
     wait_idle,
 )
 from .conftest import Cluster, cluster_cli
@@ -48,7 +49,12 @@ def test_a_hot_then_a_cold_spare_replace_dead_nodes_within_one_generation(cluste
     [gen] = _submit(cluster, work, name)
     killed: list[str] = []
     try:
-        started_in_cycle(work, gen, 0, CYCLE_S)
+        # A checkpoint first, for the next cycle to resume from (a node killed as its
+        # cycle starts leaves none).
+        wait_event(
+            work, lambda e: e["event"] == "checkpoint" and e.get("slurm_array_job_id") == gen,
+            CYCLE_S, f"generation {gen} to save",
+        )  # fmt: skip
         task0, *others = (_node(cluster, gen, t) for t in (0, 1, 2))
         # Tasks 1 and 2 start together; NVRx makes whichever joins later the hot spare.
         active = _active_nodes(work, gen, 0)
