@@ -13,7 +13,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from nvrx_appliance.rank import flight_record, stall_rule
+from nvrx_appliance.rank import flight_record, stacks, stall_rule
 from nvrx_appliance.rank.hang_rule import Frame, RankStack
 from tests.unit.test_hang_rule import FRESH_S, FROZEN, NOW, SAVING, STILL_S, WAITING
 
@@ -171,6 +171,22 @@ def test_a_held_rank_without_a_fresh_stack_is_no_verdict():
     )
     gone = judge([s for s in others_wait(old) if s.rank != 3], dumps("late"))
     assert gone.nodes == () and "rank(s) 3 has no stack: the stacks cannot say why" in gone.words
+
+
+def test_a_stack_one_slow_read_late_still_judges_and_one_past_the_bound_does_not():
+    # At the default 5 s period a frozen rank's sample can be 17 s old while its sampler
+    # still runs: a period's wait, a read that used its whole period, a period before the
+    # node's publisher shares it, and part of NVRx's check interval. Under the old bound
+    # (two periods and the check, 15 s) that was "no fresh stack" and no verdict.
+    bound = stacks.fresh_s(5)
+
+    def at(age: float):
+        late = replace(stack(3, FROZEN, "T"), taken=NOW - age)
+        return stall_rule.judge(others_wait(late), dumps("late"), world_size=4, cycle=1,
+                                now=NOW, fresh_s=bound, still_s=STILL_S)  # fmt: skip
+
+    assert at(17).nodes == ("nodeB",), at(17).words
+    assert at(bound + 1).nodes == () and "has no fresh stack" in at(bound + 1).words
 
 
 def test_a_collective_enqueued_but_never_started_on_its_device_names_the_node():
