@@ -199,7 +199,7 @@ def stopped_throughout(last: dict[str, Any], sample: dict[str, Any]) -> bool:
 
 def still_stopped(last: dict[str, Any], state: str, ticks: int) -> bool:
     """Stopped (T) at the last sample and now, with no CPU in between: it ran no code."""
-    return stopped_throughout(last, {"state": state}) and ticks == last.get("cpu_ticks")
+    return {last.get("state"), state} <= STOPPED_STATES and ticks == last.get("cpu_ticks")
 
 
 def quiet(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
