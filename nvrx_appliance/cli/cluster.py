@@ -196,6 +196,39 @@ def kill_node(name: str, silent: bool) -> None:
         shell.kill_node(name, _say("kill-node"), DEFAULT_ROOT, silent=silent)
 
 
+@cluster_group.command(name="freeze-node")
+@click.argument("name")
+def freeze_node(name: str) -> None:
+    """Hang node NAME's jobs: stop (SIGSTOP) every process of them; slurmd and the link stay up."""
+    with _one_line_failures():
+        shell.preflight()
+        shell.freeze_node(name, _say("freeze-node"), DEFAULT_ROOT)
+
+
+@cluster_group.command(name="thaw-node")
+@click.argument("name")
+def thaw_node(name: str) -> None:
+    """Resume the processes of node NAME's jobs that freeze-node stopped."""
+    with _one_line_failures():
+        shell.preflight()
+        shell.thaw_node(name, _say("thaw-node"), DEFAULT_ROOT)
+
+
+@cluster_group.command(name="cut-link")
+@click.argument("name")
+@click.option(
+    "--seconds",
+    type=click.FloatRange(min=0.1, max=3600),
+    required=True,
+    help="How long the link stays down before it comes up again.",
+)
+def cut_link(name: str, seconds: float) -> None:
+    """A network blip on node NAME: its link down for --seconds, then up; it keeps running."""
+    with _one_line_failures():
+        shell.preflight()
+        shell.cut_link(name, seconds, _say("cut-link"), DEFAULT_ROOT)
+
+
 @cluster_group.command(name="revive-node")
 @click.argument("name")
 def revive_node(name: str) -> None:

@@ -11,6 +11,7 @@ import json
 import os
 import secrets
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -511,6 +512,57 @@ def kill_node(name: str, say: Say, root: Path = DEFAULT_ROOT, silent: bool = Fal
         f"{cluster_conf.SLURMD_TIMEOUT_S + 10} s"
     )
     return len(victims)
+
+
+def freeze_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> int:
+    """Stop (SIGSTOP) every process of the node's jobs, its link left up: a node whose
+    work hangs whole while its kernel still answers the network. Slurm's daemons are left
+    running: on a real cluster Slurm's SlurmdTimeout (300 s by default) outlasts such a
+    freeze, where the local cluster's (10 s) would end the jobs first. Returns how many
+    were stopped; thaw_node undoes it."""
+    plan, _ = current_plan(root)
+    node = _node(plan, name)
+    pids = _job_processes(node)
+    procs.signal_all(pids, signal.SIGSTOP)
+    say(f"{name}: stopped the {len(pids)} processes of its jobs (Slurm's daemons and the "
+        f"link left up); `cluster thaw-node {name}` resumes them")  # fmt: skip
+    return len(pids)
+
+
+def thaw_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> int:
+    plan, _ = current_plan(root)
+    node = _node(plan, name)
+    pids = _job_processes(node)
+    procs.signal_all(pids, signal.SIGCONT)
+    say(f"{name}: resumed the {len(pids)} processes of its jobs")
+    return len(pids)
+
+
+def _job_processes(node: Host) -> list[int]:
+    """The node's job processes: what its jobs run, not Slurm's own (slurmd with its
+    reaper, and each step's slurmstepd, which slurmd asks about its steps: a stopped one
+    would stall slurmd, and the local cluster's short SlurmdTimeout would call the node
+    dead)."""
+    return [pid for pid in procs.netns_pids(node.netns) if not _slurms_own(procs.cmdline(pid))]
+
+
+def _slurms_own(argv: list[str]) -> bool:
+    head = argv[0] if argv else ""
+    return head.startswith("slurmstepd") or any(os.path.basename(a) == "slurmd" for a in argv)
+
+
+def cut_link(name: str, seconds: float, say: Say, root: Path = DEFAULT_ROOT) -> None:
+    """Take the node's link down for `seconds`, then up again: a network blip (a switch
+    that reboots, a flapping port). Its processes run on; what they send meanwhile is lost
+    or retried."""
+    plan, _ = current_plan(root)
+    node = _node(plan, name)
+    net.set_link(node, up=False)
+    try:
+        time.sleep(seconds)  # the blip itself: how long the link stays down
+    finally:
+        net.set_link(node, up=True)
+    say(f"{name}: link was down for {seconds:g} s, up again")
 
 
 def revive_node(name: str, say: Say, root: Path = DEFAULT_ROOT) -> None:

@@ -103,6 +103,12 @@ def stop(pids: list[int], grace: float = STOP_GRACE_S) -> None:
     kill(pids)
 
 
+def signal_all(pids: list[int], sig: int) -> None:
+    """`sig` to each of `pids` still the process it was when listed (a pid reused since
+    is left alone)."""
+    _signal({pid: start_time(pid) for pid in pids}, sig)
+
+
 def kill(pids: list[int]) -> None:
     """SIGKILL, and wait until the processes are gone (how a crashed node's die)."""
     pinned = {pid: start_time(pid) for pid in pids}

@@ -4,7 +4,9 @@
  *   NVRX_SLOW_DELETE_S=N  each removal of a directory that task 0's retention renamed
  *                         aside (checkpoints/.removing_iter_NNNNNNN) waits N seconds;
  *   NVRX_SLOW_SAVE_S=N    each file created in a checkpoint being written (under a
- *                         .partial_iter_NNNNNNN directory) waits N seconds first.
+ *                         .partial_iter_NNNNNNN directory) waits N seconds first;
+ *   NVRX_SLOW_SAVE_RANK=R with NVRX_SLOW_SAVE_S, only the process whose RANK is R waits
+ *                         (one rank's save is slow, the others wait for it).
  *
  * Every other call goes straight through. */
 #define _GNU_SOURCE
@@ -28,8 +30,14 @@ static void hold_if_retired(const char *path) {
         hold("NVRX_SLOW_DELETE_S");
 }
 
+static int this_rank_saves_slowly(void) {
+    const char *slow = getenv("NVRX_SLOW_SAVE_RANK");
+    const char *rank = getenv("RANK");
+    return !slow || (rank && strcmp(slow, rank) == 0);
+}
+
 static void hold_if_saving(const char *path, int flags) {
-    if ((flags & O_CREAT) && strstr(path, "/.partial_iter_"))
+    if ((flags & O_CREAT) && strstr(path, "/.partial_iter_") && this_rank_saves_slowly())
         hold("NVRX_SLOW_SAVE_S");
 }
 
