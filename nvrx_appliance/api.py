@@ -46,6 +46,7 @@ from nvrx_appliance.chain.status import ChainView
 from nvrx_appliance.goodput import gather
 from nvrx_appliance.goodput.account import Account, account
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import deaths as death_record
 from nvrx_appliance.observe import hangs as hang_record
 from nvrx_appliance.observe import slurmcli, workdir
 from nvrx_appliance.observe.slurm_output import ALLOCATIONS
@@ -452,6 +453,21 @@ def hang_verdicts(target: Target | None, *, work_dir: str | Path | None = None) 
         f"generation {array_job_id}: {hang_record.sentence(hang, exclude_for)}"
         for array_job_id, hangs in found.items()
         for hang in hangs
+    ]
+
+
+def node_deaths(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
+    """Each node of the chain that task 0's liveness judge found dead, in words
+    (docs/liveness.md): "generation 41: node2 stopped answering at 18:33:41 UTC; no reset,
+    no exit: a silent death ..."; [] when none was."""
+    folder, _ = locate(target, work_dir=work_dir)
+    layout = Layout(folder)
+    exclude_for = int(workdir.load_manifest(folder)["spec"].get("exclude_for", 0))
+    found = workdir.deaths(layout, chainlogs.generations(layout))
+    return [
+        f"generation {array_job_id}: {death_record.sentence(death, exclude_for)}"
+        for array_job_id, deaths in found.items()
+        for death in deaths
     ]
 
 

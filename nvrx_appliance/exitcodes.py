@@ -24,6 +24,9 @@ SELF_FENCED = 77  # task 0 could not refresh its lease in time and stopped its f
 # stop-chain, or a checkpoint it could not load with nothing left to fall back to): every
 # node stopped its ft_launcher, and task 0's teardown acts on the verdict file.
 WORKLOAD_VERDICT = 78
+# Task 0's liveness judge found this node dead (it stopped beating: frozen, cut off) and
+# the cycle went on without it; it came back, and it leaves (node/liveness.py).
+TAKEN_OUT = 79
 
 ENTRYPOINT_CODES = {
     MANIFEST_INVALID: "run manifest missing, unreadable, of an unknown version, or inconsistent",
@@ -36,6 +39,7 @@ ENTRYPOINT_CODES = {
     STOPPED_BY_CLOSED_FLAG: "ft_launcher was stopped because the generation was closed",
     SELF_FENCED: "task 0 could not refresh its liveness lease and stopped its own ft_launcher",
     WORKLOAD_VERDICT: "the workload gave its own verdict; ft_launcher was stopped on it",
+    TAKEN_OUT: "task 0 judged this node dead (it stopped answering) and went on without it",
 }
 
 assert NVRX_NO_RESTART not in ENTRYPOINT_CODES

@@ -255,6 +255,7 @@ class Layout:
             "verdict": str(control.verdict),
             "workload_exits": str(self.exit_records(ARRAY_JOB_ID_FIELD)),
             "hangs": str(self.hangs(ARRAY_JOB_ID_FIELD)),
+            "deaths": str(self.deaths(ARRAY_JOB_ID_FIELD)),
             "stragglers": str(self.stragglers(ARRAY_JOB_ID_FIELD)),
         }
 
@@ -293,6 +294,12 @@ class Layout:
         """The hang records (`cycle<N>.json`: the judgement and the stacks grouped) and the
         markers of the nodes a verdict named (`hung.<node>`, `withdrawn.<node>`)."""
         return self.generation(array_job_id) / "hangs"
+
+    def deaths(self, array_job_id: str | int) -> Path:
+        """The nodes task 0's liveness judge found dead (`dead.<node>`: JSON, the words)
+        and its marks that it ended its own ranks for one (`stopped.<node>.cycle<N>`),
+        owner-only (node/dead_node.py)."""
+        return self.generation(array_job_id) / "deaths"
 
     @property
     def fallbacks(self) -> Path:

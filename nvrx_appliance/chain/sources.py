@@ -227,6 +227,7 @@ def view_of(
         exclusions=workdir.exclusions(layout),
         hangs=workdir.hangs(layout, ids),
         stragglers=stragglers,
+        deaths=workdir.deaths(layout, ids),
     )
 
 

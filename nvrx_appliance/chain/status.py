@@ -17,6 +17,8 @@ from typing import Any
 from nvrx_appliance.goodput.straggler import Straggler
 from nvrx_appliance.image import qualification, qualification_status
 from nvrx_appliance.jsondoc import iso_utc
+from nvrx_appliance.observe.deaths import Death
+from nvrx_appliance.observe.deaths import sentence as death_words
 from nvrx_appliance.observe.exclusions import Applied, Exclusion, Record
 from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.hangs import sentence as hang_words
@@ -59,6 +61,7 @@ class GenerationView:
     pending_reason: str = ""  # squeue's %r for a task 0 not started yet
     drained: tuple[str, ...] = ()  # its nodes Slurm drained (ledger: the drain poller's)
     hangs: tuple[str, ...] = ()  # each hung cycle's judgement, in words (docs/hangs.md)
+    deaths: tuple[str, ...] = ()  # each node task 0 found dead, in words (docs/liveness.md)
     # Each straggler task 0 named and what it did about it (ledger), in words.
     stragglers: tuple[str, ...] = ()
     # Cancelled before any of its tasks started (sacct), and by whom where Slurm says.
@@ -465,6 +468,7 @@ def assemble(
     exclusions: Record | None = None,
     hangs: Mapping[str, Sequence[Hang]] | None = None,
     stragglers: Sequence[Straggler] = (),
+    deaths: Mapping[str, Sequence[Death]] | None = None,
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
     limit_s = slurm_seconds(str(spec.get("time_limit", "")))
@@ -506,6 +510,10 @@ def assemble(
                 hangs=tuple(
                     hang_words(h, int(spec.get("exclude_for", 0)))
                     for h in (hangs or {}).get(array_job_id, ())
+                ),
+                deaths=tuple(
+                    death_words(d, int(spec.get("exclude_for", 0)))
+                    for d in (deaths or {}).get(array_job_id, ())
                 ),
                 stragglers=tuple(
                     straggler_words(s) for s in entry.get("stragglers") or () if isinstance(s, dict)

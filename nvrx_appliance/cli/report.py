@@ -57,11 +57,14 @@ def report_command(
                  prefix=PREFIX, code=1)  # fmt: skip
     if as_json:
         doc = summary.to_json(account)
+        doc["node_deaths"] = api.node_deaths(found)
         doc["picture"] = str(written) if written else None
         click.echo(jsondoc.dumps("report", doc))
     else:
         for line in summary.lines(account):
             click.echo(line)
+        for line in api.node_deaths(found):  # what each death cost is in the restarts above
+            click.echo(f"  node death: {line}")
         for line in api.hang_verdicts(found):  # what each hang cost is in the restarts above
             click.echo(f"  hang: {line}")
         if written:

@@ -159,6 +159,15 @@ def hang_lines(view: ChainView) -> list[Text]:
     ]
 
 
+def death_lines(view: ChainView) -> list[Text]:
+    """Each node task 0 found dead, in words (docs/liveness.md)."""
+    return [
+        Text(f"generation {g.array_job_id}: {words}", style="red")
+        for g in view.generations
+        for words in g.deaths
+    ]
+
+
 def drained_lines(view: ChainView) -> list[Text]:
     return [
         Text(
@@ -244,6 +253,7 @@ def render(view: ChainView) -> Group:
         parts.append(cycles_table(view))
     parts += decision_lines(view)
     parts += drained_lines(view)
+    parts += death_lines(view)
     parts += hang_lines(view)
     parts += straggler_lines(view)
     if view.excluded:

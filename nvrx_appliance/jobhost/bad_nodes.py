@@ -35,6 +35,7 @@ LEFT_DRAINED = "drained by Slurm"
 _HANG_CHECK = "hung: "
 LEFT_HUNG = "named by a hang verdict"
 HUNG = "hung"  # the evidence kind of an exclusion a hang verdict earned
+DEAD = "dead"  # ... and of one task 0's liveness judge earned (a node that went silent)
 _WORKERS_FAILED = re.compile(r"\] Worker group (?:FAILED|UNHEALTHY)\. ")
 
 
@@ -151,6 +152,15 @@ def to_clear(
                 found.append((str(entry["node"]), iteration))
                 break
     return found
+
+
+def dead_reason(words: str, exclude_for: int) -> str:
+    """A death's words as an exclusion's reason: "node2 stopped answering at 18:33:41
+    UTC; no reset, no exit: a silent death ...; kept out of this chain's generations for
+    24 h"."""
+    hours = exclude_for / 3600
+    span = f"{hours:g} h" if exclude_for >= 3600 else f"{exclude_for} s"
+    return f"{words}; kept out of this chain's generations for {span}"
 
 
 def hung_reason(words: str, exclude_for: int) -> str:

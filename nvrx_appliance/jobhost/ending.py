@@ -301,20 +301,31 @@ def fence_argvs(*, user: str, array_job_id: str) -> List[List[str]]:
     ]
 
 
-def others(task_id: int, last_task: int) -> str:
-    """Slurm's array index expression for tasks 1..last_task but `task_id`, e.g.
-    "[1,3-7]"; "" when there is none."""
-    spans = [(1, task_id - 1), (task_id + 1, last_task)]
-    parts = [str(a) if a == b else f"{a}-{b}" for a, b in spans if a <= b]
+def others(task_id: int, last_task: int, spared: Sequence[int] = ()) -> str:
+    """Slurm's array index expression for tasks 1..last_task but `task_id` and `spared`,
+    e.g. "[1,3-7]"; "" when there is none."""
+    left = [t for t in range(1, last_task + 1) if t != task_id and t not in spared]
+    spans = []  # type: List[List[int]]
+    for task in left:
+        if spans and spans[-1][1] == task - 1:
+            spans[-1][1] = task
+        else:
+            spans.append([task, task])
+    parts = [str(a) if a == b else f"{a}-{b}" for a, b in spans]
     return "[" + ",".join(parts) + "]" if parts else ""
 
 
-def relay_argv(*, user: str, array_job_id: str, task_id: int, last_task: int) -> List[str]:
+def relay_argv(
+    *, user: str, array_job_id: str, task_id: int, last_task: int, spared: Sequence[int] = ()
+) -> List[str]:
     """What a relay cancels: every task of this array but task 0, whose own trap must
-    run (and decide exit 93's fate), and the relaying task, whose script is running
-    this. Running tasks get Slurm's TERM at once; pending spares are cancelled. One
-    scancel, scoped to the user and this array; [] when no other task exists."""
-    expression = others(task_id, last_task)
+    run (and decide exit 93's fate), the relaying task, whose script is running this,
+    and `spared`: the task that fenced a dead task 0, whose script must live to cancel
+    task 0's job (a TERM in the middle of that would leave the successor waiting for
+    Slurm to find the node dead). Running tasks get Slurm's TERM at once; pending spares
+    are cancelled. One scancel, scoped to the user and this array; [] when no other task
+    exists."""
+    expression = others(task_id, last_task, spared)
     if not expression:
         return []
     return ["scancel", "--user=" + user, array_job_id + "_" + expression]
@@ -359,7 +370,7 @@ PATHS = {"ledger": "ledger", "tracker": "tracker", "training_done": "training_do
          "launcher_log": "launcher_log", "drain_poll": "drain_poll", "fence": "fence_claim",
          "relay": "relay_claim", "no_restart": "no_restart", "time_limit": "time_limit",
          "verdict": "verdict", "workload_exits": "exits_dir", "hangs": "hangs",
-         "stragglers": "stragglers"}  # fmt: skip
+         "stragglers": "stragglers", "deaths": "deaths"}  # fmt: skip
 
 
 def generation_paths(paths: Any, array_job_id: str) -> Dict[str, str]:

@@ -99,6 +99,49 @@ def hung_nodes(hangs: str, chain: str, array_job_id: str) -> List[Dict[str, Any]
     return found
 
 
+def dead_nodes(deaths: str, chain: str, array_job_id: str) -> List[Dict[str, Any]]:
+    """The nodes task 0's liveness judge found dead in this generation (node/dead_node.py's
+    `dead.<node>` records): node, words, whether it handed the generation off; and how
+    many times task 0 ended each node's own ranks for one (`stopped.<node>.cycle<N>`:
+    those failures are nobody's). Nothing from a record of another run."""
+    if not deaths:
+        return []
+    try:
+        names = sorted(os.listdir(deaths))[:MAX_HANG_MARKERS]
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        if not name.startswith("dead."):
+            continue
+        try:
+            record = json.loads(_read(os.path.join(deaths, name), HANG_MARKER_BYTES))
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("node"), str):
+            continue
+        if str(record.get("generation", "")).split("/")[:2] != [chain, array_job_id]:
+            continue
+        found.append({"node": bad_nodes.short_name(record["node"]),
+                      "words": str(record.get("words", "")),
+                      "hand_off": bool(record.get("hand_off"))})  # fmt: skip
+    return found
+
+
+def stopped_for_deaths(deaths: str) -> Dict[str, int]:
+    """Node -> the cycles in which task 0 ended its ranks because another node died."""
+    try:
+        names = os.listdir(deaths) if deaths else []
+    except OSError:
+        return {}
+    counts = {}  # type: Dict[str, int]
+    for name in names:
+        if name.startswith("stopped.") and ".cycle" in name:
+            node = bad_nodes.short_name(name[len("stopped.") : name.rindex(".cycle")])
+            counts[node] = counts.get(node, 0) + 1
+    return counts
+
+
 def drained_nodes(drain_poll: str, chain: str, array_job_id: str) -> List[str]:
     """The generation's drained nodes, as its drain poller last found them; none from a
     record another run left under a reused array job id."""
@@ -120,17 +163,24 @@ def remember(
     log: Callable[[str], None],
     exits: Optional[List[Dict[str, Any]]] = None,
     hangs: str = "",
+    deaths: str = "",
 ) -> List[Dict[str, str]]:
     """Judge the generation and append its exclusions to the record; what the ledger
     entry lists (node, reason). exits: the workload guards' account of each cycle's
     failure (the teardown reads them); without them, the NVRx log's count per node.
-    hangs: the generation's hang records (a standing verdict: evidence "hung")."""
+    hangs: the generation's hang records (a standing verdict: evidence "hung").
+    deaths: the nodes task 0's liveness judge found dead (evidence "dead")."""
     exclude_for = int(spec.get("exclude_for", 0))
     if exclude_for <= 0:
         return []
     hung = hung_nodes(hangs, chain, array_job_id)
+    dead = dead_nodes(deaths, chain, array_job_id)
     log_text = _read(launcher_log, LAUNCHER_LOG_TAIL_BYTES, tail=True)
     unhealthy, failures = bad_nodes.evidence(log_text.splitlines())
+    for node, count in stopped_for_deaths(deaths).items():
+        # NVRx logs the worker group task 0 ended for a dead node as failed: not its own.
+        if node in failures:
+            failures[node] = max(0, failures[node] - count)
     iterations = {}  # type: Dict[str, List[int]]
     if exits:
         # The guards tell each failure's node and iteration: only the node's own count.
@@ -153,10 +203,15 @@ def remember(
     )
     since, until = hostlib.record_time(), hostlib.record_time(exclude_for)
     named = {h["node"] for h in hung}
-    found = [(h["node"], bad_nodes.hung_reason(h["words"], exclude_for)) for h in hung] + [
-        (node, why) for node, why in found if node not in named
-    ]
+    gone = [d for d in dead if d["node"] not in named]
+    named |= {d["node"] for d in gone}
+    found = (
+        [(h["node"], bad_nodes.hung_reason(h["words"], exclude_for)) for h in hung]
+        + [(d["node"], bad_nodes.dead_reason(d["words"], exclude_for)) for d in gone]
+        + [(node, why) for node, why in found if node not in named]
+    )
     stacks = {h["node"]: h["stacks"] for h in hung}
+    died = {d["node"] for d in gone}
     entries = [
         {"kind": EXCLUDED, "version": VERSION, "node": node, "reason": why,
          "since": since, "until": until, "chain": chain, "generation": array_job_id,
@@ -166,6 +221,8 @@ def remember(
     for entry in entries:
         if entry["node"] in stacks:
             entry.update(evidence=bad_nodes.HUNG, stacks=stacks[entry["node"]])
+        elif entry["node"] in died:
+            entry.update(evidence=bad_nodes.DEAD)
     for node, why in found:
         log(f"{node} is kept out of this chain's queued generations until {until}: {why}")  # fmt: skip
     try:

@@ -198,6 +198,16 @@ def hung_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
         return []
 
 
+def dead_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
+    """The nodes task 0 found dead in this generation (docs/liveness.md), for the ledger;
+    never at the cost of the entry."""
+    try:
+        return node_memory.dead_nodes(args.deaths, chain, args.array_job_id)
+    except Exception as exc:
+        _log(f"ERROR: reading this generation's node deaths failed: {exc}")
+        return []
+
+
 def straggler_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
     """The stragglers task 0 named in this generation, and what it did about each
     (node/straggler_leave.py's `named.<node>`), for the ledger; none from a file another
@@ -237,6 +247,7 @@ def remember_nodes(
             drained=this.get("drained", []), fenced_task0=fenced_task0,
             spec=_load_manifest(args.run_json).get("spec", {}), chain=this["chain"],
             array_job_id=args.array_job_id, log=_log, exits=exits, hangs=args.hangs,
+            deaths=args.deaths,
         )  # fmt: skip
     except Exception as exc:
         _log(f"ERROR: judging this generation's nodes failed: {exc}")
@@ -291,6 +302,20 @@ def fence(args: argparse.Namespace, this: Dict[str, Any]) -> int:
     return 0
 
 
+def fencer(args: argparse.Namespace) -> List[int]:
+    """The task that fenced this generation's task 0, if one did: its script cancels task
+    0's job, and the relay must not end it first."""
+    if not args.fence_claim or not os.path.exists(args.fence_claim):
+        return []
+    claim = _claim(args.fence_claim, os.geteuid())
+    if claim is None or not hostlib.same_generation(
+        str(claim.get("generation", "")), args.generation
+    ):
+        return []
+    task = claim.get("task_id")
+    return [task] if isinstance(task, int) and not isinstance(task, bool) and task > 0 else []
+
+
 def relay(args: argparse.Namespace, spec: Dict[str, Any]) -> int:
     """The generation is over; only the job whose entrypoint won the relay claim acts,
     so the array is cancelled once however many peers left on the end."""
@@ -307,8 +332,9 @@ def relay(args: argparse.Namespace, spec: Dict[str, Any]) -> int:
         _log("ERROR: user or array job id unknown: nothing relayed")
         return 0
     argv = ending.relay_argv(
-        user=args.user, array_job_id=args.array_job_id, task_id=task_id, last_task=last_task
-    )
+        user=args.user, array_job_id=args.array_job_id, task_id=task_id, last_task=last_task,
+        spared=fencer(args),
+    )  # fmt: skip
     if argv:
         _log(
             "{}; cancelling the other tasks of array {} ({})".format(
@@ -357,7 +383,8 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
             )
         )  # fmt: skip
     hung = hung_account(args, this["chain"])
-    handed = [h["words"] for h in hung if h.get("hand_off")]
+    dead = dead_account(args, this["chain"])
+    handed = [h["words"] for h in hung + dead if h.get("hand_off")]
     if handed and action == ending.RELEASED_SPARES:
         reason = "{}; no hot spare was free, so the generation handed off and the next one starts without it. {}".format(
             "; ".join(handed), reason
@@ -370,6 +397,8 @@ def teardown(args: argparse.Namespace, this: Dict[str, Any], burn_guard: int) ->
         this["hung"] = [
             {"node": h["node"], "words": h["words"], "stacks": h["stacks"]} for h in hung
         ]
+    if dead:
+        this["dead"] = [{"node": d["node"], "words": d["words"]} for d in dead]
     stragglers = straggler_account(args, this["chain"])
     if stragglers:
         this["stragglers"] = stragglers

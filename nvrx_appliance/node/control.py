@@ -20,7 +20,8 @@ from typing import Any
 from nvrx_appliance.jobhost import hostlib
 
 RECORD_SCHEMA = "nvrx-appliance/rdzv"
-RECORD_VERSION = 3  # 2: the record names its generation; 3: and the array throttle
+RECORD_VERSION = 4  # 2: the record names its generation; 3: and the array throttle;
+# 4: and where task 0 hears liveness beats, with their key
 
 _LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 
@@ -105,6 +106,10 @@ class Record:
     # The array throttle task 0 read from the controller (None: it could not): every
     # node sizes ft_launcher's --nnodes from it, and only task 0 asks Slurm for it.
     active_tasks: int | None = None
+    # Task 0's liveness socket (UDP) and the generation's key for its beats, hex
+    # (node/liveness.py); None: liveness is off in this chain.
+    liveness_port: int | None = None
+    liveness_key: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -174,6 +179,18 @@ def decode(text: str) -> Record:
         not isinstance(active, int) or isinstance(active, bool) or active < 1
     ):
         raise RecordError(f"active_tasks {active!r} is neither null nor a task count >= 1")
+    liveness_port = data.get("liveness_port")
+    if liveness_port is not None and (
+        not isinstance(liveness_port, int)
+        or isinstance(liveness_port, bool)
+        or not 1 <= liveness_port <= 65535
+    ):
+        raise RecordError(f"liveness_port {liveness_port!r} is neither null nor a UDP port")
+    liveness_key = data.get("liveness_key")
+    if liveness_key is not None and not _is_key(liveness_key):
+        raise RecordError("liveness_key is neither null nor a hex key of 16 to 64 bytes")
+    if (liveness_port is None) != (liveness_key is None):
+        raise RecordError("liveness_port and liveness_key must be given together")
     return Record(
         host=data["host"],
         port=port,
@@ -185,7 +202,19 @@ def decode(text: str) -> Record:
         job_id=data["job_id"],
         generation=data["generation"],
         active_tasks=active,
+        liveness_port=liveness_port,
+        liveness_key=liveness_key,
     )
+
+
+def _is_key(value: Any) -> bool:
+    if not isinstance(value, str) or not 32 <= len(value) <= 128 or len(value) % 2:
+        return False
+    try:
+        bytes.fromhex(value)
+    except ValueError:
+        return False
+    return True
 
 
 def dir_problem(*, mode: int, owner: int, uid: int, is_dir: bool) -> str | None:

@@ -46,6 +46,7 @@ from nvrx_appliance import files
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.node import control, straggler_leave
 from nvrx_appliance.node.identity import Node
+from nvrx_appliance.observe import deaths
 
 MARKER_BYTES = 64 << 10
 # NVRx waits this long for the site's service (NodeHealthCheck's request timeout).
@@ -124,6 +125,15 @@ def judge_hang(text: str | None, withdrawn: bool, me: Identity) -> Answer:
     )
 
 
+def judge_dead(text: str | None, me: Identity) -> Answer:
+    """Did task 0's liveness judge take this node for dead in this generation
+    (deaths/dead.<node>)? It came back (thawed, or its link did): it leaves."""
+    death = deaths.parse(text, me.generation) if text else None
+    if death is None:
+        return Answer(True, "")
+    return Answer(False, f"{death.words}; {me.node} leaves at this rendezvous", check="dead")
+
+
 def site_target(endpoint: str) -> str | None:
     """The gRPC target of a site's service, as NVRx resolves it: Unix sockets only."""
     if endpoint.startswith("unix://"):
@@ -165,9 +175,11 @@ class DrainCheck:
         log: Callable[[str], None],
         uid: int | None = None,
         hangs: Path | None = None,
+        deaths: Path | None = None,
     ):
         self.marker = marker
         self.hangs = hangs  # the generation's hang records (docs/hangs.md); None: not read
+        self.deaths = deaths  # the generation's node deaths (docs/liveness.md); None: not read
         self.me = me
         self.site = site_target(site_endpoint) if site_endpoint else None
         self.log = log
@@ -177,10 +189,10 @@ class DrainCheck:
         self.leave: Path | None = None  # a straggler's decision to leave (straggler_leave.py)
 
     def check(self) -> Answer:
-        hung = self.hang_check()
-        if not hung.healthy:
-            self.log(hung.why)
-            return hung
+        for found in (self.dead_check(), self.hang_check()):
+            if not found.healthy:
+                self.log(found.why)
+                return found
         if self.leave is not None:
             text = straggler_leave.read_decision(self.leave, self.uid)
             if why := straggler_leave.leaving(text, self.me.generation, self.me.node):
@@ -195,6 +207,15 @@ class DrainCheck:
         elif not found.healthy:
             self.log(found.why)
         return found
+
+    def dead_check(self) -> Answer:
+        """Task 0 took this node for dead (deaths/dead.<node>)."""
+        if self.deaths is None:
+            return Answer(True, "")
+        text, problem = read_marker(self.deaths / deaths.dead_name(self.me.node), self.uid)
+        if problem:
+            self._say_once(problem)
+        return judge_dead(text, self.me)
 
     def hang_check(self) -> Answer:
         """A hang verdict on this node (hangs/hung.<node>), unless withdrawn."""
@@ -290,8 +311,10 @@ def dry_run_endpoint(manifest: Manifest) -> str | None:
 
 
 def serves(manifest: Manifest) -> bool:
-    """Whether the entrypoint serves NVRx's node health check: drained nodes, or hung ones."""
-    return manifest.spec.drain_poll_interval > 0 or manifest.spec.stack_sampling > 0
+    """Whether the entrypoint serves NVRx's node health check: drained nodes, hung ones,
+    or ones task 0 took for dead."""
+    spec = manifest.spec
+    return spec.drain_poll_interval > 0 or spec.stack_sampling > 0 or spec.node_silence_timeout > 0
 
 
 def slurm_node(node: Node) -> str:
@@ -317,9 +340,11 @@ def endpoint(
     )
     marker = manifest.layout.drain_marker(node.array_job_id, node.task_id)
     hangs = manifest.layout.hangs(node.array_job_id) if manifest.spec.stack_sampling > 0 else None
+    dead = manifest.layout.deaths(node.array_job_id) if manifest.spec.node_silence_timeout else None
     check = DrainCheck(
-        marker, me, site_endpoint=manifest.spec.health_check_endpoint, log=log, hangs=hangs
-    )
+        marker, me, site_endpoint=manifest.spec.health_check_endpoint, log=log, hangs=hangs,
+        deaths=dead,
+    )  # fmt: skip
     if replacing:
         check.leave = manifest.layout.straggler_leave(node.array_job_id, me.node)
     with serving(check) as socket:

@@ -26,6 +26,7 @@ Our own failures use the codes in exitcodes.py, never 93.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import time
@@ -38,9 +39,11 @@ from nvrx_appliance.checkpoints.checkpoint_dir import tracker_text
 from nvrx_appliance.node import (
     control,
     controldir,
+    dead_node,
     env,
     health_check,
     launch,
+    liveness,
     looks,
     node_probe,
     rendezvous,
@@ -48,6 +51,7 @@ from nvrx_appliance.node import (
     straggler_leave,
     time_limit,
 )
+from nvrx_appliance.node.gate import Leave
 from nvrx_appliance.node.identity import Node, NodeError, array_throttle, from_env, term_drain
 from nvrx_appliance.node.preflight import (
     Preflight,
@@ -86,10 +90,12 @@ def supervise(
     stop_signals: list[int],
     started: float,
     health_endpoint: str | None = None,
+    beater: liveness.Beater | None = None,
 ):
     """ft_launcher under a Supervisor; `stop_signals` collects the stopping signals
     Slurm sent a peer (task 0 answers them by closing the generation); `health_endpoint`
-    is the drain check NVRx asks before each rendezvous."""
+    is the drain check NVRx asks before each rendezvous; `beater`, a peer's liveness
+    beats: when task 0 answers that it took this node for dead, the node leaves."""
     # The throttle task 0 read from the controller, for every node alike.
     active_tasks = record.active_tasks if record.active_tasks is not None else pre.active_tasks
     try:
@@ -132,7 +138,7 @@ def supervise(
             check=check,
             urgent=rendezvous.self_fence_watch(pre.manifest, keeper)
             if keeper is not None
-            else None,
+            else taken_out_watch(beater),
             grace=pre.manifest.spec.closed_flag_grace,
             poll=min(looks.RUN_POLL_S, period),
             log=say,
@@ -145,6 +151,69 @@ def supervise(
         ).run()
     except OSError as exc:
         raise Refused(exitcodes.LAUNCH_FAILED, f"cannot start ft_launcher: {exc}") from None
+
+
+def taken_out_watch(beater: liveness.Beater | None):
+    """A peer's urgent check: task 0 answered its beats with "out" (it took this node for
+    dead while it was frozen or cut off, and the cycle went on without it)."""
+    if beater is None:
+        return None
+    said = (
+        "task 0 took this node for dead while it sent no liveness beat (frozen, or cut "
+        "off) and went on without it; leaving"
+    )
+    return lambda: Leave(exitcodes.TAKEN_OUT, said) if beater.out.is_set() else None
+
+
+def liveness_listener(
+    pre: Preflight, record: control.Record, directory: Path
+) -> liveness.Listener | None:
+    """Task 0's end of the liveness beats, bound (its port goes in the record); None when
+    the chain turned liveness off or this host has no UDP socket to give."""
+    manifest, node = pre.manifest, pre.node
+    timeout = manifest.spec.node_silence_timeout
+    if timeout <= 0:
+        return None
+    on_dead = dead_node.DeadNodes(
+        manifest, array_job_id=node.array_job_id, generation=record.generation,
+        me=health_check.slurm_node(node), control_dir=directory, workload=pre.workload, log=say,
+    )  # fmt: skip
+    try:
+        return liveness.Listener(
+            record.generation, liveness.new_key(), timeout=timeout,
+            nodes=generation_nodes(pre, record), on_dead=on_dead, log=say,
+        )  # fmt: skip
+    except OSError as exc:
+        say(f"liveness: no UDP socket for the beats ({exc}); a silent node death waits for "
+            "NVRx's section timeouts in this generation")  # fmt: skip
+        return None
+
+
+def generation_nodes(pre: Preflight, record: control.Record) -> int:
+    """The nodes that beat: every node of every task Slurm runs at once."""
+    tasks = record.active_tasks or pre.active_tasks or pre.manifest.shape.active_tasks
+    return tasks * pre.manifest.spec.nodes_per_task
+
+
+def liveness_beater(pre: Preflight, record: control.Record) -> liveness.Beater | None:
+    """A peer's beats to task 0, started; None when the record names no listener."""
+    if record.liveness_port is None or record.liveness_key is None:
+        return None
+    workload = pre.workload
+
+    def leave_now() -> None:
+        # At once, not at the supervisor's next poll: a rank that was frozen in a save
+        # must not finish writing it beside the cycle that went on without it.
+        say(f"{pre.node.label}: task 0 took this node for dead; ending its ranks")
+        time_limit.end_workers(workload)
+
+    beater = liveness.Beater(
+        record.host, record.liveness_port, record.generation,
+        bytes.fromhex(record.liveness_key), health_check.slurm_node(pre.node),
+        nodes=generation_nodes(pre, record), on_out=leave_now, log=say,
+    )  # fmt: skip
+    beater.start()
+    return beater
 
 
 def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper:
@@ -170,13 +239,22 @@ def run(manifest_path: Path | None) -> int:
     )
     directory = rendezvous.make_dirs(manifest, node)
     keeper = None
+    listener = beater = None
     if record is not None:
+        listener = liveness_listener(pre, record, directory)
+        if listener is not None:
+            record = dataclasses.replace(
+                record, liveness_port=listener.port, liveness_key=listener.key.hex()
+            )
         keeper = rendezvous.publish(pre, record, directory)
+        if listener is not None:
+            listener.start()
     else:
         record = rendezvous.gate_loop(
             manifest, node, pre.fabric, directory, generation(manifest, node)
         )
         say(f"{node.label} joins rendezvous {record.endpoint} (segment {record.segment})")
+        beater = liveness_beater(pre, record)
     kept = retention_keeper(manifest) if keeper is not None else None
     slow = None
     # Task 0 names the generation's stragglers for the ledger whatever the action; under
@@ -203,11 +281,15 @@ def run(manifest_path: Path | None) -> int:
         # Drained nodes leave at a rendezvous through NVRx's node health check.
         with health_check.endpoint(manifest, node, record.generation, say) as health:
             outcome = supervise(
-                pre, record, directory, keeper, lease_watch, stop_signals, started, health
-            )
+                pre, record, directory, keeper, lease_watch, stop_signals, started, health,
+                beater,
+            )  # fmt: skip
     finally:
         if keeper is not None:
             keeper.stop()
+        for end in (listener, beater):
+            if end is not None:
+                end.stop()
         if kept is not None:
             kept.stop()
         if slow is not None:

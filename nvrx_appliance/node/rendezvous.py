@@ -84,6 +84,7 @@ def fence(node: Node, directory: Path, token: str, reason: str) -> None:
     claim = {
         "generation": token,
         "job_id": node.job_id,
+        "task_id": node.task_id,  # the relay spares this task: its script cancels task 0's job
         "by": node.label,
         "reason": reason,
         "time": now_iso(),

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import stat
 import threading
 import time
@@ -41,11 +40,6 @@ from nvrx_appliance.node import control, time_limit
 from nvrx_appliance.observe import workdir
 from nvrx_appliance.rank import kill_cause
 from nvrx_appliance.settings.generation_end import slurm_seconds
-
-try:  # an NVRx dependency, so present wherever ft_launcher is
-    import psutil
-except ImportError:  # pragma: no cover - degraded: no rank is found, none is ended
-    psutil = None  # type: ignore[assignment]
 
 REPLACE = "replace"
 # What was done about a straggler, where no decision was weighed (the ledger's words).
@@ -228,24 +222,10 @@ class StragglerLeave(threading.Thread):
         mark = self.layout.stragglers(self.array_job_id) / kill_cause.ended_name(self.node)
         write_atomic(mark, json.dumps({"generation": self.generation, "node": self.node,
                                        "time": now_iso()}) + "\n", 0o600)  # fmt: skip
-        ended = self._end_ranks()
+        ended = time_limit.end_workers(self.workload)
         self._ended = True
         self.log(f"{self.node} is a straggler told to leave; the checkpoint at iteration "
                  f"{now} is kept: ended its {ended} rank(s), it leaves at this rendezvous")  # fmt: skip
-
-    def _end_ranks(self) -> int:
-        if psutil is None:
-            return 0
-        ended = 0
-        for child in psutil.Process().children():
-            with contextlib.suppress(psutil.Error):
-                if not any(a.endswith("ft_launcher") for a in child.cmdline()[:2]):
-                    continue
-                for _target, worker in time_limit.workers(child.pid, self.workload):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(worker, signal.SIGKILL)
-                        ended += 1
-        return ended
 
     def _say_once(self, key: str, message: str) -> None:
         """Once per node and outcome: the verdict is looked at every LOOK_S."""

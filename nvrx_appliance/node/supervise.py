@@ -253,7 +253,9 @@ class Supervisor:
                     self._end_leftovers(list(tree.values()))
                     return Outcome(exit_code(ended), None)
                 self.log(decision.message)
-                self._stop()
+                # Task 0 is dead (this node fenced it): nothing it trained with can save,
+                # and the successor waits for this node's end, so no grace.
+                self._stop(grace=0.0 if isinstance(decision, Leave) and decision.fence else None)
                 if self.child.returncode is not None and (
                     exit_code(self.child.returncode) == exitcodes.NVRX_NO_RESTART
                 ):
@@ -330,17 +332,19 @@ class Supervisor:
                 with contextlib.suppress(psutil.Error):
                     proc.kill()
 
-    def _stop(self) -> None:
-        """TERM, then KILL after the grace; then nothing it started may outlive it."""
+    def _stop(self, grace: float | None = None) -> None:
+        """TERM, then KILL after the grace (the supervisor's, unless given); then nothing
+        it started may outlive it."""
         child = self.child
         assert child is not None
+        grace = self.grace if grace is None else grace
         tree = _descendants(child.pid)
         self._forward(signal.SIGTERM, None)
         try:
-            child.wait(timeout=self.grace)
+            child.wait(timeout=grace)
         except subprocess.TimeoutExpired:
             tree += _descendants(child.pid)
-            self.log(f"ft_launcher still running {self.grace:g} s after SIGTERM; sending SIGKILL")
+            self.log(f"ft_launcher still running {grace:g} s after SIGTERM; sending SIGKILL")
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
         # Workers run in sessions of their own, so no group signal reaches them.

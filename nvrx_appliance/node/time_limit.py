@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -91,6 +92,24 @@ def workers(launcher_pid: int, workload: Sequence[str]) -> list[tuple[int, int]]
                         if grandchild.cmdline()[1:] == list(workload[1:])
                     ]
     return found
+
+
+def end_workers(workload: Sequence[str]) -> int:
+    """SIGKILL the workers of this process's ft_launcher (each worker's process, as NVRx's
+    own timeouts do); how many were sent it. The launcher is found among our children by
+    its command line: the supervisor's trampoline execs it."""
+    if psutil is None:
+        return 0
+    ended = 0
+    for child in psutil.Process().children():
+        with contextlib.suppress(psutil.Error):
+            if not any(a.endswith("ft_launcher") for a in child.cmdline()[:2]):
+                continue
+            for _target, worker in workers(child.pid, workload):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(worker, signal.SIGKILL)
+                    ended += 1
+    return ended
 
 
 def reachable(launcher_pid: int, workload: Sequence[str], signum: int) -> tuple[int, ...]:

@@ -21,6 +21,7 @@ from typing import Any, BinaryIO
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.files import read_text
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe import deaths as death_record
 from nvrx_appliance.observe import exclusions as exclusion_record
 from nvrx_appliance.observe import hangs as hang_record
 from nvrx_appliance.observe import run_files
@@ -241,4 +242,30 @@ def hangs(layout: Layout, array_job_ids: list[str]) -> dict[str, list[hang_recor
             if hang is not None:
                 found.setdefault(array_job_id, []).append(hang)
         found.get(array_job_id, []).sort(key=lambda h: h.cycle)
+    return found
+
+
+DEATH_RECORD_BYTES = 64 << 10
+
+
+def deaths(layout: Layout, array_job_ids: list[str]) -> dict[str, list[death_record.Death]]:
+    """Each generation's node deaths (Layout.deaths), in the order task 0 judged them."""
+    found: dict[str, list[death_record.Death]] = {}
+    for array_job_id in array_job_ids:
+        directory = layout.deaths(array_job_id)
+        try:
+            names = sorted(os.listdir(directory))[:MAX_HANG_RECORDS]
+        except OSError:
+            continue
+        for name in names:
+            if not name.startswith(death_record.DEAD_PREFIX):
+                continue
+            try:
+                text = read_text(directory / name, DEATH_RECORD_BYTES) or ""
+            except OSError:
+                continue
+            death = death_record.parse(text)
+            if death is not None:
+                found.setdefault(array_job_id, []).append(death)
+        found.get(array_job_id, []).sort(key=lambda d: d.time)
     return found

@@ -50,6 +50,7 @@ from nvrx_appliance import files
 from nvrx_appliance import manifest as run_manifest
 from nvrx_appliance.checkpoints import fallback
 from nvrx_appliance.clock import now_iso
+from nvrx_appliance.layout import Layout
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.rank import flight, kill_cause, sampler, stacks, stillness, workload_exit
 from nvrx_appliance.settings import exit_actions
@@ -194,7 +195,7 @@ class Guard:
         # Whether the worker was stopped, as it exited: a TERM that comes while its output
         # drains (torch elastic stopping the group after this failure) stops nothing the
         # worker did, and a failed load seen only in rank 0's window must still be judged.
-        stopped = self.stopping.is_set()
+        stopped = self.stopping.is_set() or (code == stacks.KILLED and self.for_a_dead_node())
         if still is not None:
             still.close()
         if stack_watch is not None:
@@ -210,17 +211,40 @@ class Guard:
             say(f"could not judge exit {code} ({exc!r}): it passes through as it is")
             return code
 
-    def not_a_hang(self, oom_before: int | None) -> str | None:
-        """Why the workload's SIGKILL was not a hang's timeout (said), or None."""
+    def _where(self) -> tuple[Layout, str, str] | None:
+        """The run's layout, this generation's array job id and this rank's Slurm node;
+        None without a run manifest."""
         try:
             manifest = run_manifest.load(Path(os.environ["NVRX_RUN_MANIFEST"]))
         except (KeyError, run_manifest.ManifestError):
             return None
         parts = self.args.generation.split("/")
+        node = os.environ.get("SLURMD_NODENAME") or self.who()["node"]
+        return manifest.layout, parts[1] if len(parts) > 2 else "", node
+
+    def for_a_dead_node(self) -> bool:
+        """Task 0 ended these ranks because another node died silently (said)."""
+        where = self._where()
+        if where is None:
+            return False
+        layout, array_job_id, node = where
+        why = kill_cause.for_a_dead_node(
+            layout.deaths(array_job_id), node, self.args.generation,
+            os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"),
+        )  # fmt: skip
+        if why:
+            say(why)
+        return why is not None
+
+    def not_a_hang(self, oom_before: int | None) -> str | None:
+        """Why the workload's SIGKILL was not a hang's timeout (said), or None."""
+        where = self._where()
+        if where is None:
+            return None
+        layout, array_job_id, node = where
         why = kill_cause.not_a_hang(
             oom_before=oom_before, oom_now=kill_cause.oom_kills(),
-            stragglers=manifest.layout.stragglers(parts[1] if len(parts) > 2 else ""),
-            node=os.environ.get("SLURMD_NODENAME") or self.who()["node"],
+            stragglers=layout.stragglers(array_job_id), node=node,
             generation=self.args.generation,
         )  # fmt: skip
         if why:

@@ -58,6 +58,18 @@ def ended_name(node: str) -> str:
     return f"ended.{node}"
 
 
+def for_a_dead_node(deaths: Path, node: str, generation: str, cycle: str) -> str | None:
+    """Why task 0 ended this node's ranks in this cycle: another node died silently and
+    NVRx must restart without it (node/dead_node.py writes the mark before the kill).
+    None when no mark of this generation says so."""
+    with contextlib.suppress(OSError, ValueError):
+        mark = json.loads((deaths / f"stopped.{node}.cycle{cycle}").read_text())
+        if isinstance(mark, dict) and mark.get("generation") == generation:
+            return (f"task 0 ended this node's ranks for the restart: {mark.get('words')}; "
+                    "not a hang and not this node's failure, nothing judged")  # fmt: skip
+    return None
+
+
 def not_a_hang(
     *, oom_before: int | None, oom_now: int | None, stragglers: Path, node: str, generation: str
 ) -> str | None:

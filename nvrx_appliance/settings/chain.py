@@ -35,6 +35,9 @@ PROFILES = ("small", "8b", "none")
 FAULT_TYPES = ("exception", "exit", "hang")
 # A pause longer than this would trip the out-of-section timeout of a quick chain.
 MAX_CPU_STEP_PAUSE_S = 10.0
+# Liveness beats come once a second (node/liveness_rule.py): a shorter silence timeout than
+# three of them would take a datagram or two lost for a death.
+MIN_SILENCE_S = 3
 
 
 def _opt(
@@ -363,6 +366,18 @@ class ChainSpec:
         minimum=1,
         unit=SECONDS,
         hint="the lease cannot be turned off; leave it at the default 46",
+    )
+    node_silence_timeout: int = _opt(
+        # Ten seconds: twice a 5 s network blip, and a node's entrypoint beats every
+        # second from a thread that touches no file system, so only a node that is dead,
+        # frozen or cut off stays silent that long (docs/liveness.md, Silent node deaths).
+        10,
+        "Seconds a node may send task 0 no liveness beat before task 0 takes it as dead: "
+        "a hot spare takes its place in an in-job restart, or the generation hands off "
+        "(0: off; a silent death then waits for NVRx's section timeouts).",
+        "NVRX_NODE_SILENCE_TIMEOUT",
+        minimum=0,
+        unit=SECONDS,
     )
     lease_watchers: int = _opt(
         # Task 0 and all of them must be lost together before a dead task 0 waits for
@@ -700,6 +715,14 @@ def check(spec: ChainSpec) -> list[Problem]:
             f"{spec.stack_sampling} s leaves fewer than three samples within the step timeout "
             f"({spec.step_timeout} s), too few to tell a hang; use at most "
             f"{spec.step_timeout // 3} s, or 0 to turn sampling off",
+        )
+    silence = spec.node_silence_timeout
+    if "node_silence_timeout" not in misjudged and 0 < silence < MIN_SILENCE_S:
+        bad(
+            "node_silence_timeout",
+            f"{silence} s is fewer than {MIN_SILENCE_S} liveness beats (one a second): a "
+            "datagram or two lost on a busy network would be taken for a death; use at "
+            f"least {MIN_SILENCE_S} s, or 0 to turn liveness off",
         )
     if not misjudged & {"lease_stale_after", "closed_flag_grace"}:
         margins = lease.problem(spec.lease_stale_after, spec.closed_flag_grace)

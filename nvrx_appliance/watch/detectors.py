@@ -22,6 +22,7 @@ from pathlib import Path
 
 from nvrx_appliance.exitcodes import NVRX_NO_RESTART
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.observe.deaths import sentence as death_sentence
 from nvrx_appliance.observe.hangs import sentence
 from nvrx_appliance.observe.slurm_output import expand_nodelist
 from nvrx_appliance.observe.times import age_text
@@ -32,6 +33,7 @@ from nvrx_appliance.watch.findings import (
     CHECKPOINT,
     CRITICAL,
     CYCLES,
+    DEATHS,
     EXCLUDE_NODES,
     EXCLUSIONS,
     FOLLOW_UP,
@@ -564,6 +566,26 @@ def node_hung(snap: Snapshot, t: Thresholds) -> list[Finding]:
     ]
 
 
+def node_dead(snap: Snapshot, t: Thresholds) -> list[Finding]:
+    """Task 0's liveness judge found a node of the newest generation dead (docs/liveness.md)."""
+    return [
+        _finding(
+            snap,
+            "node_dead",
+            f"{death.node}/{death.time}",
+            WARNING,
+            summary=death_sentence(death, snap.run.exclude_for),
+            detail="The node sent task 0 no liveness beat for the silence timeout and its "
+            "host did not answer a probe: a power loss, a kernel panic, a dead NIC, or a "
+            "node frozen. The cycle went on without it (or the generation handed off) and "
+            "the chain keeps it out of later generations; Slurm marks it down after its "
+            "SlurmdTimeout. Look at the node's console and BMC.",
+            nodes=(death.node,),
+        )
+        for death in snap.deaths
+    ]
+
+
 def workload_stalled(snap: Snapshot, t: Thresholds) -> list[Finding]:
     """A hang of the newest generation was the workload's own stall (docs/hangs.md)."""
     return [
@@ -739,6 +761,13 @@ ALL: tuple[Detector, ...] = (
         severity=WARNING,
         needs=(HANGS,),
         fn=node_hung,
+    ),
+    Detector(
+        name="node_dead",
+        family="restart",
+        severity=WARNING,
+        needs=(DEATHS,),
+        fn=node_dead,
     ),
     Detector(
         name="workload_stalled",

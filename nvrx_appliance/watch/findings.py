@@ -14,6 +14,7 @@ import functools
 from dataclasses import dataclass, field
 
 from nvrx_appliance.goodput.straggler import Straggler
+from nvrx_appliance.observe.deaths import Death
 from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.types import (
     COMPLETED,
@@ -42,9 +43,12 @@ LEDGER = "ledger"  # <work>/chain.jsonl
 MARKER = "marker"  # <work>/chain.active
 EXCLUSIONS = "exclusions"  # <work>/exclusions.jsonl: nodes kept out of the queued generations
 HANGS = "hangs"  # <work>/nvrx/<array>/hangs/: the newest generation's hang records
+DEATHS = "deaths"  # <work>/nvrx/<array>/deaths/: nodes task 0's liveness judge found dead
 # The training record: the progress log, or Megatron's lines in the per-cycle logs.
 TRAINING = "training"
-SOURCES = (SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, HANGS, TRAINING)
+SOURCES = (
+    SLURM, FOLLOW_UP, CYCLES, CHECKPOINT, LEDGER, MARKER, EXCLUSIONS, HANGS, DEATHS, TRAINING,
+)  # fmt: skip
 
 OBSERVED = "observed"
 UNAVAILABLE = "unavailable"
@@ -97,6 +101,8 @@ class Snapshot:
     chain_marker: bool = False
     excluded: frozenset[str] = frozenset()  # nodes the exclusion record keeps out now
     hangs: tuple[Hang, ...] = ()  # the newest generation's hang records (docs/hangs.md)
+    # The newest generation's node deaths (docs/liveness.md), as task 0 judged them.
+    deaths: tuple[Death, ...] = ()
     # The newest cycle's stragglers, slowest first (goodput/straggler.py).
     stragglers: tuple[Straggler, ...] = ()
 

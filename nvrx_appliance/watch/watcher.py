@@ -38,6 +38,7 @@ from nvrx_appliance.watch.findings import (
     CHECKPOINT,
     CRITICAL,
     CYCLES,
+    DEATHS,
     EXCLUDE_NODES,
     EXCLUSIONS,
     FOLLOW_UP,
@@ -143,6 +144,7 @@ class Watcher:
         ledger, marker = self._work_dir_files(sources)
         excluded = self._excluded(sources, now)
         hangs = self._hangs(sources, cycles)
+        deaths = self._deaths(sources, cycles)
         stragglers = self._stragglers(sources, cycles)
         return Snapshot(
             run=self.run,
@@ -157,6 +159,7 @@ class Watcher:
             chain_marker=marker,
             excluded=excluded,
             hangs=hangs,
+            deaths=deaths,
             stragglers=stragglers,
         )
 
@@ -275,6 +278,17 @@ class Watcher:
             return ()
         newest = cycles[-1].job_id
         return tuple(workdir.hangs(Layout(Path(self.run.work_dir)), [newest]).get(newest, []))
+
+    def _deaths(self, sources: dict[str, SourceStatus], cycles: tuple) -> tuple:
+        """The node deaths of the generation that wrote the newest cycle."""
+        if not self.run.work_dir:
+            sources[DEATHS] = SourceStatus(NOT_CONFIGURED, "no work dir known")
+            return ()
+        sources[DEATHS] = SourceStatus(OBSERVED)
+        if not cycles:
+            return ()
+        newest = cycles[-1].job_id
+        return tuple(workdir.deaths(Layout(Path(self.run.work_dir)), [newest]).get(newest, []))
 
     # --- one pass -------------------------------------------------------------------------
 

@@ -149,11 +149,14 @@ def test_a_site_service_that_does_not_answer_reads_as_healthy_as_nvrx_reads_it(t
     assert any("did not answer" in s for s in said)
 
 
-def test_the_entrypoint_names_its_socket_only_while_the_chain_polls_or_samples_stacks(tmp_path):
+def test_the_entrypoint_names_its_socket_only_while_the_chain_polls_samples_stacks_or_beats(
+    tmp_path,
+):
     node = Node("500", 3, 0, "503", "node5")
     off = manifest.build(
         ChainSpec(work_dir=str(tmp_path), workload="cpu", drain_poll_interval=0,
-                  stack_sampling=0, health_check_endpoint="/run/nvhcd.sock"),
+                  stack_sampling=0, node_silence_timeout=0,
+                  health_check_endpoint="/run/nvhcd.sock"),
         created="c", user="u",
     )  # fmt: skip
     with health_check.endpoint(off, node, GEN, print) as health:
@@ -167,6 +170,13 @@ def test_the_entrypoint_names_its_socket_only_while_the_chain_polls_or_samples_s
     )  # fmt: skip
     with health_check.endpoint(hangs_only, node, GEN, print) as health:
         assert health is not None  # a hung node leaves at the next rendezvous
+    liveness_only = manifest.build(
+        ChainSpec(work_dir=str(tmp_path), workload="cpu", drain_poll_interval=0,
+                  stack_sampling=0),
+        created="c", user="u",
+    )  # fmt: skip
+    with health_check.endpoint(liveness_only, node, GEN, print) as health:
+        assert health is not None  # a node taken for dead leaves if it comes back
 
 
 # --- the producer ----------------------------------------------------------------------------

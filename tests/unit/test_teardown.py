@@ -5,6 +5,7 @@ sbatch under bash with stand-ins for srun and scancel (a shell script each, on P
 the real ones are exercised on the local cluster by tests/integration/test_chain_*.
 """
 
+import argparse
 import contextlib
 import json
 import os
@@ -639,6 +640,27 @@ def test_a_relay_names_every_task_of_the_array_but_task_0_and_itself(task, last,
     assert ending.others(task, last) == expression
     argv = ending.relay_argv(user="u", array_job_id="9", task_id=task, last_task=last)
     assert argv == (["scancel", "--user=u", f"9_{expression}"] if expression else [])
+
+
+def test_a_relay_spares_the_task_that_fenced_task_0_so_its_script_cancels_task_0s_job():
+    # Issue 52: a relay's TERM reached the fencer's batch script while it cancelled task
+    # 0's job on a silent node; the successor then waits for Slurm to find the node dead.
+    assert ending.others(1, 4, spared=[3]) == "[2,4]"
+    assert ending.others(1, 2, spared=[2]) == ""
+    argv = ending.relay_argv(user="u", array_job_id="9", task_id=1, last_task=4, spared=[3])
+    assert argv == ["scancel", "--user=u", "9_[2,4]"]
+
+
+def test_the_relay_reads_which_task_fenced_from_its_claim(tmp_path):
+    claim = tmp_path / "fence"
+    claim.write_text(json.dumps({"generation": "c/500/t", "task_id": 3, "job_id": "503"}))
+    claim.chmod(0o600)
+    args = argparse.Namespace(fence_claim=str(claim), generation="c/500/t")
+    assert teardown.fencer(args) == [3]
+    assert teardown.fencer(argparse.Namespace(fence_claim=str(claim), generation="c/499/t")) == []
+    assert (
+        teardown.fencer(argparse.Namespace(fence_claim=str(tmp_path / "none"), generation="")) == []
+    )
 
 
 def test_a_fenced_generation_whose_task_0_ends_after_all_counts_once_for_the_burn_guard():
