@@ -40,6 +40,7 @@ from bench import (
     segsilent,
     sick_node,
     sigkill,
+    silentdeath,
     spare,
     stack_sampling,
     timelimit,
@@ -54,7 +55,7 @@ SCENARIOS = {
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
         completion, healthcheck, segment, segsilent, scale, sick_node, watcher, plan,
-        stack_sampling, plan_inputs,
+        stack_sampling, plan_inputs, silentdeath,
     )
 }  # fmt: skip
 NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME, plan_inputs.NAME}
