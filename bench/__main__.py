@@ -22,6 +22,7 @@ import traceback
 from pathlib import Path
 
 from bench import (
+    beats,
     completion,
     floor,
     handoff,
@@ -55,10 +56,10 @@ SCENARIOS = {
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
         completion, healthcheck, segment, segsilent, scale, sick_node, watcher, plan,
-        stack_sampling, plan_inputs, silentdeath,
+        stack_sampling, plan_inputs, silentdeath, beats,
     )
 }  # fmt: skip
-NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME, plan_inputs.NAME}
+NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME, plan_inputs.NAME, beats.NAME}
 RESULTS = Path(__file__).parent / "results"
 RESULTS_DOC = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 MIN_REPEAT = 5  # issue 7: every figure over at least five samples
@@ -87,11 +88,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.publish and args.repeat < MIN_REPEAT:
         p.error(f"--publish: at least --repeat {MIN_REPEAT}")
     only = set(args.only.split(",")) - {""}
-    if args.publish and only and (only - {scale.NAME, floor.NAME} or scale.NAME not in only):
+    if args.publish and scale.NAME in only and only - {scale.NAME, floor.NAME}:
         p.error(
-            "--publish: only a full run may replace the recovery table (the growth table: "
-            f"--only {scale.NAME})"
+            f"--publish: the growth table ({scale.NAME}) is published alone; run the other "
+            "scenarios in a run of their own"
         )
+    if args.publish and only - {scale.NAME} and not (RESULTS / "recovery.json").exists():
+        p.error("--publish: a partial run replaces rows of a stored full run; run "
+                "`python -m bench --publish` once first")  # fmt: skip
     if set(chosen) - NEEDS_NO_CLUSTER:
         chosen = [floor.NAME, *[s for s in chosen if s != floor.NAME]]
     args.chosen = [s for s in SCENARIOS if s in chosen]
@@ -148,6 +152,29 @@ def run_all(args: argparse.Namespace, say) -> tuple[list[Result], dict]:
     return results, facts or machine.facts()
 
 
+def _merge_into_full_run(partial: dict, say) -> str:
+    """The stored full run with this partial run's rows in place of its own, written back
+    (bench/results/recovery.json), and the recovery block that shows it."""
+    path = RESULTS / "recovery.json"
+    full = report.merged(json.loads(path.read_text()), partial, list(SCENARIOS))
+    path.write_text(json.dumps(full, indent=2) + "\n")
+    say(f"merged into the stored full run: {path}")
+    rows = report.results_of(full)
+    run = full["run"]
+    when = datetime.datetime.fromisoformat(run["started"]).strftime("%Y-%m-%d %H:%M UTC")
+    refreshed = [
+        "the rows of {} on {} (`{}`)".format(
+            ", ".join(r["scenarios"]),
+            datetime.datetime.fromisoformat(r["started"]).strftime("%Y-%m-%d %H:%M UTC"),
+            r["command"],
+        )
+        for r in run.get("refreshed", [])
+    ]
+    table = report.table([r for r in rows if r.scenario != scale.NAME])
+    return readme.block(table, when, machine.describe(full["machine"]), run["command"],
+                        refreshed=refreshed)  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     # A TERM (a CI timeout) must still revive nodes and cancel jobs: exit through finally.
@@ -181,7 +208,8 @@ def main(argv: list[str] | None = None) -> int:
         "recovery.json" if not args.only else f"partial-{'-'.join(args.chosen)}.json"
     )
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report.document(results, facts, run), indent=2) + "\n")
+    document = report.document(results, facts, run)
+    out.write_text(json.dumps(document, indent=2) + "\n")
     say(f"written: {out}")
     if args.publish:
         text = RESULTS_DOC.read_text()
@@ -189,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
             text = readme.with_results(
                 text, readme.block(table, when, machine.describe(facts), command)
             )
+        elif set(args.chosen) - {scale.NAME, floor.NAME}:
+            text = readme.with_results(text, _merge_into_full_run(document, say))
         if growth:
             scale_block = readme.block(growth, when, machine.describe(facts), command, "scale")
             text = readme.with_results(text, scale_block, "scale")

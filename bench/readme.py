@@ -2,11 +2,14 @@
 document's text in, the new text out. The prose around the blocks is written by hand and
 never touched.
 
-Two blocks: the recovery table of a full run (`results`), and the growth table of the
-scale scenario (`scale`), which a run of that scenario alone may refresh.
+Two blocks: the recovery table (`results`), of a full run whose rows a partial run may
+replace (`--only X --publish`: the block says which, and when), and the growth table of
+the scale scenario (`scale`), which a run of that scenario alone may refresh.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 HEADING = "# Recovery benchmarks"
 BLOCKS = {
@@ -25,11 +28,19 @@ def markers(name: str = "results") -> tuple[str, str]:
     return f"<!-- bench:{name}:begin ({BLOCKS[name]}) -->", f"<!-- bench:{name}:end -->"
 
 
-def block(table: str, when: str, machine_line: str, command: str, name: str = "results") -> str:
+def block(
+    table: str,
+    when: str,
+    machine_line: str,
+    command: str,
+    name: str = "results",
+    refreshed: Sequence[str] = (),
+) -> str:
+    """A block; `refreshed` says which rows a later partial run replaced, one line each."""
     begin, end = markers(name)
-    return "\n".join(
-        [begin, f"Latest run: {when}, `{command}`, on {machine_line}.", "", table, end]
-    )
+    lines = [f"Latest run: {when}, `{command}`, on {machine_line}."]
+    lines += [f"Re-run since: {line}." for line in refreshed]
+    return "\n".join([begin, *lines, "", table, end])
 
 
 def with_results(readme: str, new_block: str, name: str = "results") -> str:

@@ -166,6 +166,8 @@ def document(
                     {
                         "label": m.label,
                         "unit": m.unit,
+                        "indent": m.indent,
+                        "given": m.given is not None,
                         **m.figures(),
                         "median_over_floor": ratio(m.figures()["median_s"], floor)
                         if m.unit == "s"
@@ -180,4 +182,56 @@ def document(
             }
             for r in results
         ],
+    }
+
+
+def results_of(document: dict[str, Any]) -> list[Result]:
+    """The results a stored document holds, as `table` reads them: each metric from its
+    samples, or from its figures where they were measured elsewhere."""
+    found = []
+    for stored in document.get("scenarios", []):
+        metrics = [
+            Metric(
+                m["label"],
+                list(m.get("samples_s") or []),
+                target_s=m.get("target_s"),
+                indent=bool(m.get("indent")),
+                given={k: m.get(k) for k in ("n", "median_s", "min_s", "max_s")}
+                if m.get("given")
+                else None,
+                unit=m.get("unit", "s"),
+            )
+            for m in stored.get("metrics", [])
+        ]
+        found.append(
+            Result(stored["scenario"], stored["title"], metrics, stored.get("samples", []),
+                   stored.get("notes", []), stored.get("error"))
+        )  # fmt: skip
+    return found
+
+
+def merged(full: dict[str, Any], partial: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
+    """The stored full run with a partial run's scenarios in place of its own (the floor
+    of the partial run too: its rows are held against it), in `order`; the document says
+    which rows came from which run."""
+    fresh = {s["scenario"]: s for s in partial["scenarios"]}
+    kept = [
+        s for s in full["scenarios"] if s["scenario"] not in fresh or s["scenario"] == "reference"
+    ]
+    by_name = {s["scenario"]: s for s in kept} | {
+        name: s for name, s in fresh.items() if name != "reference"
+    }
+    rank = {name: i for i, name in enumerate(["reference", *order])}
+    scenarios = sorted(by_name.values(), key=lambda s: rank.get(s["scenario"], len(rank)))
+    run = dict(full["run"])
+    run["refreshed"] = [
+        *[r for r in run.get("refreshed", []) if set(r["scenarios"]) - set(fresh)],
+        {k: partial["run"][k] for k in ("started", "command", "scenarios")},
+    ]
+    floor = next((s for s in scenarios if s["scenario"] == "floor"), None)
+    return {
+        **full,
+        "run": run,
+        "scenarios": scenarios,
+        "floor_median_s": floor_median(results_of({"scenarios": [floor]})) if floor else None,
     }

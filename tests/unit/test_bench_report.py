@@ -92,6 +92,8 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "plan",
         "stacks",
         "planinputs",
+        "silentdeath",
+        "beats",
     ]
     assert parse_args([]).chosen == everything
     assert parse_args(["--only", "stacks"]).chosen == ["stacks"]  # no cluster: no floor
@@ -103,8 +105,10 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
     [
         (["--only", "handof"], "--only: unknown scenario 'handof'"),
         (["--repeat", "0"], "--repeat: at least 1"),
-        (["--publish", "--only", "floor"], "--publish: only a full run"),
-        (["--publish", "--only", "scale,handoff"], "--publish: only a full run"),
+        (
+            ["--publish", "--only", "scale,handoff"],
+            "--publish: the growth table (scale) is published alone",
+        ),
         (["--publish", "--only", "scale", "--repeat", "2"], "--publish: at least --repeat 5"),
     ],
 )
@@ -117,6 +121,44 @@ def test_cli_refuses_bad_options_naming_them(argv, message, capsys):
 
 def test_the_growth_table_alone_may_be_published():
     assert parse_args(["--publish", "--only", "scale"]).chosen == ["floor", "scale"]
+
+
+def test_a_partial_run_may_publish_its_rows_into_the_stored_full_run():
+    assert parse_args(["--publish", "--only", "liveness"]).chosen == ["floor", "liveness"]
+
+
+def test_a_partial_run_replaces_its_rows_of_the_full_run_and_the_block_says_when():
+    # Issue 51: a row fixed by a partial re-run stayed MISSED in the published table until
+    # the next full run; now the re-run's rows replace the full run's, dated.
+    full = report.document(results(), {"cores": 2}, {"started": "2026-12-03T11:18:09+00:00",
+                                                     "command": "python -m bench"})  # fmt: skip
+    again = [
+        Result("floor", "1 scheduler floor", [Metric(FLOOR_LABEL, [2.0, 2.0, 2.0])]),
+        Result("norestart", "4 no-restart", [Metric("exit 93 -> queue empty", [1.0, 1.5, 1.0],
+                                                    target_s=2.0)]),
+    ]  # fmt: skip
+    partial = report.document(
+        again, {"cores": 2},
+        {"started": "2026-12-06T21:00:00+00:00", "command": "python -m bench --only norestart",
+         "scenarios": ["floor", "norestart"]},
+    )  # fmt: skip
+    both = report.merged(full, partial, ["floor", "spare", "norestart"])
+    assert [s["scenario"] for s in both["scenarios"]] == ["floor", "spare", "norestart"]
+    assert both["floor_median_s"] == 2.0  # the rows re-run are held against their own floor
+    text = report.table(report.results_of(both))
+    [row] = [line for line in text.splitlines() if "exit 93" in line]
+    assert "| 1.00 |" in row and "<= 2 s: met" in row
+    assert "| - a phase |" not in text  # gone with the old row
+    assert "| 3 escaped cold spare | FAILED" in text  # a scenario not re-run stays
+    block = readme.block(text, "2026-12-03", "m", "python -m bench",
+                         refreshed=["the rows of floor, norestart on 2026-12-06 (`cmd`)"])  # fmt: skip
+    assert "Re-run since: the rows of floor, norestart on 2026-12-06 (`cmd`)." in block
+    assert both["run"]["refreshed"][0]["command"] == "python -m bench --only norestart"
+
+
+def test_a_stored_run_reads_back_into_the_table_it_printed():
+    doc = report.document(results(), {"cores": 2}, {"repeat": 3})
+    assert report.table(report.results_of(doc)) == report.table(results())
 
 
 def test_the_growth_block_is_its_own_and_leaves_the_recovery_table_alone():
