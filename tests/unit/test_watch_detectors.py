@@ -3,11 +3,12 @@ below, and stays silent when its preconditions do not hold."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 
-from nvrx_appliance.observe import run_files
+from nvrx_appliance.observe import deaths, run_files
 from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry, Task
 from nvrx_appliance.watch import detectors
@@ -538,6 +539,25 @@ def test_a_hung_node_is_a_finding_in_the_words_status_uses():
     ]
     handed = detectors.node_hung(snapshot(run=run, hangs=(_hang(("node3",), hand_off=True),)), T)
     assert "no free hot spare, so the generation handed off" in handed[0].summary
+
+
+def test_a_dead_node_is_a_finding_per_node_in_the_words_status_uses():
+    words = (
+        "node2 stopped answering at 18:33:41 UTC; no reset, no exit: a silent death (no "
+        "liveness beat for 10 s in cycle 0)"
+    )
+    record = {"node": "node2", "kind": "silent", "cycle": 0, "words": words,
+              "time": "2026-12-06T18:33:52Z", "hand_off": False}  # fmt: skip
+    death = deaths.parse(json.dumps(record))
+    assert death is not None
+    found = detectors.node_dead(snapshot(run=replace(RUN, exclude_for=86400), deaths=(death,)), T)
+    [finding] = found
+    assert finding.summary == (
+        f"{words}; a hot spare took its place in the next cycle; kept out of this chain's "
+        "generations for 24 h"
+    )
+    assert finding.nodes == ("node2",) and finding.severity == "warning"
+    assert detectors.node_dead(snapshot(), T) == []
 
 
 def test_the_workloads_own_stall_is_a_finding_in_the_words_of_the_hang_record():
