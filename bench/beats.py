@@ -74,7 +74,7 @@ def _send(port: int, first: int, count: int, nodes: int, seconds: float) -> None
             lag = due - time.monotonic()
             if lag > 0.001:
                 time.sleep(lag)  # pacing: each node's beat at its place in the period
-            sock.sendto(rule.encode(KEY, rule.BEAT, GEN, name, seq), target)
+            sock.sendto(rule.encode(KEY, rule.BEAT, GEN, name, 1 + i, seq), target)
             sent += 1
         left = begun + period - time.monotonic()
         if left > 0:

@@ -141,7 +141,9 @@ class DeadNodes:
             spares = stacks.free_hot_spares(
                 self.hot_spare_nodes, [(set(c.active), set(c.standby)) for c in cycles]
             )
-            hand_off = spares < self.replaced[cycle]
+            # A node of task 0's own array task: the cycle cannot form again around task
+            # 0 without it, and only a new generation replaces task 0's task whole.
+            hand_off = spares < self.replaced[cycle] or silent.task == 0
         record = {
             "version": RECORD_VERSION,
             "generation": self.generation,

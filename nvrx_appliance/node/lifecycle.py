@@ -210,7 +210,7 @@ def liveness_beater(pre: Preflight, record: control.Record) -> liveness.Beater |
     beater = liveness.Beater(
         record.host, record.liveness_port, record.generation,
         bytes.fromhex(record.liveness_key), health_check.slurm_node(pre.node),
-        nodes=generation_nodes(pre, record), on_out=leave_now, log=say,
+        task=pre.node.task_id, nodes=generation_nodes(pre, record), on_out=leave_now, log=say,
     )  # fmt: skip
     beater.start()
     return beater

@@ -144,8 +144,10 @@ class Listener:
             if message is None or message.kind != rule.BEAT:
                 continue
             self.addresses[message.node] = address
-            if self.roll.hear(message.node, now):
-                reply = rule.encode(self.key, rule.OUT, self.generation, message.node, message.seq)
+            if self.roll.hear(message.node, now, message.task):
+                reply = rule.encode(
+                    self.key, rule.OUT, self.generation, message.node, message.task, message.seq
+                )
                 with contextlib.suppress(OSError):
                     self.sock.sendto(reply, address)
 
@@ -180,6 +182,7 @@ class Beater:
         key: bytes,
         node: str,
         *,
+        task: int,
         nodes: int,
         on_out: Callable[[], None],
         log: Log,
@@ -188,6 +191,7 @@ class Beater:
         self.generation = generation
         self.key = key
         self.node = node
+        self.task = task
         self.period = rule.beat_period(nodes)
         self.on_out = on_out
         self.log = log
@@ -231,18 +235,18 @@ class Beater:
                 sock, task0 = opened
                 seq += 1
                 with contextlib.suppress(OSError):  # a link down now is a silence, no more
-                    sock.sendto(
-                        rule.encode(self.key, rule.BEAT, self.generation, self.node, seq), task0
-                    )
+                    sock.sendto(self._datagram(rule.BEAT, seq), task0)
                 self._listen(sock, time.monotonic() + self.period)
         finally:
             if opened is not None:
                 sock, task0 = opened
                 if not self.out.is_set():  # its silence from now on is no death
                     with contextlib.suppress(OSError):
-                        bye = rule.encode(self.key, rule.BYE, self.generation, self.node, seq + 1)
-                        sock.sendto(bye, task0)
+                        sock.sendto(self._datagram(rule.BYE, seq + 1), task0)
                 sock.close()
+
+    def _datagram(self, kind: str, seq: int) -> bytes:
+        return rule.encode(self.key, kind, self.generation, self.node, self.task, seq)
 
     def _listen(self, sock: socket.socket, until: float) -> None:
         while not self._stop.is_set():

@@ -91,8 +91,8 @@ def _mac(key: bytes, body: str) -> str:
     return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()[:MAC_HEX]
 
 
-def encode(key: bytes, kind: str, generation: str, node: str, seq: int) -> bytes:
-    body = "|".join((kind, generation, node, str(seq)))
+def encode(key: bytes, kind: str, generation: str, node: str, task: int, seq: int) -> bytes:
+    body = "|".join((kind, generation, node, str(task), str(seq)))
     return f"{body}|{_mac(key, body)}".encode()
 
 
@@ -100,6 +100,7 @@ def encode(key: bytes, kind: str, generation: str, node: str, seq: int) -> bytes
 class Message:
     kind: str  # BEAT, BYE (a node to task 0) or OUT (task 0 to a node it judged dead)
     node: str  # the node that beats, or the one sent away
+    task: int  # its array task
     seq: int
 
 
@@ -114,12 +115,14 @@ def decode(key: bytes, generation: str, data: bytes) -> Message | None:
         return None
     body, sep, mac = text.rpartition("|")
     fields = body.split("|")
-    if not sep or len(fields) != 4 or not hmac.compare_digest(mac, _mac(key, body)):
+    if not sep or len(fields) != 5 or not hmac.compare_digest(mac, _mac(key, body)):
         return None
-    kind, theirs, node, seq = fields
-    if kind not in (BEAT, BYE, OUT) or theirs != generation or not node or not seq.isdecimal():
+    kind, theirs, node, task, seq = fields
+    if kind not in (BEAT, BYE, OUT) or theirs != generation or not node:
         return None
-    return Message(kind, node, int(seq))
+    if not (task.isdecimal() and seq.isdecimal()):
+        return None
+    return Message(kind, node, int(task), int(seq))
 
 
 # --- the judgement ----------------------------------------------------------------------
@@ -132,6 +135,7 @@ class Silent:
     node: str
     last_heard: float  # task 0's monotonic clock at its last beat
     silent_s: float
+    task: int = -1  # its array task, as its beats said
 
 
 @dataclass
@@ -142,14 +146,17 @@ class Roll:
     bound: float  # silence_bound()
     period: float  # beat_period()
     heard: dict[str, float] = field(default_factory=dict)  # node -> last beat
+    tasks: dict[str, int] = field(default_factory=dict)  # node -> its array task
     dead: set[str] = field(default_factory=set)
     spared: set[str] = field(default_factory=set)  # silent, but their host refused a probe
     last_look: float | None = None
     blind: str = ""  # why the last look named nobody though some were silent, for the log
 
-    def hear(self, node: str, now: float) -> bool:
-        """A beat from `node`; True when that node was judged dead (it must leave)."""
+    def hear(self, node: str, now: float, task: int = -1) -> bool:
+        """A beat from `node` (of array task `task`); True when that node was judged dead
+        (it must leave)."""
         self.heard[node] = now
+        self.tasks[node] = task
         self.spared.discard(node)  # it beats again: a later silence is judged afresh
         return node in self.dead
 
@@ -169,7 +176,7 @@ class Roll:
             self.heard = {node: max(at, now) for node, at in self.heard.items()}
         self.last_look = now
         silent = [
-            Silent(node, at, now - at)
+            Silent(node, at, now - at, self.tasks.get(node, -1))
             for node, at in sorted(self.heard.items())
             if now - at > self.bound and node not in self.dead and node not in self.spared
         ]

@@ -48,8 +48,8 @@ def _judge(tmp_path, silent_node: str, *, hot_spares: int = 1):
     return manifest, control_dir, judge, said
 
 
-def _silent(node: str) -> rule.Silent:
-    return rule.Silent(node, last_heard=0.0, silent_s=10.4)
+def _silent(node: str, task: int = 1) -> rule.Silent:
+    return rule.Silent(node, last_heard=0.0, silent_s=10.4, task=task)
 
 
 def test_a_training_node_that_went_silent_is_a_silent_death_and_task_0_restarts_on_a_spare(
@@ -83,6 +83,16 @@ def test_with_no_free_hot_spare_the_generation_hands_off(tmp_path):
     assert controldir.closed(control_dir, GEN)  # the peers leave; the next generation starts
     assert not (manifest.layout.deaths("4242") / "stopped.node1.cycle0").exists()
     assert "no hot spare was free, so the generation handed off" in deaths.sentence(death)
+
+
+def test_a_node_of_task_0s_own_array_task_hands_the_generation_off(tmp_path):
+    # Two nodes a task: task 0's second node dies. The cycle cannot form around task 0
+    # without its task whole; a new generation replaces it.
+    manifest, control_dir, judge, _ = _judge(tmp_path, "node2")
+    _cycle(manifest, 0, "node[1-4]", "node[5-6]")
+    judge(_silent("node2", task=0))
+    [death] = workdir.deaths(manifest.layout, ["4242"])["4242"]
+    assert death.hand_off and controldir.closed(control_dir, GEN)
 
 
 def test_a_node_that_crashed_first_or_a_spare_is_remembered_but_restarts_nothing(tmp_path):

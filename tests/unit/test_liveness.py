@@ -39,8 +39,8 @@ def _run(roll: rule.Roll, start: float, end: float, beating=("node2", "node3")):
 
 
 def test_a_beat_reads_back_only_with_its_key_and_generation():
-    data = rule.encode(KEY, rule.BEAT, GEN, "node2", 7)
-    assert rule.decode(KEY, GEN, data) == rule.Message(rule.BEAT, "node2", 7)
+    data = rule.encode(KEY, rule.BEAT, GEN, "node2", 1, 7)
+    assert rule.decode(KEY, GEN, data) == rule.Message(rule.BEAT, "node2", 1, 7)
     assert rule.decode(bytes(32), GEN, data) is None  # another key: a forged beat
     assert rule.decode(KEY, GEN.replace("4242", "4243"), data) is None  # another generation
     tampered = data.replace(b"node2", b"node3")
@@ -51,10 +51,10 @@ def test_a_beat_reads_back_only_with_its_key_and_generation():
 
 
 def test_an_out_for_a_node_cannot_be_forged_without_the_key():
-    forged = rule.encode(b"k" * 32, rule.OUT, GEN, "node2", 1)
+    forged = rule.encode(b"k" * 32, rule.OUT, GEN, "node2", 1, 1)
     assert rule.decode(KEY, GEN, forged) is None
-    real = rule.encode(KEY, rule.OUT, GEN, "node2", 1)
-    assert rule.decode(KEY, GEN, real) == rule.Message(rule.OUT, "node2", 1)
+    real = rule.encode(KEY, rule.OUT, GEN, "node2", 1, 1)
+    assert rule.decode(KEY, GEN, real) == rule.Message(rule.OUT, "node2", 1, 1)
 
 
 # --- the judgement ----------------------------------------------------------------------
@@ -167,7 +167,7 @@ class _Node:
 
     def beat(self) -> None:
         self.seq += 1
-        self.sock.sendto(rule.encode(KEY, rule.BEAT, GEN, self.name, self.seq), self.task0)
+        self.sock.sendto(rule.encode(KEY, rule.BEAT, GEN, self.name, 2, self.seq), self.task0)
 
 
 def _keep_beating(node: _Node, stop: threading.Event) -> threading.Thread:
@@ -195,7 +195,7 @@ def test_a_frozen_node_is_taken_for_dead_and_told_out_when_it_comes_back():
         frozen.beat()  # thawed: what waits in its socket is task 0's probe, then "out"
         replies = [frozen.sock.recv(rule.DATAGRAM_BYTES) for _ in range(2)]
         assert replies[0] == b"probe"
-        assert rule.decode(KEY, GEN, replies[1]) == rule.Message(rule.OUT, "node3", frozen.seq)
+        assert rule.decode(KEY, GEN, replies[1]) == rule.Message(rule.OUT, "node3", 2, frozen.seq)
     finally:
         stop.set()
         listener.stop()
@@ -245,6 +245,7 @@ def test_a_beater_that_stops_on_its_own_says_goodbye_and_is_no_death():
         GEN,
         KEY,
         "node3",
+        task=2,
         nodes=3,
         on_out=out.set,
         log=seen.lines.append,
@@ -270,19 +271,19 @@ def test_a_beater_told_out_calls_its_node_away_once_and_ignores_a_forged_out():
     server.bind(("127.0.0.1", 0))
     server.settimeout(5)
     beater = liveness.Beater(
-        "127.0.0.1", server.getsockname()[1], GEN, KEY, "node3", nodes=3,
+        "127.0.0.1", server.getsockname()[1], GEN, KEY, "node3", task=2, nodes=3,
         on_out=lambda: told.append(1), log=lambda line: None,
     )  # fmt: skip
     try:
         beater.start()
         data, address = server.recvfrom(rule.DATAGRAM_BYTES)
         assert rule.decode(KEY, GEN, data).kind == rule.BEAT
-        server.sendto(rule.encode(b"x" * 32, rule.OUT, GEN, "node3", 1), address)
-        server.sendto(rule.encode(KEY, rule.OUT, GEN, "node2", 1), address)  # not this node
+        server.sendto(rule.encode(b"x" * 32, rule.OUT, GEN, "node3", 2, 1), address)
+        server.sendto(rule.encode(KEY, rule.OUT, GEN, "node2", 1, 1), address)  # not this node
         server.recvfrom(rule.DATAGRAM_BYTES)  # the next beat: both were read by then
         assert not beater.out.is_set()
         for _ in range(2):
-            server.sendto(rule.encode(KEY, rule.OUT, GEN, "node3", 1), address)
+            server.sendto(rule.encode(KEY, rule.OUT, GEN, "node3", 2, 1), address)
         assert beater.out.wait(5)
         server.recvfrom(rule.DATAGRAM_BYTES)
         server.recvfrom(rule.DATAGRAM_BYTES)
