@@ -34,6 +34,9 @@ from nvrx_appliance.settings.chain import (
     effective_profile,
     effective_runtime,
     flag,
+    is_path_value,
+    path_settings,
+    read_on_host,
     spec_fields,
 )
 
@@ -84,7 +87,8 @@ ReadFile = Callable[[str], str]
 
 
 def read_text(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8")
+    # A path from the environment or a config file reaches here with its ~ unexpanded.
+    return Path(path).expanduser().read_text(encoding="utf-8")
 
 
 class SettingError(ValueError):
@@ -363,19 +367,38 @@ def resolve(
     refused = reference.problems(spec, environ)
     if refused:
         raise SettingError("; ".join(refused))
-    return _fill_implicit(Resolved(spec, origins), cwd=cwd, python=python)
+    home = environ.get("HOME", "")
+    return _fill_implicit(Resolved(spec, origins), cwd=cwd, python=python, home=home)
 
 
-def _fill_implicit(resolved: Resolved, *, cwd: str, python: str) -> Resolved:
-    """The defaults that depend on where submit runs, made concrete for run.json."""
+def absolute_path(path: str, *, cwd: str, home: str) -> str:
+    """A path as every node must be given it: ~ (the submitting user's home) and a
+    relative path (from where submit runs) made absolute. A symlink is kept, not resolved:
+    a venv's bin/python is one, and its neighbours are what the nodes need. ~user is left
+    as it is (check() refuses it): naming another user's home is not submit's to guess."""
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    if path.startswith("~"):
+        return path
+    return os.path.normpath(os.path.join(cwd, path))
+
+
+def _fill_implicit(resolved: Resolved, *, cwd: str, python: str, home: str) -> Resolved:
+    """The defaults that depend on where submit runs, made concrete for run.json; every
+    path submit sees where the nodes do made absolute, so that the nodes, which run in
+    the work dir, read the same file (`--print-config` shows both)."""
     spec, origins = resolved.spec, dict(resolved.origins)
     changes: dict[str, Any] = {}
     if not spec.work_dir:
         changes["work_dir"] = os.path.join(cwd, "nvrx-run")
         origins["work_dir"] = "default (./nvrx-run)"
-    else:
-        # The nodes need the same absolute path; a relative one means "from here".
-        changes["work_dir"] = os.path.normpath(os.path.join(cwd, spec.work_dir))
+    for field in path_settings():
+        given = changes.get(field.name, getattr(spec, field.name))
+        if is_path_value(field.name, given) and read_on_host(spec, field.name):
+            made = absolute_path(given, cwd=cwd, home=home)
+            if made != given:
+                changes[field.name] = made
+                origins[field.name] += f", {given} made absolute"
     if not spec.python and effective_runtime(spec) in HOST_PYTHON_RUNTIMES:
         changes["python"] = python
         origins["python"] = "default (the Python running submit)"

@@ -22,6 +22,7 @@ from nvrx_appliance.settings.chain import (
     effective_mounts,
     effective_runtime,
     flag,
+    is_image_file,
     parse_mounts,
 )
 from nvrx_appliance.settings.megatron import paths as megatron_paths
@@ -30,7 +31,6 @@ from nvrx_appliance.settings.program_argv import CPU_MODULE
 # Directories that are private to one node on every cluster we know: the rendezvous
 # record is published through the work dir, so each node would see a different one.
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")
-IMAGE_SUFFIXES = (".sqsh", ".squashfs", ".sif", ".simg")
 # pyxis/enroot: [USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]; apptainer adds a scheme.
 _REGISTRY_REF = re.compile(
     r"^(?:(?:docker|oras|library)://)?"
@@ -72,11 +72,6 @@ class Facts:
     # its training-done marker names, and its settings (None if run.json is unreadable).
     work_dir_completed: int | None = None
     work_dir_spec: ChainSpec | None = None
-
-
-def is_image_file(image: str) -> bool:
-    """A path (to a .sqsh/.sif) rather than a registry reference."""
-    return image.startswith(("/", "./", "../", "~")) or image.endswith(IMAGE_SUFFIXES)
 
 
 def is_registry_ref(image: str) -> bool:
