@@ -141,9 +141,7 @@ def plan(
     if spec.workload == "megatron":
         warnings += megatron_rules.notes(spec.megatron_args)
     warnings += generation_end.warnings(spec)
-    kept = exit_actions.retention_warning(
-        spec.workload, spec.save_retention, spec.checkpoint_fallbacks
-    )
+    kept = exit_actions.retention_warning(spec.save_retention, spec.checkpoint_fallbacks)
     warnings += [kept] if kept else []
     found = _qualification_status(spec, facts)
     image = None
