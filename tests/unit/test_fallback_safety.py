@@ -46,6 +46,19 @@ def test_with_only_torn_directories_before_it_the_chain_stops_saying_so(tmp_path
     assert tracker(ckpt) == "200\n"
 
 
+def test_when_retention_removed_the_target_the_stop_names_save_retention(tmp_path):
+    # Seen with --save-retention 1: 30 tracked and complete, retention removed 20 and 25.
+    ckpt = _checkpoints(tmp_path, (20, 25, 30), 30)
+    for gone in (20, 25):
+        (ckpt / iteration_dir(gone) / "shard").unlink()
+        (ckpt / iteration_dir(gone)).rmdir()
+        tracked_record.append(ckpt / tracked_record.FILE, tracked_record.REMOVED, gone)
+    done = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 30, **ARGS)
+    assert done.stop and tracker(ckpt) == "30\n"
+    assert "retention had removed the complete one(s) before it (20, 25)" in done.message
+    assert "--save-retention" in done.message
+
+
 def test_the_tracker_moves_before_the_bad_checkpoint_is_renamed(tmp_path, monkeypatch):
     # The rename fails (its new name is taken by a non-empty directory): the tracker
     # names the earlier checkpoint already, a state every restart can load.
