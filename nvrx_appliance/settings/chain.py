@@ -360,9 +360,10 @@ class ChainSpec:
         29500,
         "Rendezvous (TCP store) port on task 0.",
         "NVRX_RDZV_PORT",
-        minimum=1,
+        # Below 1024 only root may listen, and the job runs as the user.
+        minimum=1024,
         maximum=65535,
-        hint="a TCP port",
+        hint="ports below 1024 need root, and the job runs as you: pick one of 1024 to 65535",
     )
     lease_stale_after: int = _opt(
         # Rides out a 40 s stall of the shared file system (GPFS's failure detection is
@@ -780,6 +781,13 @@ def check(spec: ChainSpec) -> list[Problem]:
         bad(
             "image",
             f"runtime {effective_runtime(spec)} needs an image; pass --image or --runtime bare",
+        )
+    if effective_runtime(spec) not in CONTAINER_RUNTIMES and spec.image:
+        bad(
+            "image",
+            f"{spec.image} would not be used: --runtime {effective_runtime(spec)} runs on the "
+            "nodes' own file system; drop --image, or pick a container runtime (pyxis, "
+            "apptainer)",
         )
     problems += _path_problems(spec)
     mounts_problem = _mounts_problem(spec)

@@ -37,7 +37,9 @@ the flag's (`time_limit`), is accepted too. `nvrx-appliance submit --print-confi
 every resolved value and where it came from. Two settings tell unset from empty, as in
 the reference deployment: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
 value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the reference deployment's
-`NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`. The arguments settings
+`NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`. A switch's variable
+(`NVRX_ASYNC_SAVE`, `NVRX_LOG_DEBUG`, ...) takes 1, true, yes or on, or 0, false, no or
+off; an empty one is refused, not read as off. The arguments settings
 (`--megatron-args`, `--script-args`) name a file on the flag and in the environment; in
 the config file they are a TOML list of arguments, or a string naming such a file.
 

@@ -61,7 +61,7 @@ _FAULT_KIND_OF = {megatron: ours for ours, megatron in workload_args.MEGATRON_FA
 # The reference deployment turns segment-aware mode off with an explicitly empty NVRX_SEGMENT.
 _EMPTY_MEANS = {"segment": "off"}
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
 # More digits than Python reads as an int.
 _TOO_LONG = f"{{{declared.READABLE_DIGITS + 1},}}"
 _INTEGER = re.compile(r"[+-]?[0-9]+")
@@ -142,6 +142,14 @@ def from_text(field: dataclasses.Field, text: str, source: str, read_file: ReadF
         return text
     if kind == "bool":
         lowered = text.strip().lower()
+        if not lowered:
+            # Empty is neither: the reference scripts read some of these as off and
+            # others as their default, so guessing would turn a default off unasked.
+            default = "on" if field.default else "off"
+            raise SettingError(
+                f"{source} is set but empty; set it to 1 (on) or 0 (off), or unset it for "
+                f"the default ({default})"
+            )
         if lowered in _TRUE or lowered in _FALSE:
             return lowered in _TRUE
         raise SettingError(f"{source}={text!r} is not a boolean; use 1 or 0")

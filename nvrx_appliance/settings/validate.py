@@ -168,7 +168,28 @@ def _image(spec: ChainSpec, facts: Facts) -> list[Problem]:
                 "the image is a cpu build without Megatron-LM; pass --workload cpu or a gpu image",
             )
         ]
-    return []
+    return _megatron_in_image(spec, manifest)
+
+
+def _megatron_in_image(spec: ChainSpec, manifest: dict[str, Any]) -> list[Problem]:
+    """--megatron-path against where the image holds Megatron-LM: every rank would run
+    pretrain_gpt.py from a directory the image does not have. A checkout the user mounts
+    in at another path is theirs to vouch for (the mount's host side is checked)."""
+    pins = manifest.get("pins")
+    held = pins.get("megatron_path") if isinstance(pins, dict) else None
+    if spec.workload != "megatron" or not isinstance(held, str) or not held.startswith("/"):
+        return []  # an image that records no checkout: nothing to compare
+    path = spec.megatron_path.rstrip("/") or "/"
+    if path == held.rstrip("/") or any(_under(path, dst) for _, dst in mount_pairs(spec)):
+        return []
+    return [
+        Problem(
+            flag("megatron_path"),
+            f"{spec.megatron_path} is not where the image holds Megatron-LM ({held}) nor "
+            f"under a container mount; pass --megatron-path {held}, or mount your own "
+            "checkout there with --mounts",
+        )
+    ]
 
 
 def _host_side(spec: ChainSpec, facts: Facts) -> list[Problem]:

@@ -178,6 +178,24 @@ def test_an_empty_value_is_taken_where_the_help_says_what_empty_means(f):
     manifest.parse(run_json(**{f.name: ""}))
 
 
+BOOLEAN = [f for f in FIELDS if kind(f) == "bool"]
+
+
+@pytest.mark.parametrize("f", BOOLEAN, ids=lambda f: f.name)
+def test_an_empty_boolean_variable_is_refused_rather_than_read_as_off(f):
+    # NVRX_ASYNC_SAVE= turned asynchronous saving off without a word.
+    result = dry_run(env={f.metadata["env"]: ""})
+    refused_naming(result, f.metadata["env"], "is set but empty", "unset it for the default")
+
+
+@pytest.mark.parametrize(("word", "value"), [("1", True), ("true", True), ("yes", True),
+                                            ("on", True), ("0", False), ("false", False),
+                                            ("no", False), ("off", False)])  # fmt: skip
+def test_a_switch_variable_takes_the_words_the_knobs_page_lists(word, value):
+    result = dry_run(["--print-config", "--json"], env={"NVRX_ASYNC_SAVE": word.upper()})
+    assert json.loads(result.stdout)["settings"]["async_save"]["value"] is value
+
+
 def test_an_empty_mem_gives_sbatch_no_mem_so_the_cluster_default_applies():
     result = dry_run(["--mem", ""])
     assert result.exit_code == 0, result.output
