@@ -66,6 +66,9 @@ class Facts:
     work_dir_wandb_run_id: str = ""
     # The iteration the work dir's tracker names now (None: none): where the chain starts.
     work_dir_tracker: int | None = None
+    # Checkpoints on disk before the tracked one, when the tracked record names none of
+    # them complete (a work dir from before the record): no fall-back can reach them.
+    work_dir_unrecorded: tuple[int, ...] = ()
     # Host paths the user's workload arguments need (host_checks), and whether each exists.
     host_paths: dict[str, bool] = field(default_factory=dict)
     # The chain already in the work dir, when it completed training: the final iteration
@@ -94,6 +97,24 @@ def judge(spec: ChainSpec, facts: Facts, *, force: bool = False) -> list[Problem
     problems += generation_end.problems(spec)
     problems += _completed(spec, facts, force=force)
     return problems
+
+
+def unrecorded_warning(spec: ChainSpec, facts: Facts) -> str | None:
+    """A work dir whose earlier checkpoints the tracked record never named: its first
+    fall-back finds no target and stops the chain (checkpoints/fallback.py). Said at
+    submit, with the fix, while it is cheap."""
+    if not facts.work_dir_unrecorded or spec.checkpoint_fallbacks == 0:
+        return None
+    shown = ", ".join(map(str, facts.work_dir_unrecorded[-3:]))
+    newest = facts.work_dir_unrecorded[-1]
+    return (
+        f"{spec.work_dir}/checkpoints holds checkpoints before the tracked "
+        f"{facts.work_dir_tracker} ({shown}) that checkpoints/tracked.jsonl never named "
+        "complete (a work dir from before the record, or saves cut short, look alike): if "
+        "the tracked checkpoint fails to load, the chain stops instead of falling back. If "
+        f'you know one is complete, add a line {{"tracked": {newest}}} to '
+        "checkpoints/tracked.jsonl before you submit"
+    )
 
 
 def _completed(spec: ChainSpec, facts: Facts, *, force: bool) -> list[Problem]:
