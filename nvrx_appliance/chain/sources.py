@@ -227,6 +227,7 @@ def view_of(
         exclusions=workdir.exclusions(layout),
         hangs=workdir.hangs(layout, ids),
         stragglers=stragglers,
+        named=workdir.stragglers_named(layout, str(manifest.get("created", "")), ids),
     )
 
 
