@@ -358,7 +358,7 @@ class ChainSpec:
     )
     rdzv_port: int = _opt(
         29500,
-        "Rendezvous (TCP store) port on task 0.",
+        "Rendezvous (TCP store) port on task 0 (1024 to 65535: the job runs as you).",
         "NVRX_RDZV_PORT",
         # Below 1024 only root may listen, and the job runs as the user.
         minimum=1024,
