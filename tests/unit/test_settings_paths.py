@@ -144,18 +144,22 @@ def test_a_spec_built_by_hand_with_a_relative_path_is_refused_before_anything_is
     assert any("--python" in p and "'venv/bin/python'" in p for p in refused.value.problems)
 
 
+ARGUMENTS = {
+    "script_args": ["--runtime", "bare", "--workload", "script", "--script", "/opt/train.py"],
+    "megatron_args": ["--runtime", "bare", "--workload", "megatron"],
+}
+
+
 @pytest.mark.parametrize("form", FORMS)
 @pytest.mark.parametrize("source", ["flag", "env", "config"])
+@pytest.mark.parametrize("name", ARGUMENTS)
 def test_an_arguments_file_is_read_where_submit_runs_relative_under_home_or_through_a_link(
-    form, source, places
+    name, form, source, places
 ):
     cwd, home = places
     for directory in (cwd, home, cwd / "link"):
         (directory / "args.txt").write_text("--log-interval 7\n")
-    result = submit(["--runtime", "bare", "--workload", "script", "--script", "/opt/train.py"],
-                    source, "script_args", given(form, "args.txt"), home, "--print-config",
-                    "--json")  # fmt: skip
+    result = submit(ARGUMENTS[name], source, name, given(form, "args.txt"), home,
+                    "--print-config", "--json")  # fmt: skip
     assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["settings"]["script_args"]["value"] == [
-        "--log-interval", "7"
-    ]  # fmt: skip
+    assert json.loads(result.stdout)["settings"][name]["value"] == ["--log-interval", "7"]
