@@ -18,6 +18,7 @@ from typing import Any
 from nvrx_appliance import ENTRYPOINT_PROTOCOL, __version__
 from nvrx_appliance.files import read_text, write_atomic
 from nvrx_appliance.layout import Layout
+from nvrx_appliance.settings import declared
 from nvrx_appliance.settings import policy as mode_policy
 from nvrx_appliance.settings.chain import ChainSpec, Shape, check, derive, from_dict, to_dict
 from nvrx_appliance.settings.megatron.rules import WANDB_RUN_ID, wandb_run_id
@@ -209,15 +210,19 @@ def load(path: Path) -> Manifest:
     if text is None:
         raise ManifestError(f"run manifest {path} does not exist")
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_json_int)
     except json.JSONDecodeError as exc:
         raise ManifestError(f"run manifest {path} is not valid JSON: {exc}") from None
-    except ValueError:
-        # Python refuses to read an integer of more than 4,300 digits.
-        raise ManifestError(
-            f"run manifest {path} holds a number too long to be a setting; resubmit"
-        ) from None
     return parse(data)
+
+
+def _json_int(text: str) -> int:
+    """An integer of run.json. Python refuses to read one of more than 4,300 digits; it
+    is read as one of as many digits, so that the check names its setting and refuses it."""
+    digits = len(text.lstrip("-"))
+    if digits <= declared.READABLE_DIGITS:
+        return int(text)
+    return (-1 if text.startswith("-") else 1) * declared.too_long_integer(digits)
 
 
 def save(manifest: Manifest) -> Path:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nvrx_appliance.checkpoints import checkpoint_dir
+from nvrx_appliance.checkpoints import checkpoint_dir, tracked_record
 from nvrx_appliance.files import read_text
 from nvrx_appliance.image import qualification
 from nvrx_appliance.image.inspect import ImageError, read_image_manifest
@@ -40,6 +40,7 @@ def gather(spec: ChainSpec, *, with_slurm: bool, user: str) -> Facts:
     existing = _existing_run(spec.work_dir)
     facts["work_dir_wandb_run_id"] = _wandb_run_id(existing)
     facts["work_dir_tracker"] = _tracked(spec.work_dir)
+    facts["work_dir_unrecorded"] = _unrecorded(spec.work_dir, facts["work_dir_tracker"])
     if with_slurm:
         facts.update(_slurm(spec.job_name, _job_name(existing), user))
     facts.update(_completed(spec.work_dir, existing))
@@ -178,6 +179,22 @@ def _tracked(work_dir: str) -> int | None:
         return tracker_value(read_text(Layout(Path(work_dir)).tracker, 64) or "")
     except OSError:
         return None
+
+
+def _unrecorded(work_dir: str, tracked: int | None) -> tuple[int, ...]:
+    """The checkpoints before the tracked one, when the tracked record names none of them
+    complete; () when it names one (a fall-back has a target) or there is none."""
+    checkpoints = Layout(Path(work_dir)).checkpoints
+    try:
+        names = os.listdir(checkpoints)
+        complete = tracked_record.read(checkpoints / tracked_record.FILE)
+    except OSError:
+        return ()
+    if tracked is None:
+        return ()
+    below = {n for name in names if (n := checkpoint_dir.checkpoint_name(name)) is not None}
+    below = {n for n in below if n < tracked}
+    return () if below & complete else tuple(sorted(below))
 
 
 def _completed(work_dir: str, run: dict) -> dict:

@@ -228,6 +228,7 @@ def view_of(
         hangs=workdir.hangs(layout, ids),
         stragglers=stragglers,
         deaths=workdir.deaths(layout, ids),
+        named=workdir.stragglers_named(layout, str(manifest.get("created", "")), ids),
     )
 
 

@@ -469,7 +469,10 @@ def assemble(
     hangs: Mapping[str, Sequence[Hang]] | None = None,
     stragglers: Sequence[Straggler] = (),
     deaths: Mapping[str, Sequence[Death]] | None = None,
+    named: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> ChainView:
+    """`named`: the stragglers task 0 named in each generation (workdir.stragglers_named);
+    the ledger's, once the generation has a line, say the same and win."""
     spec, shape = manifest["spec"], manifest["shape"]
     limit_s = slurm_seconds(str(spec.get("time_limit", "")))
     chain = str(manifest.get("created", ""))
@@ -516,7 +519,9 @@ def assemble(
                     for d in (deaths or {}).get(array_job_id, ())
                 ),
                 stragglers=tuple(
-                    straggler_words(s) for s in entry.get("stragglers") or () if isinstance(s, dict)
+                    straggler_words(s)
+                    for s in entry.get("stragglers") or (named or {}).get(array_job_id, ())
+                    if isinstance(s, dict)
                 ),
                 never_ran=not entry and _never_ran(array_job_id, acct),
                 cancelled_by=_cancelled_by(array_job_id, acct),

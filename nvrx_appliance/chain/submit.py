@@ -31,7 +31,7 @@ from nvrx_appliance.settings import exit_actions, generation_end, policy
 from nvrx_appliance.settings.chain import ChainSpec, Problem
 from nvrx_appliance.settings.megatron import rules as megatron_rules
 from nvrx_appliance.settings.resolve import Resolved
-from nvrx_appliance.settings.validate import Facts, cluster_problems, judge
+from nvrx_appliance.settings.validate import Facts, cluster_problems, judge, unrecorded_warning
 
 
 class Refused(Exception):
@@ -141,10 +141,9 @@ def plan(
     if spec.workload == "megatron":
         warnings += megatron_rules.notes(spec.megatron_args)
     warnings += generation_end.warnings(spec)
-    kept = exit_actions.retention_warning(
-        spec.workload, spec.save_retention, spec.checkpoint_fallbacks
-    )
-    warnings += [kept] if kept else []
+    kept = exit_actions.retention_warning(spec.save_retention, spec.checkpoint_fallbacks)
+    unrecorded = unrecorded_warning(spec, facts)
+    warnings += [w for w in (kept, unrecorded) if w]
     found = _qualification_status(spec, facts)
     image = None
     if found is not None and facts.image_manifest is not None:

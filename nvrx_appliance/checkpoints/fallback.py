@@ -172,10 +172,31 @@ def _plan(
         return Outcome(
             None,
             f"checkpoint {bad} cannot be loaded and no checkpoint before it that was ever "
-            f"complete (tracked) is on disk{since}" + _unrecorded(names, bad, floor),
+            f"complete (tracked) is on disk{since}"
+            + (_removed_by_retention(history, bad, floor) or _unrecorded(names, bad, floor)),
             stop=True,
         )
     return _Plan(bad, to, names.get(bad, checkpoint_dir.iteration_dir(bad)), done, limit, times)
+
+
+def _removed_by_retention(history: str, bad: int, floor: int | None) -> str:
+    """The cause, when retention removed the checkpoints a fall-back needed: only a
+    --save-retention that keeps more saves the next chain from stopping here."""
+    removed = sorted(
+        {
+            n
+            for kind, n in tracked_record.entries(history)
+            if kind == tracked_record.REMOVED and n < bad and (floor is None or n >= floor)
+        }
+    )
+    if not removed:
+        return ""
+    shown = ", ".join(map(str, removed[-3:]))
+    return (
+        f"; retention had removed the complete one(s) before it ({shown}): --save-retention "
+        "keeps too few for this fall-back; resubmit with a --save-retention of at least "
+        "--checkpoint-fallbacks + 1 (0 keeps all)"
+    )
 
 
 def _unrecorded(names: dict[int, str], bad: int, floor: int | None) -> str:

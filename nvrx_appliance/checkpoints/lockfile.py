@@ -14,7 +14,9 @@ the server's clock (lease.py keeps the same rule for task 0's lease).
 A live holder slower than that (a tracker write held up by the file system) can lose
 the lock to a waiter. So the holder asks still_held() before each step that cannot be
 repeated, and stops where it has lost it; and it removes the lock on the way out only
-when the file still holds its own token, never a thief's.
+when the file still holds its own token, never a thief's. Both removals (the holder's,
+and a waiter's of a stale lock) rename the lock aside before they judge it, so that a
+lock that took the name between the look and the removal is never the one removed.
 """
 
 from __future__ import annotations
@@ -55,11 +57,37 @@ def _seen(path: Path) -> tuple[int, str | None] | None:
         return None
 
 
+def _token(seen: tuple[int, str | None] | None) -> str | None:
+    with contextlib.suppress(AttributeError, TypeError, ValueError):
+        return json.loads((seen or (0, None))[1] or "").get("token")
+    return None
+
+
 def _holds(path: Path, token: str) -> bool:
-    with contextlib.suppress(OSError, ValueError):
-        text = files.read_text(path, _MAX_LOCK_BYTES) or ""
-        return json.loads(text).get("token") == token
+    with contextlib.suppress(OSError):
+        return _token(_seen(path)) == token
     return False
+
+
+def _remove_if(path: Path, judged: Callable[[tuple[int, str | None] | None], bool]) -> None:
+    """Remove the lock at `path` only if it is the one `judged` accepts. Judging it in
+    place and then unlinking the name would remove whatever lock took the name in
+    between (a waiter's that broke it, a new holder's): the lock is renamed aside first,
+    which is atomic on every file system, and judged there. One that is not the judged
+    lock is linked back unless a new lock took the name meanwhile; its holder then finds
+    it lost at its next still_held() and stops, as any holder that lost its lock does."""
+    aside = path.with_name(f"{path.name}.{secrets.token_hex(8)}.removing")
+    try:
+        os.rename(path, aside)
+    except FileNotFoundError:
+        return
+    try:
+        if not judged(_seen(aside)):
+            with contextlib.suppress(FileExistsError):
+                os.link(aside, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(aside)
 
 
 def locked(checkpoints: Path) -> contextlib.AbstractContextManager[Callable[[], bool]]:
@@ -96,13 +124,10 @@ def exclusive(path: Path) -> Iterator[Callable[[], bool]]:
     try:
         yield lambda: _holds(path, token)
     finally:
-        if _holds(path, token):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+        with contextlib.suppress(OSError):
+            _remove_if(path, lambda seen: _token(seen) == token)
 
 
 def _break(path: Path, stale: tuple[int, str | None]) -> None:
     """Remove the lock a dead guard left, unless it changed since it was judged stale."""
-    with contextlib.suppress(FileNotFoundError):
-        if _seen(path) == stale:
-            os.unlink(path)
+    _remove_if(path, lambda seen: seen == stale)

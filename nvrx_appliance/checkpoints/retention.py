@@ -1,4 +1,4 @@
-"""Task 0 keeps the newest N complete Megatron checkpoints (--save-retention N).
+"""Task 0 keeps the newest N complete checkpoints of Megatron or a script (--save-retention N).
 
 Megatron has no "keep the newest N": its only thinning, --save-retain-interval, keeps
 the newest plus every multiple of an interval. So task 0's entrypoint does it, beside
@@ -40,9 +40,11 @@ from nvrx_appliance.layout import TRACKER_FILE
 from nvrx_appliance.observe import run_files
 
 # How often task 0 looks at the tracker (one stat): each iteration it names is written
-# to the tracked record (tracked_record.py), and a sweep follows. A save at scale takes
-# minutes; a look a second misses only a checkpoint superseded within the second.
-LOOK_PERIOD_S = 1.0
+# to the tracked record (tracked_record.py), and a sweep follows. A checkpoint superseded
+# between two looks is never recorded, so never a fall-back target: at a look a second,
+# saves 0.6 s apart (a small model saving every few steps) lost one in two. Five looks
+# a second catch saves 0.2 s apart and cost the metadata server five stats a second.
+LOOK_PERIOD_S = 0.2
 _REMOVING = ".removing_"
 
 
@@ -81,14 +83,21 @@ def look(checkpoints: Path, keep: int) -> Look:
         except OSError:
             return Look(False, [])  # not written down: remove nothing, and try again
         complete.add(tracked)
-    found = {
-        n: name for name in names if (n := checkpoint_dir.parse_iteration_dir(name)) is not None
-    }
+    # Megatron's iter_NNNNNNN directories, and a script's files of the same names with an
+    # extension (iter_0000040.pt): one iteration may be both.
+    found: dict[int, list[str]] = {}
+    for name in names:
+        n = checkpoint_dir.checkpoint_name(name)
+        if n is not None:
+            found.setdefault(n, []).append(name)
     removed = []
     for iteration in checkpoint_dir.retired(found, tracked, keep, complete):
-        try:
-            os.rename(checkpoints / found[iteration], checkpoints / (_REMOVING + found[iteration]))
-        except OSError:
+        moved = []
+        for name in found[iteration]:
+            with contextlib.suppress(OSError):
+                os.rename(checkpoints / name, checkpoints / (_REMOVING + name))
+                moved.append(name)
+        if not moved:
             continue
         with contextlib.suppress(OSError):
             tracked_record.append(record, tracked_record.REMOVED, iteration)
@@ -96,7 +105,16 @@ def look(checkpoints: Path, keep: int) -> Look:
     return Look(True, removed)
 
 
-def purge(checkpoints: Path, remove: Callable[[Path], None] = shutil.rmtree) -> None:
+def remove_checkpoint(path: Path) -> None:
+    """Delete one checkpoint renamed aside: a directory (Megatron's) or a file (a
+    script's); a symlink is removed, never followed."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
+
+
+def purge(checkpoints: Path, remove: Callable[[Path], None] = remove_checkpoint) -> None:
     """Delete what looks renamed aside (and what a killed keeper left renamed aside)."""
     try:
         names = os.listdir(checkpoints)
@@ -122,15 +140,15 @@ class Keeper:
     not write it down, it records the tracked iteration and renames aside what retention
     retires (keep 0: records only). The deletes run on a second thread: on Lustre one
     takes minutes, and a look held behind it would miss every checkpoint tracked and
-    superseded meanwhile, which a fall-back then skips. `remove` deletes one directory
-    (shutil.rmtree; a test hands in a slow one)."""
+    superseded meanwhile, which a fall-back then skips. `remove` deletes one checkpoint
+    (remove_checkpoint; a test hands in a slow one)."""
 
     def __init__(
         self,
         checkpoints: Path,
         keep: int,
         log: Callable[[str], None],
-        remove: Callable[[Path], None] = shutil.rmtree,
+        remove: Callable[[Path], None] = remove_checkpoint,
     ):
         self.checkpoints = checkpoints
         self.keep = keep

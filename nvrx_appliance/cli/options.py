@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from nvrx_appliance.cli import help as clihelp
+from nvrx_appliance.settings import resolve
 from nvrx_appliance.settings.chain import (
     MODES,
     PROFILES,
@@ -25,7 +26,23 @@ from nvrx_appliance.settings.chain import (
 )
 
 _CHOICES = {"runtime": RUNTIMES, "mode": MODES, "workload": WORKLOADS, "profile": PROFILES}
-_TYPES = {"int": click.INT, "float": click.FLOAT}
+
+
+class _Number(click.ParamType):
+    """A numeric setting's flag, read as its environment variable is (resolve.from_text):
+    a value no number can hold is refused in the words it was given, not as Infinity."""
+
+    def __init__(self, field: dataclasses.Field) -> None:
+        self.field = field
+        self.name = "integer" if str(field.type) == "int" else "float"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if not isinstance(value, str):
+            return value
+        try:
+            return resolve.from_text(self.field, value, "", resolve.read_text)
+        except resolve.SettingError as exc:
+            self.fail(str(exc), param, ctx)
 
 
 def _help(field: dataclasses.Field) -> str:
@@ -53,7 +70,7 @@ def _option(field: dataclasses.Field) -> Callable[[Any], Any]:
             flag(name), name, type=click.Choice(empty + _CHOICES[name]), default=None,
             metavar=metavar, help=_help(field),
         )  # fmt: skip
-    kind_type = _TYPES.get(kind, click.STRING)
+    kind_type = _Number(field) if kind in ("int", "float") else click.STRING
     return click.option(flag(name), name, type=kind_type, default=None, help=_help(field))
 
 

@@ -145,6 +145,16 @@ def _alert_rules(ctx: click.Context, _param: Any, value: bool) -> None:
     ctx.exit(0)
 
 
+def _runbook_base(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is None or ctx.resilient_parsing:
+        return
+    problem = alerts.base_problem(value)
+    if problem:
+        raise click.BadParameter(problem, ctx=ctx, param=param)
+    click.echo(alerts.with_runbook_base(alerts.RULES.read_text(), value), nl=False)
+    ctx.exit(0)
+
+
 @click.command(
     "watch",
     context_settings=clihelp.CONTEXT,
@@ -239,6 +249,16 @@ def _alert_rules(ctx: click.Context, _param: Any, value: bool) -> None:
     callback=_alert_rules,
     help="Print the path of the Prometheus alert rules for --metrics-file's series "
     "(installed with nvrx-watch; docs/watch.md, Alert rules), then exit.",
+)
+@click.option(
+    "--runbook-base",
+    metavar="URL",
+    expose_value=False,
+    is_eager=True,
+    callback=_runbook_base,
+    help="Print the alert rules with every runbook_url under URL, the address your team "
+    "serves this project's docs/ at (e.g. https://git.example/nvrx-appliance/-/blob/v1/), "
+    "then exit.",
 )
 @_option(
     "--alert-cooldown",

@@ -219,8 +219,8 @@ def liveness_beater(pre: Preflight, record: control.Record) -> liveness.Beater |
 def retention_keeper(manifest: run_manifest.Manifest) -> retention.Keeper:
     """Task 0 writes down each iteration the tracker names (the tracked record, which
     the fall-back and retention trust), for every workload, and keeps the newest
-    --save-retention checkpoints when the workload does not (Megatron); started here, it
-    runs as long as the generation does."""
+    --save-retention checkpoints when the workload does not (Megatron, a script);
+    started here, it runs as long as the generation does."""
     kept = retention.Keeper(manifest.layout.checkpoints, manifest.policy.checkpoints_kept, say)
     kept.start()
     return kept

@@ -269,3 +269,34 @@ def deaths(layout: Layout, array_job_ids: list[str]) -> dict[str, list[death_rec
                 found.setdefault(array_job_id, []).append(death)
         found.get(array_job_id, []).sort(key=lambda d: d.time)
     return found
+
+
+NAMED_STRAGGLER_BYTES = 64 << 10  # a few fields of JSON
+MAX_NAMED_STRAGGLERS = 1000
+
+
+def stragglers_named(
+    layout: Layout, chain: str, array_job_ids: list[str]
+) -> dict[str, list[dict[str, Any]]]:
+    """The stragglers task 0 named in each generation and what it did about each
+    (node/straggler_leave.py's `named.<node>`, by node), as they stand before the
+    generation's ledger line takes them over; none from a file another chain left under
+    a reused array job id."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for array_job_id in array_job_ids:
+        directory = layout.stragglers(array_job_id)
+        try:
+            names = sorted(n for n in os.listdir(directory) if n.startswith("named."))
+        except OSError:
+            continue
+        for name in names[:MAX_NAMED_STRAGGLERS]:
+            try:
+                named = json.loads(read_text(directory / name, NAMED_STRAGGLER_BYTES) or "")
+            except (OSError, ValueError):
+                continue
+            if not isinstance(named, dict):
+                continue
+            if str(named.get("generation", "")).split("/")[:2] != [chain, array_job_id]:
+                continue
+            found.setdefault(array_job_id, []).append(named)
+    return found

@@ -83,6 +83,12 @@ _MEM = re.compile(r"([0-9]+[KMGT]?)?")
 _GPU_FAILURE = re.compile(r"[0-9]+:[0-9]+(,[0-9]+:[0-9]+)*")
 _COUNT = re.compile(r"[0-9]+")
 SECONDS = "seconds"
+# Where a path setting is read (its `path` metadata). A host path is one submit sees at the
+# same place as every node (the work dir, the bare Python, an image file): a relative one
+# or one under ~ is made absolute at submit. A node path is read where the job runs:
+# inside the image under a container runtime, where only an absolute path means one place
+# (on bare metal it is a host path). A socket path is each node's own, always absolute.
+HOST_PATH, NODE_PATH, SOCKET_PATH = "host", "node", "socket"
 
 
 @dataclass(frozen=True)
@@ -144,9 +150,14 @@ class ChainSpec:
         pattern=(_MEM, "is not a Slurm memory size; use e.g. 0 (all), 200G or 512000M"),
     )
     # --- where and how it runs ---------------------------------------------------------
-    work_dir: str = _opt("", "Shared work directory, same path on every node.", "NVRX_WORK_DIR")
+    work_dir: str = _opt(
+        "", "Shared work directory, same path on every node.", "NVRX_WORK_DIR", path=HOST_PATH
+    )
     image: str = _opt(
-        "", "Appliance image (.sqsh / .sif); empty runs bare metal.", "NVRX_CONTAINER_IMAGE"
+        "",
+        "Appliance image (.sqsh / .sif, or a registry reference); empty runs bare metal.",
+        "NVRX_CONTAINER_IMAGE",
+        path=HOST_PATH,
     )
     # None: default mounts (the work dir); "": explicitly none, as in the reference deployment.
     mounts: str | None = _opt(
@@ -164,11 +175,13 @@ class ChainSpec:
         "",
         "Bare mode: the Python that runs nvrx-entrypoint on the nodes (default: this one).",
         "NVRX_PYTHON",
+        path=HOST_PATH,
     )
     megatron_path: str = _opt(
         "/workspace/megatron-lm",
         "Megatron-LM checkout (inside the image, or on every node).",
         "MEGATRON_PATH",
+        path=NODE_PATH,
     )
     # --- what it runs ------------------------------------------------------------------
     mode: str = _opt(
@@ -201,6 +214,7 @@ class ChainSpec:
         "",
         "--workload script: your training script's path (inside the image, or on every node).",
         "NVRX_SCRIPT",
+        path=NODE_PATH,
     )
     script_args: list[str] = _opt(  # noqa: RUF009
         [],
@@ -347,11 +361,12 @@ class ChainSpec:
     )
     rdzv_port: int = _opt(
         29500,
-        "Rendezvous (TCP store) port on task 0.",
+        "Rendezvous (TCP store) port on task 0 (1024 to 65535: the job runs as you).",
         "NVRX_RDZV_PORT",
-        minimum=1,
+        # Below 1024 only root may listen, and the job runs as the user.
+        minimum=1024,
         maximum=65535,
-        hint="a TCP port",
+        hint="ports below 1024 need root, and the job runs as you: pick one of 1024 to 65535",
     )
     lease_stale_after: int = _opt(
         # Rides out a 40 s stall of the shared file system (GPFS's failure detection is
@@ -398,7 +413,11 @@ class ChainSpec:
         "auto", "auto, off, or N (minimum nodes per NVLink domain).", "NVRX_SEGMENT"
     )
     health_check_endpoint: str = _opt(
-        "", "NVRx health-check endpoint (empty: none).", "NVRX_HEALTH_CHECK_ENDPOINT"
+        "",
+        "NVRx health-check endpoint: the absolute path of the site's Unix socket on each "
+        "node, or unix:///path (empty: none).",
+        "NVRX_HEALTH_CHECK_ENDPOINT",
+        path=SOCKET_PATH,
     )
     log_debug: bool = _opt(False, "NVRx debug logging.", "NVRX_LOG_DEBUG")
     gpus_per_numa: int = _opt(
@@ -648,6 +667,59 @@ def _mounts_problem(spec: ChainSpec) -> Problem | None:
     return None
 
 
+IMAGE_SUFFIXES = (".sqsh", ".squashfs", ".sif", ".simg")
+
+
+def is_image_file(image: str) -> bool:
+    """A path (to a .sqsh/.sif) rather than a registry reference."""
+    return image.startswith(("/", "./", "../", "~")) or image.endswith(IMAGE_SUFFIXES)
+
+
+def path_settings() -> list[dataclasses.Field]:
+    """The settings that name a path (their `path` metadata says where it is read)."""
+    return [f for f in spec_fields() if f.metadata.get("path")]
+
+
+def is_path_value(name: str, value: str) -> bool:
+    """Whether a path setting's value is a path at all: an image may be a registry
+    reference, and empty means unset."""
+    return bool(value) and (name != "image" or is_image_file(value))
+
+
+def read_on_host(spec: ChainSpec, name: str) -> bool:
+    """Whether submit's host sees the path where the nodes do, so that submit may make a
+    relative one absolute: a host path, or a node path on bare metal."""
+    where = _FIELDS[name].metadata.get("path")
+    bare = effective_runtime(spec) not in CONTAINER_RUNTIMES
+    return where == HOST_PATH or (where == NODE_PATH and bare)
+
+
+def _path_problems(spec: ChainSpec) -> list[Problem]:
+    """Every path a node reads must be absolute: the batch script runs in the work dir, a
+    container wherever its image starts, and neither expands ~."""
+    problems = []
+    for field_ in path_settings():
+        value = getattr(spec, field_.name)
+        if not is_path_value(field_.name, value):
+            continue
+        where = field_.metadata["path"]
+        target = value.removeprefix("unix://") if where == SOCKET_PATH else value
+        if target.startswith("/"):
+            continue
+        if read_on_host(spec, field_.name):
+            fix = "give it from /; the nodes run in the work dir, not where submit ran"
+        elif where == NODE_PATH:
+            fix = (
+                f"under --runtime {effective_runtime(spec)} it is read inside the image, "
+                "which neither starts where submit runs nor expands ~: give the absolute "
+                "path the image (or a mount) holds it at"
+            )
+        else:
+            fix = "each node dials its own socket: give it from / (or unix:///path)"
+        problems.append(Problem(flag(field_.name), f"{value!r} is not an absolute path; {fix}"))
+    return problems
+
+
 def effective_profile(spec: ChainSpec) -> str:
     """An unset profile is none when the user brought arguments, else the small demo."""
     if spec.profile:
@@ -733,6 +805,14 @@ def check(spec: ChainSpec) -> list[Problem]:
             "image",
             f"runtime {effective_runtime(spec)} needs an image; pass --image or --runtime bare",
         )
+    if effective_runtime(spec) not in CONTAINER_RUNTIMES and spec.image:
+        bad(
+            "image",
+            f"{spec.image} would not be used: --runtime {effective_runtime(spec)} runs on the "
+            "nodes' own file system; drop --image, or pick a container runtime (pyxis, "
+            "apptainer)",
+        )
+    problems += _path_problems(spec)
     mounts_problem = _mounts_problem(spec)
     if mounts_problem:
         problems.append(mounts_problem)
@@ -796,8 +876,6 @@ def _workload_problems(spec: ChainSpec) -> list[Problem]:
     if spec.workload == "script":
         if not spec.script:
             bad("script", "--workload script needs your script: pass --script /path/train.py")
-        elif not spec.script.startswith("/"):
-            bad("script", f"{spec.script!r} must be an absolute path, the same on every node")
         if faults_active(spec):
             bad(
                 "fault_inject",

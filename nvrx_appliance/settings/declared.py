@@ -60,9 +60,20 @@ def type_problem(field: dataclasses.Field, value: Any) -> str | None:
     }.get(declared, True)
     if not fits:
         return f"{shown(value)} is not {_WORDS[declared]}"
-    if declared == "float" and not math.isfinite(value):
+    # An int is finite, and math.isfinite of one beyond a float's range raises.
+    if declared == "float" and isinstance(value, float) and not math.isfinite(value):
         return f"{shown(value)} is not a finite number"
     return None
+
+
+# Python reads an integer of at most this many digits (sys.get_int_max_str_digits).
+READABLE_DIGITS = 4300
+
+
+def too_long_integer(digits: int) -> int:
+    """An integer of `digits` digits, made without reading them: Python refuses to read
+    one of more than 4,300 digits, but the bounds can still judge one, and shown() words it."""
+    return 10 ** (digits - 1)
 
 
 def _string_problem(field: dataclasses.Field, value: str | None, hint: str) -> str | None:

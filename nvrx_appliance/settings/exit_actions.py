@@ -101,13 +101,14 @@ def meaning(code: int, action: str, workload: str) -> str:
     return f"the workload exited {code}, which the chain's --workload-exits maps to {action}"
 
 
-def retention_warning(workload: str, save_retention: int, checkpoint_fallbacks: int) -> str | None:
+def retention_warning(save_retention: int, checkpoint_fallbacks: int) -> str | None:
     """A chain that keeps fewer checkpoints than its fall-backs need stops where it
     promised to fall back (checkpoints/fallback.py): each fall-back needs one more kept
     checkpoint before the tracked one. Said at submit, with the numbers, not found out
-    at 3 a.m."""
+    at 3 a.m. Every workload keeps --save-retention (task 0's keeper for Megatron and a
+    script, the built-in trainer itself), and every one can fall back."""
     needed = checkpoint_fallbacks + 1
-    if workload not in MEGATRON_LIKE or save_retention == 0 or save_retention >= needed:
+    if save_retention == 0 or save_retention >= needed:
         return None
     before = save_retention - 1
     return (

@@ -37,7 +37,9 @@ the flag's (`time_limit`), is accepted too. `nvrx-appliance submit --print-confi
 every resolved value and where it came from. Two settings tell unset from empty, as in
 the reference deployment: `--mounts` and `--gpu-failure` unset take the default, an explicitly empty
 value turns them off. `NVRX_SEGMENT=` (empty) means `off`, and the reference deployment's
-`NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`. The arguments settings
+`NVRX_NO_RESTART_DEMO=1|0` selects `--mode no-restart|handoff`. A switch's variable
+(`NVRX_ASYNC_SAVE`, `NVRX_LOG_DEBUG`, ...) takes 1, true, yes or on, or 0, false, no or
+off; an empty one is refused, not read as off. The arguments settings
 (`--megatron-args`, `--script-args`) name a file on the flag and in the environment; in
 the config file they are a TOML list of arguments, or a string naming such a file.
 
@@ -48,7 +50,18 @@ bounds, and its choices or pattern. A number above 2147483647 is refused unless 
 table's setting takes more (`--train-samples`). Where the meaning below says what empty
 means (`--mem`, `--partition`, `--profile`, `--runtime`, ...), an empty value is taken.
 `--lease-stale-after` has no "off": 0 or less is refused (task 0 would fence itself at
-its first look).
+its first look). A number no type can hold (an integer of hundreds of digits, `1e400`,
+`nan`) is refused in the words it was given, naming its setting.
+
+The nodes run in the work dir (or inside the image), not where submit ran, so every path
+is absolute by the time it reaches run.json and the batch script: `--work-dir`,
+`--python`, an image file (`--image img/a.sqsh`), and on bare metal `--megatron-path` and
+`--script`, given relative or under `~`, are made absolute from where submit runs (a
+symlink is kept as given; `--print-config` shows the absolute path and what was given).
+Paths read inside the image (`--megatron-path` and `--script` under a container
+runtime), `--health-check-endpoint` and `--mounts` must be given absolute, and are
+refused otherwise. The arguments files and `--config` are read at submit, from where it
+runs (`~` included).
 """
 
 

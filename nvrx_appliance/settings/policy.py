@@ -26,6 +26,10 @@ from nvrx_appliance.settings.chain import DEMO_MODES, ChainSpec, faults_active, 
 HANDOFF_GPU_FAILURE = "1:0,2:0"
 
 
+# Workloads that keep --save-retention themselves (the built-in trainer is given it);
+# for the others (Megatron, a script) task 0's keeper does (checkpoints/retention.py).
+SELF_PRUNING = ("cpu",)
+
 # A count in the policy: run.json's reader refuses a negative one.
 _COUNT = {"minimum": 0}
 
@@ -41,7 +45,8 @@ class Policy:
     faults_active: bool  # the workload injects its faults (demo modes, when asked)
     gpu_failure: str | None  # NVRX_INJECT_GPU_FAILURE; None leaves it unset
     # Task 0's entrypoint keeps this many newest complete checkpoints (0: it removes
-    # none). Megatron has no keep-N of its own; the cpu trainer and scripts prune theirs.
+    # none). Megatron has no keep-N of its own, and a script is told nothing of it; the
+    # built-in trainer prunes its own.
     checkpoints_kept: int = field(metadata=_COUNT)
     # What a worker's exit code means to the chain (settings/exit_actions.py), code as
     # text (JSON's keys) -> action; the workload guard reads it on every rank.
@@ -59,7 +64,7 @@ def decide(spec: ChainSpec, *, tracker: Path, static_tracker: Path) -> Policy:
         max_no_progress_cycles=_max_no_progress_cycles(spec),
         faults_active=faults_active(spec),
         gpu_failure=_gpu_failure(spec),
-        checkpoints_kept=spec.save_retention if spec.workload == "megatron" else 0,
+        checkpoints_kept=0 if spec.workload in SELF_PRUNING else spec.save_retention,
         exit_actions={
             str(code): action
             for code, action in exit_actions.resolve(spec.workload_exits, spec.workload).items()

@@ -14,7 +14,9 @@ config file) turns them off. Everywhere else an empty environment variable count
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -26,12 +28,15 @@ if sys.version_info >= (3, 11):
 else:  # Python 3.10: the backport the wheel requires there
     import tomli as tomllib
 
-from nvrx_appliance.settings import reference, workload_args
+from nvrx_appliance.settings import declared, reference, workload_args
 from nvrx_appliance.settings.chain import (
     ChainSpec,
     effective_profile,
     effective_runtime,
     flag,
+    is_path_value,
+    path_settings,
+    read_on_host,
     spec_fields,
 )
 
@@ -56,7 +61,15 @@ _FAULT_KIND_OF = {megatron: ours for ours, megatron in workload_args.MEGATRON_FA
 # The reference deployment turns segment-aware mode off with an explicitly empty NVRX_SEGMENT.
 _EMPTY_MEANS = {"segment": "off"}
 _TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+_FALSE = {"0", "false", "no", "off"}
+# More digits than Python reads as an int.
+_TOO_LONG = f"{{{declared.READABLE_DIGITS + 1},}}"
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_LONG_TOML_INTEGER = re.compile(
+    rf"(?m)^[ \t]*[\"']?([A-Za-z0-9_-]+)[\"']?[ \t]*=[ \t]*[+-]?([0-9_]{_TOO_LONG})"
+)
+# Integers a float holds without rounding them to Infinity, by far.
+_FLOAT_INTEGERS = 2**1000
 # Runtimes whose nodes start nvrx-entrypoint with a Python of the host's (not the image's).
 HOST_PYTHON_RUNTIMES = ("bare", "bwrap-standin")
 
@@ -74,7 +87,8 @@ ReadFile = Callable[[str], str]
 
 
 def read_text(path: str) -> str:
-    return Path(path).read_text(encoding="utf-8")
+    # A path from the environment or a config file reaches here with its ~ unexpanded.
+    return Path(path).expanduser().read_text(encoding="utf-8")
 
 
 class SettingError(ValueError):
@@ -128,27 +142,68 @@ def from_text(field: dataclasses.Field, text: str, source: str, read_file: ReadF
         return text
     if kind == "bool":
         lowered = text.strip().lower()
+        if not lowered:
+            # Empty is neither: the reference scripts read some of these as off and
+            # others as their default, so guessing would turn a default off unasked.
+            default = "on" if field.default else "off"
+            raise SettingError(
+                f"{source} is set but empty; set it to 1 (on) or 0 (off), or unset it for "
+                f"the default ({default})"
+            )
         if lowered in _TRUE or lowered in _FALSE:
             return lowered in _TRUE
         raise SettingError(f"{source}={text!r} is not a boolean; use 1 or 0")
-    converter = {"int": int, "float": float}[kind]
+    return _number_from_text(field, kind, text.strip(), source)
+
+
+def _number_from_text(field: dataclasses.Field, kind: str, text: str, source: str) -> Any:
+    """A number as the field's type. One that no type can hold (an integer of more than
+    the 4,300 digits Python reads, a float beyond its range, NaN) is refused here, in the
+    words of what was given: past this point it would read as Infinity or crash. An
+    empty `source` is a flag's, which click names itself."""
+    given = f"{source}={_given(text)}" if source else _given(text)
+    named = f"{source} ({flag(field.name)}): " if source else ""
+    if _INTEGER.fullmatch(text):
+        digits = len(text.lstrip("+-"))
+        sign = -1 if text.startswith("-") else 1
+        whole = (
+            int(text)
+            if digits <= declared.READABLE_DIGITS
+            else sign * declared.too_long_integer(digits)
+        )
+        if digits > declared.READABLE_DIGITS or abs(whole) > _FLOAT_INTEGERS:
+            raise SettingError(f"{named}{declared.problem(field, whole)}")
+        return whole if kind == "int" else float(whole)
     try:
-        return converter(text.strip())
+        value = int(text) if kind == "int" else float(text)
     except ValueError:
+        raise SettingError(f"{given} is not {_KIND_WORDS[kind]}") from None
+    if kind == "float" and not math.isfinite(value):
         raise SettingError(
-            f"{source}={text!r} is not {'an integer' if kind == 'int' else 'a number'}"
-        ) from None
+            f"{named}{_given(text)} is not a finite number (it reads as {value}); give "
+            f"{_KIND_WORDS[kind]} such as {field.default:g}"
+        )
+    return value
 
 
-def from_config(field: dataclasses.Field, value: Any, source: str, read_file: ReadFile) -> Any:
-    """A TOML value checked against the field's type (TOML already typed it)."""
+def _given(text: str) -> str:
+    """What the user gave, quoted, cut short when it is long."""
+    return repr(text) if len(text) <= 80 else repr(text[:60]) + f"... ({len(text)} characters)"
+
+
+def from_config(
+    field: dataclasses.Field, value: Any, source: str, read_file: ReadFile, key: str = ""
+) -> Any:
+    """A TOML value checked against the field's type (TOML already typed it); `key` is the
+    setting's name as the file wrote it."""
+    key = key or field.name
     kind = _kind(field)
     if kind == "list[str]":
         # A list is the arguments themselves; a string names an arguments file.
         if isinstance(value, str):
-            return args_from_file(value, f"{source}: {field.name} =", read_file)
+            return args_from_file(value, f"{source}: {key} =", read_file)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise SettingError(f"{source}: {field.name} should be {_KIND_WORDS[kind]}")
+            raise SettingError(f"{source}: {key} should be {_KIND_WORDS[kind]}")
         return list(value)
     expected: tuple[type, ...] = {
         "int": (int,),
@@ -160,8 +215,20 @@ def from_config(field: dataclasses.Field, value: Any, source: str, read_file: Re
     # bool is an int in Python; a TOML `true` for a count is a mistake, not 1.
     typed = isinstance(value, expected)
     if (isinstance(value, bool) and kind != "bool") or not typed:
-        raise SettingError(f"{source}: {field.name} = {value!r} should be {_KIND_WORDS[kind]}")
-    return float(value) if kind == "float" else value
+        raise SettingError(
+            f"{source}: {key} = {declared.shown(value)} should be {_KIND_WORDS[kind]}"
+        )
+    if kind != "float":
+        return value
+    # TOML reads nan and inf as floats, and an integer beyond a float's range raises in float().
+    if isinstance(value, int) and abs(value) > _FLOAT_INTEGERS:
+        raise SettingError(f"{source}: {key} {declared.problem(field, value)}")
+    if not math.isfinite(value):
+        raise SettingError(
+            f"{source}: {key} = {value} (as TOML reads it) is not a finite number; give "
+            f"{_KIND_WORDS[kind]} such as {field.default:g}"
+        )
+    return float(value)
 
 
 def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dict[str, Any]:
@@ -171,10 +238,10 @@ def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dic
     except tomllib.TOMLDecodeError as exc:
         raise SettingError(f"--config {source}: not valid TOML: {exc}") from None
     except ValueError:
-        # Python refuses to read an integer of more than 4,300 digits.
-        raise SettingError(f"--config {source}: holds a number too long to be a setting") from None
+        # Python refuses to read an integer of more than 4,300 digits: find whose it is.
+        raise SettingError(_too_long_in_config(text, source)) from None
     fields = {f.name: f for f in spec_fields()}
-    keys = {_config_key(flag(f.name)): f.name for f in spec_fields()} | {n: n for n in fields}
+    keys = _config_keys()
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = keys.get(_config_key(key))
@@ -185,8 +252,31 @@ def parse_config(text: str, source: str, read_file: ReadFile = read_text) -> dic
             )
         if name in values:
             raise SettingError(f"--config {source}: {key!r} sets {flag(name)} a second time")
-        values[name] = from_config(fields[name], value, f"--config {source}", read_file)
+        values[name] = from_config(fields[name], value, f"--config {source}", read_file, key)
     return values
+
+
+def _config_keys() -> dict[str, str]:
+    """Every way a config key may name a setting -> the setting."""
+    return {_config_key(flag(f.name)): f.name for f in spec_fields()} | {
+        f.name: f.name for f in spec_fields()
+    }
+
+
+def _too_long_in_config(text: str, source: str) -> str:
+    """The refusal of a config file whose integer Python will not read, naming the key."""
+    found = _LONG_TOML_INTEGER.search(text)
+    if found is None:
+        return (
+            f"--config {source}: holds an integer of more than 4,300 digits; no setting takes one"
+        )
+    key, digits = found.group(1), len(found.group(2).replace("_", ""))
+    name = _config_keys().get(_config_key(key))
+    if name is None:
+        return f"--config {source}: unknown setting {key!r} (holding an integer of {digits} digits)"
+    huge = declared.too_long_integer(digits)
+    field = next(f for f in spec_fields() if f.name == name)
+    return f"--config {source}: {key} {declared.problem(field, huge)}"
 
 
 def read_config(path: str) -> dict[str, Any]:
@@ -285,19 +375,38 @@ def resolve(
     refused = reference.problems(spec, environ)
     if refused:
         raise SettingError("; ".join(refused))
-    return _fill_implicit(Resolved(spec, origins), cwd=cwd, python=python)
+    home = environ.get("HOME", "")
+    return _fill_implicit(Resolved(spec, origins), cwd=cwd, python=python, home=home)
 
 
-def _fill_implicit(resolved: Resolved, *, cwd: str, python: str) -> Resolved:
-    """The defaults that depend on where submit runs, made concrete for run.json."""
+def absolute_path(path: str, *, cwd: str, home: str) -> str:
+    """A path as every node must be given it: ~ (the submitting user's home) and a
+    relative path (from where submit runs) made absolute. A symlink is kept, not resolved:
+    a venv's bin/python is one, and its neighbours are what the nodes need. ~user is left
+    as it is (check() refuses it): naming another user's home is not submit's to guess."""
+    if home and (path == "~" or path.startswith("~/")):
+        path = home + path[1:]
+    if path.startswith("~"):
+        return path
+    return os.path.normpath(os.path.join(cwd, path))
+
+
+def _fill_implicit(resolved: Resolved, *, cwd: str, python: str, home: str) -> Resolved:
+    """The defaults that depend on where submit runs, made concrete for run.json; every
+    path submit sees where the nodes do made absolute, so that the nodes, which run in
+    the work dir, read the same file (`--print-config` shows both)."""
     spec, origins = resolved.spec, dict(resolved.origins)
     changes: dict[str, Any] = {}
     if not spec.work_dir:
         changes["work_dir"] = os.path.join(cwd, "nvrx-run")
         origins["work_dir"] = "default (./nvrx-run)"
-    else:
-        # The nodes need the same absolute path; a relative one means "from here".
-        changes["work_dir"] = os.path.normpath(os.path.join(cwd, spec.work_dir))
+    for field in path_settings():
+        given = changes.get(field.name, getattr(spec, field.name))
+        if is_path_value(field.name, given) and read_on_host(spec, field.name):
+            made = absolute_path(given, cwd=cwd, home=home)
+            if made != given:
+                changes[field.name] = made
+                origins[field.name] += f", {given} made absolute"
     if not spec.python and effective_runtime(spec) in HOST_PYTHON_RUNTIMES:
         changes["python"] = python
         origins["python"] = "default (the Python running submit)"

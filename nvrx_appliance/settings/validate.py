@@ -22,6 +22,7 @@ from nvrx_appliance.settings.chain import (
     effective_mounts,
     effective_runtime,
     flag,
+    is_image_file,
     parse_mounts,
 )
 from nvrx_appliance.settings.megatron import paths as megatron_paths
@@ -30,7 +31,6 @@ from nvrx_appliance.settings.program_argv import CPU_MODULE
 # Directories that are private to one node on every cluster we know: the rendezvous
 # record is published through the work dir, so each node would see a different one.
 NODE_LOCAL = ("/tmp", "/var/tmp", "/dev/shm")
-IMAGE_SUFFIXES = (".sqsh", ".squashfs", ".sif", ".simg")
 # pyxis/enroot: [USER@][REGISTRY#]IMAGE[:TAG|@DIGEST]; apptainer adds a scheme.
 _REGISTRY_REF = re.compile(
     r"^(?:(?:docker|oras|library)://)?"
@@ -66,17 +66,15 @@ class Facts:
     work_dir_wandb_run_id: str = ""
     # The iteration the work dir's tracker names now (None: none): where the chain starts.
     work_dir_tracker: int | None = None
+    # Checkpoints on disk before the tracked one, when the tracked record names none of
+    # them complete (a work dir from before the record): no fall-back can reach them.
+    work_dir_unrecorded: tuple[int, ...] = ()
     # Host paths the user's workload arguments need (host_checks), and whether each exists.
     host_paths: dict[str, bool] = field(default_factory=dict)
     # The chain already in the work dir, when it completed training: the final iteration
     # its training-done marker names, and its settings (None if run.json is unreadable).
     work_dir_completed: int | None = None
     work_dir_spec: ChainSpec | None = None
-
-
-def is_image_file(image: str) -> bool:
-    """A path (to a .sqsh/.sif) rather than a registry reference."""
-    return image.startswith(("/", "./", "../", "~")) or image.endswith(IMAGE_SUFFIXES)
 
 
 def is_registry_ref(image: str) -> bool:
@@ -99,6 +97,24 @@ def judge(spec: ChainSpec, facts: Facts, *, force: bool = False) -> list[Problem
     problems += generation_end.problems(spec)
     problems += _completed(spec, facts, force=force)
     return problems
+
+
+def unrecorded_warning(spec: ChainSpec, facts: Facts) -> str | None:
+    """A work dir whose earlier checkpoints the tracked record never named: its first
+    fall-back finds no target and stops the chain (checkpoints/fallback.py). Said at
+    submit, with the fix, while it is cheap."""
+    if not facts.work_dir_unrecorded or spec.checkpoint_fallbacks == 0:
+        return None
+    shown = ", ".join(map(str, facts.work_dir_unrecorded[-3:]))
+    newest = facts.work_dir_unrecorded[-1]
+    return (
+        f"{spec.work_dir}/checkpoints holds checkpoints before the tracked "
+        f"{facts.work_dir_tracker} ({shown}) that checkpoints/tracked.jsonl never named "
+        "complete (a work dir from before the record, or saves cut short, look alike): if "
+        "the tracked checkpoint fails to load, the chain stops instead of falling back. If "
+        f'you know one is complete, add a line {{"tracked": {newest}}} to '
+        "checkpoints/tracked.jsonl before you submit"
+    )
 
 
 def _completed(spec: ChainSpec, facts: Facts, *, force: bool) -> list[Problem]:
@@ -173,7 +189,28 @@ def _image(spec: ChainSpec, facts: Facts) -> list[Problem]:
                 "the image is a cpu build without Megatron-LM; pass --workload cpu or a gpu image",
             )
         ]
-    return []
+    return _megatron_in_image(spec, manifest)
+
+
+def _megatron_in_image(spec: ChainSpec, manifest: dict[str, Any]) -> list[Problem]:
+    """--megatron-path against where the image holds Megatron-LM: every rank would run
+    pretrain_gpt.py from a directory the image does not have. A checkout the user mounts
+    in at another path is theirs to vouch for (the mount's host side is checked)."""
+    pins = manifest.get("pins")
+    held = pins.get("megatron_path") if isinstance(pins, dict) else None
+    if spec.workload != "megatron" or not isinstance(held, str) or not held.startswith("/"):
+        return []  # an image that records no checkout: nothing to compare
+    path = spec.megatron_path.rstrip("/") or "/"
+    if path == held.rstrip("/") or any(_under(path, dst) for _, dst in mount_pairs(spec)):
+        return []
+    return [
+        Problem(
+            flag("megatron_path"),
+            f"{spec.megatron_path} is not where the image holds Megatron-LM ({held}) nor "
+            f"under a container mount; pass --megatron-path {held}, or mount your own "
+            "checkout there with --mounts",
+        )
+    ]
 
 
 def _host_side(spec: ChainSpec, facts: Facts) -> list[Problem]:

@@ -473,9 +473,12 @@ def restart_budget_low(snap: Snapshot, t: Thresholds) -> list[Finding]:
 
 
 def spares_exhausted(snap: Snapshot, t: Thresholds) -> list[Finding]:
-    """The running generation has no standby node and no cold spare left."""
+    """The running generation has no standby node and no cold spare left. Only a chain
+    known to have been given spares can run out of them: one submitted with none runs
+    so by design, and without run.json a running hot spare cannot be told from a
+    training task (NVRx 0.7.0 does not always list it as standby), so nothing is said."""
     latest = snap.latest_cycle
-    if latest is None or not _alive(snap, latest.job_id):
+    if not snap.run.spares or latest is None or not _alive(snap, latest.job_id):
         return []
     if expand_nodelist(latest.standby_nodes):
         return []
@@ -806,6 +809,26 @@ def complete(detector: Detector, snap: Snapshot) -> bool:
     """It ran on everything it consults, so what it did not find this pass is gone."""
     return runnable(detector, snap) and all(
         snap.sources[s].state != UNAVAILABLE for s in detector.hidden_by if s in snap.sources
+    )
+
+
+def blind_to(snap: Snapshot) -> frozenset[str]:
+    """The detectors a source that could not be observed this pass kept from judging
+    (none once the chain is over: nothing of it is left to find). What such a detector
+    did not find is hidden, not gone: the PagerDuty sink resolves none of its pages (it
+    resolves only what complete() detectors no longer find), and the findings gauges
+    carry its last count (finding_counts.py). A source that is not configured is no
+    blindness: its detectors never run, and their gauges say 0."""
+    if snap.finished:
+        return frozenset()
+    return frozenset(
+        d.name
+        for d in ALL
+        if any(
+            snap.sources[s].state == UNAVAILABLE
+            for s in (*d.needs, *d.uses, *d.hidden_by)
+            if s in snap.sources
+        )
     )
 
 

@@ -80,6 +80,9 @@ class Run:
     tracker: str = ""
     max_restarts: int | None = None  # ft_launcher --max-restarts, for restart_budget_low
     train_tasks: int | None = None  # from run.json: tasks beyond these are spares
+    # From run.json: hot + cold spares the chain was submitted with (None: unknown, as
+    # for a chain watched by --work-dir or its batch script without run.json).
+    spares: int | None = None
     origin: str = ""  # how the paths were found: "run.json", "batch script", "flags"
     chain: str = ""  # run.json's chain id, which the exclusion record's lines name
     exclude_for: int = 0  # run.json: seconds a bad node stays excluded (0: no record)

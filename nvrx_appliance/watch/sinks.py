@@ -27,7 +27,7 @@ from typing import Protocol
 from nvrx_appliance import __version__
 from nvrx_appliance.files import write_atomic
 from nvrx_appliance.jsondoc import iso_utc
-from nvrx_appliance.watch import detectors
+from nvrx_appliance.watch.finding_counts import FindingCounts
 from nvrx_appliance.watch.findings import NOT_CONFIGURED, OBSERVED, TRAINING, Finding, Snapshot
 
 HTTP_TIMEOUT_S = 10.0  # a paging service slower than this is down for our purposes
@@ -268,7 +268,7 @@ def heartbeat(url: str) -> None:
 
 @dataclass(frozen=True)
 class PassFigures:
-    findings: Sequence[Finding]
+    counts: FindingCounts  # the findings gauges: counted, or carried through blindness
     duration_s: float
     degraded: bool
 
@@ -315,23 +315,20 @@ def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
     def metric(name: str, help_text: str, samples: Samples) -> None:
         out.extend(gauge(name, help_text, samples, chain))
 
-    counts = {(d.name, d.severity): 0 for d in detectors.ALL}
-    for f in figures.findings:
-        counts[(f.detector, f.severity)] = counts.get((f.detector, f.severity), 0) + 1
+    counts = figures.counts
     metric(
         "nvrx_watch_findings",
-        "Findings of the last pass, by detector and severity (0: none).",
-        [({"detector": d, "severity": s}, n) for (d, s), n in sorted(counts.items())],
+        "Findings of the last pass that judged each detector, by detector and severity "
+        "(0: none). A detector skipped for want of a source keeps its last count (no "
+        "sample before it ever had one): blindness is not health.",
+        [({"detector": d, "severity": s}, n) for (d, s), n in sorted(counts.by_detector.items())],
     )
-    named: dict[tuple[str, str], int] = {}
-    for f in figures.findings:
-        for node in f.nodes:
-            named[(f.detector, node)] = named.get((f.detector, node), 0) + 1
     metric(
         "nvrx_watch_node_findings",
-        "Findings of the last pass that name a node, by detector and node. A node's series "
-        "exists only while a finding names it: the alert rules take the node's name from it.",
-        [({"detector": d, "node": n}, count) for (d, n), count in sorted(named.items())],
+        "Findings that name a node, by detector and node, as nvrx_watch_findings counts "
+        "them. A node's series exists only while a finding names it: the alert rules take "
+        "the node's name from it.",
+        [({"detector": d, "node": n}, count) for (d, n), count in sorted(counts.by_node.items())],
     )
     metric(
         "nvrx_watch_source_up",
@@ -341,6 +338,12 @@ def metrics_text(snap: Snapshot, figures: PassFigures) -> str:
             for name, s in snap.sources.items()
             if s.state != NOT_CONFIGURED
         ],
+    )
+    metric(
+        "nvrx_watch_spares",
+        "Hot and cold spares the chain was submitted with (NaN: unknown without run.json). "
+        "NvrxSparesExhausted fires only for a chain that had some.",
+        [({}, snap.run.spares)],
     )
     states = {"running": 0, "pending": 0}
     for gen in snap.generations:

@@ -144,6 +144,7 @@ def locate(request: Request, info: JobInfo) -> tuple[Run, list[str]]:
             tracker=str(layout.tracker),
             max_restarts=manifest.spec.max_restarts,
             train_tasks=manifest.spec.train_tasks,
+            spares=manifest.spec.hot_spares + manifest.spec.cold_spares,
             origin=f"run.json ({layout.run_json})",
             chain=manifest.chain_id,
             exclude_for=manifest.spec.exclude_for,

@@ -27,6 +27,7 @@ from nvrx_appliance.observe.workdir import NotFound
 from nvrx_appliance.watch import (
     action_gate,
     detectors,
+    finding_counts,
     goodput_metrics,
     persistence,
     readers,
@@ -34,6 +35,7 @@ from nvrx_appliance.watch import (
     sinks,
 )
 from nvrx_appliance.watch.config import Settings, Thresholds
+from nvrx_appliance.watch.finding_counts import FindingCounts
 from nvrx_appliance.watch.findings import (
     CHECKPOINT,
     CRITICAL,
@@ -68,6 +70,8 @@ class PassResult:
     snapshot: Snapshot
     findings: list[Finding]
     degraded: bool
+    # The findings gauges: counted where a detector judged the pass, else carried.
+    counts: FindingCounts = field(default_factory=FindingCounts)
     acted: list[str] = field(default_factory=list)  # commands run with --act
     sink_errors: list[str] = field(default_factory=list)
     heartbeat_sent: bool = False
@@ -303,7 +307,10 @@ class Watcher:
         snap = self.gather(section)
         findings = detectors.run(snap, self.thresholds, self.settings.disable)
         degraded = any(s.state == UNAVAILABLE for s in snap.sources.values())
-        result = PassResult(snapshot=snap, findings=findings, degraded=degraded)
+        counts = finding_counts.count(
+            findings, detectors.blind_to(snap), finding_counts.from_json(section.get("findings"))
+        )
+        result = PassResult(snapshot=snap, findings=findings, degraded=degraded, counts=counts)
         self._act(snap, findings, result)
         for finding in findings:
             self.log_sink.send(finding, snap)
@@ -311,7 +318,7 @@ class Watcher:
             self._would_page(findings, section, snap.observed_at)
         else:
             alerts = self._report(snap, findings, section, result)
-            self._remember(snap, section, alerts, state_file)
+            self._remember(snap, section, alerts, counts, state_file)
         result.duration_s = time.monotonic() - started
         if not self.settings.dry_run:
             self._metrics(snap, result)
@@ -400,8 +407,15 @@ class Watcher:
                 result.sink_errors.append(str(exc))
                 self.logger.error("sink %s", exc)
 
-    def _remember(self, snap: Snapshot, section: dict, alerts: dict, state_file: str) -> None:
-        new = {"last_pass": snap.observed_at, "alerts": alerts}
+    def _remember(
+        self,
+        snap: Snapshot,
+        section: dict,
+        alerts: dict,
+        counts: finding_counts.FindingCounts,
+        state_file: str,
+    ) -> None:
+        new = {"last_pass": snap.observed_at, "alerts": alerts, "findings": counts.to_json()}
         if snap.checkpoint.value is not None:
             new["checkpoint"] = {
                 "value": snap.checkpoint.value,
@@ -431,7 +445,7 @@ class Watcher:
     def _metrics(self, snap: Snapshot, result: PassResult) -> None:
         if not self.settings.metrics_file:
             return
-        figures = sinks.PassFigures(result.findings, result.duration_s, result.degraded)
+        figures = sinks.PassFigures(result.counts, result.duration_s, result.degraded)
         chain = {"chain": snap.run.job_name, "owner": snap.run.owner}
         text = sinks.metrics_text(snap, figures) + goodput_metrics.text(self._goodput(snap), chain)
         try:

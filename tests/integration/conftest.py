@@ -25,6 +25,7 @@ import pytest
 
 from nvrx_appliance.devcluster.lock import cluster_lock
 from nvrx_appliance.devcluster.poll import wait_until
+from tests import process_tree
 
 CLI = str(Path(sys.executable).parent / "nvrx-appliance")
 IN_CI = os.environ.get("CI") == "true"
@@ -47,8 +48,13 @@ SACCT_FIELDS = ("JobID", "JobName", "State", "ExitCode", "NodeList", "Start", "E
 
 
 def cluster_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    """`nvrx-appliance cluster ARGS` (inside the session's lock, as its child)."""
-    return subprocess.run([CLI, "cluster", *args], capture_output=True, text=True, timeout=timeout)
+    """`nvrx-appliance cluster ARGS` (inside the session's lock, as its child). The
+    daemons it starts serve every session on the machine and outlive this one on
+    purpose: they do not carry its marker (tests/process_tree.py), their jobs' steps do."""
+    return subprocess.run(
+        [CLI, "cluster", *args], capture_output=True, text=True, timeout=timeout,
+        env=process_tree.unmarked(os.environ),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)

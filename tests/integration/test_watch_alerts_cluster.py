@@ -4,8 +4,9 @@ Prometheus scrapes it and evaluates the rules as shipped, and Alertmanager recei
 
 A healthy chain raises nothing; the chain cancelled from outside while its chain marker
 says it should run raises NvrxChainExhausted in Alertmanager after the rule's own
-`for: 1m` (docs/watch.md, Alert rules: Timing); the chain taken out of the watch (its
-watcher stopped, its --metrics-file deleted) resolves it.
+`for:` (docs/watch.md, Alert rules: Timing); the chain taken out of the watch (its
+watcher stopped, its --metrics-file deleted) resolves it once the rule's
+`keep_firing_for:` has passed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
+
+from nvrx_appliance.watch.alerts import RULES
 
 from .alerting_support import INTERVAL_S, alerting
 from .test_watch_cluster import Chain
@@ -25,7 +29,10 @@ pytestmark = pytest.mark.cluster
 
 WATCH = str(Path(sys.executable).parent / "nvrx-watch")
 PASS_S = 2  # the watcher's --interval in this test (a pass a minute in production)
-FOR_S = 60  # NvrxChainExhausted's `for:` as shipped
+_RULE = next(r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
+             if r["alert"] == "NvrxChainExhausted")  # fmt: skip
+FOR_S = int(_RULE["for"].removesuffix("m")) * 60  # as shipped
+KEEP_S = int(_RULE["keep_firing_for"].removesuffix("m")) * 60
 # From the pass that sees the chain gone to Alertmanager: the `for:`, a pass, a scrape and
 # an evaluation; 15 s more for sacct to record the cancel and a pass on a busy machine.
 RAISED_WITHIN_S = FOR_S + PASS_S + 2 * INTERVAL_S + 15
@@ -99,7 +106,7 @@ def test_a_chain_cancelled_from_outside_raises_its_alert_and_leaving_the_watch_r
         gone = time.monotonic()
         cluster.wait_until(
             lambda: not alerts.received(alertname="NvrxChainExhausted", chain=chain.name),
-            30,
+            KEEP_S + 30,
             "the alert to resolve in Alertmanager",
             0.5,
         )

@@ -31,6 +31,7 @@ from nvrx_appliance.node.env import LAUNCHER_SIGNALS
 from nvrx_appliance.settings.chain import ChainSpec
 from nvrx_appliance.settings.generation_end import SAVE_SIGNAL
 from nvrx_appliance.workloads import cpu, workload_argv
+from tests import process_tree
 
 FT_LAUNCHER = Path(sys.executable).parent / "ft_launcher"
 NPROC = 2
@@ -102,11 +103,16 @@ def launcher_argv(m: Manifest, step_timeout: int = 60, nodes: int = 1) -> list[s
 
 def launch(m: Manifest, *extra: str, step_timeout: int = 60, timeout: float = 90) -> Run:
     m.layout.work_dir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [*launcher_argv(m, step_timeout), *extra], cwd=m.layout.work_dir,
-        capture_output=True, text=True, timeout=timeout,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    return Run(proc.returncode, proc.stdout + proc.stderr, m, m.layout.work_dir / "cycle_infos")
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        # On a timeout too: ft_launcher's workers and rank monitors, not only it.
+        process_tree.end_tree(proc)
+    return Run(proc.returncode, out + err, m, m.layout.work_dir / "cycle_infos")
 
 
 def losses(run: Run) -> dict[int, float]:

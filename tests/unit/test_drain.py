@@ -194,9 +194,14 @@ def _stand_ins(tmp_path, *, sinfo=SINFO_DRAINED, squeue=SQUEUE_RUNNING, sinfo_co
         ("squeue", squeue, 0, 0),
     ):
         (tmp_path / f"{name}.out").write_text(out)
+        # One process, not a shell and its sleep: a poller that gives up on a hung
+        # command kills the command, and a sleep of a shell would outlive the test.
         (bin_dir / name).write_text(
-            f'#!/bin/sh\necho "$0 $*" >> {tmp_path}/calls\nsleep {pause}\n'
-            f"cat {tmp_path}/{name}.out\nexit {code}\n"
+            f"#!{sys.executable}\nimport sys, time\n"
+            f"open({str(tmp_path / 'calls')!r}, 'a').write(' '.join(sys.argv) + '\\n')\n"
+            f"time.sleep({pause})\n"
+            f"sys.stdout.buffer.write(open({str(tmp_path / f'{name}.out')!r}, 'rb').read())\n"
+            f"sys.exit({code})\n"
         )
         (bin_dir / name).chmod(0o755)
     return {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}

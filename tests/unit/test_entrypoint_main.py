@@ -35,6 +35,7 @@ from nvrx_appliance.node import (
 from nvrx_appliance.node.gate import Leave
 from nvrx_appliance.node.identity import Node
 from nvrx_appliance.node.supervise import Save
+from tests import process_tree
 from tests.unit import entrypoint_support as support
 
 # The entrypoint's log lines: the one timestamp format (clock.log_stamp), then who speaks.
@@ -316,9 +317,13 @@ def ft_launcher_of(proc: subprocess.Popen):
 
 
 def stop(proc: subprocess.Popen) -> None:
+    """The entrypoint and everything it started: ft_launcher runs in a session of its
+    own, and NVRx's rank monitor, which ignores SIGTERM, is left with parent 1 when the
+    launcher dies hard. Their environment names this test (tests/process_tree.py)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    process_tree.end_started()
 
 
 def test_a_late_peer_dialing_a_dead_host_leaves_within_the_grace_of_the_flag(tmp_path):

@@ -98,6 +98,26 @@ def test_a_sweep_removes_the_older_ones_and_leaves_a_newer_half_written_save(tmp
     assert len(list((tmp_path / "iter_0000040").iterdir())) == 1
 
 
+def test_a_scripts_checkpoint_files_are_kept_to_its_save_retention(tmp_path):
+    # The workload contract lets a script save iter_NNNNNNN.pt files (examples/
+    # train_script.py does): task 0's keeper keeps the newest N of them as of Megatron's
+    # directories, never the tracked one nor a newer file being written.
+    for iteration in (10, 20, 30, 40, 50):
+        (tmp_path / f"iter_{iteration:07d}.pt").write_bytes(b"model")
+    tracked_before(tmp_path, 10, 20, 30)
+    track(tmp_path, "40\n")
+    assert retention.sweep(tmp_path, keep=2) == [10, 20]
+    assert kept(tmp_path) == ["iter_0000030.pt", "iter_0000040.pt", "iter_0000050.pt"]
+    # The fall-back never points the tracker at what was removed.
+    assert tracked_record.read(tmp_path / tracked_record.FILE) == {30, 40}
+
+
+def test_a_script_chain_hands_its_save_retention_to_task_0s_keeper():
+    script = support.run_manifest(Path("/shared/run"), workload="script",
+                                  script="/opt/train.py", save_retention=2)  # fmt: skip
+    assert script.policy.checkpoints_kept == 2
+
+
 def test_a_tracker_caught_while_megatron_rewrites_it_removes_nothing(tmp_path):
     for iteration in (10, 20, 30):
         checkpoint(tmp_path, iteration)
@@ -293,3 +313,12 @@ def test_a_record_that_could_not_be_written_is_written_at_the_next_look(tmp_path
                    "10 recorded without the tracker moving")  # fmt: skip
     finally:
         keeper.stop()
+
+
+def test_the_keeper_looks_often_enough_to_record_saves_0_6_s_apart():
+    # Seen at a look a second: saves 0.6 s apart, and 70 and 130 never reached the tracked
+    # record, so no fall-back could go back to them. Every save standing 0.6 s now meets
+    # two looks: one to record it, one more should that record fail to be written.
+    assert 2 * retention.LOOK_PERIOD_S <= 0.6
+    contract = (Path(__file__).parents[2] / "docs" / "workload-contract.md").read_text()
+    assert f"superseded within {retention.LOOK_PERIOD_S:g} s" in contract

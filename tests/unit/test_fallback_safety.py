@@ -46,6 +46,19 @@ def test_with_only_torn_directories_before_it_the_chain_stops_saying_so(tmp_path
     assert tracker(ckpt) == "200\n"
 
 
+def test_when_retention_removed_the_target_the_stop_names_save_retention(tmp_path):
+    # Seen with --save-retention 1: 30 tracked and complete, retention removed 20 and 25.
+    ckpt = _checkpoints(tmp_path, (20, 25, 30), 30)
+    for gone in (20, 25):
+        (ckpt / iteration_dir(gone) / "shard").unlink()
+        (ckpt / iteration_dir(gone)).rmdir()
+        tracked_record.append(ckpt / tracked_record.FILE, tracked_record.REMOVED, gone)
+    done = fallback.set_aside(ckpt, ckpt / "fallbacks.jsonl", 30, **ARGS)
+    assert done.stop and tracker(ckpt) == "30\n"
+    assert "retention had removed the complete one(s) before it (20, 25)" in done.message
+    assert "--save-retention" in done.message
+
+
 def test_the_tracker_moves_before_the_bad_checkpoint_is_renamed(tmp_path, monkeypatch):
     # The rename fails (its new name is taken by a non-empty directory): the tracker
     # names the earlier checkpoint already, a state every restart can load.
@@ -154,6 +167,47 @@ def test_a_lock_stolen_from_a_slow_holder_counts_one_fall_back_once(tmp_path, mo
     [entry] = [json.loads(line) for line in record.read_text().splitlines()]
     assert (entry["from"], entry["to"], entry["node"]) == (35, 30, "node2")
     assert tracker(ckpt) == "30\n"
+
+
+def lock_taken_while_read(monkeypatch, path: Path, taker: str, read_of: str) -> None:
+    """The one race a look at a lock and its removal leave: the moment after the lock
+    whose text holds `read_of` is read, another guard's lock takes the name `path`
+    (by rename, as a waiter that broke it and won the create would leave it)."""
+    real = lockfile.files.read_text
+    taken = threading.Event()
+
+    def read_then_taken(file, limit):
+        text = real(file, limit)
+        if not taken.is_set() and text and read_of in text:
+            taken.set()
+            made = path.with_name("taker.tmp")
+            made.write_text(json.dumps({"host": "node2", "pid": 2, "token": taker}))
+            os.replace(made, path)
+        return text
+
+    monkeypatch.setattr(lockfile.files, "read_text", read_then_taken)
+
+
+def test_a_lock_taken_between_the_holders_last_look_and_its_removal_is_not_removed(
+    tmp_path, monkeypatch
+):
+    path = tmp_path / lockfile.LOCK_FILE
+    with lockfile.exclusive(path):
+        mine = json.loads(path.read_text())["token"]
+        lock_taken_while_read(monkeypatch, path, "t2", read_of=mine)
+    assert json.loads(path.read_text())["token"] == "t2"
+
+
+def test_a_stale_lock_replaced_while_a_waiter_breaks_it_is_not_removed(tmp_path, monkeypatch):
+    path = tmp_path / lockfile.LOCK_FILE
+    path.write_text(json.dumps({"host": "node9", "pid": 9, "token": "dead"}))
+    stale = lockfile._seen(path)
+    lock_taken_while_read(monkeypatch, path, "t2", read_of="dead")
+    lockfile._break(path, stale)
+    assert json.loads(path.read_text())["token"] == "t2"
+    lockfile._break(path, stale)  # a waiter that judged the dead one stale breaks no other
+    assert json.loads(path.read_text())["token"] == "t2"
+    assert [p.name for p in tmp_path.iterdir()] == [lockfile.LOCK_FILE]
 
 
 def test_a_repeated_fall_back_from_the_same_checkpoint_is_neither_done_nor_counted_twice(

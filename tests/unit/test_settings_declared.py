@@ -43,7 +43,8 @@ def test_the_messages_say_the_rule_in_words():
         "train_tasks": "must be at least 1 (got 0); set --train-tasks 1 or more",
         "hot_spares": "cannot be negative (got -1); use 0 for none",
         "step_timeout": "must be a positive number of seconds (got 0)",
-        "rdzv_port": "must be between 1 and 65535 (got 0); a TCP port",
+        "rdzv_port": "must be between 1024 and 65535 (got 1023); ports below 1024 need "
+        "root, and the job runs as you: pick one of 1024 to 65535",
     }
     for name, message in said.items():
         low = spec_fields()[[f.name for f in spec_fields()].index(name)].metadata["minimum"]
@@ -58,6 +59,13 @@ def test_a_value_outside_the_declared_choices_is_refused_listing_them(f):
     assert found == [
         f"unknown {f.name.replace('_', ' ')} 'bogus'; choose one of "
         + ", ".join(f.metadata["choices"])
+    ]
+
+
+def test_a_rendezvous_port_only_root_could_listen_on_is_refused():
+    assert problems_of("rdzv_port", dataclasses.replace(BASE, rdzv_port=80)) == [
+        "must be between 1024 and 65535 (got 80); ports below 1024 need root, and the job "
+        "runs as you: pick one of 1024 to 65535"
     ]
 
 

@@ -125,17 +125,50 @@ def test_run_json_of_the_wrong_type_is_refused_naming_the_setting_and_the_value(
     assert flag(f.name) in said and json.dumps(value) in said, said  # true, null, NaN
 
 
-def test_a_run_json_holding_a_5000_digit_integer_is_refused_in_words(tmp_path):
+# An integer a float cannot hold, and one of more digits than Python will read.
+HUGE = {"1 and 400 zeros": ("1" + "0" * 400, "about 401 digits"),
+        "5000 digits": ("7" * 5000, "about 5000 digits")}  # fmt: skip
+
+
+@pytest.mark.parametrize("huge", HUGE, ids=str)
+@pytest.mark.parametrize("f", NUMERIC, ids=lambda f: f.name)
+def test_a_huge_integer_is_refused_naming_the_setting_and_the_value_from_every_source(
+    f, huge, tmp_path
+):
+    digits, words = HUGE[huge]
+    refused_naming(dry_run([flag(f.name), digits]), flag(f.name), words)
+    refused_naming(dry_run(env={f.metadata["env"]: digits}), flag(f.name), words)
+    config = tmp_path / "huge.toml"
+    config.write_text(f"{flag(f.name)[2:]} = {digits}\n")
+    refused_naming(dry_run(["--config", str(config)]), flag(f.name)[2:], words)
     path = tmp_path / "run.json"
-    text = json.dumps(run_json()).replace('"depth": 3', '"depth": ' + "7" * 5000)
-    path.write_text(text)
-    with pytest.raises(manifest.ManifestError, match="a number too long to be a setting"):
+    path.write_text(json.dumps(run_json(**{f.name: "HUGE"})).replace('"HUGE"', digits))
+    with pytest.raises(manifest.ManifestError) as refused:
         manifest.load(path)
+    assert flag(f.name) in str(refused.value) and words in str(refused.value)
 
 
 def test_a_fault_delay_of_nan_from_the_environment_is_refused_and_nothing_is_written():
     result = dry_run(env={"NVRX_FAULT_DELAY": "nan"})
-    refused_naming(result, "--fault-delay", "NaN is not a finite number")
+    refused_naming(result, "NVRX_FAULT_DELAY", "--fault-delay", "'nan' is not a finite number")
+
+
+@pytest.mark.parametrize("given", ["1e400", "-1e400", "nan", "inf"])
+def test_a_number_beyond_a_float_is_refused_in_the_words_it_was_given(given, tmp_path):
+    said = f"{given!r} is not a finite number"
+    refused_naming(dry_run(["--fault-delay", given]), "--fault-delay", said)
+    refused_naming(dry_run(env={"NVRX_FAULT_DELAY": given}), "--fault-delay", said)
+    config = tmp_path / "delay.toml"
+    config.write_text(f"fault-delay = {given.replace('1e400', '1e400')}\n")
+    result = dry_run(["--config", str(config)])
+    assert result.exit_code == 2 and "fault-delay" in result.output, result.output
+    assert "Traceback" not in result.output
+
+
+def test_print_config_never_prints_a_value_that_is_not_json():
+    result = dry_run(["--print-config", "--json"], env={"NVRX_FAULT_DELAY": "nan"})
+    refused_naming(result, "NVRX_FAULT_DELAY", "'nan' is not a finite number")
+    assert "NaN" not in result.stdout
 
 
 @pytest.mark.parametrize("f", EMPTY_MEANS, ids=lambda f: f.name)
@@ -143,6 +176,24 @@ def test_an_empty_value_is_taken_where_the_help_says_what_empty_means(f):
     for result in (dry_run([flag(f.name), ""]), dry_run(env={f.metadata["env"]: ""})):
         assert result.exit_code == 0, result.output
     manifest.parse(run_json(**{f.name: ""}))
+
+
+BOOLEAN = [f for f in FIELDS if kind(f) == "bool"]
+
+
+@pytest.mark.parametrize("f", BOOLEAN, ids=lambda f: f.name)
+def test_an_empty_boolean_variable_is_refused_rather_than_read_as_off(f):
+    # NVRX_ASYNC_SAVE= turned asynchronous saving off without a word.
+    result = dry_run(env={f.metadata["env"]: ""})
+    refused_naming(result, f.metadata["env"], "is set but empty", "unset it for the default")
+
+
+@pytest.mark.parametrize(("word", "value"), [("1", True), ("true", True), ("yes", True),
+                                            ("on", True), ("0", False), ("false", False),
+                                            ("no", False), ("off", False)])  # fmt: skip
+def test_a_switch_variable_takes_the_words_the_knobs_page_lists(word, value):
+    result = dry_run(["--print-config", "--json"], env={"NVRX_ASYNC_SAVE": word.upper()})
+    assert json.loads(result.stdout)["settings"]["async_save"]["value"] is value
 
 
 def test_an_empty_mem_gives_sbatch_no_mem_so_the_cluster_default_applies():

@@ -444,3 +444,46 @@ def test_status_watch_refuses_to_refresh_faster_than_the_floor(tmp_path):
     result = CliRunner().invoke(cli, ["status", "1", "--work-dir", str(tmp_path), "--watch", "0"])
     assert result.exit_code == 2
     assert "--watch" in result.output and "x>=2" in result.output
+
+
+def test_a_straggler_replaced_in_the_running_generation_is_said_for_the_rest_of_the_chain(
+    tmp_path, slurm
+):
+    """Seen: after --straggler-action replace took node3 out and the pace came back,
+    status said only "running": the goodput rule no longer saw a slow node, and the
+    generation's ledger line comes only at its end. What task 0 wrote down (its
+    `named.<node>` file) is said until the ledger says it."""
+    from nvrx_appliance.cli.main import cli
+    from nvrx_appliance.node import control
+
+    spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", runtime="bare", job_name="slow",
+                     straggler_action="replace")  # fmt: skip
+    m = manifest.build(spec, created="2026-12-01T09:00:00Z", user="alice")
+    manifest.save(m)
+    slurm.add("4250", "slow", str(tmp_path), "RUNNING", nodes="node1",
+              start="2026-12-01T09:01:00")  # fmt: skip
+    named = {"generation": control.generation(m.chain_id, "4250", "x"), "node": "node3",
+             "cycle": 0, "slowdown": 2.5, "lost_s": 75,
+             "action": "replaced: it costs 292 s until the generation ends, more than a restart",
+             "words": "node3 is a straggler in cycle 0 of generation 4250: ..."}  # fmt: skip
+    path = m.layout.straggler_named("4250", "node3")
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(named))
+    # Another chain's file under a reused array job id says nothing here.
+    other = m.layout.straggler_named("4250", "node9")
+    other.write_text(json.dumps({**named, "node": "node9",
+                                 "generation": control.generation("older", "4250", "x")}))  # fmt: skip
+    result = CliRunner().invoke(cli, ["status", "slow"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert (
+        "generation 4250: node3 was a straggler in cycle 0 (2.50x its peers' own step; the run "
+        "lost 75 s waiting for it): replaced: it costs 292 s until the generation ends"
+    ) in text
+    assert "node9" not in text
+    # Once the teardown has written the generation's line, the ledger says it (once).
+    m.layout.ledger.write_text(json.dumps({"array_job_id": "4250", "chain": m.chain_id,
+                                           "exit_code": 0, "action": "released_spares",
+                                           "stragglers": [named]}) + "\n")  # fmt: skip
+    again = " ".join(CliRunner().invoke(cli, ["status", "slow"]).output.split())
+    assert again.count("node3 was a straggler in cycle 0") == 1

@@ -54,3 +54,24 @@ def test_submit_takes_a_private_checkpoint_directory_or_none_yet(tmp_path):
         probe.gather(_spec(work_dir=str(work)), with_slurm=False, user="a").checkpoints_error
         is None
     )
+
+
+def test_submit_warns_of_earlier_checkpoints_the_tracked_record_never_named(tmp_path):
+    """Such a work dir has nothing to fall back to: the first checkpoint that fails to
+    load stops the chain. Submit says so, and how to vouch for one."""
+    from nvrx_appliance.checkpoints import tracked_record
+    from nvrx_appliance.settings.validate import unrecorded_warning
+
+    checkpoints = tmp_path / "run" / "checkpoints"
+    for iteration in (10, 20, 30):
+        (checkpoints / f"iter_{iteration:07d}").mkdir(parents=True)
+    (checkpoints / "latest_checkpointed_iteration.txt").write_text("30\n")
+    spec = _spec(work_dir=str(tmp_path / "run"))
+    facts = probe.gather(spec, with_slurm=False, user="alice")
+    said = unrecorded_warning(spec, facts)
+    assert said is not None
+    assert "holds checkpoints before the tracked 30 (10, 20)" in said
+    assert 'add a line {"tracked": 20} to checkpoints/tracked.jsonl' in said
+    assert unrecorded_warning(dataclasses.replace(spec, checkpoint_fallbacks=0), facts) is None
+    tracked_record.append(checkpoints / tracked_record.FILE, tracked_record.TRACKED, 20)
+    assert unrecorded_warning(spec, probe.gather(spec, with_slurm=False, user="a")) is None

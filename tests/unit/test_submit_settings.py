@@ -101,8 +101,8 @@ def test_a_config_key_is_the_flags_name_as_the_help_says(tmp_path):
     [
         ("trian_tasks = 4", "unknown setting 'trian_tasks'"),
         ('time = "01:00:00"\ntime_limit = "02:00:00"', "'time_limit' sets --time a second time"),
-        ('train_tasks = "4"', "train_tasks = '4' should be an integer"),
-        ("depth = true", "depth = True should be an integer"),
+        ('train_tasks = "4"', 'train_tasks = "4" should be an integer'),
+        ("depth = true", "depth = true should be an integer"),
         ("train_tasks = ", "not valid TOML"),
     ],
 )

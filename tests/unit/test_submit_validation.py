@@ -185,6 +185,33 @@ def test_an_image_without_the_trainer_run_json_names_is_refused_before_anything_
     assert _messages(spec, dataclasses.replace(GOOD_FACTS, image_manifest=held)) == []
 
 
+def test_a_megatron_path_the_image_does_not_hold_is_refused_unless_a_mount_brings_it():
+    image = {"entrypoint_protocol": ENTRYPOINT_PROTOCOL, "flavor": "gpu", "probed": {},
+             "pins": {"megatron_path": "/workspace/megatron-lm"}}  # fmt: skip
+    facts = dataclasses.replace(GOOD_FACTS, image_manifest=image)
+    spec = _spec(image="/img/a.sqsh", runtime="pyxis", workload="megatron",
+                 megatron_path="/opt/megatron")  # fmt: skip
+    assert _messages(spec, facts) == [
+        "--megatron-path: /opt/megatron is not where the image holds Megatron-LM "
+        "(/workspace/megatron-lm) nor under a container mount; pass --megatron-path "
+        "/workspace/megatron-lm, or mount your own checkout there with --mounts"
+    ]
+    assert (
+        _messages(dataclasses.replace(spec, megatron_path="/workspace/megatron-lm/"), facts) == []
+    )
+    mounted = dataclasses.replace(spec, mounts=f"{SHARED}:{SHARED},/home/alice/mlm:/opt/megatron")
+    assert _messages(mounted, facts) == []
+
+
+def test_an_image_given_with_bare_metal_is_refused_not_ignored():
+    result = CliRunner().invoke(
+        cli, ["submit", "--dry-run", "--runtime", "bare", "--workload", "cpu", "--work-dir",
+              SHARED, "--image", "/images/a.sqsh"], env={"SLURM_CONF": "/nonexistent"},
+    )  # fmt: skip
+    assert result.exit_code == 2 and "#!/bin/bash" not in result.stdout
+    assert "--image: /images/a.sqsh would not be used: --runtime bare" in result.stderr
+
+
 def test_the_protocol_moved_past_the_images_built_before_the_trainer_moved():
     assert ENTRYPOINT_PROTOCOL >= 4
 
@@ -235,7 +262,8 @@ def test_a_path_component_longer_than_the_file_system_allows_is_one_line(
     # 300 characters: more than NAME_MAX (255), so looking the path up raises ENAMETOOLONG,
     # which submit's probe let out as a traceback.
     path = value.format(long=str(tmp_path / ("a" * 300)))
-    args = ["submit", "--runtime", "bare", "--work-dir", "/shared/alice/x", option, path]
+    runtime = "pyxis" if option == "--image" else "bare"  # bare metal runs no image
+    args = ["submit", "--runtime", runtime, "--work-dir", "/shared/alice/x", option, path]
     result = CliRunner().invoke(cli, [*args, "--dry-run"], env={"SLURM_CONF": "/nonexistent"})
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit), result.output
     mine = [line for line in result.stderr.splitlines() if f"submit: {option}: " in line]

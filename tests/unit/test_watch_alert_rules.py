@@ -39,11 +39,15 @@ def rules() -> list[dict]:
 
 
 def test_promtool_passes_the_rules_own_tests():
+    # The alerts at a pass a minute, and the timing at a 15 s scrape (a pass written late).
+    files = sorted(RULE_TESTS.parent.glob("*.test.yml"))
+    assert [f.name for f in files] == [RULE_TESTS.name, "nvrx-appliance.timing.test.yml"]
     result = subprocess.run(
-        [promtool(), "test", "rules", str(RULE_TESTS)], capture_output=True, text=True, timeout=120
-    )
+        [promtool(), "test", "rules", *map(str, files)], capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS" in result.stdout
+    assert result.stdout.count("SUCCESS") == 2
 
 
 def test_promtool_refuses_a_test_that_expects_the_wrong_thing(tmp_path):
@@ -108,3 +112,27 @@ def test_alert_rules_prints_the_path_of_the_installed_rules():
     assert result.exit_code == 0
     assert result.output == f"{RULES}\n"
     assert "- alert: NvrxChainStopped" in Path(result.output.strip()).read_text()
+
+
+def test_runbook_base_prints_the_rules_with_every_runbook_an_address_a_pager_can_open(tmp_path):
+    base = "https://git.example/ml/nvrx-appliance/-/blob/v1"
+    result = CliRunner().invoke(watch, ["--runbook-base", base], catch_exceptions=False)
+    assert result.exit_code == 0
+    printed = yaml.safe_load(result.output)["groups"][0]["rules"]
+    assert [r["annotations"]["runbook_url"] for r in printed] == [
+        f"{base}/docs/watch.md#{r['alert'].lower()}" for r in rules()
+    ]
+    installed = tmp_path / "nvrx-appliance.rules.yml"
+    installed.write_text(result.output)
+    check = subprocess.run([promtool(), "check", "rules", str(installed)], capture_output=True,
+                           text=True, timeout=120)  # fmt: skip
+    assert check.returncode == 0, check.stdout + check.stderr
+    docs = (ROOT / "docs" / "watch.md").read_text()
+    assert "nvrx-watch --runbook-base" in docs
+
+
+@pytest.mark.parametrize("base", ["docs.example/nvrx", "ftp://docs.example/", "https://x/?a=1"])
+def test_a_runbook_base_that_is_no_web_address_is_refused_naming_it(base):
+    result = CliRunner().invoke(watch, ["--runbook-base", base])
+    assert result.exit_code == 2
+    assert "--runbook-base" in result.output and repr(base) in result.output

@@ -11,7 +11,7 @@ import pytest
 from nvrx_appliance.observe import deaths, run_files
 from nvrx_appliance.observe.hangs import Hang
 from nvrx_appliance.observe.types import Checkpoint, Cycle, Ending, Generation, LedgerEntry, Task
-from nvrx_appliance.watch import detectors
+from nvrx_appliance.watch import detectors, finding_counts
 from nvrx_appliance.watch.config import Thresholds
 from nvrx_appliance.watch.findings import (
     CANCEL_GENERATION,
@@ -33,8 +33,9 @@ from nvrx_appliance.watch.findings import (
 NOW = 1_800_000_000.0
 T = Thresholds()
 RUN = Run(
-    job_name="chain-a", owner="alice", work_dir="/shared/alice/run", max_restarts=10, train_tasks=2
-)
+    job_name="chain-a", owner="alice", work_dir="/shared/alice/run", max_restarts=10,
+    train_tasks=2, spares=2,
+)  # fmt: skip
 
 
 def snapshot(**kw) -> Snapshot:
@@ -409,6 +410,16 @@ def test_spares_exhausted_counts_standby_nodes_pending_spares_and_hot_spares_run
         assert detectors.spares_exhausted(snap, T) == []
 
 
+def test_a_chain_given_no_spares_or_whose_spares_are_unknown_is_not_said_to_run_out():
+    # Both fired every pass, forever, on a healthy chain: --hot-spares 0 --cold-spares 0
+    # (allowed), and a chain watched by --work-dir without run.json.
+    alone = dict(cycles=(cycle(0, 60, None),), generations=(gen("100", "RUNNING", "RUNNING"),))
+    for spares in (0, None):
+        snap = snapshot(run=replace(RUN, spares=spares), **alone)
+        assert detectors.spares_exhausted(snap, T) == []
+    assert detectors.spares_exhausted(snapshot(**alone), T) != []  # given 2, none left
+
+
 def _short_cycles(count: int, nodes=("node[1-2]",)) -> tuple[Cycle, ...]:
     pattern = [nodes[i % len(nodes)] for i in range(count)]
     out = tuple(
@@ -446,6 +457,22 @@ def test_a_detector_whose_source_failed_is_skipped_not_run_on_partial_data():
     assert "chain_exhausted" not in found  # no generations seen is not "no generations"
     assert "cycle_stalled" not in found  # liveness unknown: a stale open cycle is not a stall
     assert "source_unavailable" in found
+
+
+def test_unreadable_cycle_files_keep_the_cycle_detectors_counts_not_zero():
+    seen = snapshot(cycles=tuple(cycle(i, 600 - 60 * i, 30) for i in range(6)))
+    storm = finding_counts.count(detectors.run(seen, T), detectors.blind_to(seen), None)
+    assert storm.by_detector[("restart_storm", "warning")] == 1
+    unreadable = snapshot(sources={CYCLES: SourceStatus(UNAVAILABLE, "permission denied")})
+    blind = detectors.blind_to(unreadable)
+    assert {"restart_storm", "stalled_progress", "cycle_stalled", "suspect_node"} <= blind
+    assert "chain_exhausted" not in blind
+    after = finding_counts.count(detectors.run(unreadable, T), blind, storm)
+    assert after.by_detector[("restart_storm", "warning")] == 1  # carried, not 0
+    assert after.by_detector[("chain_exhausted", "critical")] == 0  # it judged: none
+    restored = finding_counts.from_json(after.to_json())
+    assert restored == after  # as the state file keeps it between passes
+    assert finding_counts.from_json({"detectors": [["x", "y", -1]], "nodes": []}) is None
 
 
 def test_disabled_detectors_do_not_run():

@@ -18,7 +18,7 @@ import pytest
 from nvrx_appliance.watch import detectors, sinks, target
 from nvrx_appliance.watch import run_loop as watch_shell
 from nvrx_appliance.watch.config import Settings, Thresholds
-from nvrx_appliance.watch.platform import SlurmPlatform
+from nvrx_appliance.watch.platform import SlurmPlatform, SlurmUnavailable
 from nvrx_appliance.watch.watcher import Watcher
 from tests.unit.test_watch_slurm import SACCT_TIMED_OUT, Replay, one_pass
 
@@ -148,7 +148,9 @@ def test_the_webhook_body_is_slack_compatible_and_carries_the_finding(tmp_path, 
 
 
 def test_info_findings_are_logged_but_never_paged(tmp_path, receiver, capsys):
-    make_watcher(tmp_path, receiver.url).pass_once()
+    watcher = make_watcher(tmp_path, receiver.url)
+    watcher.run = dataclasses.replace(watcher.run, spares=1)  # as its run.json would say
+    watcher.pass_once()
     assert "[info] spares_exhausted" in capsys.readouterr().err
     paged = [b["finding"]["detector"] for b in receiver.bodies("/hook/")]
     assert "spares_exhausted" not in paged
@@ -249,6 +251,60 @@ def test_a_finding_a_failed_follow_up_hides_is_not_resolved(tmp_path, receiver):
     events = receiver.bodies("/v2/enqueue")
     assert [e["event_action"] for e in events].count("resolve") == 0  # not seen is not gone
     assert events[-1]["dedup_key"].endswith("/source_unavailable/slurm_follow_up")
+
+
+def unreachable(argv, timeout):
+    """Slurm while slurmctld restarts: every command fails."""
+    raise SlurmUnavailable(f"{argv[0]}: Unable to contact slurm controller (connect failure)")
+
+
+def findings_gauges(path: Path) -> dict[str, str]:
+    return {k: v for k, v in series(path.read_text()).items() if "findings{" in k}
+
+
+def test_a_blind_pass_between_two_seeing_ones_neither_clears_the_gauges_nor_pages_again(
+    tmp_path, receiver
+):
+    """A controller restart: the pass that cannot see Slurm skipped the chain detectors.
+    It wrote 0 for them, which resolved NvrxStrandedGeneration and the rest, and the next
+    pass paged again. The gauges now carry the last count through it, as the PagerDuty
+    sink keeps its page open."""
+    pagerduty = [sinks.PagerDutySink(f"{receiver.url}/v2/enqueue", ROUTING_KEY)]
+    settings = Settings(state_file=str(tmp_path / "state" / "state.json"),
+                        metrics_file=str(tmp_path / "metrics" / "nvrx.prom"))  # fmt: skip
+    at = "2026-11-30T18:25:00"
+    seeing = Replay(sacct="sacct_no_restart.txt")
+    first = one_pass(tmp_path, seeing, "watch-rec-7357", at, paging=pagerduty, settings=settings)
+    assert "stranded_generation" in {f.detector for f in first.findings}
+    before = findings_gauges(Path(settings.metrics_file))
+    stranded = next(k for k in before if 'detector="stranded_generation"' in k)
+    assert before[stranded] == "1"
+
+    blind = one_pass(tmp_path, unreachable, "watch-rec-7357", at, paging=pagerduty,
+                     settings=settings)  # fmt: skip
+    assert blind.degraded and "stranded_generation" not in {f.detector for f in blind.findings}
+    during = findings_gauges(Path(settings.metrics_file))
+    for detector in ("stranded_generation", "orphaned_generation", "chain_not_cancelled",
+                     "generation_churn", "chain_stopped", "chain_exhausted"):  # fmt: skip
+        keys = [k for k in before if f'detector="{detector}"' in k]
+        assert keys and all(during[k] == before[k] for k in keys), detector  # not 0
+    assert 'source="slurm"} 0' in Path(settings.metrics_file).read_text()
+
+    one_pass(tmp_path, seeing, "watch-rec-7357", at, paging=pagerduty, settings=settings)
+    assert findings_gauges(Path(settings.metrics_file))[stranded] == "1"
+    events = [e for e in receiver.bodies("/v2/enqueue") if "stranded_generation" in e["dedup_key"]]
+    assert [e["event_action"] for e in events] == ["trigger"]  # paged once, never resolved
+
+
+def test_a_watcher_blind_from_its_first_pass_writes_no_finding_it_never_judged(tmp_path):
+    # Nothing carried: no sample (an absent series is "no data"), never a 0 ("none").
+    settings = Settings(state_file=str(tmp_path / "state" / "state.json"),
+                        metrics_file=str(tmp_path / "metrics" / "nvrx.prom"))  # fmt: skip
+    one_pass(tmp_path, unreachable, "watch-rec-7357", "2026-11-30T18:25:00", settings=settings)
+    written = findings_gauges(Path(settings.metrics_file))
+    assert not [k for k in written if 'detector="stranded_generation"' in k]
+    assert not [k for k in written if 'detector="chain_exhausted"' in k]
+    assert [v for k, v in written.items() if 'detector="source_unavailable"' in k] == ["1"]
 
 
 def test_the_heartbeat_is_sent_only_after_a_pass_that_could_observe(tmp_path, receiver):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nvrx_appliance.goodput import straggler
 from nvrx_appliance.observe.training_log import CycleWork, OwnSteps
-from nvrx_appliance.watch import detectors, sinks
+from nvrx_appliance.watch import detectors, finding_counts, sinks
 from nvrx_appliance.watch.findings import NOT_CONFIGURED, TRAINING, WARNING, SourceStatus
 
 from .test_watch_detectors import T, gen, snapshot
@@ -33,8 +33,13 @@ def test_a_straggler_of_a_generation_that_has_ended_is_no_finding():
     assert detectors.straggler(snap, T) == []
 
 
+def counted(*findings):
+    """The findings gauges of a pass that judged every detector."""
+    return finding_counts.count(findings, frozenset(), None)
+
+
 def test_the_gauges_carry_the_slowdown_and_the_time_lost_zero_when_nobody_is_slow():
-    figures = sinks.PassFigures((), 0.1, False)
+    figures = sinks.PassFigures(counted(), 0.1, False)
     named = snapshot(sources={TRAINING: SourceStatus("observed")}, stragglers=slow_node3())
     text = sinks.metrics_text(named, figures)
     assert 'nvrx_watch_straggler_slowdown{chain="chain-a",owner="alice"} 2.5' in text
@@ -51,12 +56,12 @@ def test_the_node_a_finding_names_is_a_series_of_its_own_and_leaves_with_the_fin
         sources={TRAINING: SourceStatus("observed")},
         stragglers=slow_node3(),
     )
-    figures = sinks.PassFigures(tuple(detectors.straggler(snap, T)), 0.1, False)
+    figures = sinks.PassFigures(counted(*detectors.straggler(snap, T)), 0.1, False)
     text = sinks.metrics_text(snap, figures)
     assert (
         'nvrx_watch_node_findings{chain="chain-a",owner="alice",detector="straggler",'
         'node="node3"} 1'
     ) in text
-    quiet = sinks.metrics_text(snap, sinks.PassFigures((), 0.1, False))
+    quiet = sinks.metrics_text(snap, sinks.PassFigures(counted(), 0.1, False))
     assert "# TYPE nvrx_watch_node_findings gauge" in quiet
     assert "nvrx_watch_node_findings{" not in quiet
