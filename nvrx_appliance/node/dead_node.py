@@ -9,16 +9,18 @@ where the teardown's node memory, `status`, `report` and the watcher read it:
 and then, by what the node was doing when it died (the newest cycle-info file, which
 task 0 itself writes when a round closes):
 
-- it trained in the current cycle, and nothing else has noticed: this is the silent
-  death, and the survivors wait on it inside a collective. With a free hot spare, task 0
+- it trained in the current cycle, and nothing else has noticed (task 0's own ranks
+  still run): this is the silent death, and the survivors wait on it inside a
+  collective. With a free hot spare, task 0
   ends its own ranks (SIGKILL, as NVRx's own timeouts do), having first written why, so
   that their guards judge no hang and no node is charged with the failure. NVRx then does
   what it does for any failed rank: it opens the next round, every surviving launcher
   joins it and stops its workers, and the hot spare takes the dead node's place. Without
   a free hot spare the cycle could not form again until the join timeout: task 0 closes
   the generation instead, and the next one starts without the node (the hand-off).
-- it trained in an earlier cycle only: its ranks failed first and NVRx restarted without
-  it (a crash: its peers read a reset), and now it is gone too;
+- it trained in an earlier cycle only, or NVRx has already stopped task 0's ranks: its
+  ranks failed first and NVRx's own restart is under way or done (a crash: its peers
+  read a reset), and now it is gone too;
 - it never trained in this generation: a hot spare left the pool; training goes on.
 
 Every form is remembered like any bad node: the node is kept out of the chain's later
@@ -98,9 +100,9 @@ def words(node: str, kind: str, last_heard: float, cycle: int, silent_s: float) 
         return (f"{node} stopped answering at {at} UTC; no reset, no exit: a silent death "
                 f"(no liveness beat for {silent_s:.0f} s in cycle {cycle})")  # fmt: skip
     if kind == deaths.CRASHED:
-        return (f"{node} stopped answering at {at} UTC, after NVRx had restarted cycle "
-                f"{cycle} without it: its ranks failed first (a crash), and the node is "
-                f"gone (no liveness beat for {silent_s:.0f} s)")  # fmt: skip
+        return (f"{node} stopped answering at {at} UTC, after NVRx had ended cycle {cycle} "
+                "on its own: its ranks failed first (a crash), and the node is gone (no "
+                f"liveness beat for {silent_s:.0f} s)")  # fmt: skip
     return (f"hot spare {node} stopped answering at {at} UTC (no liveness beat for "
             f"{silent_s:.0f} s): it leaves the spare pool; training goes on")  # fmt: skip
 
@@ -118,6 +120,7 @@ class DeadNodes:
         control_dir: Path,
         workload: Sequence[str],
         log: Callable[[str], None],
+        training: Callable[[], bool] | None = None,
     ):
         layout = manifest.layout
         self.deaths = layout.deaths(array_job_id)
@@ -128,11 +131,17 @@ class DeadNodes:
         self.control_dir = control_dir
         self.workload = list(workload)
         self.log = log
+        # Whether task 0's own ranks still run: while they do, nothing has noticed the death.
+        self.training = training or (lambda: bool(time_limit.own_workers(self.workload)))
         self.replaced: dict[int, int] = {}  # cycle -> its nodes this judge took out
 
     def __call__(self, silent: liveness_rule.Silent) -> None:
         cycles = read_cycles(self.cycle_infos)
         kind, cycle = standing(silent.node, cycles)
+        if kind == deaths.SILENT and not self.training():
+            # NVRx already stopped task 0's ranks: the death reset its peers' sockets (a
+            # crash), and NVRx's own restart is under way; the next round has not closed.
+            kind = deaths.CRASHED
         last_heard = time.time() - (time.monotonic() - silent.last_heard)
         said = words(silent.node, kind, last_heard, cycle, silent.silent_s)
         hand_off = False

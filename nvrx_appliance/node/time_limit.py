@@ -94,21 +94,27 @@ def workers(launcher_pid: int, workload: Sequence[str]) -> list[tuple[int, int]]
     return found
 
 
-def end_workers(workload: Sequence[str]) -> int:
-    """SIGKILL the workers of this process's ft_launcher (each worker's process, as NVRx's
-    own timeouts do); how many were sent it. The launcher is found among our children by
-    its command line: the supervisor's trampoline execs it."""
+def own_workers(workload: Sequence[str]) -> list[int]:
+    """The workload processes of this process's ft_launcher, found among our children by
+    its command line (the supervisor's trampoline execs it); [] between two cycles."""
     if psutil is None:
-        return 0
-    ended = 0
+        return []
+    found = []
     for child in psutil.Process().children():
         with contextlib.suppress(psutil.Error):
-            if not any(a.endswith("ft_launcher") for a in child.cmdline()[:2]):
-                continue
-            for _target, worker in workers(child.pid, workload):
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(worker, signal.SIGKILL)
-                    ended += 1
+            if any(a.endswith("ft_launcher") for a in child.cmdline()[:2]):
+                found += [worker for _target, worker in workers(child.pid, workload)]
+    return found
+
+
+def end_workers(workload: Sequence[str]) -> int:
+    """SIGKILL the workers of this process's ft_launcher (each workload process, as NVRx's
+    own timeouts do); how many were sent it."""
+    ended = 0
+    for worker in own_workers(workload):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+            ended += 1
     return ended
 
 

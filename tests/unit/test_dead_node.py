@@ -36,14 +36,14 @@ def _cycle(manifest, number: int, active: str, standby: str = "") -> None:
     (folder / f"cycle_info.4242.0.{number}").write_text(json.dumps(doc))
 
 
-def _judge(tmp_path, silent_node: str, *, hot_spares: int = 1):
+def _judge(tmp_path, silent_node: str, *, hot_spares: int = 1, training: bool = True):
     manifest = run_manifest(tmp_path, hot_spares=hot_spares, train_tasks=2)
     control_dir = manifest.layout.control("4242")
     controldir.prepare(control_dir, os.geteuid())
     said: list[str] = []
     judge = dead_node.DeadNodes(
         manifest, array_job_id="4242", generation=GEN, me="node1", control_dir=control_dir,
-        workload=["python", "train.py"], log=said.append,
+        workload=["python", "train.py"], log=said.append, training=lambda: training,
     )  # fmt: skip
     return manifest, control_dir, judge, said
 
@@ -103,13 +103,27 @@ def test_a_node_that_crashed_first_or_a_spare_is_remembered_but_restarts_nothing
     judge(_silent("node4"))  # a hot spare that never trained here
     found = {d.node: d for d in workdir.deaths(manifest.layout, ["4242"])["4242"]}
     assert (found["node2"].kind, found["node2"].cycle) == ("crashed", 0)
-    assert "after NVRx had restarted cycle 0 without it: its ranks failed first" in (
+    assert "after NVRx had ended cycle 0 on its own: its ranks failed first" in (
         found["node2"].words
     )
     assert found["node4"].kind == "spare"
     assert found["node4"].words.startswith("hot spare node4 stopped answering at ")
     assert not list(manifest.layout.deaths("4242").glob("stopped.*"))
     assert not controldir.closed(control_dir, GEN)
+
+
+def test_a_crash_nvrx_is_already_restarting_from_is_no_silent_death_and_hands_nothing_off(
+    tmp_path,
+):
+    # The node died with its link up: its peers read a reset, NVRx stopped task 0's ranks
+    # at once, and the next round waits for a spare; no new cycle-info file yet.
+    manifest, control_dir, judge, _ = _judge(tmp_path, "node2", hot_spares=0, training=False)
+    _cycle(manifest, 0, "node[1-2]")
+    judge(_silent("node2"))
+    [death] = workdir.deaths(manifest.layout, ["4242"])["4242"]
+    assert (death.kind, death.hand_off) == ("crashed", False)
+    assert not controldir.closed(control_dir, GEN)  # NVRx's own round goes on
+    assert not list(manifest.layout.deaths("4242").glob("stopped.*"))
 
 
 def test_a_node_taken_for_dead_that_comes_back_fails_its_health_check(tmp_path):
