@@ -14,7 +14,9 @@ __all__ = ["SCHEMA_VERSION", "dumps", "iso_utc"]
 SCHEMA_VERSION = 1
 
 
-def dumps(kind: str, body: dict[str, Any]) -> str:
-    """`kind` names the document (status, submit, ...); the body's keys follow."""
+def dumps(kind: str, body: dict[str, Any], *, strict: bool = False) -> str:
+    """`kind` names the document (status, submit, ...); the body's keys follow. `strict`:
+    a NaN or an infinity is a bug to raise, never written (JSON has no such numbers, and
+    strict parsers refuse Python's NaN and Infinity)."""
     doc = {"schema": f"nvrx-appliance/{kind}", "schema_version": SCHEMA_VERSION, **body}
-    return json.dumps(doc, indent=2)
+    return json.dumps(doc, indent=2, allow_nan=not strict)

@@ -152,8 +152,8 @@ def plan_command(**o) -> None:
     total = o["total_rate"]
     if total is not None and not (math.isfinite(total) and 0 <= total <= asked.MOST_RATE):
         fail(
-            f"--total-rate: interruptions per 1,000 node-days, 0 to {asked.MOST_RATE:,.0f} "
-            "(Llama 3's: 3.8)",
+            f"--total-rate {asked.shown(total)}: interruptions per 1,000 node-days, 0 to "
+            f"{asked.MOST_RATE:,.0f} (Llama 3's: 3.8)",
             prefix=PREFIX,
         )
     defaults = (
@@ -207,7 +207,7 @@ def plan_command(**o) -> None:
     except api.SlurmUnreachable as exc:
         unreachable(PREFIX, str(exc), "pass the chain's --work-dir to read its files")
     if o["as_json"]:
-        click.echo(jsondoc.dumps("plan", view.to_json(plan)))
+        click.echo(jsondoc.dumps("plan", view.to_json(plan), strict=True))
         return
     for line in view.lines(plan, plan.step_s):
         click.echo(line)

@@ -307,9 +307,9 @@ def plan(
         summary = run_seeds(window, settings, design, sized.seeds)
         return _scaled(summary, scenario.horizon_s / sized.window_s)
 
-    tau = best_interval(scenario)
-    if math.isinf(tau):
-        tau = today.save_interval_s  # no interruptions: nothing to trade a save against
+    # No longer than a generation (its time-limit save comes first) or the run: with no
+    # interruptions, or next to none, that is the best there is.
+    tau = min(best_interval(scenario), scenario.time_limit_s, scenario.horizon_s)
     tau = max(tau, SHORTEST_INTERVAL_S)
     best = replace(
         today,

@@ -35,7 +35,8 @@ def _minutes(seconds: float) -> str:
         return f"{seconds:.1f} s"
     if seconds < 2 * 3600:
         return f"{seconds / 60:.1f} min"
-    return f"{seconds / 3600:.1f} h"
+    hours = seconds / 3600
+    return f"{hours:,.1f} h" if hours < 1e6 else f"{hours:.3g} h"
 
 
 def shares(summary: Summary, horizon: float) -> dict[str, float]:
@@ -195,6 +196,11 @@ def _wholes(c: Costs) -> dict[str, Step | None]:
     }
 
 
+def _finite(value: float) -> float | None:
+    """None where a figure is endless (no interruptions: no interval to take)."""
+    return value if math.isfinite(value) else None
+
+
 def _summary(summary: Summary, horizon: float) -> dict[str, Any]:
     return {
         "ettr": summary.ettr,
@@ -254,7 +260,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         },
         "today": _settings(plan.today),
         "recommended": _settings(plan.recommended),
-        "young_interval_seconds": plan.young_interval_s,
+        "young_interval_seconds": _finite(plan.young_interval_s),
         "choices": [
             {
                 "setting": c.setting,
