@@ -69,11 +69,17 @@ WITH_DEFAULTS = (
     ("--cold-spares", int, _SPEC.cold_spares, "Today's cold spares."),
     ("--lease-stale-after", float, _SPEC.lease_stale_after, "Today's lease, s."),
     ("--depth", int, _SPEC.depth, "Today's chain depth."),
+    ("--step-timeout", float, float(_SPEC.step_timeout),
+     "Today's step timeout, s: what a hang costs before its node is named."),
+    ("--node-silence-timeout", float, priced.DEFAULT_NODE_SILENCE_S,
+     "Today's silence timeout, s: a node silent that long leaves the cycle."),
     ("--seeds", int, _DEFAULTS.seeds, "Simulated runs averaged."),
 )  # fmt: skip
 # (flag, help): the options that are None unless given.
 WITHOUT = (
-    ("--node-death", f"Node deaths {RATE_HELP}"),
+    ("--node-death", f"Silent node deaths (host or link gone) {RATE_HELP}"),
+    ("--gpu-fault", "GPU faults (the rank crashes, the host lives, the node leaves) per 1,000 "
+     "node-days  [default: Llama 3's, per GPU: docs/plan.md]"),
     ("--rank-crash", f"Rank crashes (the node lives) {RATE_HELP}"),
     ("--hang", f"Hangs {RATE_HELP}"),
     ("--task0-loss", "Losses of task 0 beyond node deaths on its nodes, per 1,000 node-days "
@@ -128,10 +134,10 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--profile",
     type=click.Choice(profiles.NAMES),
-    default=profiles.LOCAL,
+    default=profiles.DEFAULT,
     show_default=True,
-    help="Recovery costs: local (measured on this machine's CPU stand-in) or cluster (a "
-    "real GPU cluster: published figures where they exist, said assumptions elsewhere).",
+    help="Recovery costs: cluster (a real GPU cluster: published figures where they exist, "
+    "said assumptions elsewhere) or local (measured on the local cluster's CPU stand-in).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(**o) -> None:
@@ -142,11 +148,7 @@ def plan_command(**o) -> None:
     the save interval, spares, lease and depth that maximise it and what each is worth,
     and the seeds' design at the same settings. docs/plan.md has the assumptions.
     """
-    given = [
-        f"--{k.replace('_', '-')}"
-        for k in ("node_death", "rank_crash", "hang", "task0_loss")
-        if o[k] is not None
-    ]
+    given = [f"--{k.replace('_', '-')}" for k in published.RATE_FIELDS if o[k] is not None]
     if o["total_rate"] is not None and given:
         fail(f"--total-rate: give it or {', '.join(given)}, not both", prefix=PREFIX)
     total = o["total_rate"]
@@ -161,11 +163,11 @@ def plan_command(**o) -> None:
     )
     rates = replace(
         defaults,
-        **{k: o[k] for k in ("node_death", "rank_crash", "hang", "task0_loss") if o[k] is not None},
+        **{k: o[k] for k in published.RATE_FIELDS if o[k] is not None},
         unloadable=o["unloadable"],
         source=defaults.source if not given else "given on the command line",
-        # A node death given is per node of the planned shape: no share of it rescaled.
-        gpu_share=0.0 if o["node_death"] is not None else defaults.gpu_share,
+        # A GPU fault rate given is per node of the planned shape: nothing rescaled.
+        gpus_per_node=None if o["gpu_fault"] is not None else defaults.gpus_per_node,
     )
     request = asked.Request(
         nodes=o["nodes"],
@@ -193,6 +195,8 @@ def plan_command(**o) -> None:
         step_s=o["step_seconds"],
         overrides=o["costs"],
         profile=o["profile"],
+        step_timeout_s=o["step_timeout"],
+        node_silence_s=o["node_silence_timeout"],
         seeds=o["seeds"],
         rates_given=bool(given) or o["total_rate"] is not None,
     )

@@ -89,19 +89,18 @@ def _checkpoint_json(c: Checkpoint | None, costs: Costs) -> dict[str, Any]:
 
 def rate_lines(scenario: Scenario) -> list[str]:
     r, shape = scenario.rates, scenario.shape
-    node_death = r.node_death_at(shape.gpus_per_node)
-    gpu = r.gpu_deaths_per_thousand_gpu_days()
+    gpu = r.gpu_faults_per_thousand_gpu_days()
     out = [
         f"failure rates per 1,000 node-days of {shape.gpus_per_node}-GPU nodes: node death "
-        f"{node_death:.3g}, rank crash {r.rank_crash:.3g}, hang {r.hang:.3g}, task 0 loss "
-        f"{r.task0_loss:.3g}; unloadable checkpoints {r.unloadable:.1%} of loads",
+        f"{r.node_death:.3g}, GPU fault {r.gpu_fault_at(shape.gpus_per_node):.3g}, rank crash "
+        f"{r.rank_crash:.3g}, hang {r.hang:.3g}, task 0 loss {r.task0_loss:.3g}; unloadable "
+        f"checkpoints {r.unloadable:.1%} of loads",
         f"  from {r.source}",
     ]
     if gpu is not None:
         out.append(
-            f"  the GPU's own deaths {gpu:.3g} per 1,000 GPU-days ({r.gpu_share:.0%} of the "
-            f"node deaths at {r.gpus_per_node} GPUs a node), scaled to {shape.gpus_per_node} "
-            "GPUs a node; the rest per node"
+            f"  GPU faults {gpu:.3g} per 1,000 GPU-days (counted on {r.gpus_per_node}-GPU "
+            f"nodes), scaled to {shape.gpus_per_node} GPUs a node; the rest per node"
         )
     for name, low, high, count, node_days in ranges(r):
         out.append(
@@ -179,8 +178,8 @@ def to_json(plan: Plan) -> dict[str, Any]:
     r = sc.rates
     return {
         **_checkpoint_json(sc.costs.checkpoint, sc.costs),
-        "node_death_per_1000_node_days_at_this_shape": r.node_death_at(sc.shape.gpus_per_node),
-        "gpu_deaths_per_1000_gpu_days": r.gpu_deaths_per_thousand_gpu_days(),
+        "gpu_fault_per_1000_node_days_at_this_shape": r.gpu_fault_at(sc.shape.gpus_per_node),
+        "gpu_faults_per_1000_gpu_days": r.gpu_faults_per_thousand_gpu_days(),
         "mttf_hours": mttf_s(sc) / 3600 if not math.isinf(mttf_s(sc)) else None,
         "failure_model": list(FAILURE_MODEL),
         "simulated": {

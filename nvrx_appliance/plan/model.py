@@ -21,6 +21,7 @@ from nvrx_appliance.goodput import save_interval as interval
 from nvrx_appliance.plan import costs as priced
 from nvrx_appliance.plan.simulate import (
     APPLIANCE,
+    DETECTS,
     SEEDS,
     Design,
     Scenario,
@@ -28,6 +29,7 @@ from nvrx_appliance.plan.simulate import (
     Summary,
     per_second,
     run_seeds,
+    task0_detection,
 )
 
 # A setting is recommended where the chance of what it guards against is below this.
@@ -63,26 +65,27 @@ def mean_recovery(scenario: Scenario, settings: Settings, design: Design) -> flo
     total = sum(rates.values())
     if not total:
         return 0.0
-    task0 = settings.lease_s if design.fences_task0 else c.s("store_wait")
     measured = design.fences_task0  # a chain's own hand-off cost is the appliance's
-    hand_off = sum(priced.hand_off(c, task0, measured).values())
     share = _task0_share(scenario)
 
-    def leaves(detect: str, detection: float) -> float:
-        """A node leaves: a spare's restart, or task 0's: a hand-off."""
-        spare = sum(priced.in_job_restart(c, detect, replaced=True).values())
-        return (1 - share) * spare + share * sum(priced.hand_off(c, detection, measured).values())
+    def hand_off(kind: str) -> float:
+        detection = task0_detection(c, kind, design, settings.lease_s)
+        return sum(priced.hand_off(c, detection, measured).values())
 
-    hang = (
-        leaves("detect_hang", c.s("detect_hang"))
-        if design.names_hung_node
-        else sum(priced.in_job_restart(c, "detect_hang").values())
-    )
+    def in_place(kind: str) -> float:
+        return sum(priced.in_job_restart(c, DETECTS[kind]).values())
+
+    def leaves(kind: str) -> float:
+        """A node leaves: a spare's restart, or task 0's: a hand-off."""
+        spare = sum(priced.in_job_restart(c, DETECTS[kind], replaced=True).values())
+        return (1 - share) * spare + share * hand_off(kind)
+
     cost = {
-        "node_death": leaves("detect_node_death", task0),
-        "rank_crash": sum(priced.in_job_restart(c, "detect_crash").values()),
-        "hang": hang,
-        "task0_loss": hand_off,
+        "node_death": leaves("node_death"),
+        "gpu_fault": leaves("gpu_fault"),
+        "rank_crash": in_place("rank_crash"),
+        "hang": leaves("hang") if design.names_hung_node else in_place("hang"),
+        "task0_loss": hand_off("task0_loss"),
     }
     return sum(rates[k] * cost[k] for k in rates) / total
 
@@ -172,10 +175,10 @@ def poisson_quantile(mean: float, risk: float) -> int:
 
 
 def _leaving(scenario: Scenario) -> float:
-    """Nodes that leave a generation per second: deaths, and hangs that name their node
-    (the appliance's stacks)."""
+    """Nodes that leave a generation per second: deaths, GPU faults (the node fails the
+    health check), and hangs that name their node (the appliance's stacks)."""
     rates = per_second(scenario)
-    return rates["node_death"] + rates["hang"]
+    return rates["node_death"] + rates["gpu_fault"] + rates["hang"]
 
 
 def spare_deaths_per_generation(scenario: Scenario) -> float:

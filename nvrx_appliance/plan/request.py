@@ -43,7 +43,11 @@ class Request:
     grace_s: float = 3.0
     step_s: float | None = None
     overrides: dict[str, float] = field(default_factory=dict)
-    profile: str = profiles.LOCAL
+    profile: str = profiles.DEFAULT
+    # Today's detection settings (submit's): a hang costs the step timeout, a silent
+    # node death the appliance's silence timeout and a beat.
+    step_timeout_s: float = priced.DEFAULT_STEP_TIMEOUT_S
+    node_silence_s: float = priced.DEFAULT_NODE_SILENCE_S
     seeds: int = 10
     # The rates were given (--node-death ...): with --from-chain they stand, and the
     # chain gives only its costs (what it measured) and its step.
@@ -180,6 +184,13 @@ def problems(request: Request) -> list[str]:
     seconds(r.storage_stall_s, "--storage-stall", "the stall's seconds")
     seconds(t.save_interval_s, "--save-minutes", "today's save interval", above=True, unit=60.0)
     seconds(t.lease_s, "--lease-stale-after", "today's lease in seconds", above=True)
+    seconds(r.step_timeout_s, "--step-timeout", "today's step timeout in seconds", above=True)
+    seconds(
+        r.node_silence_s,
+        "--node-silence-timeout",
+        "today's silence timeout in seconds",
+        low=1.0,  # the beats come once a second: a shorter timeout takes live nodes out
+    )
     seconds(r.step_s, "--step-seconds", "a training step's seconds", low=LEAST_STEP_S)
     need(
         0 <= t.hot_spares <= MOST_SPARES,
@@ -235,12 +246,13 @@ def with_history(request: Request, history: ChainHistory) -> Request:
         if request.rates_given
         else Rates(
             node_death=0.0,
+            gpu_fault=0.0,
             rank_crash=history.rank_crash,
             hang=0.0,
             task0_loss=history.task0_loss,
             unloadable=request.rates.unloadable,
             source=history.source,
-            gpu_share=0.0,
+            gpus_per_node=None,
             counted=(
                 ("rank_crash", history.in_job_restarts, history.training_node_days),
                 ("task0_loss", history.hand_offs, history.task0_node_days),
@@ -272,6 +284,8 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
         overrides=request.overrides,
         profile=request.profile,
         queue_wait=request.queue_wait_s,
+        step_timeout_s=request.step_timeout_s,
+        node_silence_s=request.node_silence_s,
         save_source=(
             f"chain {history.name}: mean of its saves"
             if history is not None and request.save_s == history.save_s

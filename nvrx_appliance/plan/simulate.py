@@ -108,11 +108,34 @@ def per_second(scenario: Scenario) -> dict[str, float]:
     r, shape = scenario.rates, scenario.shape
     scale = shape.nodes / 1000.0 / DAY
     return {
-        "node_death": r.node_death_at(shape.gpus_per_node) * scale,
+        "node_death": r.node_death * scale,
+        "gpu_fault": r.gpu_fault_at(shape.gpus_per_node) * scale,
         "rank_crash": r.rank_crash * scale,
         "hang": r.hang * scale,
         "task0_loss": r.task0_loss * min(shape.nodes_per_task, shape.nodes) / 1000.0 / DAY,
     }
+
+
+# What finds each class of interruption (costs.py's steps), on a node that is not task 0's.
+DETECTS = {
+    "node_death": "detect_node_death",
+    "gpu_fault": "detect_crash",
+    "rank_crash": "detect_crash",
+    "hang": "detect_hang",
+}
+
+
+def task0_detection(costs: Costs, kind: str, design: Design, lease_s: float) -> float:
+    """Seconds until the generation is known to be over when `kind` strikes task 0's
+    nodes. A hang: the step timeout. A GPU fault on the appliance: task 0's own launcher
+    fails the health check and its trap ends the generation (docs/benchmarks.md row 2d).
+    A dead or silent task 0: the lease, on the appliance; in the seeds' design nothing
+    fences it, so every end of task 0 waits out the store."""
+    if kind == "hang":
+        return costs.s("detect_hang")
+    if not design.fences_task0:
+        return costs.s("store_wait")
+    return costs.s("detect_crash") if kind == "gpu_fault" else lease_s
 
 
 # Where an interruption that strikes a recovery restarts it: a recovery of the generation
@@ -272,22 +295,18 @@ class _Run:
             self.out.interruptions[DURING_RECOVERY] += 1
         self._lose_work()
         if kind == "rank_crash" or (kind == "hang" and not self.design.names_hung_node):
-            detect = "detect_hang" if kind == "hang" else "detect_crash"
-            self._restart(_ordered(priced.in_job_restart(c, detect)))
+            self._restart(_ordered(priced.in_job_restart(c, DETECTS[kind])))
             return
         task0_nodes = min(self.sc.shape.nodes_per_task, self.sc.shape.nodes)
-        if kind != "task0_loss" and rng.random() < task0_nodes / self.sc.shape.nodes:
-            self.out.interruptions[f"{kind}_on_task0"] += 1
-            detection = c.s("detect_hang") if kind == "hang" else self._task0_detection()
-            self._hand_off(detection)
+        if kind == "task0_loss" or rng.random() < task0_nodes / self.sc.shape.nodes:
+            if kind != "task0_loss":
+                self.out.interruptions[f"{kind}_on_task0"] += 1
+            self._hand_off(task0_detection(c, kind, self.design, self.st.lease_s))
             return
-        if kind == "task0_loss":
-            self._hand_off(self._task0_detection())
-            return
-        # A node of another task died or was named hung: it leaves, and its task ends (a
-        # hung node's ft_launcher exits 1 on the failed health check), so the throttle
-        # admits a cold spare.
-        detect = "detect_hang" if kind == "hang" else "detect_node_death"
+        # A node of another task died, its GPU failed or it was named hung: it leaves, and
+        # its task ends (its ft_launcher exits 1 on the failed health check), so the
+        # throttle admits a cold spare.
+        detect = DETECTS[kind]
         if self.cold > 0:
             self.cold -= 1
             self.admissions.append(self.t + self.admit_s)
@@ -301,9 +320,6 @@ class _Run:
         else:
             self.out.generations_spares_out += 1  # it ends here: once per generation
             self._hand_off(c.s(detect))
-
-    def _task0_detection(self) -> float:
-        return self.st.lease_s if self.design.fences_task0 else self.sc.costs.s("store_wait")
 
     def _unloadable(self) -> bool:
         """Whether the load this recovery ends with fails: the newest checkpoint cannot

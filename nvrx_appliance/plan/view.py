@@ -20,6 +20,7 @@ LABELS = {
 }
 CLASS_LABELS = {
     "node_death": "node death",
+    "gpu_fault": "GPU fault",
     "rank_crash": "rank crash",
     "hang": "hang",
     "task0_loss": "task 0 loss",
@@ -82,6 +83,7 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
         out.append(
             f"    simulated: {total:.0f} in the run ({kinds}; on task 0's nodes: "
             f"{seen.get('node_death_on_task0', 0.0):.1f} node deaths, "
+            f"{seen.get('gpu_fault_on_task0', 0.0):.1f} GPU faults, "
             f"{seen.get('hang_on_task0', 0.0):.1f} hangs; during a recovery, restarting it: "
             f"{seen.get(DURING_RECOVERY, 0.0):.0f})"
         )
@@ -95,7 +97,8 @@ def lines(plan: Plan, step_s: float | None = None) -> list[str]:
     spread = assumed.range_ettr(plan)
     out += [
         "",
-        f"Predicted ETTR: {a.ettr:.1%} ({a.seeds} seeds: {a.ettr_low:.1%}-{a.ettr_high:.1%}); "
+        f"Predicted ETTR: {a.ettr:.1%} with {profiles.SAID[c.profile]}",
+        f"  {a.seeds} seeds: {a.ettr_low:.1%}-{a.ettr_high:.1%}; "
         f"closed form {plan.closed_form:.1%}; goodput of the allocation "
         f"{plan.allocation_goodput(a, rec):.1%} (hot spares' idle nodes count)",
     ]
@@ -241,6 +244,7 @@ def to_json(plan: Plan) -> dict[str, Any]:
         "time_limit_seconds": None if math.isinf(sc.time_limit_s) else sc.time_limit_s,
         "rates_per_1000_node_days": {
             "node_death": sc.rates.node_death,
+            "gpu_fault": sc.rates.gpu_fault,
             "rank_crash": sc.rates.rank_crash,
             "hang": sc.rates.hang,
             "task0_loss": sc.rates.task0_loss,

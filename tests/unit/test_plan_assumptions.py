@@ -6,6 +6,7 @@ the cautions where the model stops holding."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -66,28 +67,28 @@ def test_the_failure_model_is_printed_and_carried():
     assert plan_json("--nodes", "64")["failure_model"] == list(assumptions.FAILURE_MODEL)
 
 
-def test_gpu_deaths_scale_per_gpu_so_4_gpu_nodes_see_fewer_each_and_more_in_all():
+def test_gpu_faults_scale_per_gpu_so_4_gpu_nodes_see_fewer_each_and_more_in_all():
     eight = request.scenario(request.Request(nodes=2048, gpus_per_node=8))
     four = request.scenario(request.Request(nodes=4096, gpus_per_node=4))
-    # 268 of Llama 3's 356 node deaths were the GPU's own: per GPU, not per node.
-    per_node = rates.Rates().node_death
-    assert rates.Rates().node_death_at(4) == pytest.approx(per_node * (88 + 268 / 2) / 356)
+    # 268 of Llama 3's 419 were the GPU's own faults: per GPU, not per node.
+    assert rates.Rates().gpu_fault_at(4) == pytest.approx(rates.Rates().gpu_fault / 2)
+    assert rates.Rates().gpu_fault_at(4) == pytest.approx(268 / 2 * 1000 / (2048 * 54))
     # The same 16,384 GPUs on twice the nodes: more interruptions in all.
     assert model.interrupting_rate(four) > 1.2 * model.interrupting_rate(eight)
     out = plan("--nodes", "4096", "--gpus-per-node", "4")
-    assert "failure rates per 1,000 node-days of 4-GPU nodes: node death 2.01," in out
-    assert "the GPU's own deaths 0.303 per 1,000 GPU-days (75% of the node deaths at 8" in out
-    # A node death given is per node of the planned shape: nothing of it rescaled.
-    given = plan("--nodes", "4096", "--gpus-per-node", "4", "--node-death", "4")
-    assert "of 4-GPU nodes: node death 4, rank crash" in given
-    assert "the GPU's own deaths" not in given
+    assert "of 4-GPU nodes: node death 0.796, GPU fault 1.21," in out
+    assert "GPU faults 0.303 per 1,000 GPU-days (counted on 8-GPU nodes)" in out
+    # A GPU fault rate given is per node of the planned shape: nothing of it rescaled.
+    given = plan("--nodes", "4096", "--gpus-per-node", "4", "--gpu-fault", "4")
+    assert "of 4-GPU nodes: node death 0.796, GPU fault 4, rank crash" in given
+    assert "per 1,000 GPU-days" not in given
 
 
 def test_a_total_rate_in_the_form_meta_publishes_gives_the_rates_mttf():
     # 6.5 per 1,000 node-days on 16,384 nodes: 106.5 a day, one every 0.225 h.
     out = plan("--nodes", "16384", "--total-rate", "6.5")
     assert "one interruption every 0.225 h over the 16,384 training nodes" in out
-    assert "split as Llama 3's 356 node deaths : 56 rank crashes : 7 hangs" in out
+    assert "split as Llama 3's 88 node deaths : 268 GPU faults : 56 rank crashes : 7 hangs" in out
     assert plan_json("--nodes", "16384", "--total-rate", "6.5")["mttf_hours"] == pytest.approx(
         24 / (16.384 * 6.5)
     )
@@ -113,7 +114,7 @@ def test_a_chains_counts_are_ranges_and_the_closed_form_is_given_over_them():
 
 def test_cautions_where_recovery_is_long_or_the_interval_long_for_a_generation():
     big = plan("--nodes", "16384", "--total-rate", "6.5")
-    assert "Caution: recovery takes 3" in big and "of the wall time (over 10%)" in big
+    assert re.search(r"Caution: recovery takes \d+% of the wall time \(over 10%\)", big)
     short = plan("--nodes", "2048", "--time", "00:10:00")
     assert "is over half a generation (10.0 min)" in short
     assert "Caution" not in plan("--nodes", "64")
@@ -123,7 +124,7 @@ def test_cautions_where_recovery_is_long_or_the_interval_long_for_a_generation()
 
 
 def test_each_local_cost_says_whether_it_holds_on_real_hardware():
-    out = plan("--nodes", "2048")
+    out = plan("--nodes", "2048", "--profile", "local")
     line = {x.split()[0]: x for x in out.splitlines() if x.startswith("  ") and " s  " in x}
     assert "[holds on real hardware: NVRx's constants]" in line["nvrx_waits"]
     assert "[CPU stand-in, not real hardware: the CPU trainer's start" in line["worker_start"]
@@ -131,9 +132,9 @@ def test_each_local_cost_says_whether_it_holds_on_real_hardware():
     assert (
         "no published figure: pass yours, --cost time_limit_end=SECONDS]" in line["time_limit_end"]
     )
-    doc = json.loads(plan("--nodes", "2048", "--json"))["costs"]
+    doc = json.loads(plan("--nodes", "2048", "--profile", "local", "--json"))["costs"]
     assert doc["profile"] == "local"
-    assert doc["detect_node_death"]["holds_on_real_hardware"] is False
+    assert doc["worker_start"]["holds_on_real_hardware"] is False
     assert doc["store_wait"]["holds_on_real_hardware"] is True
 
 
@@ -141,10 +142,7 @@ def test_the_cluster_profile_cites_its_figures_and_says_which_are_assumed():
     out = plan("--nodes", "2048", "--profile", "cluster")
     assert "What each step costs here, the cluster profile" in out
     line = {x.split()[0]: x for x in out.splitlines() if x.startswith("  ") and " s  " in x}
-    assert (
-        "300.00 s  cluster profile: Slurm's default SlurmdTimeout, 300 s (slurm.conf(5))"
-        in (line["detect_node_death"])
-    )
+    assert "11.00 s  docs/benchmarks.md, row silentdeath" in line["detect_node_death"]
     for assumed in ("worker_start", "start_gate"):
         assert "assumed, no published figure found" in line[assumed]
     doc = json.loads(plan("--nodes", "2048", "--profile", "cluster", "--json"))["costs"]
@@ -158,5 +156,5 @@ def test_at_16k_gpus_the_cluster_profile_advises_a_hot_spare_where_the_local_one
         doc = json.loads(plan("--nodes", "2048", "--seeds", "4", *args, "--json"))
         return doc["recommended"]["hot_spares"]
 
-    assert hot() == 0
-    assert hot("--profile", "cluster") == 1
+    assert hot("--profile", "local") == 0
+    assert hot("--profile", "cluster") >= 1

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from nvrx_appliance.cli.main import cli
 from nvrx_appliance.plan import model
 from nvrx_appliance.plan import request as asked
-from nvrx_appliance.plan.rates import Rates
+from nvrx_appliance.plan.rates import Rates, from_total
 from nvrx_appliance.plan.simulate import APPLIANCE, SEEDS, Settings, run_seeds
 
 
@@ -57,22 +57,19 @@ def test_a_quarter_million_nodes_gets_its_spares_and_depth():
     assert 91 <= model.depth_for(sc, today, APPLIANCE) <= 100  # 90 ends, a few hand-offs
 
 
-META = 6.5 / 419  # Llama 3's class shares at 6.5 interruptions per 1,000 node-days
-
-
 @pytest.mark.parametrize(
     ("nodes", "rates", "days", "seeds"),
     [
         (16, Rates(), 90.0, 20),  # 128 GPUs: a handful of failures a run
         (2048, Rates(), 30.0, 6),  # 16,384 GPUs: about 230 a run
-        (16_384, Rates(node_death=356 * META, rank_crash=56 * META, hang=7 * META), 20.0, 3),
+        (16_384, from_total(6.5), 20.0, 3),
     ],
 )
 def test_the_simulation_and_the_closed_form_agree_within_half_a_point(nodes, rates, days, seeds):
     # Failures in wall time in both: one during a recovery restarts it. At 131,072 GPUs
     # and 6.5 per 1,000 node-days a recovery (mostly the 262 s load) is a quarter of the
     # time, and the two still agree.
-    sc = asked.scenario(asked.Request(nodes=nodes, rates=rates, days=days))
+    sc = asked.scenario(asked.Request(nodes=nodes, rates=rates, days=days, profile="local"))
     settings = Settings(model.best_interval(sc), 0, model.cold_spares_for(sc, 0), 46.0, 10**5)
     for design in (APPLIANCE, SEEDS):
         simulated = run_seeds(sc, settings, design, seeds).ettr
@@ -102,6 +99,6 @@ def test_a_run_too_large_for_every_seed_plays_fewer_then_a_window_and_says_so():
     doc = json.loads(window.output)
     assert doc["assumptions"]["simulated"]["seeds"] == 2
     assert doc["assumptions"]["simulated"]["days_per_seed"] == pytest.approx(2.64, abs=0.01)
-    assert doc["appliance"]["interruptions"]["node_death"] == pytest.approx(
-        10 * 1e6 * 356 / 110_592, rel=0.05
+    assert doc["appliance"]["interruptions"]["gpu_fault"] == pytest.approx(
+        10 * 1e6 * 268 / 110_592, rel=0.05
     )
