@@ -26,6 +26,9 @@ RECOVERY_SHARE = 0.10
 # A save interval over this share of a generation: the time-limit save ends most
 # segments, which the renewal model's optimum (an endless run) does not see.
 GENERATION_SHARE = 0.5
+# The simulation and the closed form agree within this (docs/plan.md, tests); past it a
+# caution says so, and why.
+AGREE = 0.005
 RECOVERING = ("hangs_until_detected", "in_job_restarts", "hand_offs", "start_up")
 
 FAILURE_MODEL = (
@@ -57,6 +60,11 @@ def checkpoint_lines(costs: Costs) -> list[str]:
     out = [f"checkpoint {c.gb:,.0f} GB ({size}), storage {c.storage_gbps:,.0f} GB/s ({rate})"]
     if c.save_given:
         out.append(f"a save blocks training {save.seconds:.3g} s ({save.source})")
+        if costs.write_behind:
+            out.append(
+                f"  its whole write follows it, {costs.write_behind.seconds:.3g} s: a failure "
+                "before it ends takes that segment too"
+            )
     else:
         out.append(
             f"a save blocks training {save.seconds:.3g} s: the whole write, size / rate (a "
@@ -84,6 +92,8 @@ def _checkpoint_json(c: Checkpoint | None, costs: Costs) -> dict[str, Any]:
             "blocks": "as given" if c.save_given else "the whole write (synchronous)",
         },
         "load": {"seconds": costs.load.seconds, "given": c.load_given},
+        # An async save's write after its staging copy: the segment is at risk until then.
+        "write_behind_seconds": costs.write_behind.seconds if costs.write_behind else None,
     }
 
 
@@ -150,6 +160,19 @@ def cautions(plan: Plan) -> list[str]:
             f"recovery takes {recovering:.0%} of the wall time (over {RECOVERY_SHARE:.0%}): "
             "many recoveries are struck by another failure and start over, as modelled; no "
             "recovery was measured doing so, so the figures are a model's, not a chain's"
+        )
+    a, closed = plan.appliance, plan.closed_form
+    if abs(a.ettr - closed) > AGREE:
+        why = (
+            f"the mean of {a.seeds} seeds is itself uncertain by +/-{a.ettr_se * 100:.1f} points: "
+            "more --seeds tell them apart"
+            if abs(a.ettr - closed) <= 2 * a.ettr_se
+            else "the closed form's steady state and one mean recovery do not follow this run; "
+            "read the simulation"
+        )
+        out.append(
+            f"the simulation ({a.ettr:.1%}) and the closed form ({closed:.1%}) differ by "
+            f"{abs(a.ettr - closed) * 100:.1f} points, over the {AGREE * 100:.1f} promised: {why}"
         )
     tau, limit = plan.recommended.save_interval_s, sc.time_limit_s
     if not math.isinf(limit) and tau > GENERATION_SHARE * limit:

@@ -150,6 +150,9 @@ class Costs:
     save: Step
     load: Step
     queue_wait: float = 0.0
+    # An async save blocks only for its staging copy; the whole write follows, and the
+    # segment is durable only once it ends (None: the save is the whole write).
+    write_behind: Step | None = None
     # A chain's own mean interruption costs, detection to training again, used whole in
     # place of the steps (the account does not split them): an in-job restart on the
     # same nodes, one with a spare in a node's place, a hand-off to the next generation.
@@ -225,7 +228,23 @@ def measured(
     )
     save = Step(save_s, save_source, "as given") if save_s is not None else transfer
     load = Step(load_s, "given (--load-seconds)", "as given") if load_s is not None else transfer
-    return Costs(steps, save, load, queue_wait, profile=profile)
+    behind = None
+    if save_s is not None and save_s < transfer.seconds:
+        # A save that blocks less than the whole write is an async save's staging copy:
+        # the write to storage follows it, from host memory, at the storage's rate.
+        behind = replace(transfer, source="the whole write behind an async save (size / rate)")
+    return Costs(steps, save, load, queue_wait, write_behind=behind, profile=profile)
+
+
+def write_behind_s(costs: Costs) -> float:
+    return costs.write_behind.seconds if costs.write_behind else 0.0
+
+
+def blocking_save_s(costs: Costs, tau: float) -> float:
+    """What a save blocks when segments are `tau` long: its own block, and the rest of the
+    last save's write when that write outlasts the segment (one write in flight at once)."""
+    wait = write_behind_s(costs) - tau if math.isfinite(tau) else 0.0
+    return costs.save.seconds + max(0.0, wait)
 
 
 # --- what one recovery costs, split as `report` splits it -----------------------------------
@@ -274,9 +293,11 @@ def hand_off(costs: Costs, detection: float, measured: bool = False) -> dict[str
 
 
 def boundary_appliance(costs: Costs) -> dict[str, float]:
-    """The time limit: the appliance saves first, ends cleanly, the successor starts."""
+    """The time limit: the appliance saves first (an async save's write included: the
+    generation ends once it is durable), ends cleanly, the successor starts."""
+    last_save = costs.save.seconds + write_behind_s(costs)
     return _plus(
-        {"checkpoint_saves": costs.save.seconds, "hand_offs": costs.s("time_limit_end")},
+        {"checkpoint_saves": last_save, "hand_offs": costs.s("time_limit_end")},
         successor_start(costs),
     )
 

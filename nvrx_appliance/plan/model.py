@@ -90,28 +90,84 @@ def mean_recovery(scenario: Scenario, settings: Settings, design: Design) -> flo
     return sum(rates[k] * cost[k] for k in rates) / total
 
 
-def closed_form(scenario: Scenario, settings: Settings, design: Design) -> float:
-    """The renewal model's ETTR, with each generation's end priced on top."""
-    lam = interrupting_rate(scenario)
-    tau, save = settings.save_interval_s, scenario.costs.save.seconds
-    if math.isinf(tau):
-        kept = 0.0 if lam else 1.0
-    else:
-        kept = interval.expected_goodput(tau, save, mean_recovery(scenario, settings, design), lam)
-    limit = scenario.time_limit_s
-    if math.isinf(limit):
-        return kept
-    # The successor's start-up runs inside its own time limit (Slurm's clock starts with
-    # the job); the rest of the boundary (the last save, the end, the queue) outside it.
-    parts = (priced.boundary_appliance if design.saves_at_time_limit else priced.boundary_seeds)(
-        scenario.costs
-    )
+def _extra_per_interruption(
+    scenario: Scenario, settings: Settings, design: Design
+) -> tuple[float, float]:
+    """What an interruption costs on top of the mean recovery with a spare at hand, as the
+    simulation plays it: (more time to recover, saved work lost). More time: the wait for
+    a cold spare where no hot one is left, a restart after a load that fails. Work lost:
+    the segment whose checkpoint cannot be loaded, and an async save's segment whose
+    write was still behind it."""
+    rates, c = per_second(scenario), scenario.costs
+    total = sum(rates.values())
+    if not total:
+        return 0.0, 0.0
+    tau = settings.save_interval_s
+    # Nodes of other tasks that leave take a hot spare; with none, the next admission.
+    admit = c.s("scheduler") + c.s("start_gate")
+    leaving = _leaving(scenario) * (1 - _task0_share(scenario))
+    hot = settings.hot_spares
+    if not settings.cold_spares:
+        waits = 0.0  # nothing is admitted; where the hot ones run out the generation ends
+    elif hot == 0:
+        waits = admit
+    else:  # the admissions under way outnumber the hot spares (Poisson), half a one left
+        waits = poisson_tail(hot - 1, leaving * admit) * admit / 2
+    slower, lost = leaving / total * waits, 0.0
+    q = scenario.rates.unloadable
+    if q:
+        again = c.s("worker_start") + c.load.seconds
+        if not design.falls_back:  # the chain stops for a person, who resubmits
+            again = scenario.response_s + sum(priced.successor_start(c).values())
+        slower += q * again
+        lost += q * min(tau, scenario.horizon_s)
+    behind = priced.write_behind_s(c)
+    if behind and math.isfinite(tau):
+        # The chance that a failure strikes within `behind` of a save's end, in a segment
+        # after the first since training resumed (the first has no save behind it).
+        cycle = tau + priced.blocking_save_s(c, tau)
+        at_risk = -math.expm1(-total * min(behind, cycle))
+        lost += tau * at_risk * math.exp(-total * cycle) / -math.expm1(-total * cycle)
+    return slower, lost
+
+
+def _training_time(scenario: Scenario, settings: Settings, design: Design) -> float:
+    """The wall time inside generations after their start-ups, over the whole run, as
+    the time limits cut it: the first generation's start-up once, then every end (the
+    last save, the end, the queue) outside the next limit and the successor's start-up
+    inside it; a chain `depth` deep stops for a person every `depth` generations."""
+    c, horizon, limit = scenario.costs, scenario.horizon_s, scenario.time_limit_s
+    first = c.first_start_whole
+    first_s = first.seconds if first else c.s("start_gate") + c.s("worker_start")
+    if math.isinf(limit) or horizon <= limit:
+        return max(0.0, min(horizon, limit) - first_s)
+    parts = (priced.boundary_appliance if design.saves_at_time_limit else priced.boundary_seeds)(c)
     start_up = parts.get("start_up", 0.0)
     outside = sum(parts.values()) - start_up
-    trains = max(0.0, limit - start_up)
-    if not design.saves_at_time_limit:
-        trains -= min(tau, trains) / 2 * kept  # on average half a segment's work, killed
-    return kept * trains / (limit + outside)
+    stops = (horizon / (limit + outside)) // settings.depth
+    rest = horizon - limit - stops * scenario.response_s
+    ends, tail = divmod(max(0.0, rest), limit + outside)
+    tail_trains = max(0.0, tail - outside - start_up)
+    trains = limit - first_s + ends * (limit - start_up) + tail_trains
+    if not design.saves_at_time_limit:  # on average half a segment's work, killed
+        trains -= (ends + (tail > 0)) * min(settings.save_interval_s, limit) / 2
+    return max(0.0, trains)
+
+
+def closed_form(scenario: Scenario, settings: Settings, design: Design) -> float:
+    """The renewal model's ETTR inside the generations' training time: segments of tau
+    closed by a save, Poisson interruptions each costing the mean recovery and what
+    `_extra_per_interruption` adds."""
+    lam = interrupting_rate(scenario)
+    tau = settings.save_interval_s
+    save = priced.blocking_save_s(scenario.costs, tau)
+    slower, lost = _extra_per_interruption(scenario, settings, design)
+    recovery = mean_recovery(scenario, settings, design) + slower
+    kept = interval.expected_goodput(tau, save, recovery, lam)
+    # Work once kept and then lost comes off it, for each interruption that strikes the
+    # segments rather than a recovery (about 1 - lambda R of them).
+    kept = max(0.0, kept - lam * lost * max(0.0, 1.0 - lam * recovery))
+    return kept * _training_time(scenario, settings, design) / scenario.horizon_s
 
 
 def best_interval(scenario: Scenario) -> float:

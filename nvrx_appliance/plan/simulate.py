@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -163,7 +164,11 @@ class _Run:
         self.next_failure = self._draw()
         c = scenario.costs
         self.admit_s = c.s("scheduler") + c.s("start_gate")
-        self.tau, self.save_s = settings.save_interval_s, c.save.seconds
+        self.tau = settings.save_interval_s
+        self.save_s = priced.blocking_save_s(c, self.tau)
+        # An async save's segment, saved but not yet durable: its write is still behind it.
+        self.write_behind = priced.write_behind_s(c)
+        self.unconfirmed, self.durable_at = 0.0, -math.inf
         first = c.first_start_whole
         start_up = first.seconds if first else c.s("start_gate") + c.s("worker_start")
         self._begin_generation([("start_up", start_up)], chained=False)
@@ -213,6 +218,7 @@ class _Run:
                         self.t += whole * (tau + save)
                         seconds["productive"] += whole * tau
                         seconds["checkpoint_saves"] += whole * save
+                        self._saved(tau)
                         continue
                 need = tau - self.work
                 if self.t + need > until:
@@ -230,11 +236,22 @@ class _Run:
             seconds["checkpoint_saves"] += left
             self.t += left
             seconds["productive"] += self.work
+            self._saved(self.work)
             self.work, self.saving = 0.0, None
 
+    def _saved(self, work: float) -> None:
+        """A save ended at `t`: its work counts, but until its write behind it is done a
+        failure takes it too (the last durable checkpoint is the one before)."""
+        if self.write_behind:
+            self.unconfirmed, self.durable_at = work, self.t + self.write_behind
+
     def _lose_work(self) -> None:
-        self.out.seconds["training_lost"] += self.work
-        self.work, self.saving = 0.0, None
+        lost = self.work
+        if self.t < self.durable_at:
+            self.out.seconds["productive"] -= self.unconfirmed
+            lost += self.unconfirmed
+        self.out.seconds["training_lost"] += lost
+        self.work, self.saving, self.unconfirmed = 0.0, None, 0.0
 
     # --- events ------------------------------------------------------------------------------
 
@@ -260,7 +277,9 @@ class _Run:
                 self.next_failure = self._draw()
             elif self.t >= self.gen_end:
                 self._time_limit()
-        self.out.seconds["not_yet_saved"] += self.work
+        # The run's end is its training done: the last work is saved as it ends (Megatron
+        # saves on its way out), in either design.
+        self.out.seconds["productive"] += self.work
         return self.out
 
     def _without_nodes(self, horizon: float) -> None:
@@ -277,7 +296,7 @@ class _Run:
         c = self.sc.costs
         if self.design.saves_at_time_limit:
             self.out.seconds["productive"] += self.work
-            self.work, self.saving = 0.0, None
+            self.work, self.saving, self.unconfirmed = 0.0, None, 0.0  # durable as it ends
             parts = priced.boundary_appliance(c)
         else:
             self._lose_work()
@@ -404,6 +423,7 @@ class Summary:
     spares_out: float  # of generations, the share where a node death found no spare
     resubmits: float
     seeds: int
+    ettr_se: float = 0.0  # the standard error of the mean ETTR over the seeds
 
 
 def run_seeds(scenario: Scenario, settings: Settings, design: Design, seeds: int) -> Summary:
@@ -427,4 +447,5 @@ def run_seeds(scenario: Scenario, settings: Settings, design: Design, seeds: int
         spares_out=sum(o.generations_spares_out for o in outcomes) / generations,
         resubmits=mean(o.resubmits for o in outcomes),
         seeds=len(outcomes),
+        ettr_se=statistics.stdev(ettrs) / math.sqrt(len(ettrs)) if len(ettrs) > 1 else 0.0,
     )
