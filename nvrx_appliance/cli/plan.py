@@ -24,6 +24,10 @@ from nvrx_appliance.settings.generation_end import slurm_seconds
 PREFIX = "nvrx-appliance plan"
 RATE_HELP = "per 1,000 node-days of the training nodes  [default: Llama 3's: docs/plan.md]"
 _DEFAULTS = asked.Request()
+# 2 (issue 54): node_death is silent deaths only (GPU faults apart), the settings' worths
+# are points of the allocation's goodput that add up, time_limit_seconds is the
+# recommended limit (today's beside it).
+SCHEMA_VERSION = 2
 _SPEC = ChainSpec()
 
 
@@ -41,11 +45,18 @@ def _cost(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
     return out
 
 
+# Slurm's own words for no time limit (sbatch(1), slurm.conf(5) MaxTime), any case.
+NO_LIMIT = ("unlimited", "infinite")
+
+
 def _time(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    if value.strip().lower() in NO_LIMIT:
+        return math.inf
     seconds = slurm_seconds(value)
     if seconds is None:
         raise click.BadParameter(
-            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00 or 0 (none)"
+            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00, or 0 or "
+            "UNLIMITED (none)"
         )
     # 0 is Slurm's "no time limit", as submit's --time 0 is (no save before a limit).
     return float(seconds) if seconds else math.inf
@@ -111,10 +122,18 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--time",
     "time_limit",
+    default=_SPEC.time_limit,
+    show_default=True,
+    callback=_time,
+    help="Today's time limit of one generation (submit's --time); 0 or UNLIMITED: none.",
+)
+@click.option(
+    "--max-time",
     default="1-00:00:00",
     show_default=True,
     callback=_time,
-    help="One generation's Slurm time limit (your cluster's most); 0: none, as submit's.",
+    help="The longest --time your partition allows (`scontrol show partition`: MaxTime); "
+    "the plan recommends it. 0 or UNLIMITED: none.",
 )
 @click.option(
     "--from-chain",
@@ -122,7 +141,11 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Take the failure rates (unless given: --node-death ...), the save's and the "
     "restart's cost from this chain's history (report's account) instead.",
 )
-@click.option("--work-dir", help="The --from-chain chain's work dir (without Slurm).")
+@click.option(
+    "--work-dir",
+    help="A chain's work dir, read from its own files (ledger, cycle-info files, training "
+    "record) without asking Slurm: instead of --from-chain, or beside it.",
+)
 @click.option(
     "--cost",
     "costs",
@@ -176,6 +199,7 @@ def plan_command(**o) -> None:
         segment=o["segment"],
         days=o["days"],
         time_limit_s=o["time_limit"],
+        most_time_s=o["max_time"],
         rates=rates,
         checkpoint_gb=o["checkpoint_gb"],
         storage_gbps=o["storage_gbps"],
@@ -199,6 +223,12 @@ def plan_command(**o) -> None:
         node_silence_s=o["node_silence_timeout"],
         seeds=o["seeds"],
         rates_given=bool(given) or o["total_rate"] is not None,
+        given=frozenset(
+            name
+            for name, option in (("queue_wait", "queue_wait"), ("response", "response_minutes"))
+            if click.get_current_context().get_parameter_source(option)
+            is not click.core.ParameterSource.DEFAULT
+        ),
     )
     try:
         plan = api.plan(request, from_chain=o["from_chain"], work_dir=o["work_dir"])
@@ -207,11 +237,11 @@ def plan_command(**o) -> None:
             click.echo(f"{PREFIX}: {problem}", err=True)
         fail(exc.problems[-1], prefix=PREFIX)
     except api.ChainNotFound as exc:
-        fail(not_readable(exc, o["from_chain"] or o["work_dir"]), prefix=PREFIX)
+        fail(not_readable(exc, o["from_chain"]), prefix=PREFIX)
     except api.SlurmUnreachable as exc:
         unreachable(PREFIX, str(exc), "pass the chain's --work-dir to read its files")
     if o["as_json"]:
-        click.echo(jsondoc.dumps("plan", view.to_json(plan), strict=True))
+        click.echo(jsondoc.dumps("plan", view.to_json(plan), strict=True, version=SCHEMA_VERSION))
         return
     for line in view.lines(plan, plan.step_s):
         click.echo(line)

@@ -54,6 +54,10 @@ class Step:
     source: str
     growth: str
     extrapolated: str = ""  # why a figure measured at <= 16 nodes is used beyond them
+    # What the figure rests on: measured (here), setting (a timeout the chain sets),
+    # published, assumed (no published figure found), given (--cost and the like), chain
+    # (a chain's own history), or size / rate (the checkpoint at the storage's rate).
+    basis: str = "measured"
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,8 @@ MEASURED = {
     ),
 }
 STEPS = tuple(MEASURED)
+# The steps that are timeouts a chain sets, not measurements.
+SETTINGS = ("detect_hang", "store_wait")
 
 
 @dataclass(frozen=True)
@@ -162,6 +168,7 @@ class Costs:
     first_start_whole: Step | None = None  # the run's first start-up, to training
     checkpoint: Checkpoint | None = None
     profile: str = profiles.LOCAL
+    node_silence_s: float = DEFAULT_NODE_SILENCE_S  # behind detect_node_death
 
     def s(self, name: str) -> float:
         return self.steps[name].seconds
@@ -197,7 +204,8 @@ def measured(
         note = f"measured at 4-{MEASURED_NODES} nodes, held at {shape.nodes:,}" if beyond else ""
         if "timeout" in growth or "NVRx's constants" in growth:
             note = ""  # a setting or a constant in code: no sample to extrapolate
-        steps[name] = Step(seconds, source, growth, note)
+        basis = "setting" if name in SETTINGS else "measured"
+        steps[name] = Step(seconds, source, growth, note, basis)
     if step_timeout_s != DEFAULT_STEP_TIMEOUT_S:
         steps["detect_hang"] = replace(
             steps["detect_hang"], seconds=step_timeout_s, source="the chain's --step-timeout"
@@ -218,22 +226,39 @@ def measured(
             growth=wait.growth + f"; + {poll:.1f} s segment poll (nodes / 2000, NVRx's rule)",
         )
     for name, figure in profiles.figures(profile).items():
-        steps[name] = Step(figure.seconds, f"{profile} profile: {figure.source}", "as the profile")
+        basis = "published" if figure.published else "assumed"
+        steps[name] = Step(
+            figure.seconds, f"{profile} profile: {figure.source}", "as the profile", basis=basis
+        )
     for name, seconds in (overrides or {}).items():
-        steps[name] = Step(seconds, "given", "as given")
+        steps[name] = Step(seconds, "given", "as given", basis="given")
     transfer = Step(
         checkpoint_gb / storage_gbps,
         "the whole checkpoint at the storage's rate (size / rate)",
         "grows with the checkpoint",
+        basis="size / rate",
     )
-    save = Step(save_s, save_source, "as given") if save_s is not None else transfer
-    load = Step(load_s, "given (--load-seconds)", "as given") if load_s is not None else transfer
+    chain = save_source.startswith("chain")
+    save = transfer
+    if save_s is not None:
+        save = Step(save_s, save_source, "as given", basis="chain" if chain else "given")
+    load = transfer
+    if load_s is not None:
+        load = Step(load_s, "given (--load-seconds)", "as given", basis="given")
     behind = None
     if save_s is not None and save_s < transfer.seconds:
         # A save that blocks less than the whole write is an async save's staging copy:
         # the write to storage follows it, from host memory, at the storage's rate.
         behind = replace(transfer, source="the whole write behind an async save (size / rate)")
-    return Costs(steps, save, load, queue_wait, write_behind=behind, profile=profile)
+    return Costs(
+        steps,
+        save,
+        load,
+        queue_wait,
+        write_behind=behind,
+        profile=profile,
+        node_silence_s=node_silence_s,
+    )
 
 
 def write_behind_s(costs: Costs) -> float:

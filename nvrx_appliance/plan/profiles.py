@@ -25,19 +25,16 @@ SAID = {
 
 # Whether each step as measured here holds on real hardware, and why.
 HOLDS = {
-    "detect_crash": (True, "NVRx's monitor loop, the same code on any hardware"),
-    "detect_node_death": (
-        True,
-        "a timeout of the appliance's own (--node-silence-timeout), not Slurm's",
-    ),
-    "detect_hang": (True, "a timeout of the appliance's own (--step-timeout)"),
+    "detect_crash": (True, "NVRx's monitor loop, the same code anywhere"),
+    "detect_node_death": (True, "the appliance's own timeout, not Slurm's"),
+    "detect_hang": (True, "the appliance's own timeout"),
     "nvrx_waits": (True, "NVRx's constants"),
-    "worker_start": (False, "the CPU trainer's start: no CUDA context, NCCL or model"),
+    "worker_start": (False, "a CPU trainer's, no CUDA or NCCL"),
     "dying_path": (True, "NVRx's 3 s store-host wait and the teardown"),
-    "scheduler": (True, "Slurm's floor on an idle controller (a busy one: --queue-wait)"),
-    "start_gate": (False, "a process start per node of the CPU trainer, no container"),
-    "time_limit_end": (False, "the CPU trainer's clean shutdown, no GPU state to free"),
-    "store_wait": (True, "a timeout (NVRx's store_connect_wait)"),
+    "scheduler": (True, "Slurm's floor on an idle controller"),
+    "start_gate": (False, "a CPU trainer's process, no container"),
+    "time_limit_end": (False, "the CPU trainer's shutdown"),
+    "store_wait": (True, "NVRx's store_connect_wait, a timeout"),
 }
 
 
@@ -46,6 +43,7 @@ class Figure:
     seconds: float
     source: str
     published: bool  # False: no published figure was found; an assumption, said as one
+    said: str = ""  # the same, in a few words
 
 
 # The cluster profile: the steps that do not hold here, on a real GPU cluster.
@@ -55,12 +53,14 @@ CLUSTER_FIGURES = {
         "assumed, no published figure found: a Megatron rank's CUDA context, NCCL "
         "communicators and model build, minutes at scale; measure yours (--cost)",
         published=False,
+        said="a Megatron rank's CUDA, NCCL and model start",
     ),
     "start_gate": Figure(
         300.0,
         "assumed, no published figure found: a cold node's container start (pyxis/enroot "
         "image import) and rendezvous; measure yours (--cost)",
         published=False,
+        said="a cold node's container start and rendezvous",
     ),
 }
 

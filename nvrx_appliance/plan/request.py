@@ -29,7 +29,9 @@ class Request:
     nodes_per_task: int = 1
     segment: int = 0
     days: float = 90.0
-    time_limit_s: float = 24 * 3600.0
+    time_limit_s: float = 3600.0  # today's, submit's default --time (01:00:00)
+    # The longest time limit the partition allows (its MaxTime): the recommendation.
+    most_time_s: float = 24 * 3600.0
     rates: Rates = field(default_factory=Rates)
     checkpoint_gb: float | None = None  # None: CHECKPOINT_GB_PER_GPU per GPU, assumed
     storage_gbps: float | None = None  # None: STORAGE_GBPS, assumed
@@ -52,6 +54,9 @@ class Request:
     # The rates were given (--node-death ...): with --from-chain they stand, and the
     # chain gives only its costs (what it measured) and its step.
     rates_given: bool = False
+    # The waits a person gave rather than left to the plan's assumptions: "queue_wait",
+    # "response".
+    given: frozenset[str] = frozenset()
 
 
 # Upper bounds: past them a figure is a typo, and it would only slow the answer.
@@ -143,12 +148,13 @@ def problems(request: Request) -> list[str]:
         shown(r.days),
         "the run's length in days, above 0 and at most 3,650 (e.g. --days 90)",
     )
-    need(
-        r.time_limit_s > 0 and not math.isnan(r.time_limit_s),
-        "--time",
-        shown(r.time_limit_s),
-        "a Slurm time limit, 0 for none (e.g. --time 1-00:00:00)",
-    )
+    for option, limit in (("--time", r.time_limit_s), ("--max-time", r.most_time_s)):
+        need(
+            limit > 0 and not math.isnan(limit),
+            option,
+            shown(limit),
+            "a Slurm time limit, 0 or UNLIMITED for none (e.g. 1-00:00:00)",
+        )
     for name in RATE_FIELDS:
         need(
             _within(getattr(r.rates, name), 0, MOST_RATE),
@@ -310,7 +316,10 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
             if seconds is None:
                 return None
             return priced.Step(
-                seconds, f"chain {name}: mean of {count} {what}", "as measured on that chain's size"
+                seconds,
+                f"chain {name}: mean of {count} {what}",
+                "as measured on that chain's size",
+                basis="chain",
             )
 
         costs = replace(
@@ -330,4 +339,5 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
         time_limit_s=request.time_limit_s,
         horizon_s=request.days * 86400.0,
         response_s=request.response_s,
+        given=request.given,
     )

@@ -88,6 +88,7 @@ class Scenario:
     time_limit_s: float  # one generation's wall time (math.inf: none)
     horizon_s: float  # the run's wall time
     response_s: float  # a person's answer to a stopped chain
+    given: frozenset[str] = frozenset()  # the waits given, not assumed (request.py)
 
 
 @dataclass

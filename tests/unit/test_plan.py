@@ -220,6 +220,13 @@ def plan(*args: str):
     return CliRunner().invoke(cli, ["plan", "--days", "10", "--seeds", "2", *args])
 
 
+def section(lines: list[str], title: str) -> list[str]:
+    """The lines of one part of the plan: from its title to the blank line after it."""
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start, len(lines)) if not lines[i]), len(lines))
+    return lines[start:end]
+
+
 def test_the_plan_reads_as_a_person_needs_it():
     result = plan("--nodes", "512", "--step-seconds", "4")
     assert result.exit_code == 0, result.output
@@ -227,19 +234,18 @@ def test_the_plan_reads_as_a_person_needs_it():
     assert lines[0] == (
         "Plan for 4,096 GPUs (512 nodes x 8, 1 node(s) per task), 10 days, generations of 24.0 h"
     )
+    assert lines[1].startswith("Predicted ETTR: ")  # the answer, second
+    assert "closed form" in lines[2] and "goodput of the allocation" in lines[2]
+    assert "dominant loss: " in "\n".join(lines[3:6])
     assert "from Llama 3 (arXiv 2407.21783, Table 5)" in result.output
-    at = next(i for i, line in enumerate(lines) if line.startswith("Predicted ETTR: "))
-    assert "closed form" in lines[at + 1] and "goodput of the allocation" in lines[at + 1]
-    assert any(line.startswith("  dominant loss: ") for line in lines)
-    setting_rows = [line.split()[0] for line in lines if " -> " in line and "+" in line]
-    assert setting_rows == ["save", "hot", "cold", "lease", "depth"]
+    rows = [line.split()[0] for line in section(lines, "Settings (")[1:-2]]
+    assert rows == ["time", "save", "hot", "cold", "lease", "depth", "all"]
     assert any(
-        line.startswith("  save interval: Young's first order") and "--save-interval " in line
-        for line in lines
+        line.startswith("  submit with: --time 1-00:00:00 --save-interval ") for line in lines
     )
-    assert any(line.startswith("  submit with: --hot-spares ") for line in lines)
+    assert any(line.startswith("    --hot-spares ") for line in lines)
     assert any(line.startswith("The seeds' design at the same settings: ETTR ") for line in lines)
-    assert any("[measured at 4-16 nodes, held at 512]" in line for line in lines)
+    assert any("measured at 4-16 nodes, held at 512: " in line for line in lines)
 
 
 def test_the_plan_as_json():
@@ -277,7 +283,8 @@ def test_the_plan_as_json():
         (["--checkpoint-gb", "inf"], "--checkpoint-gb inf: 0 to 1,000,000,000 GB"),
         (["--storage-gbps", "0"], "--storage-gbps 0: the storage's write and read rate, 0.001"),
         (["--days", "inf"], "--days inf: the run's length in days, above 0 and at most 3,650"),
-        (["--time", "soon"], "is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00 or 0"),
+        (["--time", "soon"], "is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00, or 0 or"),
+        (["--max-time", "soon"], "Invalid value for '--max-time': 'soon' is no Slurm time"),
     ],
 )
 def test_bad_input_names_the_option_and_the_fix(args, said):
