@@ -43,6 +43,7 @@ class Cause:
     component: str  # as the table names it
     category: str  # the table's own category
     count: int
+    published_share: float  # the table's "% of interruptions" column, as printed
     shows_as: str  # a class above
     why: str
 
@@ -50,38 +51,42 @@ class Cause:
 # Table 5's rows (read 2026-12-06 through a reproduction of the table, glennklockwood.com's
 # component-reliability page, and datacenterdynamics.com's report of it; docs/plan.md).
 # The table says what failed, not how each failure showed itself: the class is this
-# project's reading of the component, said in `why`.
+# project's reading of the component, said in `why`. Its percentage column is kept as
+# printed: it does not follow the counts everywhere (docs/plan.md says where), and the
+# counts are what the rates use.
 CAUSES = (
-    Cause("Faulty GPU", "GPU", 148, GPU_FAULT,
+    Cause("Faulty GPU", "GPU", 148, 30.1, GPU_FAULT,
           "a GPU error with the host up: the rank crashes (CUDA error, Xid)"),
-    Cause("GPU HBM3 Memory", "GPU", 72, GPU_FAULT,
+    Cause("GPU HBM3 Memory", "GPU", 72, 17.2, GPU_FAULT,
           "an uncorrectable memory error on the GPU: the rank crashes, the host lives"),
-    Cause("Software Bug", "Dependency", 54, RANK_CRASH,
+    Cause("Software Bug", "Dependency", 54, 12.9, RANK_CRASH,
           "the program fails; the node is sound: a restart in place"),
-    Cause("Network Switch/Cable", "Network", 35, NODE_DEATH,
+    Cause("Network Switch/Cable", "Network", 35, 8.4, NODE_DEATH,
           "the node's link is gone: its peers hear nothing from it"),
-    Cause("Host Maintenance", "Unplanned Maintenance", 32, NODE_DEATH,
+    Cause("Host Maintenance", "Unplanned Maintenance", 32, 7.6, NODE_DEATH,
           "the host is taken away unplanned: the node is lost to the job"),
-    Cause("GPU SRAM Memory", "GPU", 19, GPU_FAULT,
+    Cause("GPU SRAM Memory", "GPU", 19, 4.5, GPU_FAULT,
           "an error in the GPU's on-chip memory: the rank crashes, the host lives"),
-    Cause("GPU System Processor", "GPU", 17, GPU_FAULT,
+    Cause("GPU System Processor", "GPU", 17, 4.1, GPU_FAULT,
           "the GPU's own processor fails: the GPU errs, the host lives"),
-    Cause("NIC", "Host", 7, NODE_DEATH,
+    Cause("NIC", "Host", 7, 1.7, NODE_DEATH,
           "the node's network adapter fails: its peers hear nothing from it"),
-    Cause("NCCL Watchdog Timeouts", "Unknown", 7, HANG,
+    Cause("NCCL Watchdog Timeouts", "Unknown", 7, 1.7, HANG,
           "a collective waits until a timeout ends it: a hang"),
-    Cause("Silent Data Corruption", "GPU", 6, GPU_FAULT,
+    Cause("Silent Data Corruption", "GPU", 6, 1.4, GPU_FAULT,
           "wrong numbers from a GPU, found by a check in the job that ends its ranks"),
-    Cause("GPU Thermal Interface + Sensor", "GPU", 6, GPU_FAULT,
+    Cause("GPU Thermal Interface + Sensor", "GPU", 6, 1.4, GPU_FAULT,
           "the GPU overheats or misreads its heat and errs; the host lives"),
-    Cause("SSD", "Host", 3, NODE_DEATH, "the host's own disk fails: the host is lost"),
-    Cause("Power Supply", "Host", 3, NODE_DEATH, "the node loses power: it goes silent"),
-    Cause("Server Chassis", "Host", 2, NODE_DEATH, "the server fails: it goes silent"),
-    Cause("IO Expansion Board", "Host", 2, NODE_DEATH, "the server's IO fails: it goes silent"),
-    Cause("Dependency", "Dependency", 2, RANK_CRASH,
+    Cause("SSD", "Host", 3, 0.7, NODE_DEATH, "the host's own disk fails: the host is lost"),
+    Cause("Power Supply", "Host", 3, 0.7, NODE_DEATH, "the node loses power: it goes silent"),
+    Cause("Server Chassis", "Host", 2, 0.5, NODE_DEATH, "the server fails: it goes silent"),
+    Cause("IO Expansion Board", "Host", 2, 0.5, NODE_DEATH,
+          "the server's IO fails: it goes silent"),
+    Cause("Dependency", "Dependency", 2, 0.5, RANK_CRASH,
           "a service the program needs fails; the node is sound: a restart in place"),
-    Cause("CPU", "Host", 2, NODE_DEATH, "the host's processor fails: the host goes down"),
-    Cause("System Memory", "Host", 2, NODE_DEATH, "the host's memory fails: the host goes down"),
+    Cause("CPU", "Host", 2, 0.5, NODE_DEATH, "the host's processor fails: the host goes down"),
+    Cause("System Memory", "Host", 2, 0.5, NODE_DEATH,
+          "the host's memory fails: the host goes down"),
 )  # fmt: skip
 LLAMA3_UNEXPECTED = sum(c.count for c in CAUSES)  # 419
 

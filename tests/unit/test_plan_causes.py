@@ -81,3 +81,18 @@ def test_a_gpu_fault_on_task0s_node_ends_the_generation_at_once_on_the_appliance
     per_loss_seeds = seeds.seconds["hand_offs"] / seeds.interruptions["gpu_fault"]
     assert per_loss_appliance < c.s("detect_crash") + c.s("dying_path") + c.s("scheduler") + 1
     assert per_loss_seeds > c.s("store_wait")
+
+
+def test_the_papers_summary_follows_its_percentage_column_not_its_counts():
+    # Table 5's "% of interruptions" as printed: the faulty GPUs' 30.1% is 126 of 419, not
+    # its count of 148; the column sums to 94.9%; its GPU rows give the summary's 58.7%,
+    # its hardware rows 79.8% (the summary says about 78%).
+    column = {c.component: c.published_share for c in rates.CAUSES}
+    assert round(column["Faulty GPU"] / 100 * 419) == 126 != 148
+    for cause in rates.CAUSES:
+        if cause.component != "Faulty GPU":
+            assert cause.published_share == pytest.approx(100 * cause.count / 419, abs=0.06)
+    assert round(sum(column.values()), 1) == 94.9
+    gpu = sum(c.published_share for c in rates.CAUSES if c.category == "GPU")
+    hardware = sum(c.published_share for c in rates.CAUSES if c.shows_as in (GPU_FAULT, NODE_DEATH))
+    assert (round(gpu, 1), round(hardware, 1)) == (58.7, 79.8)

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 from nvrx_appliance.cli.main import cli
 from nvrx_appliance.plan import model, request
-from nvrx_appliance.plan.simulate import APPLIANCE
+from nvrx_appliance.plan.simulate import APPLIANCE, Settings
+from nvrx_appliance.settings.chain import ChainSpec
 
 LEVERS = [
     "async save",
@@ -82,3 +83,15 @@ def test_json_carries_the_road():
     assert worker["the_appliance"] == "your GPU stack's: CUDA, NCCL, the model"
     assert (worker["now"], worker["to"]) == (300.0, 60.0)
     assert doc["all_levers_allocation_goodput"] > doc["plan_allocation_goodput_closed_form"]
+
+
+def test_the_async_lever_takes_the_interval_anew_and_the_appliance_saves_async_by_default():
+    sc = request.scenario(request.Request(nodes=2048, days=30, time_limit_s=86400.0))
+    best = Settings(model.best_interval(sc), 1, 12, 46.0, 95)
+    name, now, to, move = model._moves(sc, best)[0]
+    moved, settings = move(sc, best)
+    assert (name, round(now, 1), to) == ("async save", 32.8, 1.0)
+    assert moved.costs.save.seconds == 1.0 and moved.costs.write_behind is not None
+    assert settings.save_interval_s == pytest.approx(model.best_interval(moved))
+    assert settings.save_interval_s < best.save_interval_s / 4
+    assert ChainSpec().async_save  # a Megatron chain saves asynchronously unless told not to

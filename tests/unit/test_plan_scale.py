@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance.cli.main import cli
-from nvrx_appliance.plan import model
+from nvrx_appliance.plan import assumptions, model
 from nvrx_appliance.plan import request as asked
 from nvrx_appliance.plan.rates import Rates, from_total
 from nvrx_appliance.plan.simulate import APPLIANCE, SEEDS, Settings, run_seeds
@@ -143,3 +144,12 @@ def test_a_caution_says_when_the_two_models_differ_by_more_than_promised():
     assert "Caution: the simulation (" in text
     assert "points, over the 0.5 promised: the mean of 3 seeds is itself uncertain" in text
     assert "differ by" not in plan("--nodes", "64", "--days", "30").output
+
+
+def test_a_gap_the_seeds_spread_does_not_explain_says_the_closed_form_cannot_follow():
+    sc = asked.scenario(asked.Request(nodes=64, days=10, time_limit_s=DAY))
+    found = model.plan(sc, asked.Request().today, seeds=4, grace=3.0, storage_stall_s=40.0)
+    apart = replace(found, closed_form=found.appliance.ettr - 0.05)
+    said = " ".join(assumptions.cautions(apart))
+    assert "differ by 5.0 points, over the 0.5 promised" in said
+    assert "the closed form's steady state and one mean recovery do not follow this run" in said

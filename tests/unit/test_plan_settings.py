@@ -113,3 +113,15 @@ def test_submit_with_carries_the_save_interval_in_steps_when_the_step_is_known()
     tau = plan_json("--nodes", "2048", "--step-seconds", "4")["recommended"]
     assert steps == round(tau["save_interval_seconds"] / 4)
     assert not math.isnan(steps)
+
+
+def test_a_time_limit_longer_than_the_partitions_most_is_kept():
+    doc = plan_json("--nodes", "64", "--time", "2-00:00:00")
+    assert doc["time_limit_seconds"] == doc["today_time_limit_seconds"] == 2 * 86400
+
+
+def test_a_whole_write_over_30_days_is_taken_where_the_save_and_the_load_are_given():
+    doc = plan_json("--checkpoint-gb", "1e9", "--storage-gbps", "1", "--save-seconds", "1",
+                    "--load-seconds", "5")  # fmt: skip
+    assert doc["schema_version"] == 2
+    assert doc["assumptions"]["write_behind_seconds"] == 1e9

@@ -14,6 +14,10 @@ import pytest
 from click.testing import CliRunner
 
 from nvrx_appliance.cli.main import cli
+from nvrx_appliance.goodput import gather
+from nvrx_appliance.goodput.account import Inputs
+from nvrx_appliance.observe.times import parse_time
+from nvrx_appliance.observe.types import Cycle
 from tests.unit.test_goodput_inputs import _chain
 
 
@@ -66,3 +70,26 @@ def test_an_unreadable_run_manifest_never_gets_its_path_offered_as_a_chain_name(
     assert "`nvrx-appliance cancel NAME` (its job name in squeue) still ends the chain" in (
         result.output
     )
+
+
+def test_without_slurm_each_generation_holds_its_cycles_nodes_from_its_ledger_times():
+    work = Path("/nowhere")
+    cycles = {
+        "10": [Cycle("10", 0, 0, 100.0, 150.0, "node[1-2]", "node3"),
+               Cycle("10", 0, 1, 160.0, 190.0, "node[1,3]")],
+        "11": [Cycle("11", 0, 0, 230.0, None, "node[2-3]")],
+    }  # fmt: skip
+    ledger = [{"array_job_id": "10", "task0_node": "node1", "start": "2026-12-06T00:01:30Z",
+               "end": "2026-12-06T00:03:20Z"}]  # fmt: skip
+    inputs = Inputs("chain", str(work), 500.0, None, cycles=cycles, ledger=ledger)
+    held = gather.held_from_files(inputs)
+    first = [a for a in held if a.generation == "10"]
+    assert [a.nodes[0] for a in first] == ["node1", "node2", "node3"]  # task 0's first
+    assert [a.task for a in first] == [0, 1, 2]
+    began, ended = parse_time("2026-12-06T00:01:30Z"), parse_time("2026-12-06T00:03:20Z")
+    assert {(a.start, a.end) for a in first} == {(began, ended)}
+    # No ledger line yet: its cycles' times.
+    assert {(a.nodes[0], a.start, a.end) for a in held if a.generation == "11"} == {
+        ("node2", 230.0, 230.0),
+        ("node3", 230.0, 230.0),
+    }
