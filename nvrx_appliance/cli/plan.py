@@ -166,10 +166,12 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
 def plan_command(**o) -> None:
     """Plan a run at scale: its effective training time (ETTR), by cause.
 
-    Simulates the run (seeded, discrete events) with the appliance's recovery costs
-    from the committed benchmarks (docs/benchmarks.md), shows the closed form beside it,
-    the save interval, spares, lease and depth that maximise it and what each is worth,
-    and the seeds' design at the same settings. docs/plan.md has the assumptions.
+    Simulates the run (seeded, discrete events) with a real GPU cluster's recovery
+    costs (--profile local: the CPU stand-in's, docs/benchmarks.md), shows the closed
+    form beside it, the time limit, save interval, spares, lease and depth that maximise
+    it and what each is worth, the road to 98% (what each lever past that is worth, and
+    whether the appliance has it), and the seeds' design at the same settings.
+    docs/plan.md has the assumptions.
     """
     given = [f"--{k.replace('_', '-')}" for k in published.RATE_FIELDS if o[k] is not None]
     if o["total_rate"] is not None and given:

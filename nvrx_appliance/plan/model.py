@@ -1,13 +1,15 @@
 """The closed forms beside the simulation, and the search for the settings that
 maximise the run's effective training time. Pure.
 
-Closed forms (exact only in the cases docs/plan.md names, shown as a check):
+Closed forms (exact only in the cases docs/plan.md names, shown as a check, and used for
+the road past the recommended plan, where a lever is worth what they gain with it):
 - the save interval: the renewal model `report` uses (goodput/save_interval.py): segments of
   tau seconds closed by a save of C, Poisson interruptions at rate lambda, each costing
   R; its optimum solves (1 - x) e^x = e^(-lambda C), Young's sqrt(2 C / lambda) to first
-  order;
-- the spares: the node deaths outside task 0 in one generation are Poisson; the spares
-  run out when more of them come than hot and cold spares together.
+  order; the ETTR adds what the simulation plays on top (a cold spare's admission, a
+  failed load, the write behind an async save) inside the time the limits leave;
+- the spares: the nodes outside task 0 that leave one generation are Poisson; the spares
+  run out when more of them leave than hot and cold spares together.
 """
 
 from __future__ import annotations

@@ -3,18 +3,21 @@ run of 65,536 GPUs passes through in a few hundredths of a second.
 Pure: the random source is its own `random.Random(seed)`.
 
 What happens (docs/plan.md): training runs in segments of `save_interval_s` of work,
-each closed by a save. Interruptions of every class arrive as one Poisson process in wall
+each closed by a save (an async save's segment is durable only once the write behind it
+ends). Interruptions of every class arrive as one Poisson process in wall
 time (the sum of the classes' rates over the training nodes, held or not by a recovery),
 so the time to the next one is drawn afresh at any moment. An interruption loses the
 work since the last completed save and starts its own recovery, made of the steps that
 costs.py prices; one that strikes a recovery restarts it (its own recovery in place of
 what was left of the other, the renewal model's rule); one that strikes a generation's
 end (its last save, the dying path, the successor's scheduling) goes with that
-generation. A node death takes a hot spare (and the array throttle admits a cold
-spare, which becomes a hot one after it starts); with none left the generation ends. A
-death on task 0's nodes, or a task-0 loss, ends the generation after the design's
-detection (the appliance's lease, the seeds' store wait). The time limit ends each
+generation. A node that leaves (a silent death, a GPU fault, a named hang) takes a hot
+spare (and the array throttle admits a cold spare, which becomes a hot one after it
+starts); with none left the restart waits for that admission, and with none coming the
+generation ends. An interruption on task 0's nodes, or a task-0 loss, ends the
+generation after the design's detection (task0_detection). The time limit ends each
 generation; a chain that has run `depth` generations stops until a person resubmits.
+The run's end is its training done: its last work is saved.
 """
 
 from __future__ import annotations
