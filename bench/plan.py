@@ -270,6 +270,8 @@ def predict(h: Harness, work: str, landed: list[dict], absorbed: dict[str, int])
         "--save-minutes", repr(SAVE_INTERVAL * step_s / 60.0),
         "--hot-spares", "1", "--cold-spares", "1", "--lease-stale-after", "10",
         "--depth", str(DEPTH), "--seeds", "100",
+        # This machine's chain: its costs, not a real GPU cluster's (plan's default).
+        "--profile", "local",
         *(a for k, v in rates.items() for a in (f"--{k.replace('_', '-')}", repr(v))),
     )  # fmt: skip
     measured, predicted = measured_ettr(report), plan["appliance_today"]["ettr"]

@@ -29,7 +29,8 @@ INPUTS = (
     ),
     ("10M GPUs", ("--nodes", "1250000"), 0),
     ("rank crashes 1e308 (refused)", ("--rank-crash", "1e308"), 2),
-    ("1 s generations", ("--time", "00:00:01"), 0),
+    # Today's --time and the partition's most alike: the plan keeps 1 s generations.
+    ("1 s generations", ("--time", "00:00:01", "--max-time", "00:00:01"), 0),
     ("worker_start=inf (refused)", ("--cost", "worker_start=inf"), 2),
     ("queue wait inf (refused)", ("--queue-wait", "inf"), 2),
     ("no time limit (--time 0)", ("--time", "0"), 0),

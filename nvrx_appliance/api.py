@@ -364,15 +364,15 @@ def plan(
 ) -> Plan:
     """The ETTR a run of this shape can expect, the settings that maximise it and the
     seeds' design beside it (docs/plan.md). With `from_chain` (or `work_dir`) that chain's
-    history gives the failure rates, the save cost and the in-job restart's cost.
-    Raises SettingsError (one line per bad value, naming its option) before anything runs."""
+    history gives the failure rates, the save cost and the in-job restart's cost; a
+    `work_dir` is read from its own files alone, never through Slurm. Raises SettingsError
+    (one line per bad value, naming its option) before anything runs, a chain included."""
+    bad = plan_request.problems(request)
+    if bad:
+        raise SettingsError(bad)
     history = None
     if from_chain is not None or work_dir is not None:
-        account = report(from_chain, work_dir=work_dir, slurm=slurm)
-        if account.allocation_node_s is None:
-            raise SlurmUnreachable(
-                f"chain {account.job_name}: {'; '.join(account.blind) or 'no accounting'}"
-            )
+        account = _planned_chain(from_chain, work_dir, slurm)
         history = plan_history.read(account, request.nodes_per_task)
         if not history.training_node_days:
             raise SettingsError(
@@ -380,17 +380,40 @@ def plan(
                  "plan it with published rates (drop --from-chain) or once it has run"]
             )  # fmt: skip
         request = plan_request.with_history(request, history)
-    bad = plan_request.problems(request)
-    if bad:
-        raise SettingsError(bad)
+        bad = plan_request.problems(request)  # what the chain measured, checked as given
+        if bad:
+            raise SettingsError(bad)
     found = plan_model.plan(
         plan_request.scenario(request, history),
         request.today,
         seeds=request.seeds,
         grace=request.grace_s,
         storage_stall_s=request.storage_stall_s,
+        most_time_s=request.most_time_s,
     )
     return replace(found, step_s=request.step_s)
+
+
+def _not_asked(query: dict[str, Any]) -> list[Any]:
+    raise slurmcli.SlurmUnavailable("not asked: --work-dir reads the chain's own files")
+
+
+def _planned_chain(
+    target: Target | None, work_dir: str | Path | None, slurm: Slurm | None
+) -> Account:
+    """The chain a plan reads: by name or job id, report's account from Slurm's; by its
+    work dir, from the files there alone (the ledger, cycle-info files and training
+    record), however slow or down Slurm is."""
+    if work_dir is None:
+        found = report(target, slurm=slurm)
+        if found.allocation_node_s is None:
+            raise SlurmUnreachable(
+                f"chain {found.job_name}: {'; '.join(found.blind) or 'no accounting'}"
+            )
+        return found
+    folder, _ = locate(target, work_dir=work_dir)
+    inputs = gather.read(folder, _not_asked, now=time.time())
+    return account(replace(inputs, allocations=gather.held_from_files(inputs), blind=()))
 
 
 def cancel(target: Target | None, *, work_dir: str | Path | None = None) -> Cancelled:

@@ -14,7 +14,12 @@ __all__ = ["SCHEMA_VERSION", "dumps", "iso_utc"]
 SCHEMA_VERSION = 1
 
 
-def dumps(kind: str, body: dict[str, Any]) -> str:
-    """`kind` names the document (status, submit, ...); the body's keys follow."""
-    doc = {"schema": f"nvrx-appliance/{kind}", "schema_version": SCHEMA_VERSION, **body}
-    return json.dumps(doc, indent=2)
+def dumps(
+    kind: str, body: dict[str, Any], *, strict: bool = False, version: int = SCHEMA_VERSION
+) -> str:
+    """`kind` names the document (status, submit, ...); the body's keys follow. `strict`:
+    a NaN or an infinity is a bug to raise, never written (JSON has no such numbers, and
+    strict parsers refuse Python's NaN and Infinity). `version`: a document whose own
+    fields changed meaning is raised alone."""
+    doc = {"schema": f"nvrx-appliance/{kind}", "schema_version": version, **body}
+    return json.dumps(doc, indent=2, allow_nan=not strict)

@@ -24,6 +24,10 @@ from nvrx_appliance.settings.generation_end import slurm_seconds
 PREFIX = "nvrx-appliance plan"
 RATE_HELP = "per 1,000 node-days of the training nodes  [default: Llama 3's: docs/plan.md]"
 _DEFAULTS = asked.Request()
+# 2 (issue 54): node_death is silent deaths only (GPU faults apart), the settings' worths
+# are points of the allocation's goodput that add up, time_limit_seconds is the
+# recommended limit (today's beside it).
+SCHEMA_VERSION = 2
 _SPEC = ChainSpec()
 
 
@@ -41,11 +45,18 @@ def _cost(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -
     return out
 
 
+# Slurm's own words for no time limit (sbatch(1), slurm.conf(5) MaxTime), any case.
+NO_LIMIT = ("unlimited", "infinite")
+
+
 def _time(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    if value.strip().lower() in NO_LIMIT:
+        return math.inf
     seconds = slurm_seconds(value)
     if seconds is None:
         raise click.BadParameter(
-            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00 or 0 (none)"
+            f"{value!r} is no Slurm time; give e.g. 1-00:00:00 (a day), 04:00:00, or 0 or "
+            "UNLIMITED (none)"
         )
     # 0 is Slurm's "no time limit", as submit's --time 0 is (no save before a limit).
     return float(seconds) if seconds else math.inf
@@ -69,11 +80,17 @@ WITH_DEFAULTS = (
     ("--cold-spares", int, _SPEC.cold_spares, "Today's cold spares."),
     ("--lease-stale-after", float, _SPEC.lease_stale_after, "Today's lease, s."),
     ("--depth", int, _SPEC.depth, "Today's chain depth."),
+    ("--step-timeout", float, float(_SPEC.step_timeout),
+     "Today's step timeout, s: what a hang costs before its node is named."),
+    ("--node-silence-timeout", float, priced.DEFAULT_NODE_SILENCE_S,
+     "Today's silence timeout, s: a node silent that long leaves the cycle."),
     ("--seeds", int, _DEFAULTS.seeds, "Simulated runs averaged."),
 )  # fmt: skip
 # (flag, help): the options that are None unless given.
 WITHOUT = (
-    ("--node-death", f"Node deaths {RATE_HELP}"),
+    ("--node-death", f"Silent node deaths (host or link gone) {RATE_HELP}"),
+    ("--gpu-fault", "GPU faults (the rank crashes, the host lives, the node leaves) per 1,000 "
+     "node-days  [default: Llama 3's, per GPU: docs/plan.md]"),
     ("--rank-crash", f"Rank crashes (the node lives) {RATE_HELP}"),
     ("--hang", f"Hangs {RATE_HELP}"),
     ("--task0-loss", "Losses of task 0 beyond node deaths on its nodes, per 1,000 node-days "
@@ -105,10 +122,18 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--time",
     "time_limit",
+    default=_SPEC.time_limit,
+    show_default=True,
+    callback=_time,
+    help="Today's time limit of one generation (submit's --time); 0 or UNLIMITED: none.",
+)
+@click.option(
+    "--max-time",
     default="1-00:00:00",
     show_default=True,
     callback=_time,
-    help="One generation's Slurm time limit (your cluster's most); 0: none, as submit's.",
+    help="The longest --time your partition allows (`scontrol show partition`: MaxTime); "
+    "the plan recommends it. 0 or UNLIMITED: none.",
 )
 @click.option(
     "--from-chain",
@@ -116,7 +141,11 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
     help="Take the failure rates (unless given: --node-death ...), the save's and the "
     "restart's cost from this chain's history (report's account) instead.",
 )
-@click.option("--work-dir", help="The --from-chain chain's work dir (without Slurm).")
+@click.option(
+    "--work-dir",
+    help="A chain's work dir, read from its own files (ledger, cycle-info files, training "
+    "record) without asking Slurm: instead of --from-chain, or beside it.",
+)
 @click.option(
     "--cost",
     "costs",
@@ -128,32 +157,30 @@ def _options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--profile",
     type=click.Choice(profiles.NAMES),
-    default=profiles.LOCAL,
+    default=profiles.DEFAULT,
     show_default=True,
-    help="Recovery costs: local (measured on this machine's CPU stand-in) or cluster (a "
-    "real GPU cluster: published figures where they exist, said assumptions elsewhere).",
+    help="Recovery costs: cluster (a real GPU cluster: published figures where they exist, "
+    "said assumptions elsewhere) or local (measured on the local cluster's CPU stand-in).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def plan_command(**o) -> None:
     """Plan a run at scale: its effective training time (ETTR), by cause.
 
-    Simulates the run (seeded, discrete events) with the appliance's recovery costs
-    from the committed benchmarks (docs/benchmarks.md), shows the closed form beside it,
-    the save interval, spares, lease and depth that maximise it and what each is worth,
-    and the seeds' design at the same settings. docs/plan.md has the assumptions.
+    Simulates the run (seeded, discrete events) with a real GPU cluster's recovery
+    costs (--profile local: the CPU stand-in's, docs/benchmarks.md), shows the closed
+    form beside it, the time limit, save interval, spares, lease and depth that maximise
+    it and what each is worth, the road to 98% (what each lever past that is worth, and
+    whether the appliance has it), and the seeds' design at the same settings.
+    docs/plan.md has the assumptions.
     """
-    given = [
-        f"--{k.replace('_', '-')}"
-        for k in ("node_death", "rank_crash", "hang", "task0_loss")
-        if o[k] is not None
-    ]
+    given = [f"--{k.replace('_', '-')}" for k in published.RATE_FIELDS if o[k] is not None]
     if o["total_rate"] is not None and given:
         fail(f"--total-rate: give it or {', '.join(given)}, not both", prefix=PREFIX)
     total = o["total_rate"]
     if total is not None and not (math.isfinite(total) and 0 <= total <= asked.MOST_RATE):
         fail(
-            f"--total-rate: interruptions per 1,000 node-days, 0 to {asked.MOST_RATE:,.0f} "
-            "(Llama 3's: 3.8)",
+            f"--total-rate {asked.shown(total)}: interruptions per 1,000 node-days, 0 to "
+            f"{asked.MOST_RATE:,.0f} (Llama 3's: 3.8)",
             prefix=PREFIX,
         )
     defaults = (
@@ -161,11 +188,11 @@ def plan_command(**o) -> None:
     )
     rates = replace(
         defaults,
-        **{k: o[k] for k in ("node_death", "rank_crash", "hang", "task0_loss") if o[k] is not None},
+        **{k: o[k] for k in published.RATE_FIELDS if o[k] is not None},
         unloadable=o["unloadable"],
         source=defaults.source if not given else "given on the command line",
-        # A node death given is per node of the planned shape: no share of it rescaled.
-        gpu_share=0.0 if o["node_death"] is not None else defaults.gpu_share,
+        # A GPU fault rate given is per node of the planned shape: nothing rescaled.
+        gpus_per_node=None if o["gpu_fault"] is not None else defaults.gpus_per_node,
     )
     request = asked.Request(
         nodes=o["nodes"],
@@ -174,6 +201,7 @@ def plan_command(**o) -> None:
         segment=o["segment"],
         days=o["days"],
         time_limit_s=o["time_limit"],
+        most_time_s=o["max_time"],
         rates=rates,
         checkpoint_gb=o["checkpoint_gb"],
         storage_gbps=o["storage_gbps"],
@@ -193,8 +221,16 @@ def plan_command(**o) -> None:
         step_s=o["step_seconds"],
         overrides=o["costs"],
         profile=o["profile"],
+        step_timeout_s=o["step_timeout"],
+        node_silence_s=o["node_silence_timeout"],
         seeds=o["seeds"],
         rates_given=bool(given) or o["total_rate"] is not None,
+        given=frozenset(
+            name
+            for name, option in (("queue_wait", "queue_wait"), ("response", "response_minutes"))
+            if click.get_current_context().get_parameter_source(option)
+            is not click.core.ParameterSource.DEFAULT
+        ),
     )
     try:
         plan = api.plan(request, from_chain=o["from_chain"], work_dir=o["work_dir"])
@@ -203,11 +239,11 @@ def plan_command(**o) -> None:
             click.echo(f"{PREFIX}: {problem}", err=True)
         fail(exc.problems[-1], prefix=PREFIX)
     except api.ChainNotFound as exc:
-        fail(not_readable(exc, o["from_chain"] or o["work_dir"]), prefix=PREFIX)
+        fail(not_readable(exc, o["from_chain"]), prefix=PREFIX)
     except api.SlurmUnreachable as exc:
         unreachable(PREFIX, str(exc), "pass the chain's --work-dir to read its files")
     if o["as_json"]:
-        click.echo(jsondoc.dumps("plan", view.to_json(plan)))
+        click.echo(jsondoc.dumps("plan", view.to_json(plan), strict=True, version=SCHEMA_VERSION))
         return
     for line in view.lines(plan, plan.step_s):
         click.echo(line)

@@ -38,9 +38,12 @@ def unreachable(command: str, detail: str, then: str) -> NoReturn:
     fail(f"Slurm could not be reached: {detail}; {then}", prefix=command, code=1)
 
 
-def not_readable(exc: api.ChainNotFound, name: str) -> str:
+def not_readable(exc: api.ChainNotFound, name: str | None) -> str:
     """A chain that cannot be read: why, and, for a hand-edited run.json, that cancel
-    still ends it (from what Slurm knows)."""
-    if isinstance(exc, api.RunManifestUnreadable) and name:
+    still ends it (from what Slurm knows: its name, or, where only a work dir was given,
+    the name squeue shows for it)."""
+    if not isinstance(exc, api.RunManifestUnreadable):
+        return str(exc)
+    if name:
         return f"{exc}; `nvrx-appliance cancel {name}` still ends the chain"
-    return str(exc)
+    return f"{exc}; `nvrx-appliance cancel NAME` (its job name in squeue) still ends the chain"

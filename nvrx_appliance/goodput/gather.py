@@ -95,6 +95,35 @@ def allocations(
     return tuple(held), tuple(sorted(queued - started))
 
 
+def held_from_files(inputs: Inputs) -> tuple[Allocation, ...]:
+    """What each generation held, from the work dir alone (no Slurm accounting): its nodes
+    from its cycle-info files (active and standby) and task 0's ledger line, its times
+    from that line (start, end) or else from its cycles and training record. Every node
+    is taken as held for the whole generation: a late node's wait counts as held time."""
+    ledger = {str(e.get("array_job_id")): e for e in inputs.ledger}
+    out = []
+    for generation in sorted(set(ledger) | set(inputs.cycles), key=lambda g: (len(g), g)):
+        entry, cycles = ledger.get(generation, {}), inputs.cycles.get(generation, ())
+        work = [w for key, w in inputs.work.items() if key[0] == generation]
+        signs = [t for w in work for t in (w.started, w.last_sign) if t is not None]
+        start = parse_time(entry.get("start")) or min((c.start for c in cycles), default=None)
+        end = parse_time(entry.get("end")) or max(
+            [t for c in cycles for t in (c.start, c.end) if t is not None] + signs, default=None
+        )
+        task0 = str(entry.get("task0_node") or "")
+        nodes = {task0} if task0 else set()
+        for cycle in cycles:
+            nodes.update(expand_nodelist(cycle.active_nodes), expand_nodelist(cycle.standby_nodes))
+        if start is None or not nodes:
+            continue
+        ordered = sorted(nodes, key=lambda n: (n != task0, n))
+        out += [
+            Allocation(generation, task, (node,), "", start, max(start, end or start))
+            for task, node in enumerate(ordered)
+        ]
+    return tuple(out)
+
+
 def read(
     work_dir: Path,
     sacct: Sacct,

@@ -32,6 +32,19 @@ from nvrx_appliance.plan import profiles
 BENCH = "docs/benchmarks.md, run of 2026-12-03"
 MEASURED_NODES = 16  # the largest size the growth table measured
 
+# A silent death of a node that is not task 0's, found by the appliance itself: every node
+# beats to task 0 once a second, and one silent for --node-silence-timeout leaves the cycle
+# (issue 52). Measured on the local cluster at that setting's default (bench row
+# silentdeath: the death -> NVRx's failure detected, median of five). A figure the bench
+# has not measured yet stands here until it has: the timeout and one beat.
+SILENT_DEATH_DETECTED_S = 11.0
+SILENT_DEATH_SOURCE = (
+    "docs/benchmarks.md, row silentdeath: another task's node goes silent -> NVRx's "
+    "failure detected, at --node-silence-timeout 10"
+)
+DEFAULT_NODE_SILENCE_S = 10.0  # submit's --node-silence-timeout (settings/chain.py)
+DEFAULT_STEP_TIMEOUT_S = 180.0  # submit's --step-timeout (settings/chain.py)
+
 
 @dataclass(frozen=True)
 class Step:
@@ -41,6 +54,10 @@ class Step:
     source: str
     growth: str
     extrapolated: str = ""  # why a figure measured at <= 16 nodes is used beyond them
+    # What the figure rests on: measured (here), setting (a timeout the chain sets),
+    # published, assumed (no published figure found), given (--cost and the like), chain
+    # (a chain's own history), or size / rate (the checkpoint at the storage's rate).
+    basis: str = "measured"
 
 
 @dataclass(frozen=True)
@@ -67,13 +84,14 @@ MEASURED = {
         "flat: NVRx's monitor loop; 1.0-2.8 s over 4-16 nodes on ever busier cores",
     ),
     "detect_node_death": (
-        17.63,
-        f"{BENCH}, row 5c: a silent node death, detection",
-        "flat: Slurm's node-failure detection (SlurmdTimeout, 10 s on the local cluster)",
+        SILENT_DEATH_DETECTED_S,
+        SILENT_DEATH_SOURCE,
+        "flat: the appliance's own timeout; moves with --node-silence-timeout",
     ),
     "detect_hang": (
-        180.0,
-        "NVRx's default step section timeout (docs/benchmarks.md, row 5c's notes)",
+        DEFAULT_STEP_TIMEOUT_S,
+        "the chain's --step-timeout (the appliance's default; NVRx sets no step timeout "
+        "of its own)",
         "flat: a timeout",
     ),
     "nvrx_waits": (
@@ -113,6 +131,8 @@ MEASURED = {
     ),
 }
 STEPS = tuple(MEASURED)
+# The steps that are timeouts a chain sets, not measurements.
+SETTINGS = ("detect_hang", "store_wait")
 
 
 @dataclass(frozen=True)
@@ -136,6 +156,9 @@ class Costs:
     save: Step
     load: Step
     queue_wait: float = 0.0
+    # An async save blocks only for its staging copy; the whole write follows, and the
+    # segment is durable only once it ends (None: the save is the whole write).
+    write_behind: Step | None = None
     # A chain's own mean interruption costs, detection to training again, used whole in
     # place of the steps (the account does not split them): an in-job restart on the
     # same nodes, one with a spare in a node's place, a hand-off to the next generation.
@@ -145,6 +168,7 @@ class Costs:
     first_start_whole: Step | None = None  # the run's first start-up, to training
     checkpoint: Checkpoint | None = None
     profile: str = profiles.LOCAL
+    node_silence_s: float = DEFAULT_NODE_SILENCE_S  # behind detect_node_death
 
     def s(self, name: str) -> float:
         return self.steps[name].seconds
@@ -167,16 +191,32 @@ def measured(
     queue_wait: float = 0.0,
     profile: str = profiles.LOCAL,
     save_source: str = "given (--save-seconds)",
+    step_timeout_s: float = DEFAULT_STEP_TIMEOUT_S,
+    node_silence_s: float = DEFAULT_NODE_SILENCE_S,
 ) -> Costs:
     """The committed figures at this shape; `overrides` (a person's own figures or a
-    chain's) replace a step and say so."""
+    chain's) replace a step and say so. The two detections follow the chain's settings:
+    a hang costs its --step-timeout, a silent death what was measured at the default
+    --node-silence-timeout, moved by the difference."""
     beyond = shape.nodes > MEASURED_NODES
     steps = {}
     for name, (seconds, source, growth) in MEASURED.items():
         note = f"measured at 4-{MEASURED_NODES} nodes, held at {shape.nodes:,}" if beyond else ""
-        if "a timeout" in growth or "NVRx's constants" in growth:
+        if "timeout" in growth or "NVRx's constants" in growth:
             note = ""  # a setting or a constant in code: no sample to extrapolate
-        steps[name] = Step(seconds, source, growth, note)
+        basis = "setting" if name in SETTINGS else "measured"
+        steps[name] = Step(seconds, source, growth, note, basis)
+    if step_timeout_s != DEFAULT_STEP_TIMEOUT_S:
+        steps["detect_hang"] = replace(
+            steps["detect_hang"], seconds=step_timeout_s, source="the chain's --step-timeout"
+        )
+    if node_silence_s != DEFAULT_NODE_SILENCE_S:
+        death = steps["detect_node_death"]
+        steps["detect_node_death"] = replace(
+            death,
+            seconds=death.seconds + node_silence_s - DEFAULT_NODE_SILENCE_S,
+            source=f"{death.source}, moved to --node-silence-timeout {node_silence_s:g}",
+        )
     poll = _segment_poll(shape)
     if poll:
         wait = steps["nvrx_waits"]
@@ -186,17 +226,50 @@ def measured(
             growth=wait.growth + f"; + {poll:.1f} s segment poll (nodes / 2000, NVRx's rule)",
         )
     for name, figure in profiles.figures(profile).items():
-        steps[name] = Step(figure.seconds, f"{profile} profile: {figure.source}", "as the profile")
+        basis = "published" if figure.published else "assumed"
+        steps[name] = Step(
+            figure.seconds, f"{profile} profile: {figure.source}", "as the profile", basis=basis
+        )
     for name, seconds in (overrides or {}).items():
-        steps[name] = Step(seconds, "given", "as given")
+        steps[name] = Step(seconds, "given", "as given", basis="given")
     transfer = Step(
         checkpoint_gb / storage_gbps,
         "the whole checkpoint at the storage's rate (size / rate)",
         "grows with the checkpoint",
+        basis="size / rate",
     )
-    save = Step(save_s, save_source, "as given") if save_s is not None else transfer
-    load = Step(load_s, "given (--load-seconds)", "as given") if load_s is not None else transfer
-    return Costs(steps, save, load, queue_wait, profile=profile)
+    chain = save_source.startswith("chain")
+    save = transfer
+    if save_s is not None:
+        save = Step(save_s, save_source, "as given", basis="chain" if chain else "given")
+    load = transfer
+    if load_s is not None:
+        load = Step(load_s, "given (--load-seconds)", "as given", basis="given")
+    behind = None
+    if save_s is not None and save_s < transfer.seconds:
+        # A save that blocks less than the whole write is an async save's staging copy:
+        # the write to storage follows it, from host memory, at the storage's rate.
+        behind = replace(transfer, source="the whole write behind an async save (size / rate)")
+    return Costs(
+        steps,
+        save,
+        load,
+        queue_wait,
+        write_behind=behind,
+        profile=profile,
+        node_silence_s=node_silence_s,
+    )
+
+
+def write_behind_s(costs: Costs) -> float:
+    return costs.write_behind.seconds if costs.write_behind else 0.0
+
+
+def blocking_save_s(costs: Costs, tau: float) -> float:
+    """What a save blocks when segments are `tau` long: its own block, and the rest of the
+    last save's write when that write outlasts the segment (one write in flight at once)."""
+    wait = write_behind_s(costs) - tau if math.isfinite(tau) else 0.0
+    return costs.save.seconds + max(0.0, wait)
 
 
 # --- what one recovery costs, split as `report` splits it -----------------------------------
@@ -245,9 +318,11 @@ def hand_off(costs: Costs, detection: float, measured: bool = False) -> dict[str
 
 
 def boundary_appliance(costs: Costs) -> dict[str, float]:
-    """The time limit: the appliance saves first, ends cleanly, the successor starts."""
+    """The time limit: the appliance saves first (an async save's write included: the
+    generation ends once it is durable), ends cleanly, the successor starts."""
+    last_save = costs.save.seconds + write_behind_s(costs)
     return _plus(
-        {"checkpoint_saves": costs.save.seconds, "hand_offs": costs.s("time_limit_end")},
+        {"checkpoint_saves": last_save, "hand_offs": costs.s("time_limit_end")},
         successor_start(costs),
     )
 

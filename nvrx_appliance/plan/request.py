@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from nvrx_appliance.plan import costs as priced
 from nvrx_appliance.plan import profiles
 from nvrx_appliance.plan.history import ChainHistory
-from nvrx_appliance.plan.rates import Rates
+from nvrx_appliance.plan.rates import RATE_FIELDS, Rates
 from nvrx_appliance.plan.simulate import Scenario, Settings
 
 # Llama 3's largest per-GPU checkpoint state (arXiv 2407.21783: 1 MB to 4 GB per GPU)
@@ -29,7 +29,9 @@ class Request:
     nodes_per_task: int = 1
     segment: int = 0
     days: float = 90.0
-    time_limit_s: float = 24 * 3600.0
+    time_limit_s: float = 3600.0  # today's, submit's default --time (01:00:00)
+    # The longest time limit the partition allows (its MaxTime): the recommendation.
+    most_time_s: float = 24 * 3600.0
     rates: Rates = field(default_factory=Rates)
     checkpoint_gb: float | None = None  # None: CHECKPOINT_GB_PER_GPU per GPU, assumed
     storage_gbps: float | None = None  # None: STORAGE_GBPS, assumed
@@ -43,11 +45,18 @@ class Request:
     grace_s: float = 3.0
     step_s: float | None = None
     overrides: dict[str, float] = field(default_factory=dict)
-    profile: str = profiles.LOCAL
+    profile: str = profiles.DEFAULT
+    # Today's detection settings (submit's): a hang costs the step timeout, a silent
+    # node death the appliance's silence timeout and a beat.
+    step_timeout_s: float = priced.DEFAULT_STEP_TIMEOUT_S
+    node_silence_s: float = priced.DEFAULT_NODE_SILENCE_S
     seeds: int = 10
     # The rates were given (--node-death ...): with --from-chain they stand, and the
     # chain gives only its costs (what it measured) and its step.
     rates_given: bool = False
+    # The waits a person gave rather than left to the plan's assumptions: "queue_wait",
+    # "response".
+    given: frozenset[str] = frozenset()
 
 
 # Upper bounds: past them a figure is a typo, and it would only slow the answer.
@@ -60,6 +69,10 @@ MOST_NODES = 10_000_000
 MOST_SECONDS = 30 * 86400.0
 MOST_CHECKPOINT_GB = 1e9  # an exabyte
 MOST_STORAGE_GBPS = 1e6  # a petabyte a second
+LEAST_STORAGE_GBPS = 1e-3  # a megabyte a second: below it, a typo
+# A millisecond: no training step of a run this plans is shorter, and the save interval
+# in iterations (tau / step) stays a number a person can type.
+LEAST_STEP_S = 1e-3
 MOST_SPARES = 1_000_000
 MOST_DEPTH = 100_000
 
@@ -71,91 +84,164 @@ def _within(value: float, low: float, high: float, *, above: bool = False) -> bo
     return (value > low if above else value >= low) and value <= high
 
 
+def shown(value: float) -> str:
+    """A value as the person typed it, near enough: 0, 2048, 1e-300, inf, nan."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
+
+
 def problems(request: Request) -> list[str]:
-    """Every bad value, each with the option that holds it and what to pass instead."""
+    """Every bad value, each with the option that holds it, the value given and what to
+    pass instead."""
     out = []
 
-    def need(ok: bool, option: str, fix: str) -> None:
+    def need(ok: bool, option: str, given: str, fix: str) -> None:
         if not ok:
-            out.append(f"{option}: {fix}")
+            out.append(f"{option} {given}: {fix}")
 
-    def seconds(value: float | None, option: str, what: str, *, above: bool = False) -> None:
+    def seconds(
+        value: float | None,
+        option: str,
+        what: str,
+        *,
+        above: bool = False,
+        low: float = 0.0,
+        unit: float = 1.0,  # the option's unit in seconds, to show the value as given
+        given: str | None = None,
+    ) -> None:
         if value is not None:
-            low = "above 0" if above else "0 or more"
+            floor = f"at least {low:g}" if low else ("above 0" if above else "0 or more")
             need(
-                _within(value, 0, MOST_SECONDS, above=above),
+                _within(value, low, MOST_SECONDS, above=above and not low),
                 option,
-                f"{what}, {low} and at most {MOST_SECONDS:,.0f} (30 days)",
+                given or shown(value / unit),
+                f"{what}, {floor} and at most {MOST_SECONDS / unit:,.0f} (30 days)",
             )
 
     r, t = request, request.today
     need(
         1 <= r.nodes <= MOST_NODES,
         "--nodes",
+        shown(r.nodes),
         f"the nodes that train, 1 to {MOST_NODES:,} (e.g. --nodes 2048)",
     )
-    need(1 <= r.gpus_per_node <= 1024, "--gpus-per-node", "1 to 1,024 (8 on an HGX node)")
-    need(1 <= r.nodes_per_task <= r.nodes, "--nodes-per-task", f"between 1 and --nodes ({r.nodes})")
+    need(
+        1 <= r.gpus_per_node <= 1024,
+        "--gpus-per-node",
+        shown(r.gpus_per_node),
+        "1 to 1,024 (8 on an HGX node)",
+    )
+    need(
+        1 <= r.nodes_per_task <= r.nodes,
+        "--nodes-per-task",
+        shown(r.nodes_per_task),
+        f"between 1 and --nodes ({r.nodes})",
+    )
     need(
         0 <= r.segment <= r.nodes,
         "--segment",
+        shown(r.segment),
         f"0 (off) or the nodes of one NVLink domain, at most --nodes ({r.nodes})",
     )
     need(
         _within(r.days, 0, 3650, above=True),
         "--days",
+        shown(r.days),
         "the run's length in days, above 0 and at most 3,650 (e.g. --days 90)",
     )
-    need(
-        r.time_limit_s > 0 and not math.isnan(r.time_limit_s),
-        "--time",
-        "a Slurm time limit, 0 for none (e.g. --time 1-00:00:00)",
-    )
-    for name in ("node_death", "rank_crash", "hang", "task0_loss"):
+    for option, limit in (("--time", r.time_limit_s), ("--max-time", r.most_time_s)):
+        need(
+            limit > 0 and not math.isnan(limit),
+            option,
+            shown(limit),
+            "a Slurm time limit, 0 or UNLIMITED for none (e.g. 1-00:00:00)",
+        )
+    for name in RATE_FIELDS:
         need(
             _within(getattr(r.rates, name), 0, MOST_RATE),
             f"--{name.replace('_', '-')}",
+            shown(getattr(r.rates, name)),
             f"interruptions per 1,000 node-days, 0 to {MOST_RATE:,.0f} (Llama 3's, all "
             "causes: 3.8)",
         )
     need(
         _within(r.rates.unloadable, 0, 1) and r.rates.unloadable < 1,
         "--unloadable",
+        shown(r.rates.unloadable),
         "a share of loads, from 0 up to below 1",
     )
     need(
         r.checkpoint_gb is None or _within(r.checkpoint_gb, 0, MOST_CHECKPOINT_GB),
         "--checkpoint-gb",
+        shown(r.checkpoint_gb or 0.0),
         f"0 to {MOST_CHECKPOINT_GB:,.0f} GB",
     )
     need(
-        r.storage_gbps is None or _within(r.storage_gbps, 0, MOST_STORAGE_GBPS, above=True),
+        r.storage_gbps is None or _within(r.storage_gbps, LEAST_STORAGE_GBPS, MOST_STORAGE_GBPS),
         "--storage-gbps",
-        f"the storage's write and read rate, above 0 and at most {MOST_STORAGE_GBPS:,.0f} GB/s",
+        shown(r.storage_gbps or 0.0),
+        f"the storage's write and read rate, {LEAST_STORAGE_GBPS:g} to "
+        f"{MOST_STORAGE_GBPS:,.0f} GB/s",
     )
+    out += _whole_write(r) if not out else []
     seconds(r.save_s, "--save-seconds", "the seconds a save blocks training")
     seconds(r.load_s, "--load-seconds", "the seconds a load takes")
     seconds(r.queue_wait_s, "--queue-wait", "the seconds a generation waits for nodes")
-    seconds(r.response_s, "--response-minutes", "a person's answer (in seconds here)")
+    seconds(r.response_s, "--response-minutes", "a person's answer in minutes", unit=60.0)
     seconds(r.storage_stall_s, "--storage-stall", "the stall's seconds")
-    seconds(
-        t.save_interval_s, "--save-minutes", "today's save interval (in seconds here)", above=True
-    )
+    seconds(t.save_interval_s, "--save-minutes", "today's save interval", above=True, unit=60.0)
     seconds(t.lease_s, "--lease-stale-after", "today's lease in seconds", above=True)
-    seconds(r.step_s, "--step-seconds", "a training step's seconds", above=True)
-    need(0 <= t.hot_spares <= MOST_SPARES, "--hot-spares", f"0 to {MOST_SPARES:,} tasks")
-    need(0 <= t.cold_spares <= MOST_SPARES, "--cold-spares", f"0 to {MOST_SPARES:,} tasks")
-    need(1 <= t.depth <= MOST_DEPTH, "--depth", f"1 to {MOST_DEPTH:,} generations")
-    need(1 <= r.seeds <= MOST_SEEDS, "--seeds", f"between 1 and {MOST_SEEDS}")
-    need(r.profile in profiles.NAMES, "--profile", f"one of {', '.join(profiles.NAMES)}")
+    seconds(r.step_timeout_s, "--step-timeout", "today's step timeout in seconds", above=True)
+    seconds(
+        r.node_silence_s,
+        "--node-silence-timeout",
+        "today's silence timeout in seconds",
+        low=1.0,  # the beats come once a second: a shorter timeout takes live nodes out
+    )
+    seconds(r.step_s, "--step-seconds", "a training step's seconds", low=LEAST_STEP_S)
+    need(
+        0 <= t.hot_spares <= MOST_SPARES,
+        "--hot-spares",
+        shown(t.hot_spares),
+        f"0 to {MOST_SPARES:,} tasks",
+    )
+    need(
+        0 <= t.cold_spares <= MOST_SPARES,
+        "--cold-spares",
+        shown(t.cold_spares),
+        f"0 to {MOST_SPARES:,} tasks",
+    )
+    need(1 <= t.depth <= MOST_DEPTH, "--depth", shown(t.depth), f"1 to {MOST_DEPTH:,} generations")
+    need(1 <= r.seeds <= MOST_SEEDS, "--seeds", shown(r.seeds), f"between 1 and {MOST_SEEDS}")
+    need(r.profile in profiles.NAMES, "--profile", r.profile, f"one of {', '.join(profiles.NAMES)}")
     for name, value in r.overrides.items():
         need(
             name in priced.STEPS,
             "--cost",
+            f"{name}={shown(value)}",
             f"{name!r} is no step; choose from {', '.join(priced.STEPS)}",
         )
-        seconds(value, "--cost", f"{name}: the step's seconds")
+        seconds(value, "--cost", f"{name}: the step's seconds", given=f"{name}={shown(value)}")
     return out  # fmt: skip
+
+
+def _whole_write(r: Request) -> list[str]:
+    """A checkpoint whose whole write or read at the storage's rate takes longer than any
+    step may, where that figure is used (no --save-seconds, no --load-seconds)."""
+    if r.save_s is not None and r.load_s is not None:
+        return []
+    gb = (
+        r.checkpoint_gb
+        if r.checkpoint_gb is not None
+        else CHECKPOINT_GB_PER_GPU * (r.nodes * r.gpus_per_node)
+    )
+    gbps = STORAGE_GBPS if r.storage_gbps is None else r.storage_gbps
+    if gb / gbps <= MOST_SECONDS:
+        return []
+    return [
+        f"--checkpoint-gb {shown(gb)} at --storage-gbps {shown(gbps)}: the whole write "
+        f"takes {gb / gbps:.3g} s, over {MOST_SECONDS:,.0f} (30 days); pass a smaller "
+        "checkpoint, a faster store, or --save-seconds and --load-seconds"
+    ]
 
 
 def with_history(request: Request, history: ChainHistory) -> Request:
@@ -166,12 +252,13 @@ def with_history(request: Request, history: ChainHistory) -> Request:
         if request.rates_given
         else Rates(
             node_death=0.0,
+            gpu_fault=0.0,
             rank_crash=history.rank_crash,
             hang=0.0,
             task0_loss=history.task0_loss,
             unloadable=request.rates.unloadable,
             source=history.source,
-            gpu_share=0.0,
+            gpus_per_node=None,
             counted=(
                 ("rank_crash", history.in_job_restarts, history.training_node_days),
                 ("task0_loss", history.hand_offs, history.task0_node_days),
@@ -203,6 +290,8 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
         overrides=request.overrides,
         profile=request.profile,
         queue_wait=request.queue_wait_s,
+        step_timeout_s=request.step_timeout_s,
+        node_silence_s=request.node_silence_s,
         save_source=(
             f"chain {history.name}: mean of its saves"
             if history is not None and request.save_s == history.save_s
@@ -227,7 +316,10 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
             if seconds is None:
                 return None
             return priced.Step(
-                seconds, f"chain {name}: mean of {count} {what}", "as measured on that chain's size"
+                seconds,
+                f"chain {name}: mean of {count} {what}",
+                "as measured on that chain's size",
+                basis="chain",
             )
 
         costs = replace(
@@ -247,4 +339,5 @@ def scenario(request: Request, history: ChainHistory | None = None) -> Scenario:
         time_limit_s=request.time_limit_s,
         horizon_s=request.days * 86400.0,
         response_s=request.response_s,
+        given=request.given,
     )

@@ -3,24 +3,28 @@ run of 65,536 GPUs passes through in a few hundredths of a second.
 Pure: the random source is its own `random.Random(seed)`.
 
 What happens (docs/plan.md): training runs in segments of `save_interval_s` of work,
-each closed by a save. Interruptions of every class arrive as one Poisson process in wall
+each closed by a save (an async save's segment is durable only once the write behind it
+ends). Interruptions of every class arrive as one Poisson process in wall
 time (the sum of the classes' rates over the training nodes, held or not by a recovery),
 so the time to the next one is drawn afresh at any moment. An interruption loses the
 work since the last completed save and starts its own recovery, made of the steps that
 costs.py prices; one that strikes a recovery restarts it (its own recovery in place of
 what was left of the other, the renewal model's rule); one that strikes a generation's
 end (its last save, the dying path, the successor's scheduling) goes with that
-generation. A node death takes a hot spare (and the array throttle admits a cold
-spare, which becomes a hot one after it starts); with none left the generation ends. A
-death on task 0's nodes, or a task-0 loss, ends the generation after the design's
-detection (the appliance's lease, the seeds' store wait). The time limit ends each
+generation. A node that leaves (a silent death, a GPU fault, a named hang) takes a hot
+spare (and the array throttle admits a cold spare, which becomes a hot one after it
+starts); with none left the restart waits for that admission, and with none coming the
+generation ends. An interruption on task 0's nodes, or a task-0 loss, ends the
+generation after the design's detection (task0_detection). The time limit ends each
 generation; a chain that has run `depth` generations stops until a person resubmits.
+The run's end is its training done: its last work is saved.
 """
 
 from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -87,6 +91,7 @@ class Scenario:
     time_limit_s: float  # one generation's wall time (math.inf: none)
     horizon_s: float  # the run's wall time
     response_s: float  # a person's answer to a stopped chain
+    given: frozenset[str] = frozenset()  # the waits given, not assumed (request.py)
 
 
 @dataclass
@@ -108,11 +113,34 @@ def per_second(scenario: Scenario) -> dict[str, float]:
     r, shape = scenario.rates, scenario.shape
     scale = shape.nodes / 1000.0 / DAY
     return {
-        "node_death": r.node_death_at(shape.gpus_per_node) * scale,
+        "node_death": r.node_death * scale,
+        "gpu_fault": r.gpu_fault_at(shape.gpus_per_node) * scale,
         "rank_crash": r.rank_crash * scale,
         "hang": r.hang * scale,
         "task0_loss": r.task0_loss * min(shape.nodes_per_task, shape.nodes) / 1000.0 / DAY,
     }
+
+
+# What finds each class of interruption (costs.py's steps), on a node that is not task 0's.
+DETECTS = {
+    "node_death": "detect_node_death",
+    "gpu_fault": "detect_crash",
+    "rank_crash": "detect_crash",
+    "hang": "detect_hang",
+}
+
+
+def task0_detection(costs: Costs, kind: str, design: Design, lease_s: float) -> float:
+    """Seconds until the generation is known to be over when `kind` strikes task 0's
+    nodes. A hang: the step timeout. A GPU fault on the appliance: task 0's own launcher
+    fails the health check and its trap ends the generation (docs/benchmarks.md row 2d).
+    A dead or silent task 0: the lease, on the appliance; in the seeds' design nothing
+    fences it, so every end of task 0 waits out the store."""
+    if kind == "hang":
+        return costs.s("detect_hang")
+    if not design.fences_task0:
+        return costs.s("store_wait")
+    return costs.s("detect_crash") if kind == "gpu_fault" else lease_s
 
 
 # Where an interruption that strikes a recovery restarts it: a recovery of the generation
@@ -140,7 +168,11 @@ class _Run:
         self.next_failure = self._draw()
         c = scenario.costs
         self.admit_s = c.s("scheduler") + c.s("start_gate")
-        self.tau, self.save_s = settings.save_interval_s, c.save.seconds
+        self.tau = settings.save_interval_s
+        self.save_s = priced.blocking_save_s(c, self.tau)
+        # An async save's segment, saved but not yet durable: its write is still behind it.
+        self.write_behind = priced.write_behind_s(c)
+        self.unconfirmed, self.durable_at = 0.0, -math.inf
         first = c.first_start_whole
         start_up = first.seconds if first else c.s("start_gate") + c.s("worker_start")
         self._begin_generation([("start_up", start_up)], chained=False)
@@ -190,6 +222,7 @@ class _Run:
                         self.t += whole * (tau + save)
                         seconds["productive"] += whole * tau
                         seconds["checkpoint_saves"] += whole * save
+                        self._saved(tau)
                         continue
                 need = tau - self.work
                 if self.t + need > until:
@@ -207,11 +240,22 @@ class _Run:
             seconds["checkpoint_saves"] += left
             self.t += left
             seconds["productive"] += self.work
+            self._saved(self.work)
             self.work, self.saving = 0.0, None
 
+    def _saved(self, work: float) -> None:
+        """A save ended at `t`: its work counts, but until its write behind it is done a
+        failure takes it too (the last durable checkpoint is the one before)."""
+        if self.write_behind:
+            self.unconfirmed, self.durable_at = work, self.t + self.write_behind
+
     def _lose_work(self) -> None:
-        self.out.seconds["training_lost"] += self.work
-        self.work, self.saving = 0.0, None
+        lost = self.work
+        if self.t < self.durable_at:
+            self.out.seconds["productive"] -= self.unconfirmed
+            lost += self.unconfirmed
+        self.out.seconds["training_lost"] += lost
+        self.work, self.saving, self.unconfirmed = 0.0, None, 0.0
 
     # --- events ------------------------------------------------------------------------------
 
@@ -237,7 +281,9 @@ class _Run:
                 self.next_failure = self._draw()
             elif self.t >= self.gen_end:
                 self._time_limit()
-        self.out.seconds["not_yet_saved"] += self.work
+        # The run's end is its training done: the last work is saved as it ends (Megatron
+        # saves on its way out), in either design.
+        self.out.seconds["productive"] += self.work
         return self.out
 
     def _without_nodes(self, horizon: float) -> None:
@@ -254,7 +300,7 @@ class _Run:
         c = self.sc.costs
         if self.design.saves_at_time_limit:
             self.out.seconds["productive"] += self.work
-            self.work, self.saving = 0.0, None
+            self.work, self.saving, self.unconfirmed = 0.0, None, 0.0  # durable as it ends
             parts = priced.boundary_appliance(c)
         else:
             self._lose_work()
@@ -272,22 +318,18 @@ class _Run:
             self.out.interruptions[DURING_RECOVERY] += 1
         self._lose_work()
         if kind == "rank_crash" or (kind == "hang" and not self.design.names_hung_node):
-            detect = "detect_hang" if kind == "hang" else "detect_crash"
-            self._restart(_ordered(priced.in_job_restart(c, detect)))
+            self._restart(_ordered(priced.in_job_restart(c, DETECTS[kind])))
             return
         task0_nodes = min(self.sc.shape.nodes_per_task, self.sc.shape.nodes)
-        if kind != "task0_loss" and rng.random() < task0_nodes / self.sc.shape.nodes:
-            self.out.interruptions[f"{kind}_on_task0"] += 1
-            detection = c.s("detect_hang") if kind == "hang" else self._task0_detection()
-            self._hand_off(detection)
+        if kind == "task0_loss" or rng.random() < task0_nodes / self.sc.shape.nodes:
+            if kind != "task0_loss":
+                self.out.interruptions[f"{kind}_on_task0"] += 1
+            self._hand_off(task0_detection(c, kind, self.design, self.st.lease_s))
             return
-        if kind == "task0_loss":
-            self._hand_off(self._task0_detection())
-            return
-        # A node of another task died or was named hung: it leaves, and its task ends (a
-        # hung node's ft_launcher exits 1 on the failed health check), so the throttle
-        # admits a cold spare.
-        detect = "detect_hang" if kind == "hang" else "detect_node_death"
+        # A node of another task died, its GPU failed or it was named hung: it leaves, and
+        # its task ends (its ft_launcher exits 1 on the failed health check), so the
+        # throttle admits a cold spare.
+        detect = DETECTS[kind]
         if self.cold > 0:
             self.cold -= 1
             self.admissions.append(self.t + self.admit_s)
@@ -301,9 +343,6 @@ class _Run:
         else:
             self.out.generations_spares_out += 1  # it ends here: once per generation
             self._hand_off(c.s(detect))
-
-    def _task0_detection(self) -> float:
-        return self.st.lease_s if self.design.fences_task0 else self.sc.costs.s("store_wait")
 
     def _unloadable(self) -> bool:
         """Whether the load this recovery ends with fails: the newest checkpoint cannot
@@ -388,6 +427,7 @@ class Summary:
     spares_out: float  # of generations, the share where a node death found no spare
     resubmits: float
     seeds: int
+    ettr_se: float = 0.0  # the standard error of the mean ETTR over the seeds
 
 
 def run_seeds(scenario: Scenario, settings: Settings, design: Design, seeds: int) -> Summary:
@@ -411,4 +451,5 @@ def run_seeds(scenario: Scenario, settings: Settings, design: Design, seeds: int
         spares_out=sum(o.generations_spares_out for o in outcomes) / generations,
         resubmits=mean(o.resubmits for o in outcomes),
         seeds=len(outcomes),
+        ettr_se=statistics.stdev(ettrs) / math.sqrt(len(ettrs)) if len(ettrs) > 1 else 0.0,
     )
