@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass, replace
 
 from nvrx_appliance.plan import profiles
+from nvrx_appliance.settings.chain import ChainSpec
 
 BENCH = "docs/benchmarks.md, run of 2026-12-03"
 MEASURED_NODES = 16  # the largest size the growth table measured
@@ -42,8 +43,9 @@ SILENT_DEATH_SOURCE = (
     "docs/benchmarks.md, row silentdeath: another task's node goes silent -> NVRx's "
     "failure detected, at --node-silence-timeout 10"
 )
-DEFAULT_NODE_SILENCE_S = 10.0  # submit's --node-silence-timeout (settings/chain.py)
-DEFAULT_STEP_TIMEOUT_S = 180.0  # submit's --step-timeout (settings/chain.py)
+_SUBMIT = ChainSpec()  # submit's defaults: what a chain runs with unless told otherwise
+DEFAULT_NODE_SILENCE_S = float(_SUBMIT.node_silence_timeout)
+DEFAULT_STEP_TIMEOUT_S = float(_SUBMIT.step_timeout)
 
 
 @dataclass(frozen=True)

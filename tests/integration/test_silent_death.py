@@ -93,13 +93,15 @@ def _cycles(work: Path, gen: str) -> list[str]:
     return sorted(p.name for p in (work / "nvrx" / gen / "cycle_infos").glob("cycle_info.*.*.*"))
 
 
-def test_a_training_node_that_dies_silently_is_replaced_by_the_hot_spare_within_a_minute(
+def test_a_node_that_dies_silently_then_one_that_freezes_are_each_replaced_by_a_hot_spare(
     cluster: Cluster,
 ):
-    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
-    victim = ""
+    # Every node of the cluster: task 0, a peer, and two hot spares, one per death.
+    flags = ("--train-tasks", "2", "--hot-spares", "2", "--cold-spares", "0", "--depth", "1")
+    victim = frozen = ""
     try:
         with _chain(cluster, "silent-peer", *flags) as (work, name, [gen]):
+            # a) The peer's link goes first, then its processes: no peer reads a reset.
             _checkpointed(work, gen, 0)
             active, _ = cycle_nodes(work, gen, 0)
             task0 = _task0(work, gen)
@@ -109,32 +111,50 @@ def test_a_training_node_that_dies_silently_is_replaced_by_the_hot_spare_within_
             saved = _checkpointed(work, gen, 1)
             took = saved["time"] - died
             assert took < 60, f"death -> next checkpoint {took:.1f} s\n{logs_on_failure(work)}"
-            assert victim not in cycle_nodes(work, gen, 1)[0]
-
             [(node, death)] = _deaths(work, gen).items()
             assert (node, death["kind"], death["cycle"]) == (victim, "silent", 0)
             assert re.fullmatch(
-                rf"{victim} stopped answering at \d\d:\d\d:\d\d UTC; no reset, no exit: a silent "
-                rf"death \(no liveness beat for 1\d s in cycle 0\)",
+                rf"{victim} stopped answering at \d\d:\d\d:\d\d UTC; no reset, no exit: a "
+                rf"silent death \(no liveness beat for 1\d s in cycle 0\)",
                 death["words"],
             ), death
             assert not list((work / "nvrx" / gen / "hangs").glob("hung.*"))  # no hang named
-
             status = cli(cluster, "status", name).stdout
             assert f"{victim} stopped answering at " in status, status
             assert "a hot spare took its place in the next cycle" in status, status
             report = cli(cluster, "report", name, "--no-svg").stdout
             assert f"node death: generation {gen}: {victim} stopped answering" in report, report
 
-        # The generation ended (cancelled): its teardown remembered the dead node, and not
-        # task 0's, whose ranks task 0 itself ended for the restart.
+            # b) The hot spare that took its place freezes whole (its kernel answers, none
+            # of its processes runs): taken for dead, replaced by the second spare; when
+            # it thaws it leaves, and it is judged once.
+            (frozen,) = cycle_nodes(work, gen, 1)[0] - {task0}
+            assert cluster_cli("freeze-node", frozen).returncode == 0
+            started_in_cycle(work, gen, 2, START_S)
+            held = tracker(work) or 0
+            assert cluster_cli("thaw-node", frozen).returncode == 0
+            frozen_log = _batch_log(work, gen, frozen)
+            wait_in(work, lambda: "task 0 took this node for dead" in frozen_log.read_text(),
+                    60, f"{frozen} to learn it was taken for dead")  # fmt: skip
+            wait_in(work, lambda: "exiting with 79" in frozen_log.read_text(), 60,
+                    f"{frozen}'s entrypoint to leave")  # fmt: skip
+            moved = _checkpointed(work, gen, 2, after=time.time())
+            assert moved["iteration"] > held  # training went on past where it stood
+            assert sorted(_deaths(work, gen)) == sorted([victim, frozen])  # each once
+            assert _deaths(work, gen)[frozen]["kind"] == "silent"
+            assert len(_cycles(work, gen)) == 3, _cycles(work, gen)  # none for its return
+
+        # The generation ended (cancelled): its teardown remembered both, and not task 0's
+        # node, whose ranks task 0 itself ended for each restart.
         [entry] = wait_ledger(work, 1, 120)
-        assert [d["node"] for d in entry["dead"]] == [victim], entry
+        assert sorted(d["node"] for d in entry["dead"]) == sorted([victim, frozen]), entry
         kept = {e["node"]: e for e in json_lines(work / "exclusions.jsonl")}
-        assert kept[victim]["evidence"] == "dead", kept
+        assert kept[victim]["evidence"] == kept[frozen]["evidence"] == "dead", kept
         assert "a silent death" in kept[victim]["reason"]
         assert task0 not in kept, kept
     finally:
+        if frozen:
+            cluster_cli("thaw-node", frozen)
         if victim:
             assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
 
@@ -160,35 +180,6 @@ def test_task_0s_node_dying_silently_hands_off_to_the_next_generation_within_its
     finally:
         if victim:
             assert cluster_cli("revive-node", victim, timeout=180).returncode == 0
-
-
-def test_a_frozen_node_is_taken_out_and_when_it_thaws_it_leaves_and_is_counted_once(
-    cluster: Cluster,
-):
-    flags = ("--train-tasks", "2", "--hot-spares", "1", "--cold-spares", "0", "--depth", "1")
-    frozen = ""
-    try:
-        with _chain(cluster, "frozen-node", *flags) as (work, _name, [gen]):
-            _checkpointed(work, gen, 0)
-            active, _ = cycle_nodes(work, gen, 0)
-            (frozen,) = active - {_task0(work, gen)}
-            assert cluster_cli("freeze-node", frozen).returncode == 0
-            started_in_cycle(work, gen, 1, START_S)
-            held = tracker(work) or 0
-            assert cluster_cli("thaw-node", frozen).returncode == 0
-            frozen_log = _batch_log(work, gen, frozen)
-            wait_in(work, lambda: "task 0 took this node for dead" in frozen_log.read_text(),
-                    60, f"{frozen} to learn it was taken for dead")  # fmt: skip
-            wait_in(work, lambda: "exiting with 79" in frozen_log.read_text(), 60,
-                    f"{frozen}'s entrypoint to leave")  # fmt: skip
-            moved = _checkpointed(work, gen, 1, after=time.time())
-            assert moved["iteration"] > held  # training went on, past where it stood
-            assert list(_deaths(work, gen)) == [frozen]  # judged once
-            assert len(_cycles(work, gen)) == 2, _cycles(work, gen)  # no restart for its return
-            assert tracker(work) >= held
-    finally:
-        if frozen:
-            cluster_cli("thaw-node", frozen)
 
 
 def _batch_log(work: Path, gen: str, node: str) -> Path:
