@@ -454,10 +454,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         "chain": str(manifest.get("created", "")),
         "mode": spec.get("mode", ""),
     }
+    if args.fence:
+        # One process for both when this task won both claims: the successor waits for
+        # every task's end, and a second interpreter's start is a second on a busy node.
+        try:
+            return fence(args, this)
+        finally:
+            if args.relay:
+                relay(args, spec)
     if args.relay:
         return relay(args, spec)
-    if args.fence:
-        return fence(args, this)
     return teardown(args, this, int(spec.get("burn_guard", 0)))
 
 
