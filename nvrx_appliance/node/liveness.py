@@ -56,22 +56,42 @@ def _bound_socket() -> socket.socket:
     return sock
 
 
-def probe_refused(address: tuple, family: int, wait: float = rule.PROBE_WAIT_S) -> bool:
-    """Does the host at `address` refuse a datagram to that port? A connected UDP socket
-    reports the kernel's ICMP "port unreachable" as a refused connection. False when
-    nothing comes back within `wait` (the host is gone, or its link), or it cannot be
-    sent at all."""
-    try:
-        with socket.socket(family, socket.SOCK_DGRAM) as sock:
-            sock.settimeout(wait)
+def probe_refused(addresses: list[tuple], family: int, wait: float = rule.PROBE_WAIT_S) -> set[int]:
+    """Which of the hosts at `addresses` refuse a datagram to that port (their indexes),
+    all probed at once, waiting `wait` at most: a connected UDP socket reports the
+    kernel's ICMP "port unreachable" as a refused connection. A host that is gone, or
+    whose link is, says nothing; one whose port still has a reader (a frozen process's
+    socket) neither."""
+    socks: dict[socket.socket, int] = {}
+    for index, address in enumerate(addresses):
+        sock = socket.socket(family, socket.SOCK_DGRAM)
+        try:
+            sock.setblocking(False)
             sock.connect(address)
             sock.send(b"probe")
-            sock.recv(64)
-    except ConnectionRefusedError:
-        return True
-    except OSError:
-        return False
-    return False  # an answer: something there reads datagrams, and did not refuse
+            socks[sock] = index
+        except OSError:  # no route at all: nothing will answer either
+            sock.close()
+    refused: set[int] = set()
+    deadline = time.monotonic() + wait
+    try:
+        while socks and (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select(list(socks), [], [], left)
+            if not readable:
+                break
+            for sock in readable:
+                try:
+                    sock.recv(64)
+                except ConnectionRefusedError:
+                    refused.add(socks[sock])
+                except OSError:
+                    pass
+                sock.close()
+                del socks[sock]
+    finally:
+        for sock in socks:
+            sock.close()
+    return refused
 
 
 class Listener:
@@ -86,7 +106,7 @@ class Listener:
         nodes: int,
         on_dead: Callable[[rule.Silent], None],
         log: Log,
-        probe: Callable[[tuple, int], bool] = probe_refused,
+        probe: Callable[[list[tuple], int], set[int]] = probe_refused,
     ):
         self.generation = generation
         self.key = key
@@ -152,19 +172,22 @@ class Listener:
                     self.sock.sendto(reply, address)
 
     def _look(self, now: float) -> None:
-        for silent in self.roll.look(now):
-            address = self.addresses.get(silent.node)
-            if address is not None and self.probe(address, self.sock.family):
-                self.roll.refused(silent.node)
-                self.log(f"liveness: {silent.node} has sent no beat for {silent.silent_s:.0f} s "
+        silent = self.roll.look(now)
+        heard = [s for s in silent if s.node in self.addresses]
+        refused = self.probe([self.addresses[s.node] for s in heard], self.sock.family)
+        lives = {heard[i].node for i in refused}
+        for found in silent:
+            if found.node in lives:
+                self.roll.refused(found.node)
+                self.log(f"liveness: {found.node} has sent no beat for {found.silent_s:.0f} s "
                          "but its host refuses a probe: the node lives and its entrypoint is "
                          "gone; no node death")  # fmt: skip
                 continue
-            self.roll.judged(silent.node)
+            self.roll.judged(found.node)
             try:
-                self.on_dead(silent)
+                self.on_dead(found)
             except Exception as exc:  # the judgement stands; the listener must go on
-                self.log(f"liveness: acting on {silent.node}'s death failed: {exc!r}")
+                self.log(f"liveness: acting on {found.node}'s death failed: {exc!r}")
         if self.roll.blind and self.roll.blind != self._blind_said:
             self.log(f"liveness: {self.roll.blind}")
         self._blind_said = self.roll.blind
@@ -210,13 +233,15 @@ class Beater:
         """A socket for the beats and task 0's address. Not connected: a connected UDP
         socket takes datagrams from its peer's address alone, and its kernel would
         refuse task 0's probe, which comes from another port, as if nobody were here."""
-        try:
-            family, kind, proto, _, address = socket.getaddrinfo(
-                *self.target, type=socket.SOCK_DGRAM
-            )[0]
-            return socket.socket(family, kind, proto), address
-        except OSError:
-            return None
+        for family in (socket.AF_INET, socket.AF_UNSPEC):  # IPv4 where task 0 has it
+            try:
+                family, kind, proto, _, address = socket.getaddrinfo(
+                    *self.target, family=family, type=socket.SOCK_DGRAM
+                )[0]
+                return socket.socket(family, kind, proto), address
+            except OSError:
+                continue
+        return None
 
     def _run(self) -> None:
         opened: tuple[socket.socket, tuple] | None = None

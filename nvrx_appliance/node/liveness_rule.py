@@ -187,8 +187,7 @@ class Roll:
         if not any(now - at <= recent for node, at in self.heard.items() if node not in self.dead):
             self.blind = (
                 f"task 0 hears no node at all ({', '.join(s.node for s in silent)} silent "
-                f"for {min(s.silent_s for s in silent):.0f} s and more): its own link, not "
-                "theirs; nobody is named"
+                f"past {self.bound:g} s): its own link, not theirs; nobody is named"
             )
             return []
         self.blind = ""

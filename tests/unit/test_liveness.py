@@ -291,3 +291,17 @@ def test_a_beater_told_out_calls_its_node_away_once_and_ignores_a_forged_out():
         beater.stop()
         server.close()
     assert told == [1]
+
+
+def test_silent_nodes_are_probed_together_and_only_a_refusing_host_is_spared():
+    frozen = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    frozen.bind(("127.0.0.1", 0))  # a reader that never reads: a frozen node's socket
+    gone = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    gone.bind(("127.0.0.1", 0))
+    closed = gone.getsockname()
+    gone.close()  # nothing reads this port any more: the kernel refuses
+    try:
+        addresses = [frozen.getsockname(), closed, frozen.getsockname()]
+        assert liveness.probe_refused(addresses, socket.AF_INET, wait=2.0) == {1}
+    finally:
+        frozen.close()
