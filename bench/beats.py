@@ -41,10 +41,10 @@ def _listen(nodes: int, seconds: float) -> None:
     heard = 0
     real_hear = found.roll.hear
 
-    def hear(node: str, now: float) -> bool:
+    def hear(node: str, now: float, task: int = -1) -> bool:
         nonlocal heard
         heard += 1
-        return real_hear(node, now)
+        return real_hear(node, now, task)
 
     found.roll.hear = hear  # type: ignore[method-assign]
     before = resource.getrusage(resource.RUSAGE_SELF)  # past the interpreter's start

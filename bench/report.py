@@ -211,27 +211,21 @@ def results_of(document: dict[str, Any]) -> list[Result]:
 
 
 def merged(full: dict[str, Any], partial: dict[str, Any], order: Sequence[str]) -> dict[str, Any]:
-    """The stored full run with a partial run's scenarios in place of its own (the floor
-    of the partial run too: its rows are held against it), in `order`; the document says
-    which rows came from which run."""
-    fresh = {s["scenario"]: s for s in partial["scenarios"]}
-    kept = [
-        s for s in full["scenarios"] if s["scenario"] not in fresh or s["scenario"] == "reference"
-    ]
-    by_name = {s["scenario"]: s for s in kept} | {
-        name: s for name, s in fresh.items() if name != "reference"
-    }
+    """The stored full run with a partial run's scenarios in place of its own, in `order`;
+    the document says which rows came from which run. The full run's floor stays, so that
+    the rows not re-run keep the ratios they were published with; the rows re-run are held
+    against it too (the partial run's own floor is in its own document)."""
+    own = {"reference", "floor"}
+    fresh = {s["scenario"]: s for s in partial["scenarios"] if s["scenario"] not in own}
+    by_name = {s["scenario"]: s for s in full["scenarios"]} | fresh
     rank = {name: i for i, name in enumerate(["reference", *order])}
     scenarios = sorted(by_name.values(), key=lambda s: rank.get(s["scenario"], len(rank)))
     run = dict(full["run"])
-    run["refreshed"] = [
-        *[r for r in run.get("refreshed", []) if set(r["scenarios"]) - set(fresh)],
-        {k: partial["run"][k] for k in ("started", "command", "scenarios")},
+    earlier = [
+        {**r, "scenarios": [n for n in r["scenarios"] if n not in fresh]}
+        for r in run.get("refreshed", [])
     ]
-    floor = next((s for s in scenarios if s["scenario"] == "floor"), None)
-    return {
-        **full,
-        "run": run,
-        "scenarios": scenarios,
-        "floor_median_s": floor_median(results_of({"scenarios": [floor]})) if floor else None,
-    }
+    latest = {k: partial["run"][k] for k in ("started", "command")}
+    latest["scenarios"] = list(fresh)
+    run["refreshed"] = [*[r for r in earlier if r["scenarios"]], latest]
+    return {**full, "run": run, "scenarios": scenarios}

@@ -144,15 +144,16 @@ def test_a_partial_run_replaces_its_rows_of_the_full_run_and_the_block_says_when
     )  # fmt: skip
     both = report.merged(full, partial, ["floor", "spare", "norestart"])
     assert [s["scenario"] for s in both["scenarios"]] == ["floor", "spare", "norestart"]
-    assert both["floor_median_s"] == 2.0  # the rows re-run are held against their own floor
+    assert both["floor_median_s"] == 1.5  # the full run's floor: old rows keep their ratios
     text = report.table(report.results_of(both))
     [row] = [line for line in text.splitlines() if "exit 93" in line]
-    assert "| 1.00 |" in row and "<= 2 s: met" in row
+    assert "| 1.00 |" in row and "<= 2 s: met" in row and "| 0.7x |" in row
     assert "| - a phase |" not in text  # gone with the old row
     assert "| 3 escaped cold spare | FAILED" in text  # a scenario not re-run stays
     block = readme.block(text, "2026-12-03", "m", "python -m bench",
-                         refreshed=["the rows of floor, norestart on 2026-12-06 (`cmd`)"])  # fmt: skip
-    assert "Re-run since: the rows of floor, norestart on 2026-12-06 (`cmd`)." in block
+                         refreshed=["the rows of norestart on 2026-12-06 (`cmd`)"])  # fmt: skip
+    assert "Re-run since: the rows of norestart on 2026-12-06 (`cmd`)." in block
+    assert both["run"]["refreshed"][0]["scenarios"] == ["norestart"]
     assert both["run"]["refreshed"][0]["command"] == "python -m bench --only norestart"
 
 

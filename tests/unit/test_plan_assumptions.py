@@ -164,7 +164,7 @@ def test_the_cluster_profile_cites_its_figures_and_says_which_are_assumed():
     assert "What each step costs, cluster profile" in out
     line = {x.split()[0]: x for x in section(out, "What each step costs")[2:]}
     assert line["detect_node_death"].endswith(
-        "11.00  measured, holds: the appliance's own timeout, not Slurm's"
+        "11.12  measured, holds: the appliance's own timeout, not Slurm's"
     )
     for assumed in ("worker_start", "start_gate"):
         assert "300.00  assumed, none published: " in line[assumed]
