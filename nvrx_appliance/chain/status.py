@@ -144,6 +144,8 @@ class ChainView:
     applied: Applied | None = None
     # The running generation's slow nodes, slowest first (goodput/straggler.py).
     stragglers: tuple[Straggler, ...] = ()
+    # Where its figures name nobody though a node lagged: why, with what was seen
+    unnamed: tuple[str, ...] = ()
     headline: Headline = field(default_factory=lambda: Headline("unknown", "", "", ""))
 
     @property
@@ -465,6 +467,7 @@ def assemble(
     exclusions: Record | None = None,
     hangs: Mapping[str, Sequence[Hang]] | None = None,
     stragglers: Sequence[Straggler] = (),
+    unnamed: Sequence[tuple[str, str]] = (),
 ) -> ChainView:
     spec, shape = manifest["spec"], manifest["shape"]
     limit_s = slurm_seconds(str(spec.get("time_limit", "")))
@@ -551,6 +554,11 @@ def assemble(
         stragglers=tuple(
             s for s in stragglers if any(
                 g.array_job_id == s.generation and g.state == "running" for g in generations
+            )
+        ),
+        unnamed=tuple(
+            why for gen, why in unnamed if any(
+                g.array_job_id == gen and g.state == "running" for g in generations
             )
         ),
     )  # fmt: skip
