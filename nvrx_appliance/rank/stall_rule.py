@@ -6,7 +6,7 @@ workload's own work on some ranks, however long; where the evidence cannot tell,
 verdict, with what was seen. For each rank the recorder shows the others waiting for
 (flight_record.Flight.held_by):
 
-- stopped (state T): the node's fault;
+- stopped (state T) for at least `still_s`: the node's fault (for less: unknown);
 - stuck in the kernel (state D) for at least `still_s`, where the kernel says it waits
   (/proc/<pid>/wchan) and that wait is no file system's: the node's; in a file-system
   call (its frame or its kernel wait) the workload's stall; in D for less, or where the
@@ -75,6 +75,8 @@ def why(
     own = hang_rule.own_frame(stack)
     at = f" in `{own.name}`" if own is not None else ""
     if stack.state in STOPPED_STATES:
+        if now - stack.still_since < still_s:  # a moment's stop (a debugger, a profiler)
+            return UNKNOWN, f"was stopped for {now - stack.still_since:.0f} s only{at}"
         return NODE, f"stopped{at}"  # state T: the old words, which tests and people know
     unchanged = now - (stack.same_since if stack.same_since is not None else stack.still_since)
     if device:

@@ -330,3 +330,11 @@ def test_one_sample_in_the_kernel_names_no_node():
 def test_a_rank_in_the_kernel_where_the_kernel_does_not_say_names_no_node():
     found = judge(others_wait(stack(3, (), "D")), dumps("late"))
     assert found.nodes == () and "and the kernel does not say where" in found.words, found.words
+
+
+def test_a_rank_stopped_for_a_moment_names_no_node():
+    # Sustained, as every node's evidence must be: a stop of a second (a debugger, a
+    # profiler's attach) at the judgement is no node's fault.
+    moment = replace(stack(3, FROZEN, "T"), still_since=NOW - 1)
+    found = judge(others_wait(moment), dumps("late"))
+    assert found.nodes == () and "rank(s) 3 was stopped for 1 s only" in found.words, found.words

@@ -153,6 +153,6 @@ def test_a_group_carrying_point_to_point_operations_is_left_out_and_said():
 
 def test_a_stopped_rank_on_nccl_names_its_node_as_on_gloo():
     dumps = [nccl_fr_fixture_from_torch_2_13_source(r, enqueued=7, completed=6) for r in range(3)]
-    stopped = replace(stack(3), state="T")
+    stopped = replace(stack(3), state="T", still_since=NOW - 30)
     found = judge([*(stack(r) for r in range(3)), stopped], dumps)
     assert found.nodes == ("nodeB",) and found.kind == "hung", found.words
