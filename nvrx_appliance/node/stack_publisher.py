@@ -154,7 +154,8 @@ class Publisher(threading.Thread):
                     self._made.add(cycle)
                 body = {"node": self.node, "time": now_iso(), "samples": samples, "waits": waits,
                         "flight": flight}  # fmt: skip
-                files.write_atomic(target, json.dumps(body) + "\n", 0o600, durable=False)
+                files.write_atomic(target, json.dumps(body) + "\n", 0o600, durable=False,
+                                   parent_made=True)  # fmt: skip
             except OSError as exc:
                 if not self._failed:
                     self._failed = True

@@ -99,13 +99,14 @@ def _say_once(words: str) -> None:
 
 def status(raw: bytes | str) -> dict:
     """The recorder's `pg_status` from its JSON dump, parsed alone: the dump's keys come
-    sorted (nlohmann's map), `pg_config` (every group's rank list, 134 kB at 16,384
-    ranks) before it, which is found, not parsed."""
+    sorted (nlohmann's map), `pg_config` (every group's rank list, ~100 kB at 16,384
+    ranks) before it and only `version` after, so the key is searched from the end (a
+    string value cannot hold it: its quotes would be escaped)."""
     key = '"pg_status"'
     if isinstance(raw, str):
-        at, text = raw.find(key), raw
+        at, text = raw.rfind(key), raw
     else:  # decode what follows the key only
-        at = raw.find(key.encode())
+        at = raw.rfind(key.encode())
         text, at = raw[max(at, 0) :].decode("utf-8", "replace"), 0 if at >= 0 else -1
     if at < 0:
         return {}
