@@ -150,7 +150,7 @@ def compact_ranks(text: Any) -> Any:
     return ranks
 
 
-def summary(trace: dict, pending: set[str]) -> dict:
+def summary(trace: dict) -> dict:
     """What the judgement needs of a dump (rank/flight_record.py): every group's status,
     the newest entries with the fields it reads, and the ranks of the groups they name."""
     entries = [
@@ -163,7 +163,7 @@ def summary(trace: dict, pending: set[str]) -> dict:
     return {
         "pg_status": trace.get("pg_status") or {},
         "pg_config": {n: {"ranks": compact_ranks((config.get(n) or {}).get("ranks", ""))}
-                      for n in sorted(names | pending) if n in config},
+                      for n in sorted(names) if n in config},
         "entries": entries,
     }  # fmt: skip
 
@@ -265,8 +265,7 @@ class _Watch:
         if stalled and self.written is None:
             key = min(stalled, key=lambda k: self.since[k])
             trace = json.loads(recorders[key[0]](includeCollectives=True, onlyActive=True))
-            mine = {pg for name, pg, _ in stalled if name == key[0]}
-            self.write(summary(trace, mine), key, rank)
+            self.write(summary(trace), key, rank)
             self.written = key
 
     def path(self, rank: int) -> str:
