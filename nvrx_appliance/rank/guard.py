@@ -209,9 +209,9 @@ class Guard:
                     tee.thread.join(DRAIN_S)
                 watchdog = kill_cause.nccl_watchdog(said(tees))
             if stack_watch.after_exit(code, stopping=stopped or bool(not_hang), watchdog=watchdog):
-                # The hang's verdict accounts for this kill (node memory never counts it
-                # as the node's failure: a verdict names a node, or nobody).
-                self.hang = stack_watch.verdict() or {"verdict": "none", "words": ""}
+                # Where the hang's verdict accounts for this kill, node memory never counts
+                # it as the node's failure (stacks.explains_kill)
+                self.hang = stack_watch.verdict()
         for tee in tees:
             tee.thread.join(DRAIN_S)
         if stopped:

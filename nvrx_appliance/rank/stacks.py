@@ -332,10 +332,12 @@ class StackWatch:
             time.sleep(JUDGE_POLL_S)
 
     def verdict(self) -> dict[str, str] | None:
-        """The cycle's hang verdict as the record says it ({"verdict", "words"}); None when
-        there is none (yet)."""
+        """The cycle's hang verdict as the record says it ({"verdict", "words"}), where it
+        explains the kill (explains_kill); None otherwise, or when there is none (yet)."""
         record = read_json(self.hangs / f"cycle{self.cycle}.json")
         if record is None or record.get("generation") != self.generation:
+            return None
+        if not explains_kill(record):
             return None
         return {"verdict": str(record.get("verdict")), "words": str(record.get("words"))}
 
@@ -348,9 +350,10 @@ class StackWatch:
         for sample in samples:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 stacks.append(rank_stack(sample))
+        dumps = flight.read_dumps(self.samples, self.generation, self.cycle)
+        now = time.time()
         judgement = stall_rule.judge(
-            stacks, flight.read_dumps(self.samples, self.generation, self.cycle),
-            world_size=self.world_size, cycle=self.cycle, now=time.time(),
+            stacks, dumps, world_size=self.world_size, cycle=self.cycle, now=now,
             fresh_s=fresh_s(self.period), still_s=still_s(self.period), segment=self.segment,
         )  # fmt: skip
         ended = ended_by(watchdog, self.still_killed(), self.out_of_section)
@@ -364,6 +367,10 @@ class StackWatch:
             judgement, samples, generation=self.generation, cycle=self.cycle,
             judged_by={"node": self.node, "rank": str(self.rank)}, hand_off=hand_off,
         )  # fmt: skip
+        # NCCL's watchdog timed a collective out: that cycle stood still
+        record["stood_still"] = bool(watchdog) or stood_still(
+            stacks, dumps, now=now, still_s=still_s(self.period)
+        )
         for node in judgement.nodes:  # the markers first: the record says they are there
             files.create_once(self.hangs / hung_name(node), marker_of(record))
         files.create_once(path, record)
@@ -378,6 +385,24 @@ class StackWatch:
             return any(n.startswith(mark) for n in os.listdir(self.hangs))
         except OSError:
             return False
+
+
+def explains_kill(record: dict[str, Any]) -> bool:
+    """Does a hang record account for its cycle's kills (so that node memory never counts
+    them as a node's own failures)? When it named the hung node or the workload's own
+    stall, or, naming nobody, the cycle stood still (a collective stood pending long
+    enough for a summary, or every rank's stack stood still): a hang the evidence could
+    not place. Not a rank killed while the others trained: that kill is counted as any
+    failure of its node is."""
+    return record.get("verdict") in ("hung", "workload") or record.get("stood_still") is True
+
+
+def stood_still(
+    stacks: list[hang_rule.RankStack], dumps: list, *, now: float, still_s: float
+) -> bool:
+    """Did the cycle stand still when it was judged: a collective pending past the stall
+    time (a summary written), or every rank's stack still for the still time?"""
+    return bool(dumps) or (bool(stacks) and all(now - s.still_since >= still_s for s in stacks))
 
 
 def ended_by(watchdog: str | None, still_killed: bool, out_of_section: float) -> str:

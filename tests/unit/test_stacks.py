@@ -251,3 +251,19 @@ def test_a_workload_stall_a_stillness_kill_ended_says_to_raise_the_timeout_or_op
         "NVRx's checkpointing section around it"
     )
     assert stacks.advice("hung", None) == ""
+
+
+def test_a_hang_record_accounts_for_its_kills_only_where_the_evidence_placed_or_saw_a_hang():
+    # Node memory skips the kills a hang's verdict explains (issue 53, finding 2): the
+    # workload's own stall, a named node, or a cycle that stood still and that the
+    # evidence could not place. A rank killed while the others trained is its node's
+    # failure, as before (tests/integration/test_bad_nodes.py kills one with SIGKILL).
+    assert stacks.explains_kill({"verdict": "workload"})
+    assert stacks.explains_kill({"verdict": "hung"})
+    assert stacks.explains_kill({"verdict": "none", "stood_still": True})
+    assert not stacks.explains_kill({"verdict": "none", "stood_still": False})
+    moving = RankStack(0, "n1", (), taken=99.0, still_since=98.0)
+    still = RankStack(1, "n2", (), taken=99.0, still_since=70.0)
+    assert not stacks.stood_still([moving, still], [], now=100.0, still_s=10.0)
+    assert stacks.stood_still([still], [], now=100.0, still_s=10.0)
+    assert stacks.stood_still([moving], [{"rank": 1}], now=100.0, still_s=10.0)  # a summary
