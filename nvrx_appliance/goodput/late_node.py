@@ -182,11 +182,13 @@ def _not_the_node(
     if len(ranks) == 1:
         return (f"{seen}, but it runs one rank (rank {ranks[0].rank}): its lag "
                 "cannot be told from that rank's own work (a save, evaluation, logging, an upload)")  # fmt: skip
-    # Each rank's own share, part by part, against the peers' median of that part.
+    # Each rank's own share, part by part, against the peers' median of that part; a
+    # rank that took too few polls in a part to measure (stopped throughout) waited in
+    # none of it: it lags.
     waiting = []
     for rank in ranks:
         mine = [_shares({node: [rank]}, start, end).get(node) for start, end in bounds]
-        if any(m is None or _peers({**p, node: m}, node) - m < EXCESS
+        if any(m is not None and _peers({**p, node: m}, node) - m < EXCESS
                for m, p in zip(mine, parts, strict=True)):  # fmt: skip
             waiting.append(rank.rank)
     if waiting:

@@ -283,3 +283,16 @@ def test_status_says_why_the_running_generation_names_no_straggler():
     assert "straggler: no straggler named in cycle 0 of generation 4250: node1 lags " in text
     assert "but only its rank(s) 0 lag while its rank(s) 1 wait like its peers" in text
     assert "straggler: node1 is a straggler" not in text
+
+
+def test_a_rank_stopped_through_a_whole_part_lags_and_does_not_wait():
+    # A rank that took no polls in a part (stopped throughout) waited in none of it: its
+    # node's lag is every rank's, and the node is named.
+    waits = save_run(2, {0, 1}, completed_hz=STEPS_HZ)
+    frozen = waits[1]
+    at_stop = frozen.history[40]  # its counts stand still from its 40th second on
+    stopped = tuple(h if h[0] < at_stop[0] else (h[0], at_stop[1], at_stop[2], h[3])
+                    for h in frozen.history)  # fmt: skip
+    waits[1] = collective_waits.RankWaits(frozen.node, frozen.rank, stopped)
+    [found] = late_node.judge(waits)
+    assert found.node == "node1"

@@ -97,8 +97,9 @@ def test_a_stopped_rank_the_others_wait_for_names_its_node():
 
 
 def test_a_rank_stuck_in_the_kernel_that_py_spy_cannot_read_names_its_node():
-    # The cluster's sick node in the kernel: frozen by the cgroup freezer, whose wait the
-    # kernel names (/proc/<pid>/wchan: `__refrigerator`), for 30 s.
+    # The cluster's sick node in the kernel: frozen by the cgroup freezer; the kernel
+    # names the wait (/proc/<pid>/wchan: `__refrigerator` for a task frozen running,
+    # where it slept for one frozen asleep), no file system's, for 30 s.
     unreadable = replace(stack(3, (), "D"), wchan="__refrigerator")
     found = judge(others_wait(unreadable), dumps("late"))
     assert found.nodes == ("nodeB",)
