@@ -24,6 +24,7 @@ from pathlib import Path
 from bench import (
     beats,
     completion,
+    evidence,
     floor,
     handoff,
     healthcheck,
@@ -56,10 +57,10 @@ SCENARIOS = {
     for m in (
         floor, handoff, sigkill, seeds, spare, norestart, restart, liveness, timelimit,
         completion, healthcheck, segment, segsilent, scale, sick_node, watcher, plan,
-        stack_sampling, plan_inputs, silentdeath, beats,
+        stack_sampling, plan_inputs, silentdeath, beats, evidence,
     )
 }  # fmt: skip
-NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME, plan_inputs.NAME, beats.NAME}
+NEEDS_NO_CLUSTER = {watcher.NAME, stack_sampling.NAME, plan_inputs.NAME, beats.NAME, evidence.NAME}
 RESULTS = Path(__file__).parent / "results"
 RESULTS_DOC = Path(__file__).parent.parent / "docs" / "benchmarks.md"
 MIN_REPEAT = 5  # issue 7: every figure over at least five samples

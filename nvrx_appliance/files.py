@@ -62,11 +62,16 @@ def make_private_dirs(path: str | Path) -> None:
         os.chmod(directory, 0o700)
 
 
-def write_atomic(path: Path, text: str, mode: int = 0o644, *, durable: bool = True) -> None:
+def write_atomic(
+    path: Path, text: str, mode: int = 0o644, *, durable: bool = True, parent_made: bool = False
+) -> None:
     """Replace `path` with `text`. durable=False skips the fsync, for files that may be
-    lost in a crash (the watcher's state and textfile) on a busy login node's disk."""
+    lost in a crash (the watcher's state and textfile) on a busy login node's disk;
+    parent_made: the caller made the directory (on shared storage each mkdir that finds
+    it is two metadata operations)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not parent_made:
+        path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         with os.fdopen(fd, "w") as fh:

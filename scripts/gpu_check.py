@@ -19,6 +19,19 @@ It passes when Megatron's own log says so. Then, on a node with two GPUs or more
      (stacks/nccl_trace_rank_<R>); and the flight-recorder watch's dumps analysed as
      the hang judgement reads them (rank/flight.py, rank/flight_record.py), with the
      rank they say the others wait on beside the rank it froze.
+  4. GPU ONLY, the NCCL hang check (issue 53), twice: without TORCH_NCCL_ENABLE_TIMING
+     and with it. Two ranks of a small NCCL script (NCCL_HANG below, no Megatron), each
+     under its guard and standing in for a node of its own (SLURMD_NODENAME gpu0, gpu1),
+     with the flight-recorder watch and stacks every 2 s; once they have all-reduced a
+     while, rank 1's GPU is held by a kernel that spins (`torch.cuda._sleep`) ahead of
+     its next all-reduce, its CPU alive and waiting on its GPU: the sick GPU of a live
+     rank. NCCL's own watchdog (the group's timeout, NCCL_TIMEOUT_S) aborts the ranks
+     (exit 134), and the guards judge that abort as a hang. It prints the hang record's
+     words, every rank's last sample, and the recorder's states, beside what the rule
+     (rank/stall_rule.py) expects from torch 2.13's sources: without timing, no verdict
+     ("NCCL records no start without TORCH_NCCL_ENABLE_TIMING"); with timing, gpu1
+     named (its all-reduce never started on its device while its stack stood still).
+     It passes when both records were written; what they say is printed to be read.
 Everything it needs must already be there:
   GPU_CHECK_MEGATRON  a Megatron-LM checkout at the pinned commit (pins.toml)
   GPU_CHECK_WHEELS    optional: wheels to install first (NVRx 0.7.0, megatron-core 0.19.0
@@ -59,6 +72,23 @@ def install_wheels(directory: str) -> None:
 
 HANG_STEP_TIMEOUT_S = 60  # NVRx's step timeout in the hang check: it ends the hung cycle
 HANG_RUN_S = 420  # the hang check's bound: start, train, freeze, the timeout, the record
+NCCL_TIMEOUT_S = 40  # the NCCL hang check's group timeout: its watchdog ends the hang
+NCCL_HANG_RUN_S = 240  # its bound: start, all-reduce, the held GPU, the watchdog, the record
+# Two ranks all-reduce until the file HOLD names appears; then rank 1 queues a kernel
+# that spins on its GPU ahead of its next all-reduce and waits on it (CPU alive).
+NCCL_HANG = r"""
+import datetime, os, sys, time, torch, torch.distributed as dist
+rank, hold = int(os.environ["RANK"]), sys.argv[1]
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+dist.init_process_group("nccl", timeout=datetime.timedelta(seconds=int(sys.argv[2])))
+t = torch.ones(1 << 20, device="cuda")
+while True:
+    if rank == 1 and os.path.exists(hold):
+        torch.cuda._sleep(1 << 62)  # the GPU spins: the all-reduce below never starts
+    dist.all_reduce(t)
+    t.sum().item()  # the CPU waits on its GPU, as a training step's .item() does
+    time.sleep(0.05)
+"""
 
 
 def plan(work: Path, megatron: str, mode: str, gpus: int, hang: bool = False):
@@ -209,14 +239,100 @@ def hang_check(work: Path, megatron: str, gpus: int, dry_run: bool) -> bool:
     print(f"gpu-check: hang record: {record.get('words', 'none written')}")
     nccl_dumps = sorted(m.layout.stacks("hang").glob("nccl_trace_rank_*"))
     print(f"gpu-check: NCCL's own dumps at its timeout: {[p.name for p in nccl_dumps]}")
-    # The flight-recorder watch's dumps (rank/flight_site), analysed as the judgement does.
-    where = flight.flight_dir(m.layout.stacks("hang") / "cycle0")
-    dumps = flight.read_dumps(where, str(record.get("generation", "")), 0)
+    # The flight-recorder watch's summaries (rank/flight_site), analysed as the judgement does.
+    dumps = flight.read_dumps(
+        m.layout.stacks("hang") / "cycle0", str(record.get("generation", "")), 0
+    )
     found = flight_record.analyse(dumps, len(ranks))
     print(f"gpu-check: flight-recorder watch: {len(dumps)} dump(s); the hang waits on "
           f"rank(s) {list(found.held_by())} (expected {frozen}); "
           + "; ".join(s.words() for s in found.stalls))  # fmt: skip
     return bool(samples) and bool(record)
+
+
+def nccl_hang_plan(work: Path, timing: bool) -> tuple[list[list[str]], list[dict], object]:
+    """(each rank's guard argv, its environment, the manifest) of the NCCL hang check."""
+    from nvrx_appliance import manifest
+    from nvrx_appliance.rank import guard
+    from nvrx_appliance.settings.chain import ChainSpec
+
+    run = work / ("nccl-timing" if timing else "nccl")
+    script = run / "nccl_hang.py"
+    spec = ChainSpec(work_dir=str(run), workload="script", script=str(script), train_tasks=1,
+                     hot_spares=0, gpus_per_node=2, stack_sampling=2, mode="train")  # fmt: skip
+    m = manifest.build(spec, created="gpu-check", user="root")
+    token = f"{m.chain_id}/nccl/0"
+    argv = guard.argv(m.layout.control("nccl"), m.layout.exit_records("nccl"), token,
+                      [sys.executable, str(script), str(run / "hold"), str(NCCL_TIMEOUT_S)])  # fmt: skip
+    envs = []
+    for rank in (0, 1):
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29533",
+               "NVRX_RUN_MANIFEST": str(m.layout.run_json), "SLURMD_NODENAME": f"gpu{rank}",
+               "TORCHELASTIC_RESTART_COUNT": "0", "SLURM_ARRAY_JOB_ID": "nccl"}  # fmt: skip
+        if timing:
+            env["TORCH_NCCL_ENABLE_TIMING"] = "1"
+        envs.append(env)
+    return [argv, argv], envs, m
+
+
+def nccl_hang_check(work: Path, gpus: int, dry_run: bool, timing: bool) -> bool:
+    """GPU ONLY (step 4 above): a live rank's GPU held, NCCL's watchdog, the judgement."""
+    from nvrx_appliance import manifest
+    from nvrx_appliance.rank import flight, flight_record, stacks
+
+    argvs, envs, m = nccl_hang_plan(work, timing)
+    said = "with" if timing else "without"
+    print(f"gpu-check: NCCL hang check (GPU only), {said} TORCH_NCCL_ENABLE_TIMING:\n  "
+          + " ".join(argvs[0]), flush=True)  # fmt: skip
+    if dry_run:
+        return True
+    if gpus < 2:
+        print("gpu-check: NCCL hang check skipped: it needs two GPUs (one per rank)")
+        return True
+    layout = m.layout  # type: ignore[attr-defined]
+    for directory in (layout.control("nccl"), layout.exit_records("nccl")):
+        directory.mkdir(parents=True, exist_ok=True)
+    manifest.save(m)  # type: ignore[arg-type]
+    Path(m.spec.script).write_text(NCCL_HANG)  # type: ignore[attr-defined]
+    guards = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for argv, env in zip(argvs, envs, strict=True)
+    ]
+    hold = Path(m.spec.work_dir) / "hold"  # type: ignore[attr-defined]
+    record_path = layout.hangs("nccl") / "cycle0.json"
+    try:
+        time.sleep(20)  # a while of all-reduces: the state before the hang
+        hold.touch()
+        print(f"gpu-check: held rank 1's GPU; waiting for NCCL's watchdog ({NCCL_TIMEOUT_S} s)",
+              flush=True)  # fmt: skip
+        deadline = time.monotonic() + NCCL_HANG_RUN_S
+        while not record_path.exists() and time.monotonic() < deadline:
+            time.sleep(2)
+    finally:
+        for proc in guards:
+            proc.kill()
+            proc.wait(60)
+    samples = stacks.read_samples(layout.stacks("nccl") / "cycle0")
+    for sample in sorted(samples, key=lambda s: int(s.get("rank", 0))):
+        print(f"gpu-check: rank {sample.get('rank')} on {sample.get('node')} state "
+              f"{sample.get('state')} frames {[f['name'] for f in sample.get('frames', [])][:6]}")  # fmt: skip
+    dumps = flight.read_dumps(layout.stacks("nccl") / "cycle0", f"{m.chain_id}/nccl/0", 0)  # type: ignore[attr-defined]
+    found = flight_record.analyse(dumps, 2)
+    states = {
+        d["rank"]: [e.get("state") for e in d["trace"].get("entries", [])][-3:] for d in dumps
+    }
+    print(f"gpu-check: recorder: {len(dumps)} summary(ies), NCCL {found.nccl}, timing "
+          f"{found.timing}, states {states}, held by {list(found.held_by())}")  # fmt: skip
+    record = json.loads(record_path.read_text()) if record_path.exists() else {}
+    expected = (
+        "gpu1 named (never started on its device)"
+        if timing
+        else "no verdict: NCCL records no start without TORCH_NCCL_ENABLE_TIMING"
+    )
+    print(f"gpu-check: hang record ({said} timing): {record.get('words', 'none written')}\n"
+          f"gpu-check: expected from torch 2.13's sources: {expected}")  # fmt: skip
+    return bool(record)
 
 
 def main() -> int:
@@ -243,6 +359,8 @@ def main() -> int:
     if args.dry_run:
         generation(args.work, megatron or "/workspace/megatron-lm", "train", gpus, True)
         hang_check(args.work, megatron or "/workspace/megatron-lm", gpus, True)
+        for timing in (False, True):
+            nccl_hang_check(args.work, gpus, True, timing)
         return 0
     restarted = "cycle 1" in first or "_cycle1" in first
     left = int((args.work / "checkpoints" / "latest_checkpointed_iteration.txt").read_text())
@@ -252,7 +370,8 @@ def main() -> int:
           f"generation 2 loaded iteration {loaded[:1]}")  # fmt: skip
     handed_off = bool(restarted and loaded and int(loaded[0]) == left > 0)
     hang = hang_check(args.work, megatron, gpus, False)
-    return 0 if handed_off and hang else 1
+    nccl = [nccl_hang_check(args.work, gpus, False, timing) for timing in (False, True)]
+    return 0 if handed_off and hang and all(nccl) else 1
 
 
 if __name__ == "__main__":

@@ -177,20 +177,27 @@ def read_chain(work_dir: Path, *, user: str, slurm: Slurm | None = None) -> Chai
     except (SlurmUnavailable, ParseError) as exc:
         blind.append(f"sacct: {exc}")
     cycles = workdir.cycles(layout, generation_ids(queue, acct, workdir.ledger(layout)))
+    found, unnamed = _stragglers(work_dir, cycles)
     return view_of(
         work_dir, manifest, queue, acct, blind, now=time.time(), cycles=cycles,
-        stragglers=_stragglers(work_dir, cycles),
+        stragglers=found, unnamed=unnamed,
     )  # fmt: skip
 
 
-def _stragglers(work_dir: Path, cycles: dict[str, list[Cycle]]) -> tuple[Straggler, ...]:
-    """The newest cycle's stragglers, from the training record (read whole: one chain)."""
+def _stragglers(
+    work_dir: Path, cycles: dict[str, list[Cycle]]
+) -> tuple[tuple[Straggler, ...], tuple[tuple[str, str], ...]]:
+    """The newest cycle's stragglers, and (generation, why) where its figures name nobody
+    though a node lagged, from the training record (read whole: one chain)."""
     try:
         work = gather.training_record(work_dir, cycles, gather.LogMemo())
     except (workdir.NotFound, OSError):
-        return ()
+        return (), ()
     newest = max(work.values(), key=lambda w: w.last_sign or 0.0, default=None)
-    return tuple(straggler.judge(newest)) if newest is not None else ()
+    if newest is None:
+        return (), ()
+    unnamed = tuple((newest.generation, why) for why in straggler.withheld(newest))
+    return tuple(straggler.judge(newest)), unnamed
 
 
 def view_of(
@@ -204,6 +211,7 @@ def view_of(
     ledger: list[dict[str, Any]] | None = None,
     cycles: dict[str, list[Cycle]] | None = None,
     stragglers: tuple[Straggler, ...] = (),
+    unnamed: tuple[tuple[str, str], ...] = (),
 ) -> ChainView:
     """The chain at a glance from what Slurm said (None: it did not) and its work dir.
     `ledger`, `cycles`: already read by the caller (the chain list, for the account too)."""
@@ -229,6 +237,7 @@ def view_of(
         stragglers=stragglers,
         deaths=workdir.deaths(layout, ids),
         named=workdir.stragglers_named(layout, str(manifest.get("created", "")), ids),
+        unnamed=unnamed,
     )
 
 

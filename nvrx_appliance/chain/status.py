@@ -147,6 +147,8 @@ class ChainView:
     applied: Applied | None = None
     # The running generation's slow nodes, slowest first (goodput/straggler.py).
     stragglers: tuple[Straggler, ...] = ()
+    # Where its figures name nobody though a node lagged: why, with what was seen
+    unnamed: tuple[str, ...] = ()
     headline: Headline = field(default_factory=lambda: Headline("unknown", "", "", ""))
 
     @property
@@ -470,6 +472,7 @@ def assemble(
     stragglers: Sequence[Straggler] = (),
     deaths: Mapping[str, Sequence[Death]] | None = None,
     named: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+    unnamed: Sequence[tuple[str, str]] = (),
 ) -> ChainView:
     """`named`: the stragglers task 0 named in each generation (workdir.stragglers_named);
     the ledger's, once the generation has a line, say the same and win."""
@@ -564,6 +567,11 @@ def assemble(
         stragglers=tuple(
             s for s in stragglers if any(
                 g.array_job_id == s.generation and g.state == "running" for g in generations
+            )
+        ),
+        unnamed=tuple(
+            why for gen, why in unnamed if any(
+                g.array_job_id == gen and g.state == "running" for g in generations
             )
         ),
     )  # fmt: skip

@@ -271,7 +271,8 @@ def straggler_lines(view: ChainView) -> list[Text]:
         for g in view.generations
         for words in g.stragglers
     ]
-    return ended + [Text(f"straggler: {s.words}", style="bold yellow") for s in view.stragglers]
+    named = [Text(f"straggler: {s.words}", style="bold yellow") for s in view.stragglers]
+    return ended + named + [Text(f"straggler: {why}", style="dim") for why in view.unnamed]
 
 
 def _percent(ratio: float | None) -> str:

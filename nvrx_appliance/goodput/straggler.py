@@ -162,6 +162,16 @@ def judge(work: CycleWork) -> list[Straggler]:
     return sorted(found, key=lambda s: -s.slowdown)
 
 
+def withheld(work: CycleWork) -> list[str]:
+    """Why the cycle's figures name nobody where a node lagged: no verdict, with what was
+    seen (goodput/late_node.py: the lag followed some ranks' own work, one long wait, or
+    the figures are NCCL's)."""
+    return [
+        f"no straggler named in cycle {work.cycle} of generation {work.generation}: {why}"
+        for why in late_node.withheld(work.waits)
+    ]
+
+
 def _also(late: late_node.LateNode) -> str:
     return (
         f"its peers also wait inside collectives {late.peers:.0%} of the time against "

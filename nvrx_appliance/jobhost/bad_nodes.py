@@ -107,7 +107,9 @@ def node_failures(exits: List[Dict[str, Any]]) -> Tuple[Dict[str, int], Dict[str
     the iterations they happened at). A failure is the workload's, never a node's, when
     the workload said so (a verdict of its exit table, a checkpoint it could not load), or
     when the same iteration failed on two nodes or more: it followed the iteration (the
-    data, the code), not the node."""
+    data, the code), not the node. Nor is a kill a hang's verdict explained (`hang`: NVRx's
+    timeout or the guard's stillness ended every rank of the cycle): the verdict named the
+    hung node (remembered from its record) or the workload's own stall, or nobody."""
     at = {}  # type: Dict[int, Set[str]]
     for entry in exits:
         iteration = entry.get("iteration")
@@ -119,6 +121,8 @@ def node_failures(exits: List[Dict[str, Any]]) -> Tuple[Dict[str, int], Dict[str
         node = short_name(str(entry.get("node", "")))
         iteration = entry.get("iteration")
         if not node or entry.get("action") != "restart" or entry.get("load_failed"):
+            continue
+        if isinstance(entry.get("hang"), dict):
             continue
         if isinstance(iteration, int) and len(at.get(iteration, ())) >= 2:
             continue

@@ -149,6 +149,9 @@ def repeated_failure(exits: List[Dict[str, Any]]) -> str:
     """What the workload did, when it failed the same way in several cycles: "failed 4
     times at iteration 60 with exit 17: <meaning>"; "" otherwise. NVRx's no-progress 93
     is then its answer to the workload, and the words must say so."""
+    stalls = [e for e in exits if isinstance(e.get("hang"), dict)]
+    if len(stalls) >= 2 and len(stalls) * 2 > len(exits):
+        return hang_failures(stalls)
     counts = {}  # type: Dict[Tuple[Any, Any], int]
     for entry in exits:
         key = (entry.get("code"), entry.get("iteration"))
@@ -165,6 +168,24 @@ def repeated_failure(exits: List[Dict[str, Any]]) -> str:
         times, where, code, ": " + meaning if meaning else "",
         f" (its log: {line!r})" if line else "",
     )  # fmt: skip
+
+
+def hang_failures(stalls: List[Dict[str, Any]]) -> str:
+    """ "failed 4 times, each time a timeout ended its own stall (rank 3 on node2 stood in
+    its own code in `upload_metrics` (state S)), which names no node": the guards'
+    accounts of kills that a hang's verdict explained."""
+    kinds = {str(e["hang"].get("verdict")) for e in stalls}
+    last = str(stalls[-1]["hang"].get("words") or "")
+    if kinds == {"workload"}:
+        # "the workload stalled in cycle 3: <who, where> while ...": the who and where
+        _, _, told = last.partition(": ")
+        held = told.split(" while ", 1)[0]
+        what = "its own stall" + (f" ({held})" if held else "") + ", which names no node"
+    elif kinds == {"hung"}:
+        what = "a hang whose verdict named a node (" + last.split("; ", 1)[0] + ")"
+    else:
+        what = "a hang no evidence pinned on a node (" + last.split("; ", 1)[0] + ")"
+    return f"failed {len(stalls)} times, each time a timeout ended {what}"
 
 
 def judge_verdict(

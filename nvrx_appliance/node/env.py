@@ -33,13 +33,21 @@ FLIGHT_RECORDER_ENTRIES = "2000"
 FLIGHT_RECORDER_PREFIX = "nccl_trace_rank_"
 
 
-def flight_recorder(dump_prefix: str) -> dict[str, str]:
+def flight_recorder(dump_prefix: str, inherited: Mapping[str, str]) -> dict[str, str]:
+    """Ours, where the site set none of a setting's names: torch 2.13 reads the first of a
+    setting's names that is set (FlightRecorder.hpp: `TORCH_FR_BUFFER_SIZE` before
+    `TORCH_NCCL_TRACE_BUFFER_SIZE`), so ours under one name would override the site's
+    under the other."""
+    settings = (
+        (("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"), FLIGHT_RECORDER_ENTRIES),
+        (("TORCH_NCCL_DUMP_ON_TIMEOUT",), "1"),
+        (("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"), dump_prefix),
+    )
     return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
-        "TORCH_FR_BUFFER_SIZE": FLIGHT_RECORDER_ENTRIES,
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump_prefix,
-        "TORCH_FR_DUMP_TEMP_FILE": dump_prefix,
+        name: value
+        for names, value in settings
+        if not any(inherited.get(n) for n in names)
+        for name in names
     }
 
 
@@ -101,8 +109,7 @@ def plan(manifest: Manifest, node: Node, inherited: Mapping[str, str]) -> EnvPla
         # last collectives and dumps them when NCCL's watchdog times out (docs/hangs.md).
         # The site's own values win.
         dumps = manifest.layout.stacks(node.array_job_id) / FLIGHT_RECORDER_PREFIX
-        for name, value in flight_recorder(str(dumps)).items():
-            values[name] = inherited.get(name, value)
+        values.update(flight_recorder(str(dumps), inherited))
     if manifest.policy.gpu_failure:
         values["NVRX_INJECT_GPU_FAILURE"] = manifest.policy.gpu_failure
     else:

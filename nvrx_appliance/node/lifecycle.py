@@ -272,6 +272,7 @@ def run(manifest_path: Path | None) -> int:
     publisher = stack_publisher.start(
         manifest.layout.stacks(node.array_job_id), node.array_job_id,
         health_check.slurm_node(node), float(manifest.spec.stack_sampling), say,
+        hangs=manifest.layout.hangs(node.array_job_id), progress=manifest.layout.progress_log,
     )  # fmt: skip
     if publisher is not None:
         os.environ[stack_publisher.LOCAL_STACKS_ENV] = str(publisher.local)

@@ -1,12 +1,15 @@
 """The guard's side of the flight recorder (docs/hangs.md): what the workload's
 environment gets so that its own Python watches the recorder (flight_site/), and the
-dumps read back at the judgement.
+recorder's summaries read back at the judgement.
 
-    nvrx/<array job id>/stacks/cycle<N>/flight/<node>.rank<R>.json   (owner-only)
-
-A dump is written only by a rank whose collective stood still past the stall time, once
-per stall, and removed when that collective completes: at a hang, one file per waiting
-rank; none at all in a run that never stalls.
+A summary is written only by a rank whose collective stood still past the stall time,
+once per stall, and removed when that collective completes. It is kept node-local, in
+the node's stacks directory (`cycle<N>/flight/<node>.rank<R>.json`), and the node's one
+publisher carries the node's summaries in its one shared file per period (`flight` in
+`stacks/cycle<N>/<node>.json`, node/stack_publisher.py): nothing per rank on the shared
+file system, even while every rank but one waits through rank 0's ten-minute save. A
+guard outside the entrypoint (no node-local directory) writes its own to
+`stacks/cycle<N>/flight/`, as it does its samples.
 """
 
 from __future__ import annotations
@@ -23,13 +26,17 @@ from nvrx_appliance.rank.flight_site import sitecustomize as site
 from nvrx_appliance.rank.sampler import LOCAL_STACKS_ENV
 
 SITE_DIR = str(Path(site.__file__).resolve().parent)
-# PyTorch records collectives only with a buffer (TORCH_FR_BUFFER_SIZE, read once at
-# init_process_group); 2,000 entries is what node/env.py asks for Megatron. A site's own
-# value wins.
+# PyTorch records collectives only with a buffer, read once at init_process_group;
+# 2,000 entries is what node/env.py asks for Megatron. torch 2.13 reads the first of its
+# two names that is set (FlightRecorder.hpp: getCvarInt({"TORCH_FR_BUFFER_SIZE",
+# "TORCH_NCCL_TRACE_BUFFER_SIZE"}, ...)), so ours is set only where the site set neither:
+# a site's value wins under either name.
 BUFFER_ENV = "TORCH_FR_BUFFER_SIZE"
+BUFFER_NAMES = (BUFFER_ENV, "TORCH_NCCL_TRACE_BUFFER_SIZE")
 BUFFER_ENTRIES = "2000"
-DUMP_BYTES = 4 << 20  # a dump read back: 256 entries are ~130 kB
+DUMP_BYTES = 4 << 20  # a summary read back (a dump of the first version: ~130 kB)
 MAX_DUMPS = 100_000
+NODE_FILE_BYTES = 64 << 20  # a node's published file: its ranks' samples and summaries
 WAITS_DIR = "waits"  # in a cycle's node-local stacks directory
 
 
@@ -57,9 +64,11 @@ def child_env(environ: Mapping[str, str], generation: str) -> dict[str, str] | N
     array_job_id = generation.split("/")[1] if generation.count("/") >= 2 else ""
     cycle = environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     cycle = cycle if cycle.isdecimal() else "0"
-    where = flight_dir(manifest.layout.stacks(array_job_id) / f"cycle{cycle}")
-    path = environ.get("PYTHONPATH", "")
     local = environ.get(LOCAL_STACKS_ENV)
+    # node-local where the node's publisher carries it, else the work dir (per rank)
+    where = flight_dir((Path(local) if local else manifest.layout.stacks(array_job_id))
+                       / f"cycle{cycle}")  # fmt: skip
+    path = environ.get("PYTHONPATH", "")
     # the ranks' time inside collectives, kept on the node for its publisher
     # (node/stack_publisher.py); never per rank on the shared file system
     waits = (
@@ -73,54 +82,32 @@ def child_env(environ: Mapping[str, str], generation: str) -> dict[str, str] | N
         site.DIR_ENV: str(where),
         site.STALL_ENV: f"{stall_s(period):g}",
         site.WHO_ENV: json.dumps({"generation": generation, "cycle": int(cycle)}),
-        BUFFER_ENV: environ.get(BUFFER_ENV) or BUFFER_ENTRIES,
+        **({} if any(environ.get(n) for n in BUFFER_NAMES) else {BUFFER_ENV: BUFFER_ENTRIES}),
         **waits,
     }
 
 
-def read_dumps(directory: Path, generation: str, cycle: int) -> list[dict[str, Any]]:
-    """The cycle's flight-recorder dumps; a torn, foreign or older one is skipped."""
-    try:
-        names = sorted(os.listdir(directory))[:MAX_DUMPS]
-    except OSError:
-        return []
+def read_dumps(stacks_of_cycle: Path, generation: str, cycle: int) -> list[dict[str, Any]]:
+    """The cycle's recorder summaries: those the nodes' publishers carry in their files
+    (`flight`), and any a guard without a publisher wrote itself (`flight/`); a torn,
+    foreign or older one is skipped."""
     found = []
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
-            continue
+    for directory, carried in ((flight_dir(stacks_of_cycle), False), (stacks_of_cycle, True)):
         try:
-            data = json.loads(files.read_text(directory / name, DUMP_BYTES) or "")
-        except (OSError, ValueError):
+            names = sorted(os.listdir(directory))[:MAX_DUMPS]
+        except OSError:
             continue
-        if (
-            isinstance(data, dict)
-            and data.get("generation") == generation
-            and data.get("cycle") == cycle
-            and isinstance(data.get("trace"), dict)
-        ):
-            found.append(data)
-    return found
-
-
-def earlier_stalls(hangs: Path, generation: str) -> dict[str, list[int]]:
-    """The generation's earlier stalls judged the workload's: {node: the ranks on it that
-    held the others}, so that a node that holds the others again with other ranks on it
-    is seen (stall_rule.py)."""
-    try:
-        names = sorted(
-            n for n in os.listdir(hangs) if n.startswith("cycle") and n.endswith(".json")
-        )
-    except OSError:
-        return {}
-    found: dict[str, list[int]] = {}
-    for name in names[:MAX_DUMPS]:
-        try:
-            record = json.loads(files.read_text(hangs / name, DUMP_BYTES) or "")
-        except (OSError, ValueError):
-            continue
-        if not isinstance(record, dict) or record.get("generation") != generation:
-            continue
-        if record.get("verdict") == "workload" and isinstance(record.get("stalled"), dict):
-            for node, ranks in record["stalled"].items():
-                found[str(node)] = [int(r) for r in ranks if isinstance(r, int)]
+        for name in names:
+            if not name.endswith(".json") or name.startswith(".") or (carried and ".rank" in name):
+                continue
+            try:
+                data = json.loads(files.read_text(directory / name, NODE_FILE_BYTES) or "")
+            except (OSError, ValueError):
+                continue
+            items = (data.get("flight") if carried else [data]) if isinstance(data, dict) else []
+            found += [
+                d for d in items or []
+                if isinstance(d, dict) and d.get("generation") == generation
+                and d.get("cycle") == cycle and isinstance(d.get("trace"), dict)
+            ]  # fmt: skip
     return found

@@ -13,7 +13,19 @@ somewhere, are the ones the hang waits on.
 On GPUs the recorder also tells a rank whose collective was enqueued but never started on
 its device (NCCL's `scheduled` while its peers' entry of that collective is `started`):
 that rank waits in nothing, its device does. gloo records every entry as `scheduled`
-and starts nothing it reports, so this is never seen on CPUs.
+and starts nothing it reports, so this is never seen on CPUs; nor is it on NCCL unless
+timing is on: torch 2.13 creates a work's start event only then
+(`ncclStartEvent_ = enableTiming ? ... : nullptr`, TORCH_NCCL_ENABLE_TIMING or desync
+debug), so without it every entry goes from `scheduled` to `completed`. The summaries
+say whether the rank ran with timing (`timing`); the judgement says when it did not.
+
+On NCCL "enqueued and not completed" is GPU work not finished (the watchdog reads CUDA
+events), not a CPU waiting: a rank may stand far past it in its own code. And torch 2.13
+gives point-to-point operations their own sequence (`seqP2P_`, entries with `is_p2p`)
+while a group's status counts them with its collectives' (`seq_`), so the status of a
+group that carries sends and receives (a pipeline's) says nothing sure: such a group is
+left out, and said (`p2p`). Collectives captured in a CUDA graph are never enqueued to
+the watchdog: the recorder says nothing of them, and the stacks decide alone.
 
 The names, as torch 2.13 writes them: a group's entries carry `process_group` [name,
 description] ("0" for the default group); `pg_config` is keyed by name with its global
@@ -31,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 DEFAULT_GROUP = "0"
+NCCL_RECORDER = "_dump_nccl_trace_json"  # rank/flight_site/sitecustomize.py's NCCL
 
 
 @dataclass(frozen=True)
@@ -54,6 +67,9 @@ class Stall:
 class Flight:
     stalls: tuple[Stall, ...]
     dumped: tuple[int, ...]  # the ranks that wrote a dump
+    nccl: bool = False  # the dumps are NCCL's recorder's (GPU work, not CPU waits)
+    timing: bool = False  # NCCL recorded starts (TORCH_NCCL_ENABLE_TIMING was on)
+    p2p: tuple[str, ...] = ()  # groups left out: their status mixes sends with collectives
 
     @property
     def waiting(self) -> frozenset[int]:
@@ -78,6 +94,13 @@ def _int(value: Any, default: int = -1) -> int:
 
 
 def _ranks(text: Any) -> tuple[int, ...]:
+    """A group's ranks as torch writes them ("[0, 1]"), or as a summary keeps them: a
+    list, or an arithmetic run {"start", "stop", "step"}."""
+    if isinstance(text, dict):
+        try:
+            return tuple(range(int(text["start"]), int(text["stop"]), int(text["step"]) or 1))
+        except (KeyError, TypeError, ValueError):
+            return ()
     return tuple(sorted({int(n) for n in re.findall(r"-?\d+", str(text))}))
 
 
@@ -88,6 +111,15 @@ def _names(trace: dict[str, Any]) -> dict[str, str]:
         if isinstance(entry, dict) and entry.get("process_group"):
             found[str(entry.get("pg_id"))] = str(entry["process_group"][0])
     return found
+
+
+def _p2p(dumps: Sequence[dict[str, Any]]) -> set[str]:
+    """The groups whose entries hold a point-to-point operation, in any dump."""
+    return {
+        str(e["process_group"][0])
+        for d in dumps for e in d["trace"].get("entries") or []
+        if isinstance(e, dict) and e.get("process_group") and e.get("is_p2p") is True
+    }  # fmt: skip
 
 
 def _members(name: str, dumps: Sequence[dict[str, Any]], world_size: int) -> tuple[int, ...]:
@@ -105,6 +137,7 @@ def analyse(dumps: Sequence[dict[str, Any]], world_size: int) -> Flight:
     """The stalls the waiting ranks' dumps show (dump: {"rank", "trace"})."""
     position: dict[str, dict[int, tuple[int, int]]] = {}  # group -> rank -> (enq, done)
     entry_at: dict[tuple[str, int, int], dict[str, Any]] = {}  # (group, rank, seq) -> entry
+    p2p = _p2p(dumps)
     for dump in dumps:
         rank, trace = _int(dump.get("rank")), dump["trace"]
         names = _names(trace)
@@ -114,11 +147,13 @@ def analyse(dumps: Sequence[dict[str, Any]], world_size: int) -> Flight:
                 done = _int(counts.get("last_completed_collective"))
                 position.setdefault(names[str(pg)], {})[rank] = (enq, done)
         for entry in trace.get("entries") or []:
-            if isinstance(entry, dict) and entry.get("process_group"):
+            if isinstance(entry, dict) and entry.get("process_group") and not entry.get("is_p2p"):
                 name = str(entry["process_group"][0])
                 entry_at[(name, rank, _int(entry.get("collective_seq_id")))] = entry
     stalls = []
     for name, at in sorted(position.items()):
+        if name in p2p:
+            continue
         waiting = {r: enq for r, (enq, done) in at.items() if enq > done}
         if not waiting:
             continue
@@ -144,4 +179,9 @@ def analyse(dumps: Sequence[dict[str, Any]], world_size: int) -> Flight:
                 arrived={r: _int(e.get("time_created_ns"), 0) for r, e in entries.items()},
             )
         )  # fmt: skip
-    return Flight(tuple(stalls), tuple(sorted(_int(d.get("rank")) for d in dumps)))
+    nccl = any(d.get("recorder") == NCCL_RECORDER for d in dumps)
+    timing = any(d.get("timing") is True for d in dumps) or any(
+        e.get("state") == "started" for e in entry_at.values()
+    )
+    return Flight(tuple(stalls), tuple(sorted(_int(d.get("rank")) for d in dumps)), nccl=nccl,
+                  timing=timing, p2p=tuple(sorted(p2p & set(position))))  # fmt: skip

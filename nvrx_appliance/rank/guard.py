@@ -153,6 +153,7 @@ class Guard:
     def __init__(self, args: argparse.Namespace):
         self.args = args
         self.stopping = threading.Event()  # torch elastic's TERM (or INT) reached us
+        self.hang: dict[str, str] | None = None  # the verdict of the hang that ended it
 
     def run(self) -> int:
         workload = self.args.workload
@@ -191,6 +192,9 @@ class Guard:
         still = stillness.watch(
             self.args.generation, child.pid, stack_watch.sampler if stack_watch else None, say
         )
+        if stack_watch is not None:
+            # torch elastic's TERM stops the workers: no sample then proves a move
+            stack_watch.stopping = self.stopping
         code = _wait(child)
         # Whether the worker was stopped, as it exited: a TERM that comes while its output
         # drains (torch elastic stopping the group after this failure) stops nothing the
@@ -200,7 +204,15 @@ class Guard:
             still.close()
         if stack_watch is not None:
             not_hang = code == stacks.KILLED and self.not_a_hang(oom_before)
-            stack_watch.after_exit(code, stopping=stopped or bool(not_hang))
+            watchdog = None
+            if code == kill_cause.ABORTED:  # NCCL's watchdog says so in its last lines
+                for tee in tees:
+                    tee.thread.join(DRAIN_S)
+                watchdog = kill_cause.nccl_watchdog(said(tees))
+            if stack_watch.after_exit(code, stopping=stopped or bool(not_hang), watchdog=watchdog):
+                # Where the hang's verdict accounts for this kill, node memory never counts
+                # it as the node's failure (stacks.explains_kill)
+                self.hang = stack_watch.verdict()
         for tee in tees:
             tee.thread.join(DRAIN_S)
         if stopped:
@@ -306,7 +318,7 @@ class Guard:
             **self.who(), "code": seen.code, "action": action, "meaning": seen.meaning,
             "iteration": seen.iteration, "line": seen.line, "words": words,
             "load_failed": seen.load_failure is not None, "time": now_iso(),
-            "epoch": time.time(),
+            "epoch": time.time(), **({"hang": self.hang} if self.hang else {}),
         }  # fmt: skip
 
     def record(self, seen: workload_exit.Exit, action: str, words: str) -> None:

@@ -90,6 +90,9 @@ class RankStack:
     domain: str = ""  # the node's NVLink domain in segment mode; "" otherwise
     state: str = ""  # the process's state letter when sampled (R, S, D, T, ...)
     native: tuple[str, ...] = ()  # its native frames while it stood still, innermost first
+    wchan: str = ""  # in state D, where the kernel keeps it (/proc/<pid>/wchan); "" unknown
+    # since when its frames read the same, whatever its CPU (None: not recorded)
+    same_since: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,9 @@ class Judgement:
     kind: str = ""
     # The workload's stall: {node: [its ranks that held the others]} (stall_rule.py)
     stalled: dict[str, list[int]] = field(default_factory=dict)
+    # A hung node's ranks that held the others: {node: [ranks]}; only these, seen moving
+    # again, withdraw the verdict (rank/stacks.py)
+    held: dict[str, list[int]] = field(default_factory=dict)
     flight: tuple[str, ...] = ()  # what the flight recorder said, for the record
 
     @property

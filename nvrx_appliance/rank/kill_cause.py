@@ -16,9 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+from collections.abc import Iterable
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+ABORTED = 128 + 6  # SIGABRT: NCCL's watchdog tears the process down on a timeout
+# torch 2.13's ProcessGroupNCCL, its watchdog on a timed-out work: "[Rank N] Watchdog
+# caught collective operation timeout: WorkNCCL(SeqNum=.., OpType=.., ...) ran for N
+# milliseconds before timing out." With TORCH_NCCL_ASYNC_ERROR_HANDLING's default (3,
+# SkipCleanUp, ProcessGroupNCCL.hpp) the process then aborts: exit 134, every rank alike.
+_WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: (.*?) before timing out")
 
 
 def _cgroup_files(table: str) -> list[Path]:
@@ -82,4 +90,16 @@ def not_a_hang(
         if isinstance(mark, dict) and mark.get("generation") == generation:
             return ("the straggler leaver ended this node's ranks (it leaves at this "
                     "rendezvous): not a hang, nothing judged")  # fmt: skip
+    return None
+
+
+def nccl_watchdog(lines: Iterable[str]) -> str | None:
+    """What NCCL's watchdog said it timed out ("`WorkNCCL(SeqNum=5, OpType=ALLREDUCE, ...)`
+    ran for 600081 milliseconds"), from the workload's last lines; None when it said
+    nothing: an exit 134 without it is some other abort, not a hang."""
+    for line in reversed(list(lines)):
+        match = _WATCHDOG.search(line)
+        if match:
+            work, _, ran = match.group(1).rpartition(" ran for ")
+            return f"`{work}` ran for {ran}" if work else match.group(1)
     return None

@@ -34,6 +34,7 @@ from typing import Any
 from nvrx_appliance import files
 from nvrx_appliance.clock import now_iso
 from nvrx_appliance.jobhost import hostlib
+from nvrx_appliance.rank import run_waits
 from nvrx_appliance.rank.hang_rule import FORMING, STOPPED_STATES
 
 SAMPLE_VERSION = 1
@@ -161,27 +162,18 @@ def wakeups(pid: int) -> int:
 
 
 PROGRESS_ENV = "NVRX_APPLIANCE_PROGRESS_LOG"  # the workload's progress log (the contract)
-PROGRESS_TAIL = 256 << 10  # what is read of it: this cycle's last events
+PROGRESS_TAIL = 256 << 10  # what a guard without a publisher reads of it: its recent past
 
 
-def run_waits(text: str, array_job_id: str | None, cycle: int) -> tuple[bool, float]:
-    """(has this cycle trained, the longest save the run reported, s) from the progress
-    log's text: the waits a healthy rank stands still in, which a blocking dump must
-    not interrupt. A log the workload does not keep says neither."""
-    trained, longest = False, 0.0
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(event, dict) or event.get("slurm_array_job_id") != array_job_id:
-            continue
-        if event.get("event") == "checkpoint":
-            with contextlib.suppress(TypeError, ValueError):
-                longest = max(longest, float(event.get("seconds") or 0.0))
-        if event.get("cycle") == cycle and event.get("event") in ("step", "checkpoint"):
-            trained = True
-    return trained, longest
+def kernel_wait(pid: int) -> str:
+    """Where the kernel keeps a process that sleeps in it (/proc/<pid>/wchan, readable by
+    its owner): a file system's wait (`nfs_...`, `fuse_...`, `folio_wait_bit_common`) is
+    not a node's fault; "" when the kernel does not say."""
+    try:
+        found = Path(f"/proc/{pid}/wchan").read_text().strip()
+    except OSError:
+        return ""
+    return "" if found in ("", "0") else found
 
 
 def computed(last: dict[str, Any], sample: dict[str, Any], period: float) -> bool:
@@ -359,12 +351,19 @@ class Sampler:
             "wakeups": wakeups(self.pid),
             "native": [],
             "native_at": None,
+            # since when its frames read the same, whatever its CPU: a rank spinning in one
+            # call (a GPU wait, state R) never reads still by its CPU
+            "same_since": now,
         }
+        if state == "D":
+            sample["wchan"] = kernel_wait(self.pid)
         # Still since the last sample only when nothing moved: the same stack, no CPU
         # and no wakeups (a running rank's Python stack can stay the same for long), or
         # stopped throughout (a differing read of a frozen rank once reset its stillness).
         stopped = last is not None and stopped_throughout(last, sample)
         alike = last is not None and (last["frames"] == sample["frames"] or stopped)
+        if last is not None and alike:
+            sample["same_since"] = last.get("same_since", last["epoch"])
         if last is not None and alike and quiet(last, sample, self.period):
             sample["still_since"] = last["still_since"]
             sample["native"] = last.get("native", [])
@@ -385,17 +384,21 @@ class Sampler:
             # The dump's own stop of every thread wakes the rank: counted from after it.
             sample["wakeups"] = wakeups(self.pid)
             sample["cpu_ticks"] = proc_state(self.pid)[1] or sample["cpu_ticks"]
+            # Tried once per stillness, read or not: each try stops the rank (up to
+            # PYSPY_TIMEOUT_S when it fails), and a rank that stands still stays so.
+            sample["native_at"] = now
             if native is not None:
                 sample["native"] = [f["name"] for f in native][:MAX_FRAMES]
-                sample["native_at"] = now
+            else:
+                sample["native_failed"] = self.said
         return sample
 
     def blocked(self, sample: dict[str, Any]) -> bool:
         """Asleep (not stopped: a stopped rank cannot be read natively; not in the kernel
         either: py-spy's attach to a rank stuck in state D hung past its timeout on the
         cluster and starved the sampler), still since the last sample, and no native
-        frames of this stillness yet."""
-        return sample["state"] == "S" and not sample["native"]
+        dump tried in this stillness yet."""
+        return sample["state"] == "S" and sample["native_at"] is None
 
     def past_legit_waits(self, sample: dict[str, Any]) -> bool:
         """Has the rank stood still longer than any wait the run itself reports (its
@@ -404,9 +407,14 @@ class Sampler:
         the rank, NCCL's watchdog included: only of a rank that waits for longer than a
         healthy one does."""
         cycle = int(self.who.get("cycle") or 0)
-        log = os.environ.get(PROGRESS_ENV)
-        text = (hostlib.read_text(log, PROGRESS_TAIL, tail=True) if log else None) or ""
-        trained, longest = run_waits(text, os.environ.get("SLURM_ARRAY_JOB_ID"), cycle)
+        job = os.environ.get("SLURM_ARRAY_JOB_ID")
+        local = os.environ.get(LOCAL_STACKS_ENV)
+        if local:  # the node's publisher reads the log, once a period for the node
+            trained, longest = run_waits.read(Path(local), job, cycle) or (False, 0.0)
+        else:
+            log = os.environ.get(PROGRESS_ENV)
+            text = (hostlib.read_text(log, PROGRESS_TAIL, tail=True) if log else None) or ""
+            trained, longest = run_waits.of_text(text, job, cycle)
         if cycle == 0 and not trained:
             return False
         return sample["epoch"] - sample["still_since"] > longest

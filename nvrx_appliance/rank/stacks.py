@@ -26,9 +26,11 @@ the node instead of the run going round on it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -41,8 +43,10 @@ from nvrx_appliance.clock import now_iso
 from nvrx_appliance.manifest import Manifest
 from nvrx_appliance.observe import run_files
 from nvrx_appliance.observe.slurm_output import expand_nodelist
-from nvrx_appliance.rank import flight, hang_rule, stall_rule
-from nvrx_appliance.rank.sampler import Sampler
+from nvrx_appliance.rank import flight, hang_rule, kill_cause, stall_rule
+from nvrx_appliance.rank.sampler import LOCAL_STACKS_ENV, Sampler
+
+VERDICT = "verdict.json"  # node/stack_publisher.py's copy of this node's hang marker
 
 RECORD_VERSION = 1
 SAMPLE_BYTES = 256 << 10  # a sample file read back (deep stacks are a few kB)
@@ -78,6 +82,8 @@ def rank_stack(sample: dict[str, Any]) -> hang_rule.RankStack:
         domain=str(sample.get("domain", "")),
         state=str(sample.get("state", "")),
         native=tuple(str(n) for n in sample.get("native") or ()),
+        wchan=str(sample.get("wchan") or ""),
+        same_since=float(sample["same_since"]) if sample.get("same_since") else None,
     )
 
 
@@ -117,6 +123,7 @@ def record_of(
         "time": now_iso(),
         "verdict": judgement.kind or "none",  # hung, workload (its own stall) or none
         "stalled": judgement.stalled,
+        "held": judgement.held,
         "flight": list(judgement.flight),
         "nodes": list(judgement.nodes),
         "words": judgement.words + (f"; no stacks: {no_stacks[0]}" if no_stacks else ""),
@@ -231,6 +238,7 @@ class StackWatch:
         self.segment = spec.segment not in ("off",)
         self.generation = generation
         self.hot_spare_nodes = spec.hot_spares * spec.nodes_per_task
+        self.out_of_section = float(spec.out_of_section_timeout)
         # The generation token is chain/array job id/submit time (node/control.py).
         self.array_job_id = generation.split("/")[1] if generation.count("/") >= 2 else ""
         layout = manifest.layout
@@ -246,22 +254,41 @@ class StackWatch:
             "rank": self.rank, "world_size": self.world_size,
             "domain": os.environ.get(DOMAIN_ENV, ""),
         }  # fmt: skip
+        # Set by the guard when torch elastic stops the workers (its TERM)
+        self.stopping = threading.Event()
+        # the frames the verdict judged of this rank, once read; False: it held no one
+        self._judged: list[dict[str, Any]] | bool | None = None
         self.sampler = Sampler(
             pid, self.samples / sample_name(self.node, self.rank), self.period, who, say,
             on_sample=self._moved_since_verdict,
         )  # fmt: skip
 
     def _moved_since_verdict(self, sample: dict[str, Any]) -> None:
-        """A verdict is withdrawn if the named node's ranks turn out to be moving: this
-        rank is, when its stack is no longer the one the judgement read."""
-        marker = self.hangs / hung_name(self.node)
-        if not marker.exists() or (self.hangs / withdrawn_name(self.node)).exists():
+        """A verdict is withdrawn when a rank it held (one the others waited for) turns out
+        to be moving: its stack is no longer the one the judgement read, and it is neither
+        stopped nor in the kernel. A sibling that waited, or any rank while torch elastic
+        stops the workers, proves nothing. The marker is looked for where the node's
+        publisher keeps it (one look per node and period), not on the shared file system
+        at every sample."""
+        if self.stopping.is_set() or sample.get("state") in hang_rule.NOT_WAITING_STATES:
             return
-        record = read_json(self.hangs / f"cycle{self.cycle}.json")
-        if record is None or record.get("generation") != self.generation:
-            return
-        judged = next((s for s in record.get("stacks", []) if s.get("rank") == self.rank), None)
-        if judged is None or judged.get("frames") == sample["frames"]:
+        if self._judged is None:
+            local = os.environ.get(LOCAL_STACKS_ENV)
+            marker = read_json(
+                (Path(local) / VERDICT) if local else self.hangs / hung_name(self.node)
+            )
+            if marker is None:
+                return
+            if marker.get("generation") != self.generation or marker.get("cycle") != self.cycle:
+                self._judged = False  # an earlier cycle's verdict: judged then
+                return
+            record = read_json(self.hangs / f"cycle{self.cycle}.json")
+            if record is None or record.get("generation") != self.generation:
+                return
+            held = (record.get("held") or {}).get(self.node) or []
+            judged = next((s for s in record.get("stacks", []) if s.get("rank") == self.rank), None)
+            self._judged = judged.get("frames") if judged and self.rank in held else False
+        if self._judged is False or self._judged == sample["frames"]:
             return
         words = f"{self.node}'s rank {self.rank} moved again after the hang verdict: withdrawn"
         data = {
@@ -274,18 +301,23 @@ class StackWatch:
             if files.create_once(self.hangs / withdrawn_name(self.node), data):
                 self.say(words)
 
-    def after_exit(self, code: int, *, stopping: bool) -> None:
-        """The workload ended with `code`: judge the cycle's hang when NVRx killed it (not
-        torch elastic stopping the workers, which TERMs the guard too)."""
+    def after_exit(self, code: int, *, stopping: bool, watchdog: str | None = None) -> bool:
+        """The workload ended with `code`: judge the cycle's hang when NVRx (or the guard's
+        stillness watch) killed it, or NCCL's watchdog aborted it (exit 134 after its
+        "Watchdog caught collective operation timeout": `watchdog`, the op and how long it
+        ran); not when torch elastic stopped the workers, which TERMs the guard too.
+        Whether it was judged as a hang."""
         self.sampler.close()
-        if code != KILLED or stopping or self.world_size <= 0:
-            return
+        hang = code == KILLED or (code == kill_cause.ABORTED and watchdog is not None)
+        if not hang or stopping or self.world_size <= 0:
+            return False
         try:
-            self.judge()
+            self.judge(watchdog)
         except OSError as exc:
             self.say(f"could not judge the hang of cycle {self.cycle}: {exc}")
+        return True
 
-    def judge(self) -> None:
+    def judge(self, watchdog: str | None = None) -> None:
         """One guard of the cycle judges (it claims the cycle first); the others wait for
         its record, so that the named nodes are marked before any of them exits: a node's
         ft_launcher asks the health check only once its workers are gone."""
@@ -293,13 +325,23 @@ class StackWatch:
         path = self.hangs / f"cycle{self.cycle}.json"
         claim = {"generation": self.generation, "node": self.node, "rank": self.rank}
         if files.create_once(self.hangs / f".cycle{self.cycle}.claim", claim):
-            self.judge_first(path)
+            self.judge_first(path, watchdog)
             return
         deadline = time.monotonic() + JUDGE_WAIT_S
         while not path.exists() and time.monotonic() < deadline:
             time.sleep(JUDGE_POLL_S)
 
-    def judge_first(self, path: Path) -> None:
+    def verdict(self) -> dict[str, str] | None:
+        """The cycle's hang verdict as the record says it ({"verdict", "words"}), where it
+        explains the kill (explains_kill); None otherwise, or when there is none (yet)."""
+        record = read_json(self.hangs / f"cycle{self.cycle}.json")
+        if record is None or record.get("generation") != self.generation:
+            return None
+        if not explains_kill(record):
+            return None
+        return {"verdict": str(record.get("verdict")), "words": str(record.get("words"))}
+
+    def judge_first(self, path: Path, watchdog: str | None = None) -> None:
         samples = [
             s for s in read_samples(self.samples)
             if s.get("generation") == self.generation and s.get("cycle") == self.cycle
@@ -308,24 +350,81 @@ class StackWatch:
         for sample in samples:
             with contextlib.suppress(KeyError, TypeError, ValueError):
                 stacks.append(rank_stack(sample))
+        dumps = flight.read_dumps(self.samples, self.generation, self.cycle)
+        now = time.time()
         judgement = stall_rule.judge(
-            stacks, flight.read_dumps(flight.flight_dir(self.samples), self.generation, self.cycle),
-            world_size=self.world_size, cycle=self.cycle, now=time.time(),
+            stacks, dumps, world_size=self.world_size, cycle=self.cycle, now=now,
             fresh_s=fresh_s(self.period), still_s=still_s(self.period), segment=self.segment,
-            earlier=flight.earlier_stalls(self.hangs, self.generation),
         )  # fmt: skip
+        ended = ended_by(watchdog, self.still_killed(), self.out_of_section)
+        if judgement.kind == "workload" or watchdog:
+            judgement = dataclasses.replace(
+                judgement, words=judgement.words + "; " + ended + advice(judgement.kind, watchdog)
+            )
         spares = free_hot_spares(self.hot_spare_nodes, read_cycles(self.cycle_infos))
         hand_off = judgement.verdict and spares < len(judgement.nodes)
         record = record_of(
             judgement, samples, generation=self.generation, cycle=self.cycle,
             judged_by={"node": self.node, "rank": str(self.rank)}, hand_off=hand_off,
         )  # fmt: skip
+        # NCCL's watchdog timed a collective out: that cycle stood still
+        record["stood_still"] = bool(watchdog) or stood_still(
+            stacks, dumps, now=now, still_s=still_s(self.period)
+        )
         for node in judgement.nodes:  # the markers first: the record says they are there
             files.create_once(self.hangs / hung_name(node), marker_of(record))
         files.create_once(path, record)
         self.say(judgement.words + (
             "; no free hot spare: the generation hands off" if hand_off else ""
         ))  # fmt: skip
+
+    def still_killed(self) -> bool:
+        """Did the guards' stillness watch end a rank of this cycle (its record is there)?"""
+        try:
+            mark = f".still.cycle{self.cycle}."
+            return any(n.startswith(mark) for n in os.listdir(self.hangs))
+        except OSError:
+            return False
+
+
+def explains_kill(record: dict[str, Any]) -> bool:
+    """Does a hang record account for its cycle's kills (so that node memory never counts
+    them as a node's own failures)? When it named the hung node or the workload's own
+    stall, or, naming nobody, the cycle stood still (a collective stood pending long
+    enough for a summary, or every rank's stack stood still): a hang the evidence could
+    not place. Not a rank killed while the others trained: that kill is counted as any
+    failure of its node is."""
+    return record.get("verdict") in ("hung", "workload") or record.get("stood_still") is True
+
+
+def stood_still(
+    stacks: list[hang_rule.RankStack], dumps: list, *, now: float, still_s: float
+) -> bool:
+    """Did the cycle stand still when it was judged: a collective pending past the stall
+    time (a summary written), or every rank's stack still for the still time?"""
+    return bool(dumps) or (bool(stacks) and all(now - s.still_since >= still_s for s in stacks))
+
+
+def ended_by(watchdog: str | None, still_killed: bool, out_of_section: float) -> str:
+    """What ended the hung cycle, in words."""
+    if watchdog:
+        return f"NCCL's watchdog aborted the ranks (exit 134): {watchdog}"
+    if still_killed:
+        return (f"the guards ended the still ranks past --out-of-section-timeout "
+                f"({out_of_section:g} s)")  # fmt: skip
+    return "NVRx's timeout ended the ranks"
+
+
+def advice(kind: str, watchdog: str | None) -> str:
+    """What a person does about a stall of the workload's own work that a timeout ended."""
+    if kind != "workload":
+        return ""
+    if watchdog:
+        return ("; if that work is the workload's (a save, an evaluation, an upload), raise "
+                "NCCL's timeout (init_process_group's `timeout`, Megatron's "
+                "--distributed-timeout-minutes)")  # fmt: skip
+    return ("; if that work is the workload's (a save, an evaluation, an upload), raise the "
+            "timeout or open NVRx's checkpointing section around it")  # fmt: skip
 
 
 def marker_of(record: dict[str, Any]) -> dict[str, Any]:

@@ -1,25 +1,35 @@
 """The combined hang rule: the flight recorder says whom the others wait for; the stacks
 and the process state say why that rank is not there (docs/hangs.md, "The rule").
 
-For each rank the recorder shows the others waiting for (flight_record.Flight.held_by):
+A node is named only from evidence that the node is at fault, sustained, never from the
+workload's own work on some ranks, however long; where the evidence cannot tell, no
+verdict, with what was seen. For each rank the recorder shows the others waiting for
+(flight_record.Flight.held_by):
 
-- its collective enqueued but never started on its device (the recorder), stopped
-  (state T), or stuck in the kernel (state D, outside a file-system call; a rank the
-  sampler cannot read counts by its state): the node's fault;
-- in the workload's own code (or blocked in a file-system call): the workload's stall;
+- stopped (state T) for at least `still_s`: the node's fault (for less: unknown);
+- stuck in the kernel (state D) for at least `still_s`, where the kernel says it waits
+  (/proc/<pid>/wchan) and that wait is no file system's: the node's; in a file-system
+  call (its frame or its kernel wait) the workload's stall; in D for less, or where the
+  kernel does not say: unknown;
+- its collective enqueued but never started on its device (NCCL with timing on), while
+  its stack stood unchanged for `still_s` (its CPU waits on its GPU): the node's; while
+  its CPU runs its own code (rank 0 queueing an all-reduce behind its own evaluation):
+  the workload's;
+- in the workload's own code: the workload's stall; on NCCL, with its frames unchanged
+  for `still_s`, unknown (a CPU waiting on its own GPU looks so, and so does its work);
 - waiting in a collective by its stack: not the cause after all (a peer of its own);
 - no stack, or none fresh: unknown.
 
 All held ranks the node's fault, on one node (segment mode: one NVLink domain) while
 ranks elsewhere wait: that node hung. All of them the workload's: the workload stalled,
-and no node is taken out, unless the same node held a stall of this generation before
-with other ranks on it (the ranks moved, the node stayed: the node's). Anything else, or
+and no node is taken out, however often it stalls on one node (its ranks may differ each
+time: a node is never named from stalls of the workload's own code). Anything else, or
 an unknown rank: no verdict, with both kinds of evidence in the words.
 
 Without any dump (no collective stood still long enough: a cycle's start-up before its
 process group is formed, or a workload that never records), the stacks decide alone
 (hang_rule.judge), and a node is named only when its outliers are stopped or in the
-kernel; outliers in their own code are the workload's stall.
+kernel as above; outliers in their own code are the workload's stall.
 
 Pure: no I/O, no clock.
 """
@@ -33,12 +43,31 @@ from nvrx_appliance.rank import flight_record, hang_rule
 from nvrx_appliance.rank.hang_rule import STOPPED_STATES, Judgement, RankStack
 
 NODE, WORKLOAD, WAITING, UNKNOWN = "node", "workload", "waiting", "unknown"
+# Where the kernel keeps a rank (wchan) that is no node's fault: a file system's or the
+# page cache's wait (a stalled shared file system holds every writer: rank 0 logging,
+# `pickle.dump`, an `np.memmap` read), block I/O, a core dump being written.
+NOT_THE_NODES_WAITS = (
+    "nfs", "rpc_", "fuse", "lustre", "ll_", "ptlrpc", "cl_sync", "osc_", "mdc_", "ldlm",
+    "ceph", "cifs", "smb", "p9_", "v9fs", "gpfs", "mmfs", "xfs", "ext4", "jbd2", "btrfs",
+    "folio_wait", "wait_on_page", "io_schedule", "wait_on_buffer", "lock_page", "filemap",
+    "writeback", "balance_dirty", "blk_", "bio_", "coredump", "dump_",
+)  # fmt: skip
 
 
-def why(stack: RankStack | None, device: bool, *, now: float, fresh_s: float) -> tuple[str, str]:
+def file_system_wait(wchan: str) -> bool:
+    return any(mark in wchan for mark in NOT_THE_NODES_WAITS)
+
+
+def why(
+    stack: RankStack | None,
+    device: bool,
+    *,
+    now: float,
+    fresh_s: float,
+    still_s: float,
+    nccl: bool = False,
+) -> tuple[str, str]:
     """(NODE | WORKLOAD | WAITING | UNKNOWN, how a person says it) for one held rank."""
-    if device:
-        return NODE, "enqueued its collective, which never started on its device"
     if stack is None:
         return UNKNOWN, "has no stack"
     if now - stack.taken > fresh_s:
@@ -46,17 +75,50 @@ def why(stack: RankStack | None, device: bool, *, now: float, fresh_s: float) ->
     own = hang_rule.own_frame(stack)
     at = f" in `{own.name}`" if own is not None else ""
     if stack.state in STOPPED_STATES:
+        if now - stack.still_since < still_s:  # a moment's stop (a debugger, a profiler)
+            return UNKNOWN, f"was stopped for {now - stack.still_since:.0f} s only{at}"
         return NODE, f"stopped{at}"  # state T: the old words, which tests and people know
+    unchanged = now - (stack.same_since if stack.same_since is not None else stack.still_since)
+    if device:
+        if unchanged >= still_s:
+            return NODE, (f"enqueued its collective, which never started on its device, while "
+                          f"its stack stood unchanged{at} for {unchanged:.0f} s")  # fmt: skip
+        return (
+            WORKLOAD,
+            f"had not started its collective on its device while it ran its own code{at}",
+        )
     if stack.state == "D":
-        io = hang_rule.io_frame(stack)
-        if io is None:
-            return NODE, f"stuck in the kernel (state D){at}"
-        return WORKLOAD, f"blocked in the file system (state D) in `{io.name}`"
+        return _in_the_kernel(stack, now=now, still_s=still_s, at=at)
     if not stack.frames:
         return UNKNOWN, f"could not be read (state {stack.state or '?'})"
     if hang_rule.waits_in(stack) is not None:
         return WAITING, "waited in a collective itself"
+    if nccl and unchanged >= still_s:
+        return UNKNOWN, (
+            f"stood{at} (state {stack.state or '?'}) unchanged for {unchanged:.0f} s: on NCCL a "
+            "rank waiting on its own GPU stands so, and so does its own work"
+        )
     return WORKLOAD, f"stood in its own code{at} (state {stack.state or '?'})"
+
+
+def _in_the_kernel(stack: RankStack, *, now: float, still_s: float, at: str) -> tuple[str, str]:
+    """A rank in an uninterruptible call (state D): the node's only when the kernel says it
+    waits somewhere no file system is, and has for `still_s` (the others' step timeout
+    passed meanwhile: a rank in D for a moment is cuInit, a pinned allocation, a page)."""
+    io = hang_rule.io_frame(stack)
+    if io is not None:
+        return WORKLOAD, f"blocked in the file system (state D) in `{io.name}`"
+    if file_system_wait(stack.wchan):
+        return (
+            WORKLOAD,
+            f"blocked in the file system (state D, the kernel waits in `{stack.wchan}`)",
+        )
+    held = now - stack.still_since
+    if held < still_s:
+        return UNKNOWN, f"was in the kernel (state D) for {held:.0f} s only{at}"
+    if not stack.wchan:
+        return UNKNOWN, f"stood in the kernel (state D){at}, and the kernel does not say where"
+    return NODE, f"stuck in the kernel (state D at `{stack.wchan}`){at}"
 
 
 def judge(
@@ -69,26 +131,28 @@ def judge(
     fresh_s: float,
     still_s: float,
     segment: bool = False,
-    earlier: Mapping[str, Sequence[int]] = {},
 ) -> Judgement:
-    """Name the node(s) the hang waits on, the workload's own stall, or none.
-    `earlier`: the nodes of this generation's earlier workload stalls, with the ranks
-    that held the others then."""
+    """Name the node(s) the hang waits on, the workload's own stall, or none."""
     flight = flight_record.analyse(dumps, world_size)
     if not flight.stalls:
         return _stacks_alone(stacks, world_size=world_size, cycle=cycle, now=now,
-                             fresh_s=fresh_s, still_s=still_s, segment=segment, earlier=earlier)  # fmt: skip
+                             fresh_s=fresh_s, still_s=still_s, segment=segment)  # fmt: skip
     by_rank = {s.rank: s for s in stacks}
-    said = tuple(_stall_words(s) for s in flight.stalls)
+    said = tuple(_stall_words(s) for s in flight.stalls) + tuple(
+        f"process group {g} left out: its status counts point-to-point operations with its "
+        "collectives"
+        for g in flight.p2p
+    )
     grouped = hang_rule.groups(stacks)
 
     def none(words: str) -> Judgement:
         return Judgement((), f"no verdict in cycle {cycle}: {words}", grouped, flight=said)
 
     seen = {
-        r: why(by_rank.get(r), r in flight.device, now=now, fresh_s=fresh_s)
+        r: why(by_rank.get(r), r in flight.device, now=now, fresh_s=fresh_s, still_s=still_s,
+               nccl=flight.nccl)
         for r in flight.held_by()
-    }
+    }  # fmt: skip
     held = {r: w for r, w in seen.items() if w[0] != WAITING}
     recorder = "; ".join(said)
     if not held:
@@ -98,6 +162,12 @@ def judge(
                 ""
                 if not seen
                 else f", and the stacks of rank(s) {_list(seen)} wait in a collective too"
+            )
+            + (
+                "; NCCL records no start without TORCH_NCCL_ENABLE_TIMING, so whose GPU "
+                "holds the others is not seen"
+                if flight.nccl and not flight.timing
+                else ""
             )
         )
     unknown = [r for r, (kind, _) in held.items() if kind == UNKNOWN]
@@ -121,20 +191,11 @@ def judge(
         if not any(s.node not in culprits for s in waiting):
             return none("no rank on another node waited for them")
         words = _hung_words(culprits, held, waiting, cycle) + f" (flight recorder: {recorder})"
-        return Judgement(tuple(culprits), words, grouped, kind="hung", flight=said)
+        return Judgement(tuple(culprits), words, grouped, kind="hung", flight=said,
+                         held=_by_node(held, by_rank))  # fmt: skip
     if kinds == {WORKLOAD}:
-        stalled = _by_node(held, by_rank)
-        again = sorted(
-            n for n, ranks in stalled.items() if n in earlier and set(earlier[n]) != set(ranks)
-        )
-        if again:
-            words = (
-                f"{_list(again)} hung in cycle {cycle}: it held the others again with other "
-                f"ranks on it ({_held_words(held, by_rank)}; flight recorder: {recorder})"
-            )
-            return Judgement(tuple(again), words, grouped, kind="hung", flight=said)
         return Judgement((), _workload_words(held, by_rank, waiting, cycle, recorder), grouped,
-                         kind="workload", stalled=stalled, flight=said)  # fmt: skip
+                         kind="workload", stalled=_by_node(held, by_rank), flight=said)  # fmt: skip
     return none(
         f"the others waited for rank(s) {_list(held)} ({recorder}), and the evidence is "
         f"mixed: {_held_words(held, by_rank)}"
@@ -142,25 +203,22 @@ def judge(
 
 
 def _stacks_alone(stacks: Sequence[RankStack], *, world_size: int, cycle: int, now: float,
-                  fresh_s: float, still_s: float, segment: bool,
-                  earlier: Mapping[str, Sequence[int]]) -> Judgement:  # fmt: skip
+                  fresh_s: float, still_s: float, segment: bool) -> Judgement:  # fmt: skip
     found = hang_rule.judge(stacks, world_size=world_size, cycle=cycle, now=now,
                             fresh_s=fresh_s, still_s=still_s, segment=segment)  # fmt: skip
     if not found.verdict:
         return found
     outliers = [s for s in stacks if hang_rule.waits_in(s) is None]
-    held = {s.rank: why(s, False, now=now, fresh_s=fresh_s) for s in outliers}
+    held = {s.rank: why(s, False, now=now, fresh_s=fresh_s, still_s=still_s) for s in outliers}
     kinds = {kind for kind, _ in held.values()}
-    if kinds == {NODE}:
-        return replace(found, kind="hung")
     by_rank = {s.rank: s for s in stacks}
+    if kinds == {NODE}:
+        words = _hung_words(found.nodes, held, [s for s in stacks if hang_rule.waits_in(s)], cycle)
+        return replace(found, kind="hung", held=_by_node(held, by_rank), words=words)
     if kinds == {WORKLOAD}:
-        stalled = _by_node(held, by_rank)
-        if not any(n in earlier and set(earlier[n]) != set(r) for n, r in stalled.items()):
-            waiting = [s for s in stacks if hang_rule.waits_in(s) is not None]
-            words = _workload_words(held, by_rank, waiting, cycle, "")
-            return Judgement((), words, found.groups, kind="workload", stalled=stalled)
-        return replace(found, kind="hung")
+        waiting = [s for s in stacks if hang_rule.waits_in(s) is not None]
+        words = _workload_words(held, by_rank, waiting, cycle, "")
+        return Judgement((), words, found.groups, kind="workload", stalled=_by_node(held, by_rank))
     return Judgement((), f"no verdict in cycle {cycle}: the evidence is mixed: "
                      f"{_held_words(held, by_rank)}", found.groups)  # fmt: skip
 

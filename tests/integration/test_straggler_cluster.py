@@ -12,6 +12,7 @@ in its own step time, in the replace test, which so shows that measure naming it
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -218,3 +219,61 @@ def test_under_replace_the_straggler_leaves_at_a_checkpoint_and_the_hot_spare_tr
         cli(cluster, "cancel", name)
         wait_idle(cluster, name, timeout=90)
     _kept_in_the_ledger(cluster, work, name, gen, slow, "replaced: ")
+
+
+SCRIPT = Path(__file__).parent / "verdict_script.py"
+SLOW_SAVE_S = 40  # rank 0 writes alone this long: longer than the late-node rule's window
+SLOW_SAVE_AT = 20
+
+
+def test_rank_0_saving_alone_longer_than_the_window_names_no_node_and_writes_nothing_per_rank(
+    cluster: Cluster,
+):
+    # Issue 53, finding 1: a hand-written DDP script (no NVRx sections) whose rank 0 alone
+    # writes its checkpoint for 35 s (1 MB pieces, paced as slow shared storage is) while
+    # the others wait in the barrier after it, timeouts not reached: rank 0's node was
+    # named a straggler ("its peers wait inside collectives 93% of the time against 48%"),
+    # and every waiting rank wrote its flight-recorder dump to the shared stacks directory.
+    work, name = cluster.workdir("rank0-save"), unique("rank0-save")
+    args = cluster.work_root / f"{name}.args"
+    args.write_text("".join(f"{a}\n" for a in (
+        "--progress", "--no-sections", "--iterations", "10000000", "--step-seconds", "0.1",
+        "--slow-save-at", f"{SLOW_SAVE_AT}:{SLOW_SAVE_S}",
+    )))  # fmt: skip
+    [gen] = submit(
+        cluster, work, name, "--workload", "script", "--script", str(SCRIPT), "--script-args",
+        str(args), "--train-tasks", "2", "--hot-spares", "0", "--cold-spares", "0",
+        "--depth", "1", "--save-interval", str(SLOW_SAVE_AT),
+    )  # fmt: skip
+    part = work / "checkpoints" / f"slow_save.{SLOW_SAVE_AT}.part"
+    stacks = work / "nvrx" / gen / "stacks"
+    try:
+        started_in_cycle(work, gen, 0, START_S)
+        # The save has run past the rule's window (30 s): each look now judges it whole.
+        cluster.wait_until(
+            lambda: part.exists() and part.stat().st_size >= (SLOW_SAVE_S - 6) << 20,
+            START_S, "rank 0's save to run past the late-node window", 1.0,
+        )  # fmt: skip
+        text = _status(cluster, name)
+        assert "is a straggler" not in text, text
+        # What was seen, said: the lag followed rank 0, not its node's every rank.
+        assert f"straggler: no straggler named in cycle 0 of generation {gen}: " in text, text
+        assert "but only its rank(s) 0 lag while its rank(s) 1 wait like its peers" in text, text
+        # The waiting ranks' recorder summaries are carried in their node's one file; no
+        # file per rank on the shared file system.
+        assert not [p.name for p in stacks.rglob("*rank*")], sorted(stacks.rglob("*"))
+        assert not list(stacks.rglob("flight")), sorted(stacks.rglob("*"))
+        carried = [s for f in stacks.glob("cycle0/*.json")
+                   for s in json.loads(f.read_text()).get("flight") or []]  # fmt: skip
+        assert {s["rank"] for s in carried} >= {2, 3}, carried  # the other node's ranks wait
+        wait_event(
+            work, lambda e: e["event"] == "checkpoint" and e["iteration"] == SLOW_SAVE_AT,
+            START_S, "rank 0's slow save to complete",
+        )  # fmt: skip
+        assert not list((work / "nvrx" / gen / "stragglers").glob("named.*"))  # task 0's looks
+        assert not (work / "nvrx" / gen / "hangs").exists() or not list(
+            (work / "nvrx" / gen / "hangs").glob("[!.]*")
+        )  # no hang judged, no node marked
+    finally:
+        cli(cluster, "cancel", name)
+        wait_idle(cluster, name, timeout=90)

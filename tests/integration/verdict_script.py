@@ -16,6 +16,11 @@ cluster tests:
 - `--stall-at N:RANK:SECONDS` makes rank RANK stand SECONDS in its own
   `upload_metrics` when it reaches iteration N, every time (Megatron's W&B writer on the
   last rank stuck in an upload: the workload's own stall);
+- `--slow-save-at N:SECONDS` makes rank 0 alone write for SECONDS before the example's
+  own save of iteration N (1 MB pieces to `slow_save.N.part` in the checkpoint
+  directory, one a second, as slow shared storage paces them), while the other ranks
+  wait in the save's barrier: the most common save of hand-written scripts (rank 0's
+  evaluation, logging and uploads look the same);
 - `--progress` keeps the contract's optional progress log (rank 0's start, step and
   checkpoint events, docs/workload-contract.md), which the hang tests' sick node
   (devcluster/sick_node.py) reads to know when a cycle trains.
@@ -38,7 +43,7 @@ STEP_EVENT_EVERY = 10  # iterations, as the cpu trainer's log interval
 
 def main() -> None:
     argv, at, once, again, quiet, data_error, progress = [], "", "", False, False, "", False
-    stall = ""
+    stall = slow = ""
     words = iter(sys.argv[1:])
     for word in words:
         if word == "--verdict-at":
@@ -53,6 +58,8 @@ def main() -> None:
             data_error = next(words)
         elif word == "--stall-at":
             stall = next(words)
+        elif word == "--slow-save-at":
+            slow = next(words)
         elif word == "--progress":
             progress = True
         elif word == "--no-sections":
@@ -94,8 +101,27 @@ def main() -> None:
             os._exit(code)
 
     example.log = log
+    if slow:
+        example.save = _slowly(example.save, *(int(part) for part in slow.split(":")))
     sys.argv = [str(EXAMPLE), *argv]
     example.main()
+
+
+def _slowly(save, at: int, seconds: int):
+    """The example's save, with rank 0 writing alone for `seconds` first at iteration `at`."""
+
+    def slow_save(directory: str, iteration: int, model, optimizer, rank: int) -> None:
+        if rank == 0 and iteration == at:
+            part = Path(directory) / f"slow_save.{iteration}.part"
+            with part.open("wb") as out:
+                for _ in range(seconds):
+                    out.write(os.urandom(1 << 20))
+                    out.flush()
+                    time.sleep(1.0)  # slow shared storage's pace
+            part.unlink()
+        save(directory, iteration, model, optimizer, rank)
+
+    return slow_save
 
 
 def upload_metrics(seconds: float) -> None:

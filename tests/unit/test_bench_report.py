@@ -94,6 +94,7 @@ def test_cli_runs_the_floor_with_any_cluster_scenario_and_in_order():
         "planinputs",
         "silentdeath",
         "beats",
+        "evidence",
     ]
     assert parse_args([]).chosen == everything
     assert parse_args(["--only", "stacks"]).chosen == ["stacks"]  # no cluster: no floor

@@ -76,7 +76,10 @@ def test_a_megatron_rank_keeps_its_nccl_flight_recorder_for_a_gpu_hang(tmp_path)
     m = run_manifest(tmp_path)  # megatron, stacks sampled
     e = child_env(m, {"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"})
     assert e["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
-    assert e["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500"  # the site's own value wins
+    # The site's own value wins, under either name: torch 2.13 reads TORCH_FR_BUFFER_SIZE
+    # first, so ours there once overrode the site's 500 (issue 53, finding 9).
+    assert e["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "500" and "TORCH_FR_BUFFER_SIZE" not in e
+    assert child_env(m)["TORCH_FR_BUFFER_SIZE"] == child_env(m)["TORCH_NCCL_TRACE_BUFFER_SIZE"]
     dumps = str(m.layout.stacks("4242") / "nccl_trace_rank_")
     assert e["TORCH_FR_DUMP_TEMP_FILE"] == e["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == dumps
     off = support.run_manifest(tmp_path / "off", stack_sampling=0)

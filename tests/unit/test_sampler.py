@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from nvrx_appliance.rank import hang_rule, sampler, stacks
+from nvrx_appliance.rank import hang_rule, run_waits, sampler, stacks
 
 REFUSAL = "Error: Operation not permitted (os error 1)"
 
@@ -156,8 +156,8 @@ def test_a_blocking_dump_waits_out_the_runs_own_waits_and_the_first_cycles_start
         {"event": "step", "slurm_array_job_id": "41", "cycle": 1, "iteration": 3},
     ]
     text = "\n".join(json.dumps(e) for e in events) + "\n{torn"
-    assert sampler.run_waits(text, "41", 1) == (True, 12.5)  # another generation's: not ours
-    assert sampler.run_waits(text, "41", 2) == (False, 12.5)
+    assert run_waits.of_text(text, "41", 1) == (True, 12.5)  # another generation's: not ours
+    assert run_waits.of_text(text, "41", 2) == (False, 12.5)
     log = tmp_path / "progress.jsonl"
     monkeypatch.setenv(sampler.PROGRESS_ENV, str(log))
     monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
@@ -242,10 +242,87 @@ def test_no_blocking_dump_is_taken_of_a_rank_stopped_or_stuck_in_the_kernel():
     # state D outlived the timeout and starved the sampler, so the judgement found that
     # node's stacks stale and named nobody.
     s = sampler.Sampler(1, None, 1.0, {}, lambda _: None)
-    assert s.blocked({"state": "S", "native": []})
-    assert not s.blocked({"state": "D", "native": []})
-    assert not s.blocked({"state": "T", "native": []})
-    assert not s.blocked({"state": "S", "native": ["c10d::Reducer::finalize_backward"]})
+    assert s.blocked({"state": "S", "native": [], "native_at": None})
+    assert not s.blocked({"state": "D", "native": [], "native_at": None})
+    assert not s.blocked({"state": "T", "native": [], "native_at": None})
+    assert not s.blocked({"state": "S", "native": ["c10d::Reducer::finalize_backward"],
+                          "native_at": 5.0})  # fmt: skip
+
+
+def test_a_failed_blocking_dump_is_not_tried_again_while_the_rank_stands_still(
+    tmp_path, monkeypatch
+):
+    # Issue 53: a blocking native dump that failed was tried again every period, each try
+    # stopping the rank for up to 10 s. Once per stillness, read or not.
+    monkeypatch.delenv(sampler.LOCAL_STACKS_ENV, raising=False)
+    workload = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    tries: list[str] = []
+    frames = [{"name": "all_reduce", "file": "torch/distributed/distributed_c10d.py", "line": 1}]
+
+    def dump(*how: str):
+        tries.append(how[0])
+        return None if how[0] == "--native" else frames
+
+    try:
+        s = sampler.Sampler(workload.pid, tmp_path / "s" / "node1.rank0.json", 1.0,
+                            {"rank": 0, "node": "node1", "cycle": 1}, lambda _: None)  # fmt: skip
+        s.dump = dump  # type: ignore[method-assign]
+        s.past_legit_waits = lambda _sample: True  # type: ignore[method-assign]
+        for _ in range(200):  # its start-up done: asleep
+            if sampler.proc_state(workload.pid)[0] == "S":
+                break
+            time.sleep(0.05)
+        for _ in range(4):
+            s.last = s.take()
+            assert s.last is not None
+            s.last["epoch"] -= 1.0  # as if a period apart: asleep, quiet, the same stack
+    finally:
+        workload.kill()
+        workload.wait()
+    assert tries.count("--native") == 1, tries
+    assert s.last is not None and s.last["native_at"] is not None and s.last["native"] == []
+
+
+def test_under_the_nodes_publisher_a_still_rank_reads_the_runs_waits_locally(tmp_path, monkeypatch):
+    # Issue 53: each still, sleeping rank read 256 kB of the progress log every period
+    # (~800 MB/s from one file at 16,384 ranks during a long wait). The node's publisher
+    # reads the lines the log gained, once a period, and keeps the answer node-local.
+    from nvrx_appliance.node.stack_publisher import Publisher
+
+    log, local = tmp_path / "progress.jsonl", tmp_path / "local"
+    events = [{"event": "checkpoint", "slurm_array_job_id": "41", "cycle": 0, "seconds": 12.5}]
+    log.write_text("".join(json.dumps(e) + "\n" for e in events))
+    publisher = Publisher(local, tmp_path / "stacks", "node1", 5.0, print, progress=log,
+                          array_job_id="41")  # fmt: skip
+    publisher.prepare()
+    publisher.look()
+    monkeypatch.setenv(sampler.LOCAL_STACKS_ENV, str(local))
+    monkeypatch.setenv(sampler.PROGRESS_ENV, str(tmp_path / "unreadable" / "log"))
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "41")
+    s = sampler.Sampler(1, None, 5.0, {"cycle": 0}, lambda _: None)
+    assert s.past_legit_waits({"epoch": 100.0, "still_since": 80.0})  # trained; 20 > 12.5
+    assert not s.past_legit_waits({"epoch": 100.0, "still_since": 90.0})
+    with log.open("a") as more:  # a longer save: only the new line is read
+        more.write(json.dumps({**events[0], "seconds": 30.0}) + "\n")
+    publisher.look()
+    assert publisher._read_to == log.stat().st_size
+    assert not s.past_legit_waits({"epoch": 100.0, "still_since": 80.0})  # 20 < 30
+
+
+def test_a_rank_in_the_kernel_says_where_the_kernel_keeps_it(tmp_path):
+    # Issue 53: /proc/<pid>/wchan, readable by the owner, tells a file system's wait
+    # (not the node's fault) from a driver's; the sample keeps it in state D.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for _ in range(100):
+            if sampler.proc_state(sleeper.pid)[0] == "S":
+                break
+            time.sleep(0.05)
+        assert sampler.kernel_wait(sleeper.pid)  # asleep: the kernel names its wait
+        assert sampler.kernel_wait(2**22 + 7) == ""  # gone: unknown
+    finally:
+        sleeper.kill()
+        sleeper.wait()
 
 
 def test_a_rank_that_died_is_gone_and_its_last_sample_stands(tmp_path):

@@ -112,6 +112,41 @@ def test_node_memory_never_counts_what_the_workload_explains():
     assert failures == {"node4": 2} and iterations == {"node4": [12, 40]}
 
 
+STALL = (
+    "the workload stalled in cycle 3: rank 3 on node2 stood in its own code in "
+    "`upload_metrics` (state S) while the 3 others waited in `all_reduce` for it; flight "
+    "recorder: ...; no node is at fault, none is kept out"
+)
+
+
+def test_kills_a_hang_verdict_explained_are_never_the_nodes_failures():
+    # Issue 53, finding 2: the script's last rank stood 100 s in its own `upload_metrics`
+    # every time it reached iteration 45; the hang rule said "the workload's" four times,
+    # yet node memory kept node4 out for 24 h: "its ranks failed 3 times in one
+    # generation". Each cycle's earliest kill was a hang's: its verdict accounts for it.
+    hang = {"verdict": "workload", "words": STALL}
+    exits = [{"node": "node4", "action": "restart", "iteration": None, "code": 137, "hang": hang}
+             for _ in range(3)]  # fmt: skip
+    exits.append({"node": "node1", "action": "restart", "iteration": 44, "code": 137,
+                  "hang": {"verdict": "none", "words": "no verdict in cycle 4: ..."}})  # fmt: skip
+    failures, _ = bad_nodes.node_failures(exits)
+    assert failures == {}
+    assert bad_nodes.judge({}, failures, drained=[], fenced_task0="", threshold=3) == []
+
+
+def test_93_after_the_workloads_own_stalls_says_so_in_true_words():
+    hang = {"verdict": "workload", "words": STALL}
+    exits = [{"node": f"node{n}", "cycle": str(c), "code": 137, "iteration": None, "hang": hang}
+             for c, n in enumerate((4, 1, 4, 3))]  # fmt: skip
+    action, reason = ending.decide(93, [], _entry(exit_code=93), 2, exits=exits)
+    assert action == ending.CANCELLED_CHAIN
+    assert reason.startswith(
+        "ft_launcher exited 93: NVRx decided not to restart after the workload failed 4 times, "
+        "each time a timeout ended its own stall (rank 3 on node2 stood in its own code in "
+        "`upload_metrics` (state S)), which names no node; cancelling"
+    ), reason
+
+
 def test_an_exclusion_for_failures_that_recur_elsewhere_is_cleared(tmp_path):
     record = tmp_path / "exclusions.jsonl"
     node_memory._append(str(record), [{
