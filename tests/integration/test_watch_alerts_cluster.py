@@ -4,9 +4,10 @@ Prometheus scrapes it and evaluates the rules as shipped, and Alertmanager recei
 
 A healthy chain raises nothing; the chain cancelled from outside while its chain marker
 says it should run raises NvrxChainExhausted in Alertmanager after the rule's own
-`for:` (docs/watch.md, Alert rules: Timing); the chain taken out of the watch (its
+`for:` (docs/watch.md, Alert rules: Timing). That the chain taken out of the watch (its
 watcher stopped, its --metrics-file deleted) resolves it once the rule's
-`keep_firing_for:` has passed.
+`keep_firing_for:` has passed is the rules' own timing, pinned by promtool
+(tests/unit/alerts/nvrx-appliance.timing.test.yml).
 """
 
 from __future__ import annotations
@@ -32,13 +33,12 @@ PASS_S = 2  # the watcher's --interval in this test (a pass a minute in producti
 _RULE = next(r for r in yaml.safe_load(RULES.read_text())["groups"][0]["rules"]
              if r["alert"] == "NvrxChainExhausted")  # fmt: skip
 FOR_S = int(_RULE["for"].removesuffix("m")) * 60  # as shipped
-KEEP_S = int(_RULE["keep_firing_for"].removesuffix("m")) * 60
 # From the pass that sees the chain gone to Alertmanager: the `for:`, a pass, a scrape and
 # an evaluation; 15 s more for sacct to record the cancel and a pass on a busy machine.
 RAISED_WITHIN_S = FOR_S + PASS_S + 2 * INTERVAL_S + 15
 
 
-def test_a_chain_cancelled_from_outside_raises_its_alert_and_leaving_the_watch_resolves_it(
+def test_a_chain_cancelled_from_outside_raises_its_alert_in_alertmanager(
     cluster, tmp_path
 ):
     chain = Chain(cluster, "watch-alerts")
@@ -101,14 +101,7 @@ def test_a_chain_cancelled_from_outside_raises_its_alert_and_leaving_the_watch_r
             log.close()
             chain.cancel()
 
-        # Out of the watch: the watcher is stopped and its file deleted, as docs/watch.md says.
-        metrics.unlink()
-        gone = time.monotonic()
-        cluster.wait_until(
-            lambda: not alerts.received(alertname="NvrxChainExhausted", chain=chain.name),
-            KEEP_S + 30,
-            "the alert to resolve in Alertmanager",
-            0.5,
-        )
-        print(f"resolved {time.monotonic() - gone:.1f} s after the file went")
-        assert not [a for a in alerts.rule_alerts() if a["labels"].get("chain") == chain.name]
+        # Leaving the watch (the watcher stopped, its file deleted, as docs/watch.md says)
+        # resolves the alert keep_firing_for after its series goes: the rules' own timing,
+        # which promtool pins (tests/unit/alerts/nvrx-appliance.timing.test.yml) where this
+        # test would wait out its two minutes.
