@@ -38,9 +38,7 @@ FOR_S = int(_RULE["for"].removesuffix("m")) * 60  # as shipped
 RAISED_WITHIN_S = FOR_S + PASS_S + 2 * INTERVAL_S + 15
 
 
-def test_a_chain_cancelled_from_outside_raises_its_alert_in_alertmanager(
-    cluster, tmp_path
-):
+def test_a_chain_cancelled_from_outside_raises_its_alert_in_alertmanager(cluster, tmp_path):
     chain = Chain(cluster, "watch-alerts")
     (chain.work / "chain.active").write_text("")  # the chain should be running
     with alerting(tmp_path / "alerting") as alerts:
