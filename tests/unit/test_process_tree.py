@@ -49,12 +49,14 @@ def orphan(pid_file):
 
 
 def session(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess, int]:
-    """pytest over `body` as a session of its own; and the orphan's pid."""
+    """pytest over `body` as a session of its own; and the orphan's pid. Its rootdir is
+    the test's folder, so the inner test's id reads the same wherever this clone lives
+    (from a clone under /tmp, pytest named it ../pytest-of-root/.../test_inner.py)."""
     test = tmp_path / "test_inner.py"
     test.write_text(ORPHAN + textwrap.dedent(body))
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider",
-         "-q", str(test)],
+         "--rootdir", str(tmp_path), "-q", str(test)],
         cwd=ROOT, env={**process_tree.unmarked(os.environ), "PIDS": str(tmp_path / "pid")},
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -157,7 +157,17 @@ def start_submit(slurm: SlurmStandin, work: Path, name: str) -> Running:
             "--runtime", "bare", "--python", sys.executable, "--depth", "3"]  # fmt: skip
     stderr = slurm.root / f"stderr-{work.name}"
     with stderr.open("w") as err:
-        return Running(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err), stderr)
+        proc = subprocess.Popen(
+            argv, stdout=subprocess.DEVNULL, stderr=err, preexec_fn=_as_a_foreground_job
+        )
+        return Running(proc, stderr)
+
+
+def _as_a_foreground_job() -> None:
+    """Ctrl-C's signal at its default, as a person's shell leaves it: a suite started in
+    the background (`&` without job control, `nohup`) inherits SIGINT ignored, and so
+    would the submit, which Python then never interrupts (the SIGINT case failed so)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.parametrize(
