@@ -1,11 +1,13 @@
 """The Python API builds a ChainSpec exactly as the CLI resolves and checks its flags."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from nvrx_appliance import api
+from nvrx_appliance import api, manifest
 from nvrx_appliance.cli.main import cli
+from nvrx_appliance.settings.chain import ChainSpec
 
 SHARED = "/shared/alice/run"
 
@@ -127,3 +129,26 @@ def test_submit_dry_run_prints_the_plan_the_api_prepares(tmp_path, monkeypatch):
         return [line for line in script.splitlines() if not line.startswith("CHAIN_ID=")]
 
     assert unstamped(doc["script"]) == unstamped(plan.script)
+
+
+def test_report_says_each_generations_node_deaths_and_hang_verdicts_from_the_work_dir(tmp_path):
+    # What `report` prints under "node death:" and the hang lines, read without Slurm.
+    spec = ChainSpec(work_dir=str(tmp_path), workload="cpu", runtime="bare", job_name="llm",
+                     python="/opt/venv/bin/python", exclude_for=7200)  # fmt: skip
+    layout = api.Layout(tmp_path)
+    layout.run_json.write_text(json.dumps(manifest.build(spec, created="c", user="u").to_json()))
+    layout.deaths("41").mkdir(parents=True)
+    layout.hangs("42").mkdir(parents=True)
+    death = {"node": "node2", "generation": "llm/41/", "kind": "silent", "cycle": 0,
+             "time": "2026-12-06T18:33:41+00:00", "hand_off": False,
+             "words": "node2 stopped answering at 18:33:41 UTC; no reset, no exit"}  # fmt: skip
+    (layout.deaths("41") / "dead.node2").write_text(json.dumps(death))
+    hang = {"cycle": 2, "nodes": ["node3"], "words": "node3 hung in cycle 2"}
+    (layout.hangs("42") / "cycle2.json").write_text(json.dumps(hang))
+
+    [said_death] = api.node_deaths(None, work_dir=tmp_path)
+    [said_hang] = api.hang_verdicts(None, work_dir=tmp_path)
+
+    assert said_death.startswith("generation 41: node2 stopped answering at 18:33:41 UTC")
+    assert said_hang.startswith("generation 42: node3 hung in cycle 2")
+    assert "2 h" in said_death and "2 h" in said_hang, (said_death, said_hang)
