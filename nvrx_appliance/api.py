@@ -468,29 +468,32 @@ def logs(
 def hang_verdicts(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
     """Each hang of the chain judged, in words (docs/hangs.md): "generation 41: node3 hung
     in cycle 2: ...; kept out of the next rendezvous ..."; [] when none was."""
-    folder, _ = locate(target, work_dir=work_dir)
-    layout = Layout(folder)
-    exclude_for = int(workdir.load_manifest(folder)["spec"].get("exclude_for", 0))
-    found = workdir.hangs(layout, chainlogs.generations(layout))
-    return [
-        f"generation {array_job_id}: {hang_record.sentence(hang, exclude_for)}"
-        for array_job_id, hangs in found.items()
-        for hang in hangs
-    ]
+    return _per_generation(target, work_dir, workdir.hangs, hang_record.sentence)
 
 
 def node_deaths(target: Target | None, *, work_dir: str | Path | None = None) -> list[str]:
     """Each node of the chain that task 0's liveness judge found dead, in words
     (docs/liveness.md): "generation 41: node2 stopped answering at 18:33:41 UTC; no reset,
     no exit: a silent death ..."; [] when none was."""
+    return _per_generation(target, work_dir, workdir.deaths, death_record.sentence)
+
+
+def _per_generation(
+    target: Target | None,
+    work_dir: str | Path | None,
+    read: Callable[[Layout, Any], Mapping[str, Sequence[Any]]],
+    say: Callable[[Any, int], str],
+) -> list[str]:
+    """The chain's records of one kind (read from its generations), each said with the
+    generation's array job id and how long the chain keeps a node out."""
     folder, _ = locate(target, work_dir=work_dir)
     layout = Layout(folder)
     exclude_for = int(workdir.load_manifest(folder)["spec"].get("exclude_for", 0))
-    found = workdir.deaths(layout, chainlogs.generations(layout))
+    found = read(layout, chainlogs.generations(layout))
     return [
-        f"generation {array_job_id}: {death_record.sentence(death, exclude_for)}"
-        for array_job_id, deaths in found.items()
-        for death in deaths
+        f"generation {array_job_id}: {say(record, exclude_for)}"
+        for array_job_id, records in found.items()
+        for record in records
     ]
 
 

@@ -22,7 +22,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 if __package__:
     from . import ending, hostlib, node_memory
@@ -189,22 +189,27 @@ def elsewhere(
 
 
 def hung_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
-    """The generation's standing hang verdicts (docs/hangs.md), for the ledger's words;
-    never at the cost of the entry."""
-    try:
-        return node_memory.hung_nodes(args.hangs, chain, args.array_job_id)
-    except Exception as exc:
-        _log(f"ERROR: reading this generation's hang verdicts failed: {exc}")
-        return []
+    """The generation's standing hang verdicts (docs/hangs.md), for the ledger's words."""
+    return _account(node_memory.hung_nodes, args.hangs, chain, args, "hang verdicts")
 
 
 def dead_account(args: argparse.Namespace, chain: str) -> List[Dict[str, Any]]:
-    """The nodes task 0 found dead in this generation (docs/liveness.md), for the ledger;
-    never at the cost of the entry."""
+    """The nodes task 0 found dead in this generation (docs/liveness.md), for the ledger."""
+    return _account(node_memory.dead_nodes, args.deaths, chain, args, "node deaths")
+
+
+def _account(
+    read: Callable[[str, str, str], List[Dict[str, Any]]],
+    folder: str,
+    chain: str,
+    args: argparse.Namespace,
+    what: str,
+) -> List[Dict[str, Any]]:
+    """One kind of the generation's records; never at the cost of the ledger entry."""
     try:
-        return node_memory.dead_nodes(args.deaths, chain, args.array_job_id)
+        return read(folder, chain, args.array_job_id)
     except Exception as exc:
-        _log(f"ERROR: reading this generation's node deaths failed: {exc}")
+        _log(f"ERROR: reading this generation's {what} failed: {exc}")
         return []
 
 
