@@ -246,9 +246,21 @@ def test_resume_continues_from_the_tracker_with_optimizer_state_and_data_positio
     assert run.tracked == 20
 
 
-def test_exception_on_rank_1_restarts_in_job_and_resumes_from_the_checkpoint(tmp_path):
-    m = cpu_manifest(tmp_path / "exc", iterations=300, mode="handoff", fault_ranks="1",
-                     fault_types="exception", fault_delay=0.5)  # fmt: skip
+def with_a_checkpoint(fresh: Run, m: Manifest) -> Manifest:
+    """`m` with the fresh run's checkpoint of iteration 10 tracked, so a fault its run
+    injects after a delay finds a checkpoint to restart from however slowly the machine
+    trains (a 2-core CI run trained fewer than 10 iterations in the fault's 0.5 s)."""
+    ckpt = m.layout.checkpoints
+    ckpt.mkdir(parents=True)
+    shutil.copytree(fresh.manifest.layout.checkpoints / iteration_dir(10), ckpt / iteration_dir(10))
+    m.layout.tracker.write_text("10\n")
+    return m
+
+
+def test_exception_on_rank_1_restarts_in_job_and_resumes_from_the_checkpoint(fresh, tmp_path):
+    m = with_a_checkpoint(fresh, cpu_manifest(
+        tmp_path / "exc", iterations=300, mode="handoff", fault_ranks="1",
+        fault_types="exception", fault_delay=0.5))  # fmt: skip
     run = launch(m)
 
     assert run.returncode == 0, run.output[-3000:]
@@ -260,36 +272,39 @@ def test_exception_on_rank_1_restarts_in_job_and_resumes_from_the_checkpoint(tmp
     # Rank 0 may finish one more checkpoint between rank 1's fault and NVRx stopping the
     # cycle, so compare with the last checkpoint cycle 0 completed, not with the clock.
     completed_in_cycle_0 = [e["iteration"] for e in run.of("checkpoint") if e["cycle"] == 0]
-    assert second["iteration"] == completed_in_cycle_0[-1] > 0
+    assert first["iteration"] == 10
+    assert second["iteration"] == [10, *completed_in_cycle_0][-1]
     assert run.of("done")[0]["iteration"] == 300
     # The spec's retention (3) holds across the restart.
     kept = sorted(p.name for p in m.layout.checkpoints.iterdir() if p.is_dir())
     assert kept == [iteration_dir(280), iteration_dir(290), iteration_dir(300)]
 
 
-def test_exit_fault_restarts_too_and_kinds_rotate_by_cycle(tmp_path):
-    m = cpu_manifest(tmp_path / "exit", iterations=300, mode="handoff", fault_ranks="1",
-                     fault_types="exception,exit", fault_delay=0.5)  # fmt: skip
+def test_exit_fault_restarts_too_and_kinds_rotate_by_cycle(fresh, tmp_path):
+    m = with_a_checkpoint(fresh, cpu_manifest(
+        tmp_path / "exit", iterations=300, mode="handoff", fault_ranks="1",
+        fault_types="exception,exit", fault_delay=0.5))  # fmt: skip
     run = launch(m, "--fault-injector-cycles", "2")
 
     assert run.returncode == 0, run.output[-3000:]
     assert [(f["kind"], f["cycle"]) for f in run.of("fault")] == [("exception", 0), ("exit", 1)]
     starts = run.of("start")
     assert [s["cycle"] for s in starts] == [0, 1, 2]
-    assert 0 < starts[1]["iteration"] <= starts[2]["iteration"]
+    assert 10 <= starts[1]["iteration"] <= starts[2]["iteration"]
     assert run.of("done")[0]["iteration"] == 300
 
 
-def test_hang_is_caught_by_nvrx_step_section_timeout(tmp_path):
-    m = cpu_manifest(tmp_path / "hang", iterations=300, mode="handoff", fault_ranks="1",
-                     fault_types="hang", fault_delay=0.5)  # fmt: skip
+def test_hang_is_caught_by_nvrx_step_section_timeout(fresh, tmp_path):
+    m = with_a_checkpoint(fresh, cpu_manifest(
+        tmp_path / "hang", iterations=300, mode="handoff", fault_ranks="1",
+        fault_types="hang", fault_delay=0.5))  # fmt: skip
     run = launch(m, step_timeout=3)
 
     assert run.returncode == 0, run.output[-3000:]
     assert [f["kind"] for f in run.of("fault")] == ["hang"]
     assert "Section 'step' has been open for" in run.output
     assert [s["cycle"] for s in run.of("start")] == [0, 1]
-    assert run.of("start")[1]["iteration"] > 0
+    assert run.of("start")[1]["iteration"] >= 10
     assert run.of("done")[0]["iteration"] == 300
 
 
